@@ -1,0 +1,322 @@
+package topics
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func randString(r *rand.Rand, min, max int) string {
+	n := min + r.IntN(max-min+1)
+	var b strings.Builder
+	for range n {
+		switch r.IntN(10) {
+		case 0:
+			b.WriteByte(byte(r.IntN(0x20))) // control characters
+		case 1:
+			b.WriteString("é€😀\"\\") // multi-byte and characters JSON escapes
+		default:
+			b.WriteByte(byte('a' + r.IntN(26)))
+		}
+	}
+	s := b.String()
+	if len(s) > max {
+		s = s[:max]
+		for !isValidUTF8Prefix(s) {
+			s = s[:len(s)-1]
+		}
+	}
+	if len(s) < min {
+		s += strings.Repeat("x", min-len(s))
+	}
+	return s
+}
+
+func isValidUTF8Prefix(s string) bool { return strings.ToValidUTF8(s, "\x00") == s }
+
+func randHit(r *rand.Rand) Hit {
+	return Hit{
+		Key:         randString(r, 1, MaxKeyLen),
+		Site:        randString(r, 1, MaxSiteLen),
+		BucketStart: r.Int64N(1<<50) - 1<<40,
+		Window:      1 + r.Int64N(1<<40),
+		Count:       1 + r.Int64N(1<<62),
+	}
+}
+
+func randCount(r *rand.Rand) Count {
+	c := Count{
+		Key:    randString(r, 1, MaxKeyLen),
+		Window: 1 + r.Int64N(1<<40),
+		AsOf:   r.Int64N(1 << 50),
+		Total:  r.Float64() * 1e9,
+	}
+	seen := map[string]bool{}
+	for range r.IntN(6) {
+		s := randString(r, 1, 20)
+		if seen[s] {
+			continue
+		}
+		seen[s] = true
+		c.Sites = append(c.Sites, SiteCount{Site: s, Count: math.Floor(r.Float64() * 1e6)})
+	}
+	sortSites(c.Sites)
+	return c
+}
+
+func sortSites(s []SiteCount) {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j-1].Site > s[j].Site; j-- {
+			s[j-1], s[j] = s[j], s[j-1]
+		}
+	}
+}
+
+// TestHitRoundTrip is the property test: for random valid hits, decode(encode(h)) == h in
+// both encodings.
+func TestHitRoundTrip(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 5000 {
+		h := randHit(r)
+		bin, err := h.MarshalBinary()
+		if err != nil {
+			t.Fatalf("#%d MarshalBinary(%+v): %v", i, h, err)
+		}
+		got, err := DecodeHit(bin)
+		if err != nil || got != h {
+			t.Fatalf("#%d binary round trip: got %+v, %v; want %+v", i, got, err, h)
+		}
+		js, err := h.MarshalJSON()
+		if err != nil {
+			t.Fatalf("#%d MarshalJSON: %v", i, err)
+		}
+		if !json.Valid(js) {
+			t.Fatalf("#%d invalid JSON %q", i, js)
+		}
+		got, err = DecodeHit(js)
+		if err != nil || got != h {
+			t.Fatalf("#%d JSON round trip: got %+v, %v; want %+v (%s)", i, got, err, h, js)
+		}
+	}
+}
+
+func TestCountRoundTrip(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range 3000 {
+		c := randCount(r)
+		bin, err := c.MarshalBinary()
+		if err != nil {
+			t.Fatalf("#%d MarshalBinary: %v", i, err)
+		}
+		got, err := DecodeCount(bin)
+		if err != nil || !reflect.DeepEqual(got, c) {
+			t.Fatalf("#%d binary round trip: got %+v, %v; want %+v", i, got, err, c)
+		}
+		js, err := c.MarshalJSON()
+		if err != nil {
+			t.Fatalf("#%d MarshalJSON: %v", i, err)
+		}
+		got, err = DecodeCount(js)
+		if err != nil || !reflect.DeepEqual(got, c) {
+			t.Fatalf("#%d JSON round trip: got %+v, %v; want %+v (%s)", i, got, err, c, js)
+		}
+	}
+}
+
+func TestHitJSONContractExample(t *testing.T) {
+	// The example of DESIGN §4 and the README, as a kcat user would send it.
+	h, err := DecodeHit([]byte(`{"key":"api:POST /articles|user=42","site":"eu-1","ts":1763740000123,"w":60000,"n":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Hit{Key: "api:POST /articles|user=42", Site: "eu-1", BucketStart: 1763740000123, Window: 60000, Count: 1}
+	if h != want {
+		t.Fatalf("got %+v, want %+v", h, want)
+	}
+	// w and n are optional; n defaults to 1 and w to "the aggregator's default" (0).
+	h, err = DecodeHit([]byte(` {"site":"us","key":"k","ts":5,"extra":[1,2]}` + "\n"))
+	if err == nil {
+		t.Fatalf("leading space: want unknown version error, got %+v", h)
+	}
+	h, err = DecodeHit([]byte(`{"site":"us","key":"k","ts":5,"extra":[1,2]}` + "\n"))
+	if err != nil || h != (Hit{Key: "k", Site: "us", BucketStart: 5, Count: 1}) {
+		t.Fatalf("got %+v, %v", h, err)
+	}
+	if _, err := h.MarshalBinary(); !errors.Is(err, ErrBadWindow) {
+		t.Fatalf("binary encoding without window: got %v, want ErrBadWindow", err)
+	}
+}
+
+func TestHitDecodeErrors(t *testing.T) {
+	valid, _ := Hit{Key: "k", Site: "s", BucketStart: 1, Window: 1000, Count: 2}.MarshalBinary()
+	long := strings.Repeat("k", MaxKeyLen+1)
+	cases := []struct {
+		name string
+		in   []byte
+		want error
+	}{
+		{"empty", nil, ErrTruncated},
+		{"version only", []byte{1}, ErrTruncated},
+		{"unknown version", []byte{9, 1, 1, 'k', 's'}, ErrUnknownVersion},
+		{"cut short", valid[:len(valid)-1], ErrTruncated},
+		{"trailing", append(append([]byte{}, valid...), 0), ErrTrailingBytes},
+		{"empty key binary", mustHitBytes(t, 0, 1, "", "s", 1, 1000, 1), ErrEmptyKey},
+		{"empty site binary", mustHitBytes(t, 1, 0, "k", "", 1, 1000, 1), ErrEmptySite},
+		{"zero count binary", mustHitBytes(t, 1, 1, "k", "s", 1, 1000, 0), ErrBadCount},
+		{"zero window binary", mustHitBytes(t, 1, 1, "k", "s", 1, 0, 1), ErrBadWindow},
+		{"huge key length", []byte{1, 0xff, 0xff, 0x03, 1}, ErrKeyTooLong},
+		{"varint overflow", []byte{1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, ErrTruncated},
+		{"json bad", []byte(`{"key":`), ErrBadJSON},
+		{"json trailing", []byte(`{"key":"k","site":"s","ts":1} x`), ErrTrailingBytes},
+		{"json two objects", []byte(`{"key":"k","site":"s","ts":1}{}`), ErrTrailingBytes},
+		{"json no key", []byte(`{"site":"s","ts":1}`), ErrEmptyKey},
+		{"json empty key", []byte(`{"key":"","site":"s","ts":1}`), ErrEmptyKey},
+		{"json long key", []byte(`{"key":"` + long + `","site":"s","ts":1}`), ErrKeyTooLong},
+		{"json reserved key", []byte(`{"key":"__streamlimit/x","site":"s","ts":1}`), ErrReservedKey},
+		{"json no site", []byte(`{"key":"k","ts":1}`), ErrEmptySite},
+		{"json no ts", []byte(`{"key":"k","site":"s"}`), ErrBadTime},
+		{"json n 0", []byte(`{"key":"k","site":"s","ts":1,"n":0}`), ErrBadCount},
+		{"json n negative", []byte(`{"key":"k","site":"s","ts":1,"n":-3}`), ErrBadCount},
+		{"json w 0", []byte(`{"key":"k","site":"s","ts":1,"w":0}`), ErrBadWindow},
+		{"json fractional n", []byte(`{"key":"k","site":"s","ts":1,"n":1.5}`), ErrBadJSON},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h, err := DecodeHit(c.in)
+			if !errors.Is(err, c.want) {
+				t.Fatalf("DecodeHit(%q) = %+v, %v; want %v", c.in, h, err, c.want)
+			}
+			if Reason(err) == "other" {
+				t.Fatalf("Reason(%v) = other", err)
+			}
+		})
+	}
+}
+
+// mustHitBytes builds a binary hit by hand, bypassing validation, to test the decoder.
+func mustHitBytes(t *testing.T, kl, sl int, k, s string, ts, w, n int64) []byte {
+	t.Helper()
+	b := []byte{hitVersion1, byte(kl), byte(sl)}
+	b = append(b, k...)
+	b = append(b, s...)
+	b = appendVarint(b, ts)
+	b = appendUvarint(b, uint64(w))
+	return appendUvarint(b, uint64(n))
+}
+
+func TestCountDecodeErrors(t *testing.T) {
+	good := Count{Key: "k", Window: 60000, AsOf: 5, Total: 3, Sites: []SiteCount{{"a", 1}, {"b", 2}}}
+	valid, _ := good.MarshalBinary()
+	unsorted := good
+	unsorted.Sites = []SiteCount{{"b", 2}, {"a", 1}}
+	cases := []struct {
+		name string
+		in   []byte
+		want error
+	}{
+		{"empty", nil, ErrTruncated},
+		{"unknown version", []byte{7}, ErrUnknownVersion},
+		{"cut", valid[:len(valid)-3], ErrTruncated},
+		{"trailing", append(append([]byte{}, valid...), 1), ErrTrailingBytes},
+		{"too many sites", []byte{1, 1, 'k', 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0x03}, ErrTruncated},
+		{"json missing w", []byte(`{"key":"k","asof":1,"total":1}`), ErrBadWindow},
+		{"json negative total", []byte(`{"key":"k","w":1,"asof":1,"total":-1}`), ErrBadCount},
+		{"json empty site", []byte(`{"key":"k","w":1,"asof":1,"total":1,"sites":{"":1}}`), ErrEmptySite},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got, err := DecodeCount(c.in); !errors.Is(err, c.want) {
+				t.Fatalf("DecodeCount(%q) = %+v, %v; want %v", c.in, got, err, c.want)
+			}
+		})
+	}
+	if _, err := unsorted.MarshalBinary(); !errors.Is(err, ErrBadSites) {
+		t.Fatalf("unsorted sites: got %v, want ErrBadSites", err)
+	}
+	if got := good.Site("b"); got != 2 {
+		t.Fatalf("Site(b) = %v", got)
+	}
+	if got := good.Site("zz"); got != 0 {
+		t.Fatalf("Site(zz) = %v", got)
+	}
+}
+
+func TestHeartbeat(t *testing.T) {
+	hb := Heartbeat{Instance: "agg-1", Topic: "us.hits", Partition: 3, AsOf: 17, Offset: 100, HighWatermark: 120}
+	b, err := hb.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeHeartbeat(b)
+	if err != nil || got != hb {
+		t.Fatalf("got %+v, %v", got, err)
+	}
+	key := HeartbeatKey("us.hits", 3)
+	if key != "__streamlimit/hb/us.hits/3" || !IsHeartbeatKey([]byte(key)) || !IsReservedKey([]byte(key)) {
+		t.Fatalf("HeartbeatKey = %q", key)
+	}
+	if IsReservedKey([]byte("api|user=1")) {
+		t.Fatal("ordinary key reported reserved")
+	}
+	if _, err := DecodeHeartbeat([]byte{1, 2}); err == nil {
+		t.Fatal("binary garbage decoded as heartbeat")
+	}
+}
+
+func TestNames(t *testing.T) {
+	if got := RemoteHitsTopic("us", "hits"); got != "us.hits" {
+		t.Fatalf("RemoteHitsTopic = %q", got)
+	}
+	re := HitsPattern("hits")
+	for topic, want := range map[string]bool{"hits": true, "us.hits": true, "eu-1.hits": true, "hits2": false, "us.hits.x": false, "counts": false, "a.b.hits": false} {
+		if got := regexpMatch(t, re, topic); got != want {
+			t.Errorf("%s matches %q = %v, want %v", re, topic, got, want)
+		}
+	}
+	if SiteOfTopic("us.hits", "hits") != "us" || SiteOfTopic("hits", "hits") != "" {
+		t.Fatal("SiteOfTopic wrong")
+	}
+}
+
+func TestConfigNormalize(t *testing.T) {
+	c, err := Config{}.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HitsTopic != "hits" || c.CountsTopic != "counts" || c.HitsPartitions != 12 || c.HitsRetention.Hours() != 24 {
+		t.Fatalf("defaults: %+v", c)
+	}
+	if *c.CountsConfigs()["cleanup.policy"] != "compact" || *c.HitsConfigs()["retention.ms"] != "86400000" {
+		t.Fatal("configs wrong")
+	}
+	if _, err := (Config{MaxWindow: 13 * 3600e9}).Normalize(); err == nil || !strings.Contains(err.Error(), "twice the longest window") {
+		t.Fatalf("retention < 2×window accepted: %v", err)
+	}
+	if _, err := (Config{HitsTopic: "x", CountsTopic: "x"}).Normalize(); err == nil {
+		t.Fatal("same topic names accepted")
+	}
+}
+
+func TestAppendJSONStringEscapes(t *testing.T) {
+	for _, s := range []string{"plain", "q\"b\\", "\x00\x1f\n\t\r", "é€😀", "bad\xff\xfeutf8", "\u2028\u2029", "<html>&"} {
+		got := appendJSONString(nil, s)
+		var back string
+		if err := json.Unmarshal(got, &back); err != nil {
+			t.Fatalf("%q → %s: %v", s, got, err)
+		}
+		var want string
+		std, _ := json.Marshal(s)
+		_ = json.Unmarshal(std, &want)
+		if back != want {
+			t.Fatalf("%q → %s → %q", s, got, back)
+		}
+	}
+	if !bytes.Equal(appendJSONString(nil, "a\"b"), []byte(`"a\"b"`)) {
+		t.Fatal("quote escaping")
+	}
+}

@@ -1,0 +1,73 @@
+package topics
+
+import (
+	"strconv"
+	"strings"
+	"time"
+)
+
+// HeartbeatPrefix starts the key of every heartbeat record in the counts topic.
+const HeartbeatPrefix = ReservedPrefix + "hb/"
+
+// HeartbeatKey returns the counts-topic key of the heartbeat that describes the aggregator's
+// progress on one partition of a hits topic: "__streamlimit/hb/<topic>/<partition>".
+// Because the key names the source partition and not the aggregator instance, the
+// compacted topic keeps exactly one heartbeat per source partition however often the
+// partition changes owner.
+func HeartbeatKey(topic string, partition int32) string {
+	return HeartbeatPrefix + topic + "/" + strconv.FormatInt(int64(partition), 10)
+}
+
+// IsHeartbeatKey reports whether a counts-topic key is a heartbeat's.
+func IsHeartbeatKey(key []byte) bool { return strings.HasPrefix(string(key), HeartbeatPrefix) }
+
+// IsReservedKey reports whether a counts-topic key is streamlimit's own (not a counter).
+func IsReservedKey(key []byte) bool { return strings.HasPrefix(string(key), ReservedPrefix) }
+
+// Heartbeat reports an aggregator's progress on one source partition of a hits topic. It is
+// written to the counts topic at least once a second, as JSON, under HeartbeatKey.
+type Heartbeat struct {
+	// Instance names the aggregator instance that wrote it.
+	Instance string `json:"instance"`
+	// Topic and Partition name the hits partition this heartbeat is about.
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	// AsOf is the aggregator's clock when it wrote the heartbeat, in unix milliseconds.
+	// Counts for keys of this partition are at least this fresh, up to Lag.
+	AsOf int64 `json:"asof"`
+	// Offset is the next offset the aggregator will consume from the partition.
+	Offset int64 `json:"offset"`
+	// HighWatermark is the partition's end offset as last seen by the aggregator;
+	// HighWatermark − Offset is the consume lag in records.
+	HighWatermark int64 `json:"hwm"`
+	// Replaying is true while the aggregator rebuilds the partition's state after an
+	// assignment and publishes no counts for it.
+	Replaying bool `json:"replaying,omitempty"`
+}
+
+// AsOfTime returns AsOf as a time.Time.
+func (h Heartbeat) AsOfTime() time.Time { return time.UnixMilli(h.AsOf) }
+
+// MarshalBinary encodes h for the counts topic (JSON: heartbeats are few, and readable with
+// any consumer).
+func (h Heartbeat) MarshalBinary() ([]byte, error) {
+	if h.Topic == "" {
+		return nil, errorf(ErrEmptyKey, "heartbeat without topic")
+	}
+	return jsonMarshal(h)
+}
+
+// DecodeHeartbeat decodes a heartbeat value.
+func DecodeHeartbeat(b []byte) (Heartbeat, error) {
+	var h Heartbeat
+	if len(b) == 0 || b[0] != jsonStart {
+		return h, errorf(ErrUnknownVersion, "heartbeat is not a JSON object")
+	}
+	if err := decodeJSONStrict(b, &h); err != nil {
+		return Heartbeat{}, err
+	}
+	if h.Topic == "" {
+		return Heartbeat{}, errorf(ErrEmptyKey, "heartbeat without topic")
+	}
+	return h, nil
+}

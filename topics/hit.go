@@ -1,0 +1,374 @@
+package topics
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Record limits, part of the contract (see the package documentation).
+const (
+	// MaxKeyLen is the longest counter key, in bytes.
+	MaxKeyLen = 1024
+	// MaxSiteLen is the longest site name, in bytes.
+	MaxSiteLen = 128
+	// ReservedPrefix starts every key that streamlimit itself writes to the counts topic
+	// (heartbeats). Counter keys may not start with it.
+	ReservedPrefix = "__streamlimit/"
+	// HeaderRerouted is the Kafka record header that the aggregator puts on a hit it has
+	// re-published to the partition that owns the hit's key, so that it is never re-routed
+	// twice.
+	HeaderRerouted = "streamlimit-rerouted"
+)
+
+const (
+	hitVersion1   byte = 1
+	countVersion1 byte = 1
+	jsonStart     byte = '{'
+)
+
+// Hit says that Key was hit Count times at Site during the bucket starting at BucketStart,
+// toward a window of Window milliseconds. A (Key, Window) pair is one counter.
+type Hit struct {
+	// Key is the counter key, 1..MaxKeyLen bytes.
+	Key string
+	// Site is the unit that shares an exact counter (a process or a data center's Redis).
+	Site string
+	// BucketStart is the start of the producer's time bucket, in unix milliseconds.
+	BucketStart int64
+	// Window is the length of the window the hit counts toward, in milliseconds. Zero means
+	// "the aggregator's default" and is only produced by a JSON record without "w".
+	Window int64
+	// Count is the number of hits, at least 1.
+	Count int64
+}
+
+// BucketTime returns BucketStart as a time.Time.
+func (h Hit) BucketTime() time.Time { return time.UnixMilli(h.BucketStart) }
+
+// WindowDuration returns Window as a time.Duration.
+func (h Hit) WindowDuration() time.Duration { return time.Duration(h.Window) * time.Millisecond }
+
+// Validate reports whether h obeys the record limits. A zero Window is accepted (it means
+// the aggregator's default).
+func (h Hit) Validate() error {
+	if err := validateKey(h.Key); err != nil {
+		return err
+	}
+	if err := validateSite(h.Site); err != nil {
+		return err
+	}
+	if h.Window < 0 {
+		return errorf(ErrBadWindow, "window %d ms", h.Window)
+	}
+	if h.Count < 1 {
+		return errorf(ErrBadCount, "count %d", h.Count)
+	}
+	return nil
+}
+
+func validateKey(k string) error {
+	switch {
+	case k == "":
+		return ErrEmptyKey
+	case len(k) > MaxKeyLen:
+		return errorf(ErrKeyTooLong, "%d bytes, at most %d", len(k), MaxKeyLen)
+	case strings.HasPrefix(k, ReservedPrefix):
+		return errorf(ErrReservedKey, "%q", ReservedPrefix)
+	}
+	return nil
+}
+
+func validateSite(s string) error {
+	switch {
+	case s == "":
+		return ErrEmptySite
+	case len(s) > MaxSiteLen:
+		return errorf(ErrSiteTooLong, "%d bytes, at most %d", len(s), MaxSiteLen)
+	}
+	return nil
+}
+
+// AppendBinary appends the binary (version 1) encoding of h to dst. It fails, appending
+// nothing, if h is invalid or has no window. It does not allocate when dst has room.
+func (h Hit) AppendBinary(dst []byte) ([]byte, error) {
+	if err := h.Validate(); err != nil {
+		return dst, err
+	}
+	if h.Window < 1 {
+		return dst, errorf(ErrBadWindow, "binary hits need a window, got %d ms", h.Window)
+	}
+	dst = append(dst, hitVersion1)
+	dst = binary.AppendUvarint(dst, uint64(len(h.Key)))
+	dst = binary.AppendUvarint(dst, uint64(len(h.Site)))
+	dst = append(dst, h.Key...)
+	dst = append(dst, h.Site...)
+	dst = binary.AppendVarint(dst, h.BucketStart)
+	dst = binary.AppendUvarint(dst, uint64(h.Window))
+	dst = binary.AppendUvarint(dst, uint64(h.Count))
+	return dst, nil
+}
+
+// MarshalBinary returns the binary encoding of h.
+func (h Hit) MarshalBinary() ([]byte, error) {
+	return h.AppendBinary(make([]byte, 0, 16+len(h.Key)+len(h.Site)))
+}
+
+// AppendJSON appends the JSON encoding of h to dst; Window is left out when zero.
+func (h Hit) AppendJSON(dst []byte) ([]byte, error) {
+	if err := h.Validate(); err != nil {
+		return dst, err
+	}
+	dst = append(dst, `{"key":`...)
+	dst = appendJSONString(dst, h.Key)
+	dst = append(dst, `,"site":`...)
+	dst = appendJSONString(dst, h.Site)
+	dst = append(dst, `,"ts":`...)
+	dst = strconv.AppendInt(dst, h.BucketStart, 10)
+	if h.Window != 0 {
+		dst = append(dst, `,"w":`...)
+		dst = strconv.AppendInt(dst, h.Window, 10)
+	}
+	dst = append(dst, `,"n":`...)
+	dst = strconv.AppendInt(dst, h.Count, 10)
+	return append(dst, '}'), nil
+}
+
+// MarshalJSON returns the JSON encoding of h (the contract's JSON form).
+func (h Hit) MarshalJSON() ([]byte, error) { return h.AppendJSON(nil) }
+
+// UnmarshalJSON decodes the contract's JSON form into h, with the same validation as
+// DecodeHit.
+func (h *Hit) UnmarshalJSON(b []byte) error {
+	v, err := decodeHitJSON(b)
+	if err != nil {
+		return err
+	}
+	*h = v
+	return nil
+}
+
+// DecodeHit decodes a hit record value in either encoding (told apart by its first byte)
+// and validates it. The binary form costs one allocation (key and site share a string).
+func DecodeHit(b []byte) (Hit, error) {
+	if len(b) == 0 {
+		return Hit{}, errorf(ErrTruncated, "empty value")
+	}
+	switch b[0] {
+	case hitVersion1:
+		return decodeHitBinary(b[1:])
+	case jsonStart:
+		return decodeHitJSON(b)
+	default:
+		return Hit{}, errorf(ErrUnknownVersion, "first byte 0x%02x", b[0])
+	}
+}
+
+func decodeHitBinary(b []byte) (Hit, error) {
+	var r reader
+	r.b = b
+	kl := r.uvarint()
+	sl := r.uvarint()
+	if r.err != nil {
+		return Hit{}, r.err
+	}
+	if kl > MaxKeyLen {
+		return Hit{}, errorf(ErrKeyTooLong, "%d bytes, at most %d", kl, MaxKeyLen)
+	}
+	if sl > MaxSiteLen {
+		return Hit{}, errorf(ErrSiteTooLong, "%d bytes, at most %d", sl, MaxSiteLen)
+	}
+	ks := r.bytes(int(kl + sl))
+	if r.err != nil {
+		return Hit{}, r.err
+	}
+	both := string(ks)
+	h := Hit{Key: both[:kl], Site: both[kl:]}
+	h.BucketStart = r.varint()
+	w := r.uvarint()
+	n := r.uvarint()
+	if r.err != nil {
+		return Hit{}, r.err
+	}
+	if len(r.b) != 0 {
+		return Hit{}, errorf(ErrTrailingBytes, "%d bytes", len(r.b))
+	}
+	if w < 1 || w > maxMillis {
+		return Hit{}, errorf(ErrBadWindow, "window %d ms", w)
+	}
+	if n < 1 || n > maxCount {
+		return Hit{}, errorf(ErrBadCount, "count %d", n)
+	}
+	h.Window, h.Count = int64(w), int64(n)
+	return h, h.Validate()
+}
+
+// maxMillis bounds windows to about 292 years, keeping them inside time.Duration.
+const maxMillis = uint64(1<<63-1) / uint64(time.Millisecond)
+
+// maxCount keeps counts inside int64.
+const maxCount = uint64(1<<63 - 1)
+
+type hitJSON struct {
+	Key  *string `json:"key"`
+	Site *string `json:"site"`
+	TS   *int64  `json:"ts"`
+	W    *int64  `json:"w"`
+	N    *int64  `json:"n"`
+}
+
+func decodeHitJSON(b []byte) (Hit, error) {
+	var j hitJSON
+	if err := decodeJSONStrict(b, &j); err != nil {
+		return Hit{}, err
+	}
+	switch {
+	case j.Key == nil:
+		return Hit{}, errorf(ErrEmptyKey, `missing "key"`)
+	case j.Site == nil:
+		return Hit{}, errorf(ErrEmptySite, `missing "site"`)
+	case j.TS == nil:
+		return Hit{}, errorf(ErrBadTime, `missing "ts"`)
+	}
+	h := Hit{Key: *j.Key, Site: *j.Site, BucketStart: *j.TS, Count: 1}
+	if j.W != nil {
+		if *j.W < 1 || uint64(*j.W) > maxMillis {
+			return Hit{}, errorf(ErrBadWindow, "w %d ms", *j.W)
+		}
+		h.Window = *j.W
+	}
+	if j.N != nil {
+		h.Count = *j.N
+	}
+	return h, h.Validate()
+}
+
+// decodeJSONStrict decodes exactly one JSON object from b into v; anything after it other
+// than white space is an error.
+func decodeJSONStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(v); err != nil {
+		return errorf(ErrBadJSON, "%v", err)
+	}
+	if dec.More() {
+		return errorf(ErrTrailingBytes, "after JSON object")
+	}
+	if _, err := dec.Token(); err == nil {
+		return errorf(ErrTrailingBytes, "after JSON object")
+	}
+	return nil
+}
+
+// appendJSONString appends s as a JSON string, escaping what JSON requires.
+func appendJSONString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' && c < 0x7f {
+			continue
+		}
+		if c >= 0x7f {
+			// Multi-byte UTF-8 passes through; invalid UTF-8 becomes U+FFFD, as
+			// encoding/json does, so that the output is always valid JSON.
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && size == 1 {
+				dst = append(dst, s[start:i]...)
+				dst = append(dst, `\ufffd`...)
+				start = i + 1
+				continue
+			}
+			if r == '\u2028' || r == '\u2029' {
+				dst = append(dst, s[start:i]...)
+				dst = append(dst, `\u202`...)
+				dst = append(dst, hex[r&0xf])
+				start = i + size
+			}
+			i += size - 1
+			continue
+		}
+		dst = append(dst, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			dst = append(dst, '\\', c)
+		case '\n':
+			dst = append(dst, '\\', 'n')
+		case '\r':
+			dst = append(dst, '\\', 'r')
+		case '\t':
+			dst = append(dst, '\\', 't')
+		default:
+			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		}
+		start = i + 1
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
+
+// reader reads varint-framed fields, remembering the first error.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.fail(n)
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) varint() int64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(r.b)
+	if n <= 0 {
+		r.fail(n)
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) fail(n int) {
+	if n == 0 {
+		r.err = errorf(ErrTruncated, "varint cut short")
+	} else {
+		r.err = errorf(ErrTruncated, "varint overflows 64 bits")
+	}
+}
+
+func (r *reader) bytes(n int) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if n < 0 || n > len(r.b) {
+		r.err = errorf(ErrTruncated, "need %d bytes, have %d", n, len(r.b))
+		return nil
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) float64() float64 {
+	v := r.bytes(8)
+	if r.err != nil {
+		return 0
+	}
+	return math.Float64frombits(binary.LittleEndian.Uint64(v))
+}

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// kafkaFlags are the Kafka connection settings shared by every subcommand that talks to
+// Kafka.
+type kafkaFlags struct {
+	brokers []string
+}
+
+func (k *kafkaFlags) register(cmd *cobra.Command) {
+	def := strings.Split(envOr("STREAMLIMIT_KAFKA_BROKERS", "localhost:9092"), ",")
+	cmd.Flags().StringSliceVar(&k.brokers, "brokers", def, "Kafka bootstrap brokers, comma separated (env STREAMLIMIT_KAFKA_BROKERS)")
+}
+
+func (k *kafkaFlags) opts() []kgo.Opt {
+	return []kgo.Opt{kgo.SeedBrokers(k.brokers...)}
+}
+
+func envOr(key, def string) string {
+	if v, ok := os.LookupEnv(key); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+// topicFlags are the topic names and layout, shared by every subcommand.
+type topicFlags struct {
+	cfg topics.Config
+}
+
+func (t *topicFlags) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&t.cfg.HitsTopic, "hits-topic", topics.DefaultHitsTopic, "local hits topic")
+	f.StringVar(&t.cfg.CountsTopic, "counts-topic", topics.DefaultCountsTopic, "compacted counts topic")
+}
+
+func newTopicsCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "topics",
+		Short: "Create or verify streamlimit's Kafka topics",
+	}
+	cmd.AddCommand(newTopicsEnsureCmd())
+	return cmd
+}
+
+func newTopicsEnsureCmd() *cobra.Command {
+	var (
+		kf kafkaFlags
+		tf topicFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "ensure",
+		Short: "Create missing topics; verify existing ones (never alters them)",
+		Long: `ensure creates the hits and counts topics when they do not exist, with the partition
+counts and configs streamlimit needs (counts compacted, hits retained at least twice the
+longest window). Existing topics are verified: a wrong partition count or cleanup.policy is
+reported with what it is and what it should be, and the command exits 1.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := kgo.NewClient(kf.opts()...)
+			if err != nil {
+				return fmt.Errorf("kafka client: %w", err)
+			}
+			defer cl.Close()
+			ctx := cmd.Context()
+			res, err := topics.EnsureTopics(ctx, kadm.NewClient(cl), tf.cfg)
+			out := cmd.OutOrStdout()
+			for _, t := range res.Created {
+				fmt.Fprintf(out, "created  %s\n", t)
+			}
+			for _, t := range res.Verified {
+				fmt.Fprintf(out, "verified %s\n", t)
+			}
+			return err
+		},
+	}
+	kf.register(cmd)
+	tf.register(cmd)
+	f := cmd.Flags()
+	f.Int32Var(&tf.cfg.HitsPartitions, "partitions", 12, "partitions of the hits topic (all data centers' hits topics must have the same count)")
+	f.Int32Var(&tf.cfg.CountsPartitions, "counts-partitions", 12, "partitions of the counts topic")
+	f.Int16Var(&tf.cfg.ReplicationFactor, "replication-factor", -1, "replication factor of created topics (-1: the broker's default)")
+	f.DurationVar(&tf.cfg.HitsRetention, "hits-retention", 24*time.Hour, "retention of the hits topic (at least twice --max-window)")
+	f.DurationVar(&tf.cfg.MaxWindow, "max-window", time.Hour, "longest window any rule uses")
+	return cmd
+}

@@ -1,0 +1,183 @@
+// Package algo implements the six local rate-limiting algorithms (token bucket, leaky
+// bucket, fixed window, sliding window log, sliding window counter and GCRA) exactly and in
+// process, over a bounded, sharded map of counters keyed by counter key.
+//
+// Everything here is driven by the time the caller passes in, never by the wall clock, so
+// that tests and the accuracy simulator control time (DESIGN invariant 6). Time is kept in
+// integer nanoseconds and rates as exact rationals, so a decision, its remaining count and
+// its retry-after are exact to the nanosecond (rounded up where a wait is concerned).
+package algo
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Algorithm names one of the six local algorithms. The zero value is SlidingWindow.
+type Algorithm uint8
+
+const (
+	// SlidingWindow is the sliding window counter of seed 000 (and Cloudflare): the count of
+	// the current aligned window plus the previous window's count weighted by the part of
+	// the previous window that the sliding window still overlaps. The weighted part is
+	// rounded down, as seed 000 does (3 + 5×0.7 = 6.5 counts as 6), so the estimate may
+	// admit less than one request more than an exact log would.
+	SlidingWindow Algorithm = iota
+	// TokenBucket is a bucket of Limit.Capacity() tokens, initially full, refilled at
+	// Limit.Allowance() tokens per Limit.Window; a request of n takes n tokens.
+	TokenBucket
+	// LeakyBucket is a bucket (queue) of Limit.Capacity() requests that leaks at
+	// Limit.Allowance() requests per Limit.Window. As a meter (Allow) a request that would
+	// overflow the bucket is rejected, which makes its admissions identical to TokenBucket's;
+	// as a shaper (Store.Reserve, Store.Wait) each request is told how long to wait so that
+	// requests leave at the constant leak rate.
+	LeakyBucket
+	// FixedWindow counts requests in windows aligned to multiples of Limit.Window since the
+	// Unix epoch. Up to 2× the allowance can pass in a short span around a window boundary.
+	FixedWindow
+	// SlidingLog keeps the timestamp of every admitted request of the last Limit.Window
+	// (at most Limit.Allowance() of them per key) and admits a request only if no window of
+	// length Window ending now would then hold more than the allowance. Exact, but memory
+	// grows with the allowance.
+	SlidingLog
+	// GCRA is the generic cell rate algorithm: a theoretical arrival time (TAT) advanced by
+	// the emission interval Window/Allowance per request, with a burst tolerance of
+	// Capacity()−1 intervals. Its admissions equal a token bucket's of the same capacity
+	// and rate (the two are dual views of one model); it needs one timestamp per key.
+	GCRA
+	numAlgorithms
+)
+
+var algorithmNames = [numAlgorithms]string{
+	SlidingWindow: "sliding_window",
+	TokenBucket:   "token_bucket",
+	LeakyBucket:   "leaky_bucket",
+	FixedWindow:   "fixed_window",
+	SlidingLog:    "sliding_log",
+	GCRA:          "gcra",
+}
+
+// String returns the configuration name of a, e.g. "token_bucket".
+func (a Algorithm) String() string {
+	if a < numAlgorithms {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+}
+
+// Names lists the configuration names of all algorithms, in declaration order.
+func Names() []string { return append([]string(nil), algorithmNames[:]...) }
+
+// ParseAlgorithm returns the Algorithm whose configuration name is s.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	for i, n := range algorithmNames {
+		if n == s {
+			return Algorithm(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown algorithm %q", s)
+}
+
+// bucket reports whether a belongs to the TAT family (token bucket, leaky bucket, GCRA),
+// which share one state and one exact implementation.
+func (a Algorithm) bucket() bool { return a == TokenBucket || a == LeakyBucket || a == GCRA }
+
+// Never is the RetryAfter of a request that can never be admitted: its size exceeds the
+// limit's capacity, or the limit admits nothing (Requests 0).
+const Never = time.Duration(math.MaxInt64)
+
+// Limit is one limit: Requests per Window, with the algorithm's parameters.
+//
+// The allowance actually enforced is Requests raised by SoftPercent (see Allowance); the
+// bucket algorithms' capacity is Burst (raised the same way) or, when Burst is 0, the
+// allowance (see Capacity).
+type Limit struct {
+	// Requests is the number of requests admitted per Window. 0 admits nothing.
+	Requests int64
+	// Window is the period of the limit. It must be positive.
+	Window time.Duration
+	// Burst is the capacity of TokenBucket, LeakyBucket and GCRA in requests; 0 means the
+	// allowance. The window algorithms ignore it.
+	Burst int64
+	// SoftPercent raises the limit by this percentage, making it a soft limit: 10 admits
+	// 110% of Requests. The extra is rounded down (10% of 7 is 0), so a soft limit is never
+	// more generous than stated. 0 is a hard limit.
+	SoftPercent int
+}
+
+// Allowance is the number of requests admitted per Window: Requests plus
+// ⌊Requests × SoftPercent / 100⌋.
+func (l Limit) Allowance() int64 { return soft(l.Requests, l.SoftPercent) }
+
+// Capacity is the bucket size of TokenBucket, LeakyBucket and GCRA: Burst plus
+// ⌊Burst × SoftPercent / 100⌋, or Allowance() when Burst is 0.
+func (l Limit) Capacity() int64 {
+	if l.Burst > 0 {
+		return soft(l.Burst, l.SoftPercent)
+	}
+	return l.Allowance()
+}
+
+func soft(n int64, pct int) int64 {
+	if pct <= 0 || n <= 0 {
+		return n
+	}
+	extra := n / 100 * int64(pct)
+	extra += n % 100 * int64(pct) / 100
+	return n + extra
+}
+
+// Validate reports whether l can be enforced: Requests ≥ 0, Window > 0, Burst ≥ 0,
+// SoftPercent ≥ 0, and the bucket capacity expressed as time (Capacity × Window /
+// Allowance) below 2⁶² ns (about 146 years).
+func (l Limit) Validate() error {
+	switch {
+	case l.Requests < 0:
+		return fmt.Errorf("requests %d < 0", l.Requests)
+	case l.Window <= 0:
+		return fmt.Errorf("window %v ≤ 0", l.Window)
+	case l.Burst < 0:
+		return fmt.Errorf("burst %d < 0", l.Burst)
+	case l.SoftPercent < 0:
+		return fmt.Errorf("soft percent %d < 0", l.SoftPercent)
+	}
+	if a := l.Allowance(); a > 0 {
+		if q, _, ok := mulDiv(uint64(l.Capacity()), uint64(l.Window), uint64(a)); !ok || q >= 1<<62 {
+			return fmt.Errorf("capacity %d over window %v at %d per window is too long", l.Capacity(), l.Window, a)
+		}
+	}
+	return nil
+}
+
+// Op is one counter operation: take N from the counter Key under Limit with Algorithm.
+//
+// A counter is identified by Key alone: the Store keeps one state per key, and when a key is
+// used with another Algorithm or Window its state restarts from empty (this happens only
+// when rules change, since the counter keys of package rules include the window).
+type Op struct {
+	Key       string
+	Algorithm Algorithm
+	Limit     Limit
+	// N is the request's cost in requests; 0 asks without taking anything.
+	N int64
+}
+
+// Decision is the outcome of one Op.
+type Decision struct {
+	// Allowed reports whether the request fits. For a Peek it tells whether it would.
+	Allowed bool
+	// Limit is the number of requests the counter admits: Allowance() for the window
+	// algorithms, Capacity() for the bucket algorithms.
+	Limit int64
+	// Remaining is how many requests of size 1 would still be admitted now, after this
+	// request if it was admitted.
+	Remaining int64
+	// ResetAfter is the time until the counter is back to its empty state (window counters
+	// zero, bucket full), assuming no other traffic.
+	ResetAfter time.Duration
+	// RetryAfter is 0 when Allowed; otherwise the exact time, rounded up to the nanosecond,
+	// until a request of the same size would be admitted assuming no other traffic, or
+	// Never.
+	RetryAfter time.Duration
+}

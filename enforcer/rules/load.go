@@ -1,0 +1,669 @@
+package rules
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/streamlimit/streamlimit/enforcer/algo"
+)
+
+// Error is a problem in a rules file, with its position.
+type Error struct {
+	// File is the file's path as given to the loader.
+	File string
+	// Line and Column are 1-based; 0 when unknown (e.g. a file that cannot be read).
+	Line, Column int
+	// Field is the offending field, relative to its descriptor: "domain",
+	// "descriptors[1].key", "rate_limit.unit", "rate_limits[0].window", …
+	Field string
+	// Reason says what is wrong.
+	Reason string
+}
+
+// Error formats e as "file.yaml:12:5: rate_limit.unit: unknown unit "minutes" (want …)".
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString(e.File)
+	if e.Line > 0 {
+		fmt.Fprintf(&b, ":%d:%d", e.Line, e.Column)
+	}
+	b.WriteString(": ")
+	if e.Field != "" {
+		b.WriteString(e.Field)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Reason)
+	return b.String()
+}
+
+// maxErrors bounds how many errors one load reports.
+const maxErrors = 20
+
+// LoadFile loads one rules file. The error, if any, joins one *Error per problem found
+// (errors.As finds the first).
+func LoadFile(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &Error{File: path, Reason: err.Error()}
+	}
+	return build([]source{{path, data}})
+}
+
+// LoadDir loads every *.yaml and *.yml file directly in dir (not in subdirectories, and not
+// dot files), one domain per file, as envoyproxy/ratelimit loads its runtime directory. Two
+// files with the same domain are an error. An empty directory gives an empty Config.
+func LoadDir(dir string) (*Config, error) {
+	srcs, err := readDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	return build(srcs)
+}
+
+// Load loads path with LoadDir if it is a directory, else with LoadFile.
+func Load(path string) (*Config, error) {
+	srcs, err := read(path)
+	if err != nil {
+		return nil, err
+	}
+	return build(srcs)
+}
+
+type source struct {
+	name string
+	data []byte
+}
+
+func read(path string) ([]source, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, &Error{File: path, Reason: err.Error()}
+	}
+	if fi.IsDir() {
+		return readDir(path)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &Error{File: path, Reason: err.Error()}
+	}
+	return []source{{path, data}}, nil
+}
+
+func readDir(dir string) ([]source, error) {
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, &Error{File: dir, Reason: err.Error()}
+	}
+	var srcs []source
+	for _, de := range des {
+		name := de.Name()
+		if de.IsDir() || strings.HasPrefix(name, ".") || !(strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
+			continue
+		}
+		p := filepath.Join(dir, name)
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return nil, &Error{File: p, Reason: err.Error()}
+		}
+		srcs = append(srcs, source{p, data})
+	}
+	return srcs, nil
+}
+
+func build(srcs []source) (*Config, error) {
+	c := &Config{domains: make(map[string]*domain)}
+	var errs []error
+	for _, src := range srcs {
+		p := &parser{file: src.name}
+		d, domLine := p.file1(src.data)
+		errs = append(errs, p.errs...)
+		c.files = append(c.files, src.name)
+		if d == nil {
+			continue
+		}
+		if prev, ok := c.domains[d.name]; ok {
+			errs = append(errs, &Error{File: src.name, Line: domLine.Line, Column: domLine.Column, Field: "domain",
+				Reason: fmt.Sprintf("duplicate domain %q (also in %s)", d.name, prev.file)})
+			continue
+		}
+		c.domains[d.name] = d
+	}
+	if len(errs) > 0 {
+		if len(errs) > maxErrors {
+			errs = errs[:maxErrors]
+		}
+		return nil, errors.Join(errs...)
+	}
+	return c, nil
+}
+
+type parser struct {
+	file string
+	errs []error
+}
+
+func (p *parser) errorf(n *yaml.Node, field, format string, args ...any) {
+	e := &Error{File: p.file, Field: field, Reason: fmt.Sprintf(format, args...)}
+	if n != nil {
+		e.Line, e.Column = n.Line, n.Column
+	}
+	p.errs = append(p.errs, e)
+}
+
+// fields iterates over a mapping node's key/value pairs, reporting unknown and duplicate
+// keys. known lists the accepted keys.
+func (p *parser) fields(m *yaml.Node, prefix string, known []string, f func(key string, k, v *yaml.Node)) {
+	if m.Kind != yaml.MappingNode {
+		p.errorf(m, strings.TrimSuffix(prefix, "."), "want a mapping, got %s", kindName(m))
+		return
+	}
+	seen := make(map[string]bool, len(m.Content)/2)
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k, v := m.Content[i], m.Content[i+1]
+		if !slices.Contains(known, k.Value) {
+			p.errorf(k, prefix+k.Value, "unknown field (want one of %s)", strings.Join(known, ", "))
+			continue
+		}
+		if seen[k.Value] {
+			p.errorf(k, prefix+k.Value, "duplicate field")
+			continue
+		}
+		seen[k.Value] = true
+		f(k.Value, k, v)
+	}
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		return fmt.Sprintf("%q", n.Value)
+	case yaml.AliasNode:
+		return "an alias"
+	}
+	return "nothing"
+}
+
+func (p *parser) str(n *yaml.Node, field string) (string, bool) {
+	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
+		p.errorf(n, field, "want a string, got %s", kindName(n))
+		return "", false
+	}
+	return n.Value, true
+}
+
+func (p *parser) boolean(n *yaml.Node, field string) bool {
+	var b bool
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" || n.Decode(&b) != nil {
+		p.errorf(n, field, "want true or false, got %s", kindName(n))
+	}
+	return b
+}
+
+func (p *parser) integer(n *yaml.Node, field string) (int64, bool) {
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
+		p.errorf(n, field, "want an integer, got %s", kindName(n))
+		return 0, false
+	}
+	v, err := strconv.ParseInt(n.Value, 0, 64)
+	if err != nil {
+		p.errorf(n, field, "want an integer, got %q", n.Value)
+		return 0, false
+	}
+	return v, true
+}
+
+// file1 parses one file into a domain, returning the domain node for positions.
+func (p *parser) file1(data []byte) (*domain, *yaml.Node) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		e := &Error{File: p.file, Reason: strings.TrimPrefix(err.Error(), "yaml: ")}
+		var te *yaml.TypeError
+		if !errors.As(err, &te) {
+			// yaml.v3 reports syntax errors as "yaml: line N: …".
+			if _, after, ok := strings.Cut(e.Reason, "line "); ok {
+				if n, rest, ok := strings.Cut(after, ": "); ok {
+					if l, err := strconv.Atoi(n); err == nil {
+						e.Line, e.Column, e.Reason = l, 1, rest
+					}
+				}
+			}
+		}
+		p.errs = append(p.errs, e)
+		return nil, nil
+	}
+	if doc.Kind == 0 || len(doc.Content) == 0 {
+		p.errorf(nil, "domain", "missing (the file is empty)")
+		return nil, nil
+	}
+	root := doc.Content[0]
+	d := &domain{file: p.file, root: newNode()}
+	var domNode, descs *yaml.Node
+	p.fields(root, "", []string{"domain", "descriptors"}, func(key string, k, v *yaml.Node) {
+		switch key {
+		case "domain":
+			if s, ok := p.str(v, "domain"); ok {
+				if s == "" {
+					p.errorf(v, "domain", "must not be empty")
+				}
+				d.name = s
+			}
+			domNode = v
+		case "descriptors":
+			descs = v
+		}
+	})
+	if root.Kind != yaml.MappingNode {
+		return nil, nil
+	}
+	if domNode == nil {
+		p.errorf(root, "domain", "missing")
+	}
+	if descs != nil {
+		p.descriptors(descs, d.root, d, nil, "descriptors")
+	}
+	if len(p.errs) > 0 || d.name == "" {
+		return nil, nil
+	}
+	return d, domNode
+}
+
+func newNode() *node { return &node{exact: make(map[Entry]*node)} }
+
+var descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode",
+	"quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata"}
+
+func (p *parser) descriptors(seq *yaml.Node, parent *node, d *domain, path []Level, field string) {
+	if seq.Kind != yaml.SequenceNode {
+		if seq.Tag != "!!null" {
+			p.errorf(seq, field, "want a list, got %s", kindName(seq))
+		}
+		return
+	}
+	for i, item := range seq.Content {
+		p.descriptor(item, parent, d, path, fmt.Sprintf("%s[%d].", field, i))
+	}
+}
+
+func (p *parser) descriptor(m *yaml.Node, parent *node, d *domain, path []Level, prefix string) {
+	var (
+		lv                    Level
+		keyNode, valNode      *yaml.Node
+		rl, rls, children     *yaml.Node
+		shadow, quota, detail bool
+		valueToMetric, share  bool
+		shareNode             *yaml.Node
+	)
+	p.fields(m, prefix, descriptorFields, func(key string, k, v *yaml.Node) {
+		switch key {
+		case "key":
+			keyNode = v
+			lv.Key, _ = p.str(v, prefix+key)
+		case "value":
+			valNode = v
+			lv.Value, _ = p.str(v, prefix+key)
+		case "rate_limit":
+			rl = v
+		case "rate_limits":
+			rls = v
+		case "descriptors":
+			children = v
+		case "shadow_mode":
+			shadow = p.boolean(v, prefix+key)
+		case "quota_mode":
+			quota = p.boolean(v, prefix+key)
+		case "detailed_metric":
+			detail = p.boolean(v, prefix+key)
+		case "value_to_metric":
+			valueToMetric = p.boolean(v, prefix+key)
+		case "share_threshold":
+			share, shareNode = p.boolean(v, prefix+key), v
+		case "metadata":
+			// Free-form in envoyproxy/ratelimit; accepted and ignored.
+		}
+	})
+	if m.Kind != yaml.MappingNode {
+		return
+	}
+	if keyNode == nil || lv.Key == "" {
+		p.errorf(m, prefix+"key", "missing or empty (every descriptor needs a key)")
+		return
+	}
+	lv.Wildcard = strings.Contains(lv.Value, "*")
+	if share && !lv.Wildcard {
+		p.errorf(shareNode, prefix+"share_threshold", "needs a wildcard value (containing '*')")
+	}
+	lv.ShareThreshold = share && lv.Wildcard
+	n := newNode()
+	entry := Entry{Key: lv.Key, Value: lv.Value}
+	if lv.Wildcard {
+		for _, w := range parent.wild {
+			if w.key == lv.Key && strings.Join(w.parts, "*") == lv.Value {
+				p.errorf(valNode, prefix+"value", "duplicate descriptor %s=%s at this level", lv.Key, lv.Value)
+				return
+			}
+		}
+		parent.wild = append(parent.wild, wildNode{key: lv.Key, parts: strings.Split(lv.Value, "*"), n: n})
+	} else {
+		if _, dup := parent.exact[entry]; dup {
+			at := keyNode
+			if valNode != nil {
+				at = valNode
+			}
+			p.errorf(at, prefix+"key", "duplicate descriptor %s at this level", describe(entry))
+			return
+		}
+		parent.exact[entry] = n
+	}
+	path = append(path[:len(path):len(path)], lv)
+
+	if rl != nil || rls != nil {
+		r := &Rule{Domain: d.name, File: p.file, Line: keyNode.Line, Levels: path,
+			ShadowMode: shadow, QuotaMode: quota, DetailedMetric: detail, ValueToMetric: valueToMetric}
+		r.ID = ruleID(d.name, path)
+		switch {
+		case rl != nil && rls != nil:
+			p.errorf(rls, prefix+"rate_limits", "use either rate_limit or rate_limits, not both")
+		case rl != nil:
+			l, unlimited, ok := p.limit(rl, prefix+"rate_limit.", true)
+			if ok && unlimited {
+				r.Unlimited, r.replaces = true, l.Replaces
+			} else if ok {
+				r.Limits = append(r.Limits, l)
+			}
+		default:
+			p.limitList(rls, prefix+"rate_limits", r)
+		}
+		n.rule = r
+	}
+	if children != nil {
+		p.descriptors(children, n, d, path, prefix+"descriptors")
+	}
+}
+
+func describe(e Entry) string {
+	if e.Value == "" {
+		return e.Key + " (no value)"
+	}
+	return e.Key + "=" + e.Value
+}
+
+func ruleID(domainName string, path []Level) string {
+	var b strings.Builder
+	b.WriteString(domainName)
+	for _, l := range path {
+		b.WriteByte('.')
+		b.WriteString(l.Key)
+		if l.Value != "" {
+			b.WriteByte('_')
+			b.WriteString(l.Value)
+		}
+	}
+	return b.String()
+}
+
+const maxLimits = 64
+
+func (p *parser) limitList(seq *yaml.Node, field string, r *Rule) {
+	if seq.Kind != yaml.SequenceNode || len(seq.Content) == 0 {
+		p.errorf(seq, field, "want a non-empty list of limits, got %s", kindName(seq))
+		return
+	}
+	if len(seq.Content) > maxLimits {
+		p.errorf(seq, field, "%d limits, at most %d", len(seq.Content), maxLimits)
+		return
+	}
+	windows := make(map[time.Duration]int)
+	for i, item := range seq.Content {
+		f := fmt.Sprintf("%s[%d].", field, i)
+		l, _, ok := p.limit(item, f, false)
+		if !ok {
+			continue
+		}
+		if j, dup := windows[l.Window]; dup {
+			p.errorf(item, f+"window", "same window %v as %s[%d]: the two limits would share one counter", l.Window, field, j)
+			continue
+		}
+		windows[l.Window] = i
+		r.Limits = append(r.Limits, l)
+	}
+}
+
+var limitFields = []string{"unit", "requests_per_unit", "name", "replaces", "unlimited",
+	"window", "algorithm", "scope", "soft_percent", "burst"}
+
+// units are envoyproxy/ratelimit's units, with its lengths for month and year.
+var units = []struct {
+	name string
+	d    time.Duration
+}{
+	{"second", time.Second}, {"minute", time.Minute}, {"hour", time.Hour}, {"day", 24 * time.Hour},
+	{"week", 7 * 24 * time.Hour}, {"month", 30 * 24 * time.Hour}, {"year", 365 * 24 * time.Hour},
+}
+
+func unitNames() string {
+	names := make([]string, len(units))
+	for i, u := range units {
+		names[i] = u.name
+	}
+	return strings.Join(names, ", ")
+}
+
+// limit parses one rate_limit block. unlimited is reported when the block says so (only
+// allowed where allowUnlimited).
+func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limit, unlimited, ok bool) {
+	nerr := len(p.errs)
+	l.Line = m.Line
+	l.Algorithm, l.Scope = DefaultAlgorithm, DefaultScope
+	var (
+		unitNode, rpuNode, windowNode, algNode, scopeNode, burstNode, unlimitedNode *yaml.Node
+		window                                                                      time.Duration
+	)
+	p.fields(m, prefix, limitFields, func(key string, k, v *yaml.Node) {
+		f := prefix + key
+		switch key {
+		case "unit":
+			unitNode = v
+			if s, ok := p.str(v, f); ok {
+				l.Unit = s
+				found := false
+				for _, u := range units {
+					if strings.EqualFold(u.name, s) { // envoyproxy/ratelimit upper-cases the unit
+						window, found = u.d, true
+					}
+				}
+				if !found {
+					p.errorf(v, f, "unknown unit %q (want %s)", s, unitNames())
+				}
+			}
+		case "requests_per_unit":
+			rpuNode = v
+			if n, ok := p.integer(v, f); ok {
+				if n < 0 {
+					p.errorf(v, f, "%d < 0", n)
+				}
+				l.Requests = n
+			}
+		case "name":
+			l.Name, _ = p.str(v, f)
+		case "replaces":
+			p.replaces(v, f, &l)
+		case "unlimited":
+			unlimitedNode = v
+			unlimited = p.boolean(v, f)
+		case "window":
+			windowNode = v
+			if s, ok := p.str(v, f); ok {
+				d, err := ParseWindow(s)
+				if err != nil {
+					p.errorf(v, f, "%v", err)
+				} else {
+					l.Window = d
+				}
+			}
+		case "algorithm":
+			algNode = v
+			if s, ok := p.str(v, f); ok {
+				a, err := algo.ParseAlgorithm(s)
+				if err != nil {
+					p.errorf(v, f, "unknown algorithm %q (want %s)", s, strings.Join(algo.Names(), ", "))
+				}
+				l.Algorithm = a
+			}
+		case "scope":
+			scopeNode = v
+			if s, ok := p.str(v, f); ok {
+				sc, err := ParseScope(s)
+				if err != nil {
+					p.errorf(v, f, "unknown scope %q (want local, site, global)", s)
+				}
+				l.Scope = sc
+			}
+		case "soft_percent":
+			if n, ok := p.integer(v, f); ok {
+				if n < 0 || n > 1000 {
+					p.errorf(v, f, "%d outside 0…1000", n)
+				}
+				l.SoftPercent = int(n)
+			}
+		case "burst":
+			burstNode = v
+			if n, ok := p.integer(v, f); ok {
+				if n <= 0 {
+					p.errorf(v, f, "%d ≤ 0 (omit it for a capacity equal to requests_per_unit)", n)
+				}
+				l.Burst = n
+			}
+		}
+	})
+	if m.Kind != yaml.MappingNode || len(p.errs) > nerr {
+		return l, false, false
+	}
+	for _, r := range l.Replaces {
+		if r == l.Name && r != "" {
+			p.errorf(m, prefix+"replaces", "a limit cannot replace itself (%q)", r)
+		}
+	}
+	if unlimited {
+		switch {
+		case !allowUnlimited:
+			p.errorf(unlimitedNode, prefix+"unlimited", "not allowed in rate_limits (use rate_limit: {unlimited: true})")
+		case unitNode != nil:
+			p.errorf(unitNode, prefix+"unit", "should not be set when unlimited")
+		case windowNode != nil:
+			p.errorf(windowNode, prefix+"window", "should not be set when unlimited")
+		}
+		return l, true, len(p.errs) == nerr
+	}
+	switch {
+	case rpuNode == nil:
+		p.errorf(m, prefix+"requests_per_unit", "missing (write 0 to reject every request)")
+	case unitNode == nil && windowNode == nil:
+		p.errorf(m, prefix+"unit", "missing (set unit or window)")
+	case unitNode != nil && windowNode != nil && l.Window != window:
+		p.errorf(windowNode, prefix+"window", "%v contradicts unit %s (%v); set one of them", l.Window, l.Unit, window)
+	case unitNode != nil:
+		l.Window = window
+	}
+	if l.Window <= 0 && windowNode != nil && len(p.errs) == nerr {
+		p.errorf(windowNode, prefix+"window", "must be positive")
+	}
+	if l.Scope == Global && l.Algorithm != algo.SlidingWindow {
+		at := algNode
+		if at == nil {
+			at = scopeNode
+		}
+		if at == nil {
+			at = m
+		}
+		p.errorf(at, prefix+"algorithm", "%s is not available in global scope (global limits use sliding_window; set scope: local or site)", l.Algorithm)
+	}
+	if burstNode != nil && l.Algorithm != algo.TokenBucket && l.Algorithm != algo.LeakyBucket && l.Algorithm != algo.GCRA {
+		p.errorf(burstNode, prefix+"burst", "applies only to token_bucket, leaky_bucket and gcra, not %s", l.Algorithm)
+	}
+	if len(p.errs) == nerr {
+		if err := l.Algo().Validate(); err != nil {
+			p.errorf(m, strings.TrimSuffix(prefix, "."), "%v", err)
+		}
+	}
+	l.tag = windowTag(l.Window)
+	return l, false, len(p.errs) == nerr
+}
+
+func (p *parser) replaces(v *yaml.Node, f string, l *Limit) {
+	if v.Kind != yaml.SequenceNode {
+		p.errorf(v, f, "want a list of {name: …}, got %s", kindName(v))
+		return
+	}
+	for i, item := range v.Content {
+		fi := fmt.Sprintf("%s[%d].", f, i)
+		var name string
+		p.fields(item, fi, []string{"name"}, func(_ string, _, nv *yaml.Node) {
+			name, _ = p.str(nv, fi+"name")
+		})
+		if item.Kind == yaml.MappingNode && name == "" {
+			p.errorf(item, fi+"name", "missing or empty")
+			continue
+		}
+		l.Replaces = append(l.Replaces, name)
+	}
+}
+
+// ParseWindow parses a window: a Go duration ("90s", "3h", "1h30m") that may also use the
+// units d (24h) and w (7 × 24h), e.g. "7d", "2w", "1d12h".
+func ParseWindow(s string) (time.Duration, error) {
+	orig := s
+	if s == "" {
+		return 0, fmt.Errorf("empty window")
+	}
+	var total time.Duration
+	for s != "" {
+		i := 0
+		for i < len(s) && (s[i] == '.' || (s[i] >= '0' && s[i] <= '9')) {
+			i++
+		}
+		j := i
+		for j < len(s) && !(s[j] == '.' || (s[j] >= '0' && s[j] <= '9')) {
+			j++
+		}
+		num, unit := s[:i], s[i:j]
+		s = s[j:]
+		var d time.Duration
+		var err error
+		switch unit {
+		case "d", "w":
+			d, err = time.ParseDuration(num + "h")
+			mult := time.Duration(24)
+			if unit == "w" {
+				mult = 7 * 24
+			}
+			if err == nil && d > (1<<62)/mult {
+				err = fmt.Errorf("too long")
+			}
+			d *= mult
+		default:
+			d, err = time.ParseDuration(num + unit)
+		}
+		if err != nil || num == "" {
+			return 0, fmt.Errorf("invalid window %q (want a duration such as 90s, 3h, 7d)", orig)
+		}
+		if total += d; total < 0 || total > 1<<62 {
+			return 0, fmt.Errorf("window %q too long", orig)
+		}
+	}
+	if total <= 0 {
+		return 0, fmt.Errorf("window %q must be positive", orig)
+	}
+	return total, nil
+}

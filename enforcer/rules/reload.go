@@ -1,0 +1,160 @@
+package rules
+
+import (
+	"context"
+	"crypto/sha256"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/streamlimit/streamlimit/internal/clock"
+)
+
+// ReloaderOptions configures a Reloader.
+type ReloaderOptions struct {
+	// Interval is how often Run checks the files. Default (0): 1s.
+	Interval time.Duration
+	// Logger receives one record per reload and per rejected edit. Default (nil): discard.
+	Logger *slog.Logger
+	// Clock stamps Stats.LastReload. Default (nil): clock.Real{}.
+	Clock clock.Clock
+	// OnReload, if set, is called with each newly loaded Config (not the initial one), from
+	// the goroutine that detected the change.
+	OnReload func(*Config)
+}
+
+// ReloadStats are a Reloader's counters.
+type ReloadStats struct {
+	// Reloads counts successful reloads after the initial load.
+	Reloads uint64
+	// Failures counts rejected edits (each distinct broken content once) and unreadable
+	// paths (each check).
+	Failures uint64
+	// LastError is the last rejection, or nil once a later edit loaded.
+	LastError error
+	// LastReload is when the Config in force was loaded.
+	LastReload time.Time
+}
+
+// Reloader keeps the rules of a file or directory current. It polls: every Interval it
+// reads the path (all *.yaml/*.yml files for a directory) and, when the content has
+// changed, loads it. A broken edit is rejected: it is logged with its file:line error and
+// counted, and the last good Config stays in force until an edit loads. Polling content
+// (not mtimes or inotify) sees every kind of update, including symlink swaps and editors
+// that replace files.
+//
+// A Reloader is safe for simultaneous use; Current is a single atomic load.
+type Reloader struct {
+	path string
+	opts ReloaderOptions
+	clk  clock.Clock
+	log  *slog.Logger
+	cur  atomic.Pointer[Config]
+
+	mu       sync.Mutex // serializes Check and guards the fields below
+	good     [sha256.Size]byte
+	bad      [sha256.Size]byte
+	hasBad   bool
+	reloads  uint64
+	failures uint64
+	lastErr  error
+	lastLoad time.Time
+}
+
+// NewReloader loads path (see Load) and returns a Reloader holding it. It fails if the
+// initial load fails, so that a bad rules file is a clear error at start.
+func NewReloader(path string, opts ReloaderOptions) (*Reloader, error) {
+	if opts.Interval <= 0 {
+		opts.Interval = time.Second
+	}
+	r := &Reloader{path: path, opts: opts, clk: clock.Or(opts.Clock), log: opts.Logger}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	srcs, err := read(path)
+	if err != nil {
+		return nil, err
+	}
+	c, err := build(srcs)
+	if err != nil {
+		return nil, err
+	}
+	r.good = fingerprint(srcs)
+	r.cur.Store(c)
+	r.lastLoad = r.clk.Now()
+	return r, nil
+}
+
+func fingerprint(srcs []source) [sha256.Size]byte {
+	h := sha256.New()
+	for _, s := range srcs {
+		h.Write([]byte(s.name))
+		h.Write([]byte{0})
+		h.Write(s.data)
+		h.Write([]byte{0})
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
+}
+
+// Current returns the Config in force. It never returns nil.
+func (r *Reloader) Current() *Config { return r.cur.Load() }
+
+// Check reads the path once and loads it if it changed. It reports whether a new Config is
+// now in force, and the error that rejected the change, if any.
+func (r *Reloader) Check() (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	srcs, err := read(r.path)
+	if err != nil {
+		r.failures++
+		r.lastErr = err
+		r.log.Error("rules: cannot read, keeping the last good rules", "path", r.path, "err", err)
+		return false, err
+	}
+	sum := fingerprint(srcs)
+	if sum == r.good || (r.hasBad && sum == r.bad) {
+		return false, nil
+	}
+	c, err := build(srcs)
+	if err != nil {
+		r.bad, r.hasBad = sum, true
+		r.failures++
+		r.lastErr = err
+		r.log.Error("rules: edit rejected, keeping the last good rules", "path", r.path, "err", err)
+		return false, err
+	}
+	r.good, r.hasBad = sum, false
+	r.cur.Store(c)
+	r.reloads++
+	r.lastErr = nil
+	r.lastLoad = r.clk.Now()
+	r.log.Info("rules: reloaded", "path", r.path, "domains", len(c.domains))
+	if r.opts.OnReload != nil {
+		r.opts.OnReload(c)
+	}
+	return true, nil
+}
+
+// Run calls Check every Interval until ctx is done, then returns nil.
+func (r *Reloader) Run(ctx context.Context) error {
+	t := time.NewTicker(r.opts.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			_, _ = r.Check() // logged and counted by Check
+		}
+	}
+}
+
+// Stats returns the reloader's counters.
+func (r *Reloader) Stats() ReloadStats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return ReloadStats{Reloads: r.reloads, Failures: r.failures, LastError: r.lastErr, LastReload: r.lastLoad}
+}

@@ -1,0 +1,46 @@
+# streamlimit developer targets. `make test` is what CI runs (.ci/run).
+#
+# Real Apache Kafka (KRaft) and Redis run on loopback for the duration of
+# `test` and `bench`, started and always stopped by
+# e2e/services/with-services.sh. The first run fetches Kafka's jars with
+# Maven (cached in ~/.m2 and ~/.cache/streamlimit) and needs java, mvn,
+# kcat, python3 and redis-server (the scripts apt-get what is missing when
+# run as root).
+
+SHELL := /bin/bash
+GO ?= go
+SERVICES := e2e/services
+TEST_TIMEOUT ?= 30m
+# Extra flags for go test, e.g. make test TESTFLAGS='-run Foo -v'.
+TESTFLAGS ?=
+
+.PHONY: all test test-short bench fmt vet services-up services-down
+
+all: test
+
+test:
+	bash $(SERVICES)/with-services.sh bash -c '$(GO) vet ./... && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./...'
+
+# Unit tests only: no services. Tests that need Kafka or Redis skip
+# (or fail when CI=true).
+test-short:
+	$(GO) test -short -count=1 $(TESTFLAGS) ./...
+
+bench:
+	bash $(SERVICES)/with-services.sh $(GO) test -run '^$$' -bench . -benchmem $(TESTFLAGS) ./...
+
+fmt:
+	gofmt -l -w .
+
+vet:
+	$(GO) vet ./...
+
+# Long-lived services for interactive work, in /tmp/streamlimit-services
+# (or STREAMLIMIT_RUN_DIR). Prints the variables to export.
+services-up:
+	@k=$$(bash $(SERVICES)/kafka.sh start) && r=$$(bash $(SERVICES)/redis.sh start) && \
+	  echo "export STREAMLIMIT_KAFKA_BROKERS=$$k STREAMLIMIT_REDIS_ADDR=$$r"
+
+services-down:
+	bash $(SERVICES)/kafka.sh stop
+	bash $(SERVICES)/redis.sh stop

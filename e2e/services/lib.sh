@@ -1,0 +1,108 @@
+# shellcheck shell=bash
+# Shared helpers for the real-services scripts (kafka.sh, redis.sh,
+# with-services.sh). Sourced, never run: it only defines functions.
+
+# services_root prints the directory under which each service keeps its run
+# directory. STREAMLIMIT_RUN_DIR wins; STREAMLIMIT_SERVICES_DIR (exported by
+# with-services.sh for the tests it runs) comes next, so a test that restarts
+# Kafka with kafka.sh reaches the instance the harness started.
+services_root() {
+  printf '%s\n' "${STREAMLIMIT_RUN_DIR:-${STREAMLIMIT_SERVICES_DIR:-/tmp/streamlimit-services}}"
+}
+
+die() {
+  printf '%s: %s\n' "$(basename "$0")" "$*" >&2
+  exit 1
+}
+
+log() {
+  printf '%s: %s\n' "$(basename "$0")" "$*" >&2
+}
+
+# apt_install installs Debian packages when running as root; otherwise it
+# names what is missing and fails. apt-get update runs at most once per
+# script run.
+APT_UPDATED=0
+apt_install() {
+  if [[ $(id -u) -ne 0 ]]; then
+    die "missing $*; install it (apt-get install -y $*) and retry"
+  fi
+  if [[ $APT_UPDATED -eq 0 ]]; then
+    log "apt-get update"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || die "apt-get update failed"
+    APT_UPDATED=1
+  fi
+  log "apt-get install -y $*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2 ||
+    die "apt-get install $* failed"
+}
+
+# need_cmd CMD PKG installs PKG when CMD is not on PATH.
+need_cmd() {
+  command -v "$1" >/dev/null 2>&1 || apt_install "$2"
+  command -v "$1" >/dev/null 2>&1 || die "$1 still missing after installing $2"
+}
+
+# free_ports N prints N distinct loopback TCP ports that were free a moment
+# ago. All sockets are held open until every port is chosen, so the N ports
+# differ from each other.
+free_ports() {
+  python3 - "$1" <<'PY'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+for s in socks:
+    print(s.getsockname()[1])
+    s.close()
+PY
+}
+
+# port_free PORT succeeds when nothing listens on 127.0.0.1:PORT.
+port_free() {
+  python3 - "$1" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(1)
+finally:
+    s.close()
+PY
+}
+
+# pid_alive PIDFILE succeeds when the file names a live process.
+pid_alive() {
+  local pid
+  [[ -s $1 ]] || return 1
+  pid=$(<"$1")
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  kill -0 "$pid" 2>/dev/null
+}
+
+# kill_pidfile PIDFILE SECONDS sends SIGTERM, waits up to SECONDS for the
+# process to exit, then sends SIGKILL. It removes the pid file.
+kill_pidfile() {
+  local pidfile=$1 wait_s=$2 pid i
+  if pid_alive "$pidfile"; then
+    pid=$(<"$pidfile")
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < wait_s * 10; i++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      log "pid $pid did not stop after ${wait_s}s; sending SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      for ((i = 0; i < 50; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+      done
+    fi
+  fi
+  rm -f "$pidfile"
+}

@@ -1,0 +1,133 @@
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Broker is a Kafka broker private to one test, run by
+// e2e/services/kafka.sh in a run directory under t.TempDir(). Fault tests
+// use it to stop and restart a broker without disturbing the shared broker
+// that other tests, and other test packages running at the same time, use.
+// A Broker is not safe for simultaneous use by multiple goroutines.
+type Broker struct {
+	t      testing.TB
+	script string
+	dir    string
+	addr   string
+}
+
+// PrivateKafka starts a private single-node broker and stops it, removing
+// its data, in t.Cleanup. It needs the repository's kafka.sh and a JDK with
+// Maven (which `make test` also needs); without them it skips, or fails
+// under CI=true. Starting takes several seconds, so use it only where a test
+// must stop or restart Kafka.
+func PrivateKafka(t testing.TB) *Broker {
+	t.Helper()
+	script, err := kafkaScript()
+	if err != nil {
+		missing(t, "kafka.sh", "Kafka (private broker)", err)
+		return nil
+	}
+	b := &Broker{t: t, script: script, dir: t.TempDir()}
+	t.Cleanup(func() {
+		if err := b.run("stop"); err != nil {
+			t.Errorf("testenv: stopping private Kafka: %v", err)
+		}
+	})
+	b.Start()
+	return b
+}
+
+// Addr returns the broker's bootstrap address, host:port. It stays the same
+// across Stop(true) and Start.
+func (b *Broker) Addr() string { return b.addr }
+
+// Start starts the broker if it is not running, waits until it answers a
+// metadata request, and returns its address. After Stop(true) it comes back
+// on the same address with the same data.
+func (b *Broker) Start() string {
+	b.t.Helper()
+	out, err := b.output("start")
+	if err != nil {
+		b.t.Fatalf("testenv: starting private Kafka: %v", err)
+	}
+	b.addr = out
+	return out
+}
+
+// Stop stops the broker (SIGTERM, then SIGKILL after 30 s). With keepData
+// the data directory and ports survive for a later Start; without it they
+// are removed and the next Start is a fresh, empty broker on new ports.
+func (b *Broker) Stop(keepData bool) {
+	b.t.Helper()
+	args := []string{"stop"}
+	if keepData {
+		args = append(args, "--keep-data")
+	}
+	if err := b.run(args...); err != nil {
+		b.t.Fatalf("testenv: stopping private Kafka: %v", err)
+	}
+}
+
+// LogFile returns the path of the broker's log, for test failure messages.
+func (b *Broker) LogFile() string { return filepath.Join(b.dir, "kafka", "server.log") }
+
+func (b *Broker) run(args ...string) error {
+	_, err := b.output(args...)
+	return err
+}
+
+func (b *Broker) output(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", append([]string{b.script}, args...)...)
+	cmd.Env = append(os.Environ(), "STREAMLIMIT_RUN_DIR="+b.dir)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("kafka.sh %s: %w\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	lines := strings.Fields(stdout.String())
+	if len(lines) == 0 {
+		return "", nil
+	}
+	return lines[len(lines)-1], nil
+}
+
+// kafkaScript finds e2e/services/kafka.sh by walking up from the working
+// directory (a package directory under go test) to the module root, and
+// checks that the tools it needs are installed.
+func kafkaScript() (string, error) {
+	for _, tool := range []string{"java", "kcat", "python3"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return "", fmt.Errorf("%s not installed", tool)
+		}
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			p := filepath.Join(dir, "e2e", "services", "kafka.sh")
+			if _, err := os.Stat(p); err != nil {
+				return "", fmt.Errorf("module root %s has no e2e/services/kafka.sh", dir)
+			}
+			return p, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}

@@ -1,0 +1,208 @@
+-- streamlimit site-scope counters: one atomic step over all ops of one request.
+-- Time is the caller's: ARGV[1] = now, whole seconds since the Unix epoch; ARGV[2] = the
+-- nanoseconds within that second; ARGV[3] = now as a decimal nanosecond string.
+-- ARGV[4] = expiry slack (ms); ARGV[5] = '1' to take (AllowAll) or '0' to peek;
+-- ARGV[6] = number of ops. Then 10 ARGV per op: algorithm code, window (decimal ns), n,
+-- allowance, capacity and five algorithm parameters (see ops.go). KEYS: 2 per op, the
+-- counter's hash and its sliding-log list.
+--
+-- Lua numbers are doubles: every value this script does arithmetic on is an integer below
+-- 2^53 (the Go side routes limits outside that range to the in-process store), and times
+-- are handled as (seconds, nanoseconds) pairs or as offsets from now, never as absolute
+-- nanoseconds. Products that could pass 2^53 are compared exactly with 24-bit limbs.
+local now_s = tonumber(ARGV[1])
+local now_ns = tonumber(ARGV[2])
+local now_str = ARGV[3]
+local slack = tonumber(ARGV[4])
+local commit = ARGV[5] == '1'
+local nops = tonumber(ARGV[6])
+local E9 = 1000000000
+local L = 16777216
+
+local function fmt(x) return string.format('%.0f', x) end
+
+local function limbs(x)
+  local l0 = x % L
+  x = (x - l0) / L
+  local l1 = x % L
+  return l0, l1, (x - l1) / L
+end
+
+local function mul(a, b)
+  local a0, a1, a2 = limbs(a)
+  local b0, b1, b2 = limbs(b)
+  local r = {a0 * b0, a0 * b1 + a1 * b0, a0 * b2 + a1 * b1 + a2 * b0, a1 * b2 + a2 * b1, a2 * b2}
+  local carry = 0
+  for i = 1, 5 do
+    local v = r[i] + carry
+    local l = v % L
+    r[i] = l
+    carry = (v - l) / L
+  end
+  r[6] = carry
+  return r
+end
+
+-- sign of a*b - c*d, exactly, for non-negative integers below 2^53
+local function mulcmp(a, b, c, d)
+  local x, y = mul(a, b), mul(c, d)
+  for i = 6, 1, -1 do
+    if x[i] ~= y[i] then
+      if x[i] < y[i] then return -1 end
+      return 1
+    end
+  end
+  return 0
+end
+
+-- offset from now, in ns, of a decimal nanosecond timestamp (exact below 2^53 ns)
+local function rel(t)
+  local len = #t
+  if len > 9 then
+    return (tonumber(string.sub(t, 1, len - 9)) - now_s) * E9 + (tonumber(string.sub(t, len - 8)) - now_ns)
+  end
+  return -now_s * E9 + (tonumber(t) - now_ns)
+end
+
+local states, order = {}, {}
+
+local function load(i, alg, w, a)
+  local hk = KEYS[2 * i - 1]
+  local st = states[hk]
+  if st == nil then
+    local v = redis.call('HMGET', hk, 'alg', 'w', 'ts', 'tn', 'tr', 'd', 'st', 'cur', 'prev')
+    st = {hk = hk, lk = KEYS[2 * i], alg = v[1], w = v[2], ts = tonumber(v[3]) or 0,
+      tn = tonumber(v[4]) or 0, tr = tonumber(v[5]) or 0, d = tonumber(v[6]) or 0,
+      st = v[7] or '', cur = tonumber(v[8]) or 0, prev = tonumber(v[9]) or 0,
+      drop = 0, push = 0, reset = false, dirty = false, ttl = 0}
+    states[hk] = st
+    order[#order + 1] = st
+  end
+  if st.alg ~= alg or st.w ~= w then
+    -- a new counter, or one reused with another algorithm or window: start empty
+    st.alg, st.w, st.ts, st.tn, st.tr, st.d, st.st, st.cur, st.prev = alg, w, 0, 0, 0, a, '', 0, 0
+    st.llen, st.drop, st.push, st.reset = 0, 0, 0, true
+  elseif (alg == '1' or alg == '2' or alg == '5') and a > 0 and a ~= st.d then
+    -- the allowance changed: keep the TAT, rescale its fraction of a nanosecond
+    if st.d > 0 then st.tr = math.floor(st.tr * a / st.d) else st.tr = 0 end
+    st.d = a
+  end
+  return st
+end
+
+local function logat(st, i)
+  local idx = st.drop + i
+  if idx < st.llen then return rel(redis.call('LINDEX', st.lk, idx)) end
+  return 0 -- pushed by this call, at now
+end
+
+local out = {1}
+local all = true
+for i = 1, nops do
+  local b = 6 + (i - 1) * 10
+  local alg, w = ARGV[b + 1], ARGV[b + 2]
+  local n, a, c = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+  local st = load(i, alg, w, a)
+  local allowed, r1, r2, r3 = false, 0, 0, 0
+  local ttl = 0
+  if alg == '1' or alg == '2' or alg == '5' then
+    if a <= 0 or c <= 0 then
+      allowed = n == 0
+    else
+      local cap_ns, cap_rem = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7])
+      local d = (st.ts - now_s) * E9 + (st.tn - now_ns)
+      if d >= 0 then r1, r2 = d, st.tr end
+      local ons, orem = r1 + tonumber(ARGV[b + 8]), r2 + tonumber(ARGV[b + 9])
+      if orem >= a then ons, orem = ons + 1, orem - a end
+      allowed = n <= c and not (cap_ns < ons or (cap_ns == ons and cap_rem < orem))
+      if allowed and commit and n > 0 then
+        local tot = now_ns + ons
+        local carry = math.floor(tot / E9)
+        st.ts, st.tn, st.tr, st.d = now_s + carry, tot - carry * E9, orem, a
+        st.dirty = true
+        if orem > 0 then ons = ons + 1 end
+        ttl = math.ceil(ons / 1000000)
+      end
+    end
+  elseif alg == '3' then
+    local ws = ARGV[b + 6]
+    local cur = 0
+    if st.st == ws then cur = st.cur end
+    r1 = cur
+    allowed = n <= a and cur + n <= a
+    if allowed and commit and n > 0 then
+      st.st, st.cur, st.prev, st.dirty = ws, cur + n, 0, true
+      ttl = tonumber(ARGV[b + 7])
+    end
+  elseif alg == '4' then
+    local wn = tonumber(ARGV[b + 6])
+    if st.llen == nil then st.llen = redis.call('LLEN', st.lk) end
+    local count = st.llen - st.drop + st.push
+    while count > 0 and -logat(st, 0) >= wn do
+      st.drop = st.drop + 1
+      count = count - 1
+    end
+    r1 = count
+    if count > 0 then r2 = logat(st, count - 1) end
+    allowed = n <= a and count + n <= a
+    if not allowed and n <= a then r3 = logat(st, count + n - a - 1) end
+    if allowed and commit and n > 0 then
+      st.push, st.dirty = st.push + n, true
+      ttl = tonumber(ARGV[b + 7])
+    end
+    st.islog = true
+  else
+    local ws, pws = ARGV[b + 6], ARGV[b + 7]
+    local x, wn = tonumber(ARGV[b + 8]), tonumber(ARGV[b + 9])
+    local cur, prev = 0, 0
+    if st.st == ws then cur, prev = st.cur, st.prev elseif st.st == pws then prev = st.cur end
+    r1, r2 = cur, prev
+    local k = a - n - cur
+    -- the estimate cur + floor(prev*x/w) + n fits when floor(prev*x/w) <= k,
+    -- that is prev*x < (k+1)*w
+    allowed = n <= a and k >= 0 and (prev <= k or mulcmp(prev, x, k + 1, wn) < 0)
+    if allowed and commit and n > 0 then
+      st.st, st.cur, st.prev, st.dirty = ws, cur + n, prev, true
+      ttl = tonumber(ARGV[b + 10])
+    end
+  end
+  if ttl > st.ttl then st.ttl = ttl end
+  if not allowed then all = false end
+  local ai = 0
+  if allowed then ai = 1 end
+  out[#out + 1] = ai
+  out[#out + 1] = r1
+  out[#out + 1] = r2
+  out[#out + 1] = r3
+end
+
+if commit then
+  for _, st in ipairs(order) do
+    if all and st.dirty then
+      redis.call('HSET', st.hk, 'alg', st.alg, 'w', st.w, 'ts', fmt(st.ts), 'tn', fmt(st.tn),
+        'tr', fmt(st.tr), 'd', fmt(st.d), 'st', st.st, 'cur', fmt(st.cur), 'prev', fmt(st.prev))
+      local ttl = st.ttl + slack
+      redis.call('PEXPIRE', st.hk, ttl)
+      if st.islog then
+        if st.reset then
+          redis.call('DEL', st.lk)
+        elseif st.drop > 0 then
+          redis.call('LTRIM', st.lk, st.drop, -1)
+        end
+        local left = st.push
+        while left > 0 do
+          local batch = {}
+          for j = 1, math.min(left, 1000) do batch[j] = now_str end
+          redis.call('RPUSH', st.lk, unpack(batch))
+          left = left - #batch
+        end
+        redis.call('PEXPIRE', st.lk, ttl)
+      end
+    elseif st.islog and not st.reset and st.drop > 0 then
+      -- drop expired timestamps even when nothing is taken: it changes no decision
+      redis.call('LTRIM', st.lk, st.drop, -1)
+    end
+  end
+end
+if not all then out[1] = 0 end
+return out

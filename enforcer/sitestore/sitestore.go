@@ -1,0 +1,472 @@
+// Package sitestore is the site-scope counter store (DESIGN §5, invariant 3): the six
+// algorithms of package algo, with algo.Store's exact semantics and Decisions, kept in a
+// Redis shared by all the enforcers of one data center so that they count exactly
+// together. Each request is one atomic Lua script call (EVALSHA, re-sent with EVAL when the
+// server answers NOSCRIPT) over all of the request's counters: either every op takes its N
+// or none does.
+//
+// # Time
+//
+// Decisions use the time the caller passes (its injected clock), not Redis TIME. Tests and
+// the accuracy simulator then drive site scope deterministically, and a decision made in
+// the in-process fallback uses the same time base as one made in Redis. The price is that
+// the enforcers of a data center must keep NTP-synchronised clocks: an enforcer whose
+// clock is d ahead of the others sees windows roll over and buckets refill d early, so it
+// may admit up to d's worth of the rate early (a bucket refill of rate × d, or a window
+// boundary crossed d early), and one d behind is stricter by the same amount. With NTP
+// (skew well under a millisecond) this is far below any limit's granularity. Keys' TTLs
+// carry Config.ExpirySlack on top of the exact idle time, so a skewed clock does not make
+// Redis drop live state.
+//
+// # Numbers in Lua
+//
+// Redis runs Lua 5.1, whose numbers are doubles, exact for integers below 2⁵³ (2⁵³ ns ≈
+// 104 days). Absolute Unix nanoseconds (≈ 2⁶⁰) are therefore never used in arithmetic: the
+// caller's time goes in as (seconds, nanoseconds), stored instants as (seconds,
+// nanoseconds) fields or decimal strings compared for equality, and arithmetic is done on
+// offsets from now. The bucket family's fractions of a nanosecond (rem/allowance) are kept
+// exactly as in algo, with the spans Capacity×Window/Allowance and N×Window/Allowance
+// computed in Go; the sliding window's weighted estimate is compared exactly with 24-bit
+// limbs. Only the Decision's counts and durations are derived in Go from the state the
+// script reports, with algo's own arithmetic. The exact range is: Window, the bucket
+// capacity as time, Allowance, Capacity and N at most 2⁵² (Window ≤ 52 days), a time not
+// before 1970, and for SlidingLog an allowance of at most 65536 (one list entry per
+// admitted request). A request with an op outside it is decided by the fallback store and
+// counted as fallback_decisions_total{reason="out_of_range"}; CheckLimit lets a rules
+// loader reject such limits up front.
+//
+// # Hash tags
+//
+// Redis Cluster runs a script only on keys of one hash slot. A counter's Redis key is
+// KeyPrefix + "{" + HashTag(counterKey) + "}" + counterKey, and the default HashTag is the
+// counter key's domain (the text before its first '|' or '#'), so every counter of one
+// request (requests are per domain) shares a slot and AllowAll stays all-or-nothing. The
+// trade-off: a domain's whole traffic lands on one shard (a hot slot). A finer tag (e.g.
+// the whole counter key) spreads load across shards, but then the ops of one request may
+// span slots: on a Cluster client such a request is run as one script call per tag, each
+// all-or-nothing on its own but not together (an earlier group may take while a later one
+// denies). On a single Redis all keys go in one call whatever the tags.
+//
+// # Failures
+//
+// Every call has a tight timeout (Config.Timeout) and goes through a circuit breaker
+// (package internal/breaker). When Redis fails, times out or the breaker is open, the
+// request is decided by an in-process algo.Store instead; no error ever reaches the caller,
+// which learns of it from the fellBack result and the metrics. The fallback's counts are
+// this process's alone and are not merged back into Redis when it returns.
+package sitestore
+
+import (
+	"context"
+	"crypto/tls"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/internal/breaker"
+	"github.com/streamlimit/streamlimit/internal/clock"
+)
+
+//go:embed script.lua
+var scriptSrc string
+
+// Config configures a Store.
+type Config struct {
+	// Client is the Redis (single, Sentinel or Cluster) to use; the Store does not close
+	// it. Set ContextTimeoutEnabled on it, or Timeout cannot interrupt a call. Default
+	// (nil): a client built from Addrs, Username, Password and TLS, closed by Close.
+	Client redis.UniversalClient
+	// Addrs are the Redis addresses (host:port) when Client is nil; several mean Cluster.
+	Addrs []string
+	// Username is the Redis ACL user when Client is nil. Default: none (the default user).
+	Username string
+	// Password is the Redis password when Client is nil. Default: none.
+	Password string
+	// TLS enables TLS with these settings when Client is nil. Default (nil): plain TCP.
+	TLS *tls.Config
+	// KeyPrefix starts every Redis key. It must not contain '{'. Default: "sl:".
+	KeyPrefix string
+	// HashTag maps a counter key to the hash tag of its Redis key (see the package doc).
+	// Default (nil): DomainTag.
+	HashTag func(counterKey string) string
+	// Timeout bounds each Redis call. Default: 5 ms.
+	Timeout time.Duration
+	// FailureThreshold is the number of consecutive failed calls that opens the breaker;
+	// a timeout opens it at once. Default: 5.
+	FailureThreshold int
+	// ProbeInterval is how long the breaker stays open before one probe call is let
+	// through. Default: 1 s.
+	ProbeInterval time.Duration
+	// ExpirySlack is added to every key's TTL beyond the time its state takes to become
+	// empty, to absorb clock skew between enforcers and Redis. Default: 1 s.
+	ExpirySlack time.Duration
+	// Fallback decides requests while Redis is unavailable. Default (nil): a new
+	// algo.Store with default options.
+	Fallback *algo.Store
+	// Clock drives the breaker's probe interval (decisions use the time passed to each
+	// call). Default (nil): clock.Real{}.
+	Clock clock.Clock
+	// Logger receives breaker transitions (Info) and failed calls while closed (Debug). Default
+	// (nil): slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the metrics (namespace streamlimit, subsystem redis). Default
+	// (nil): they are not registered.
+	Registerer prometheus.Registerer
+}
+
+// DomainTag is the default Config.HashTag: the counter key's domain, i.e. its text before
+// the first '|' or '#' (see rules.Rule.AppendKey), or the whole key if it has neither.
+func DomainTag(counterKey string) string {
+	if i := strings.IndexAny(counterKey, "|#"); i >= 0 {
+		return counterKey[:i]
+	}
+	return counterKey
+}
+
+// KeyTag is a Config.HashTag that gives every counter its own tag: the best spread over a
+// Cluster, but a multi-op request is then all-or-nothing only per tag.
+func KeyTag(counterKey string) string { return counterKey }
+
+// Store decides algo.Ops against counters in Redis. It is safe for simultaneous use by
+// multiple goroutines. Create it with New and release it with Close.
+type Store struct {
+	client    redis.UniversalClient
+	ownClient bool
+	cluster   bool
+	prefix    string
+	tag       func(string) string
+	timeout   time.Duration
+	slackMs   int64
+	fallback  *algo.Store
+	breaker   *breaker.Breaker
+	log       *slog.Logger
+	script    *redis.Script
+	m         *metrics
+}
+
+// New returns a Store. It does not contact Redis: a Redis that is down at start is
+// handled like one that fails later.
+func New(cfg Config) (*Store, error) {
+	if cfg.KeyPrefix == "" {
+		cfg.KeyPrefix = "sl:"
+	}
+	if strings.ContainsAny(cfg.KeyPrefix, "{}") {
+		return nil, fmt.Errorf("sitestore: key prefix %q contains '{' or '}'", cfg.KeyPrefix)
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 5 * time.Millisecond
+	}
+	if cfg.ExpirySlack <= 0 {
+		cfg.ExpirySlack = time.Second
+	}
+	if cfg.HashTag == nil {
+		cfg.HashTag = DomainTag
+	}
+	if cfg.Fallback == nil {
+		cfg.Fallback = algo.New(algo.Options{})
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Store{
+		client: cfg.Client, prefix: cfg.KeyPrefix, tag: cfg.HashTag, timeout: cfg.Timeout,
+		slackMs: int64((cfg.ExpirySlack + time.Millisecond - 1) / time.Millisecond), fallback: cfg.Fallback,
+		log: cfg.Logger, script: redis.NewScript(scriptSrc),
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s.m = m
+	if s.client == nil {
+		if len(cfg.Addrs) == 0 {
+			return nil, errors.New("sitestore: neither Client nor Addrs set")
+		}
+		s.client = redis.NewUniversalClient(&redis.UniversalOptions{
+			Addrs: cfg.Addrs, Username: cfg.Username, Password: cfg.Password, TLSConfig: cfg.TLS,
+			ContextTimeoutEnabled: true,
+		})
+		s.ownClient = true
+	}
+	_, s.cluster = s.client.(*redis.ClusterClient)
+	s.breaker = breaker.New(breaker.Options{
+		FailureThreshold: cfg.FailureThreshold, ProbeInterval: cfg.ProbeInterval, Clock: cfg.Clock,
+		OnStateChange: func(st breaker.State) {
+			m.breakerState.Set(float64(st))
+			s.log.Info("sitestore: redis circuit breaker", "state", st.String())
+		},
+	})
+	return s, nil
+}
+
+// Close closes the Redis client if New built it.
+func (s *Store) Close() error {
+	if s.ownClient {
+		if err := s.client.Close(); err != nil {
+			return fmt.Errorf("sitestore: closing redis client: %w", err)
+		}
+	}
+	return nil
+}
+
+// BreakerState returns the circuit breaker's state.
+func (s *Store) BreakerState() breaker.State { return s.breaker.State() }
+
+// AllowAll decides all ops at now as one atomic step, like algo.Store.AllowAll: if every op
+// fits, each takes its N and allowed is true; if any does not, none takes anything.
+// out[i] receives op i's Decision (len(out) must be ≥ len(ops)), identical to what
+// algo.Store would return for the same history. fellBack reports that Redis was not used
+// (failure, timeout, open breaker, or an op outside the exact range, see the package doc)
+// and the decision came from the in-process fallback store.
+func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out []algo.Decision) (allowed, fellBack bool) {
+	out = out[:len(ops)]
+	if len(ops) == 0 {
+		return true, false
+	}
+	if reason := s.usable(now, ops); reason != "" {
+		s.m.fallback.WithLabelValues(reason).Inc()
+		return s.fallback.AllowAll(now, ops, out), true
+	}
+	if s.cluster && len(ops) > 1 {
+		if groups := s.groups(ops); len(groups) > 1 {
+			return s.allowGroups(ctx, now, ops, out, groups)
+		}
+	}
+	st, reason := s.call(ctx, now, ops, true)
+	if reason != "" {
+		s.m.fallback.WithLabelValues(reason).Inc()
+		return s.fallback.AllowAll(now, ops, out), true
+	}
+	return s.fill(now, ops, st, out), false
+}
+
+// Peek decides op at now without taking anything, like algo.Store.Peek.
+func (s *Store) Peek(ctx context.Context, now time.Time, op algo.Op) (d algo.Decision, fellBack bool) {
+	ops := []algo.Op{op}
+	if reason := s.usable(now, ops); reason != "" {
+		s.m.fallback.WithLabelValues(reason).Inc()
+		return s.fallback.Peek(now, op), true
+	}
+	st, reason := s.call(ctx, now, ops, false)
+	if reason != "" {
+		s.m.fallback.WithLabelValues(reason).Inc()
+		return s.fallback.Peek(now, op), true
+	}
+	return decide(&op, now.UnixNano(), st[0], false), false
+}
+
+// fill computes the Decisions from the states the script reported, reproducing
+// algo.Store.AllowAll's rollback: when the request is denied, each op that fit on its own
+// is re-decided (as a peek) on its counter's state before the request.
+func (s *Store) fill(now time.Time, ops []algo.Op, st []opState, out []algo.Decision) bool {
+	t := now.UnixNano()
+	all := true
+	for i := range ops {
+		out[i] = decide(&ops[i], t, st[i], true)
+		out[i].Allowed = st[i].allowed
+		if !st[i].allowed {
+			all = false
+		}
+	}
+	if !all {
+		for i := range ops {
+			if !st[i].allowed {
+				continue
+			}
+			first := i
+			for j := 0; j < i; j++ {
+				if ops[j].Key == ops[i].Key {
+					first = j
+					break
+				}
+			}
+			out[i] = decide(&ops[i], t, st[first], false)
+			out[i].Allowed = true
+		}
+	}
+	return all
+}
+
+// groups returns the index sets of ops per hash tag, in first-appearance order.
+func (s *Store) groups(ops []algo.Op) [][]int {
+	var tags []string
+	var groups [][]int
+outer:
+	for i := range ops {
+		t := s.tag(ops[i].Key)
+		for g, tg := range tags {
+			if tg == t {
+				groups[g] = append(groups[g], i)
+				continue outer
+			}
+		}
+		tags = append(tags, t)
+		groups = append(groups, []int{i})
+	}
+	return groups
+}
+
+// allowGroups runs one call per hash-tag group (Cluster only): all-or-nothing per group.
+func (s *Store) allowGroups(ctx context.Context, now time.Time, ops []algo.Op, out []algo.Decision, groups [][]int) (bool, bool) {
+	all, fell := true, false
+	for _, g := range groups {
+		gops := make([]algo.Op, len(g))
+		gout := make([]algo.Decision, len(g))
+		for k, i := range g {
+			gops[k] = ops[i]
+		}
+		ok, fb := s.AllowAll(ctx, now, gops, gout)
+		all, fell = all && ok, fell || fb
+		for k, i := range g {
+			out[i] = gout[k]
+		}
+	}
+	return all, fell
+}
+
+// maxExact bounds every quantity the script does arithmetic on (see the package doc).
+const (
+	maxExact        = 1 << 52
+	maxLogAllowance = 1 << 16
+)
+
+// CheckLimit reports whether lim with alg is within site scope's exact range (see the
+// package doc); outside it, requests are decided in process.
+func CheckLimit(alg algo.Algorithm, lim algo.Limit) error {
+	if err := lim.Validate(); err != nil {
+		return err
+	}
+	a, c := lim.Allowance(), lim.Capacity()
+	switch {
+	case int64(lim.Window) > maxExact:
+		return fmt.Errorf("window %v is longer than site scope's 2^52 ns (about 52 days)", lim.Window)
+	case a > maxExact || c > maxExact:
+		return fmt.Errorf("allowance %d or capacity %d is over site scope's 2^52", a, c)
+	case alg == algo.SlidingLog && a > maxLogAllowance:
+		return fmt.Errorf("sliding_log allowance %d is over site scope's %d", a, maxLogAllowance)
+	case isBucket(alg) && a > 0 && c > 0 && span(c, int64(lim.Window), a).ns >= maxExact:
+		return fmt.Errorf("bucket capacity %d at %d per %v lasts longer than 2^52 ns", c, a, lim.Window)
+	}
+	return nil
+}
+
+// usable returns "" when every op can be decided exactly in Redis, else a fallback reason.
+func (s *Store) usable(now time.Time, ops []algo.Op) string {
+	if now.UnixNano() < 0 {
+		return "out_of_range"
+	}
+	for i := range ops {
+		op := &ops[i]
+		if op.N < 0 || op.N > maxExact || CheckLimit(op.Algorithm, op.Limit) != nil {
+			return "out_of_range"
+		}
+	}
+	return ""
+}
+
+const argsPerOp = 10
+
+// call runs the script and returns the per-op states, or a fallback reason.
+func (s *Store) call(ctx context.Context, now time.Time, ops []algo.Op, commit bool) ([]opState, string) {
+	if err := ctx.Err(); err != nil {
+		return nil, "canceled"
+	}
+	if !s.breaker.Allow() {
+		return nil, "breaker_open"
+	}
+	t := now.UnixNano()
+	keys := make([]string, 0, 2*len(ops))
+	args := make([]any, 0, 6+argsPerOp*len(ops))
+	commitArg := "0"
+	if commit {
+		commitArg = "1"
+	}
+	args = append(args, t/1e9, t%1e9, strconv.FormatInt(t, 10), s.slackMs, commitArg, len(ops))
+	for i := range ops {
+		op := &ops[i]
+		k := s.redisKey(op.Key)
+		keys = append(keys, k, k+":log")
+		args = s.appendOpArgs(args, t, op)
+	}
+
+	cctx, cancel := context.WithTimeout(ctx, s.timeout)
+	start := time.Now()
+	res, err := s.script.Run(cctx, s.client, keys, args...).Int64Slice()
+	s.m.duration.Observe(time.Since(start).Seconds())
+	cancel()
+	if err == nil && len(res) != 1+4*len(ops) {
+		err = fmt.Errorf("script returned %d values for %d ops", len(res), len(ops))
+	}
+	if err != nil {
+		timeout := isTimeout(err)
+		result := "error"
+		if timeout {
+			result = "timeout"
+		}
+		s.m.calls.WithLabelValues(result).Inc()
+		s.m.errors.Inc()
+		if s.breaker.State() == breaker.Closed {
+			s.log.Debug("sitestore: redis call failed", "err", err)
+		}
+		s.breaker.Failure(timeout)
+		return nil, result
+	}
+	s.m.calls.WithLabelValues("ok").Inc()
+	s.breaker.Success()
+	st := make([]opState, len(ops))
+	for i := range st {
+		r := res[1+4*i:]
+		st[i] = opState{allowed: r[0] == 1, r1: r[1], r2: r[2], r3: r[3]}
+	}
+	return st, ""
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func (s *Store) redisKey(counterKey string) string {
+	tag := s.tag(counterKey)
+	if tag == "" {
+		tag = "_" // "{}" would make Redis hash the whole key
+	}
+	return s.prefix + "{" + tag + "}" + counterKey
+}
+
+func ceilMs(ns int64) int64 { return (ns + int64(time.Millisecond) - 1) / int64(time.Millisecond) }
+
+// appendOpArgs appends op's 10 script arguments: algorithm, window, n, allowance,
+// capacity, and five per-algorithm parameters (see script.lua).
+func (s *Store) appendOpArgs(args []any, now int64, op *algo.Op) []any {
+	a, c, w := op.Limit.Allowance(), op.Limit.Capacity(), int64(op.Limit.Window)
+	args = append(args, int(op.Algorithm), strconv.FormatInt(w, 10), op.N, a, c)
+	switch op.Algorithm {
+	case algo.TokenBucket, algo.LeakyBucket, algo.GCRA:
+		var capT, sp rtime
+		if a > 0 && c > 0 {
+			capT, sp = span(c, w, a), span(op.N, w, a)
+		}
+		return append(args, capT.ns, capT.rem, sp.ns, sp.rem, 0)
+	case algo.FixedWindow:
+		ws := floorDiv(now, w) * w
+		return append(args, strconv.FormatInt(ws, 10), ceilMs(ws+w-now), 0, 0, 0)
+	case algo.SlidingLog:
+		return append(args, w, ceilMs(w), 0, 0, 0)
+	default:
+		ws := floorDiv(now, w) * w
+		return append(args, strconv.FormatInt(ws, 10), strconv.FormatInt(ws-w, 10), ws+w-now, w, ceilMs(ws+2*w-now))
+	}
+}

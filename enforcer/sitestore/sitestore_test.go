@@ -1,0 +1,472 @@
+package sitestore
+
+import (
+	"context"
+	"fmt"
+	"math/big"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/internal/breaker"
+	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/internal/testenv"
+)
+
+// testTimeout is generous: the test machine has 2 cores and runs other packages at once.
+const testTimeout = 2 * time.Second
+
+func newStore(t testing.TB, client redis.UniversalClient, prefix string, mod func(*Config)) *Store {
+	t.Helper()
+	cfg := Config{Client: client, KeyPrefix: prefix, Timeout: testTimeout}
+	if mod != nil {
+		mod(&cfg)
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+var t0 = time.Unix(1763740000, 123456789)
+
+// limitsFor returns a few limits per algorithm, including ones whose emission interval is
+// not a whole number of nanoseconds and one whose products pass 2^53 in Lua.
+func limitsFor(alg algo.Algorithm) []algo.Limit {
+	ls := []algo.Limit{
+		{Requests: 5, Window: time.Second},
+		{Requests: 7, Window: 3 * time.Second, Burst: 3, SoftPercent: 50},
+		{Requests: 3, Window: 700 * time.Millisecond},
+	}
+	if alg != algo.SlidingLog {
+		ls = append(ls, algo.Limit{Requests: 1_000_003, Window: 30 * 24 * time.Hour, Burst: 1_500_000})
+	}
+	return ls
+}
+
+func TestMatchesAlgoStore(t *testing.T) {
+	client := testenv.RedisClient(t)
+	for a := algo.SlidingWindow; a <= algo.GCRA; a++ {
+		t.Run(a.String(), func(t *testing.T) {
+			rs := newStore(t, client, testenv.KeyPrefix(t), nil)
+			ls := algo.New(algo.Options{})
+			limits := limitsFor(a)
+			rng := rand.New(rand.NewPCG(uint64(a)+1, 42))
+			now := t0
+			keys := []string{"d|k=a#1s", "d|k=b#1s", "d|k=c#1s", "d|k=d#1s"}
+			ctx := context.Background()
+			var got, want [3]algo.Decision
+			allowedCount := 0
+			var lastRetry time.Duration
+			for step := 0; step < 600; step++ {
+				switch rng.IntN(4) {
+				case 0:
+					// Retry exactly at, or 1 ns before, the last denial's RetryAfter:
+					// the boundaries where rounding errors would show.
+					if lastRetry > 0 && lastRetry != algo.Never {
+						now = now.Add(lastRetry - time.Duration(rng.IntN(2)))
+					}
+				case 1:
+					now = now.Add(time.Duration(rng.Int64N(int64(50 * time.Millisecond))))
+				case 2:
+					now = now.Add(time.Duration(rng.Int64N(int64(900 * time.Millisecond))))
+				default:
+					if rng.IntN(10) == 0 {
+						now = now.Add(time.Duration(rng.Int64N(int64(40 * 24 * time.Hour))))
+					}
+				}
+				nops := 1 + rng.IntN(3)
+				ops := make([]algo.Op, nops)
+				for i := range ops {
+					ki := rng.IntN(len(keys))
+					lim := limits[ki%len(limits)]
+					n := int64(rng.IntN(3))
+					if lim.Requests > 1000 {
+						n = rng.Int64N(600_000)
+					}
+					if rng.IntN(30) == 0 {
+						n = lim.Burst + lim.Requests*2 // never fits
+					}
+					ops[i] = algo.Op{Key: keys[ki], Algorithm: a, Limit: lim, N: n}
+				}
+				if rng.IntN(8) == 0 {
+					d, fb := rs.Peek(ctx, now, ops[0])
+					if fb {
+						t.Fatalf("step %d: Peek fell back", step)
+					}
+					if w := ls.Peek(now, ops[0]); d != w {
+						t.Fatalf("step %d: Peek %+v\n redis %+v\n algo  %+v", step, ops[0], d, w)
+					}
+					continue
+				}
+				ok, fb := rs.AllowAll(ctx, now, ops, got[:])
+				if fb {
+					t.Fatalf("step %d: AllowAll fell back", step)
+				}
+				wok := ls.AllowAll(now, ops, want[:])
+				if ok != wok {
+					t.Fatalf("step %d at %v: allowed %v, algo %v for %+v", step, now.Sub(t0), ok, wok, ops)
+				}
+				if ok {
+					allowedCount++
+				}
+				lastRetry = 0
+				for i := range ops {
+					if !want[i].Allowed {
+						lastRetry = max(lastRetry, want[i].RetryAfter)
+					}
+					if got[i] != want[i] {
+						t.Fatalf("step %d at %v: op %d of %+v\n redis %+v\n algo  %+v", step, now.Sub(t0), i, ops, got[i], want[i])
+					}
+				}
+			}
+			if allowedCount < 60 || allowedCount > 540 {
+				t.Fatalf("%d of 600 requests allowed: the sequence does not exercise both outcomes", allowedCount)
+			}
+		})
+	}
+}
+
+func TestAllOrNothingAndTTL(t *testing.T) {
+	client := testenv.RedisClient(t)
+	prefix := testenv.KeyPrefix(t)
+	s := newStore(t, client, prefix, nil)
+	ctx := context.Background()
+	fw := algo.Limit{Requests: 10, Window: time.Minute}
+	tight := algo.Limit{Requests: 1, Window: time.Minute}
+	ops := []algo.Op{
+		{Key: "api|user=1#60s", Algorithm: algo.FixedWindow, Limit: fw, N: 1},
+		{Key: "api|ip=x#60s", Algorithm: algo.TokenBucket, Limit: tight, N: 1},
+	}
+	out := make([]algo.Decision, 2)
+	if ok, _ := s.AllowAll(ctx, t0, ops, out); !ok {
+		t.Fatalf("first request denied: %+v", out)
+	}
+	// The second limit is now exhausted: the request is denied, and the first limit
+	// must not have been charged.
+	for i := 0; i < 3; i++ {
+		if ok, _ := s.AllowAll(ctx, t0, ops, out); ok {
+			t.Fatalf("request %d allowed past the 1/min limit", i+2)
+		}
+		if !out[0].Allowed || out[0].Remaining != 9 {
+			t.Fatalf("denied request charged the first limit: %+v", out[0])
+		}
+		if out[1].Allowed || out[1].RetryAfter != time.Minute {
+			t.Fatalf("second limit decision %+v, want denied with retry 1m", out[1])
+		}
+	}
+	k1 := prefix + "{api}api|user=1#60s"
+	if cur, err := client.HGet(ctx, k1, "cur").Result(); err != nil || cur != "1" {
+		t.Fatalf("stored count of the first limit = %q, %v; want 1", cur, err)
+	}
+	// TTLs: fixed window at t0 (123 ms into a minute window ... ) lasts until the window
+	// ends, plus 1 s of slack; the bucket until it has refilled (1 min), plus slack.
+	for _, c := range []struct {
+		key string
+		max time.Duration
+	}{{k1, time.Minute + time.Second}, {prefix + "{api}api|ip=x#60s", time.Minute + time.Second}} {
+		ttl, err := client.PTTL(ctx, c.key).Result()
+		if err != nil || ttl <= time.Second || ttl > c.max {
+			t.Fatalf("PTTL %s = %v, %v; want in (1s, %v]", c.key, ttl, err, c.max)
+		}
+	}
+	// A sliding-log key and its list both expire.
+	logOp := algo.Op{Key: "api|log#60s", Algorithm: algo.SlidingLog, Limit: fw, N: 2}
+	if ok, _ := s.AllowAll(ctx, t0, []algo.Op{logOp}, out); !ok {
+		t.Fatal("log op denied")
+	}
+	lk := prefix + "{api}api|log#60s:log"
+	if n, _ := client.LLen(ctx, lk).Result(); n != 2 {
+		t.Fatalf("log length %d, want 2", n)
+	}
+	if ttl, _ := client.PTTL(ctx, lk).Result(); ttl <= 0 || ttl > time.Minute+time.Second {
+		t.Fatalf("log PTTL %v", ttl)
+	}
+}
+
+func TestNoScriptReload(t *testing.T) {
+	client := testenv.RedisClient(t)
+	s := newStore(t, client, testenv.KeyPrefix(t), nil)
+	ctx := context.Background()
+	op := algo.Op{Key: "d|k#1s", Algorithm: algo.GCRA, Limit: algo.Limit{Requests: 2, Window: time.Second}, N: 1}
+	out := make([]algo.Decision, 1)
+	if ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out); !ok || fb {
+		t.Fatalf("first call: allowed %v fellBack %v", ok, fb)
+	}
+	if err := client.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ex, _ := client.ScriptExists(ctx, s.script.Hash()).Result(); len(ex) != 1 || ex[0] {
+		t.Fatalf("script still cached after SCRIPT FLUSH: %v", ex)
+	}
+	ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out)
+	if !ok || fb || out[0].Remaining != 0 {
+		t.Fatalf("after SCRIPT FLUSH: allowed %v fellBack %v %+v; want the second of 2 admitted in Redis", ok, fb, out[0])
+	}
+	if ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out); ok || fb {
+		t.Fatalf("third call: allowed %v fellBack %v; want denied in Redis", ok, fb)
+	}
+}
+
+func TestTwoEnforcersShareCount(t *testing.T) {
+	prefix := testenv.KeyPrefix(t)
+	a := newStore(t, testenv.RedisClient(t), prefix, nil)
+	b := newStore(t, testenv.RedisClient(t), prefix, nil)
+	ctx := context.Background()
+	for _, alg := range []algo.Algorithm{algo.SlidingWindow, algo.TokenBucket, algo.SlidingLog} {
+		op := algo.Op{Key: "d|shared#1m|" + alg.String(), Algorithm: alg, Limit: algo.Limit{Requests: 50, Window: time.Minute}, N: 1}
+		admitted := 0
+		done := make(chan int)
+		for _, s := range []*Store{a, b} {
+			go func() {
+				n := 0
+				out := make([]algo.Decision, 1)
+				for i := 0; i < 40; i++ {
+					if ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out); ok && !fb {
+						n++
+					}
+				}
+				done <- n
+			}()
+		}
+		admitted = <-done + <-done
+		if admitted != 50 {
+			t.Fatalf("%v: two enforcers admitted %d of 80 requests against a shared limit of 50", alg, admitted)
+		}
+	}
+}
+
+// privateRedis runs a redis-server of its own, so that the test can stop and restart it.
+type privateRedis struct {
+	t    *testing.T
+	port int
+	cmd  *exec.Cmd
+}
+
+func startPrivateRedis(t *testing.T) *privateRedis {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("redis-server is not installed (needed to stop and restart Redis mid-test): %v", err)
+		}
+		testenv.Redis(t) // skips (or fails under CI) the standard way when Redis is missing
+		t.Fatalf("redis-server is not installed: %v", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &privateRedis{t: t, port: l.Addr().(*net.TCPAddr).Port}
+	_ = l.Close()
+	p.start()
+	t.Cleanup(p.stop)
+	return p
+}
+
+func (p *privateRedis) addr() string { return "127.0.0.1:" + strconv.Itoa(p.port) }
+
+func (p *privateRedis) start() {
+	p.t.Helper()
+	p.cmd = exec.Command("redis-server", "--port", strconv.Itoa(p.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", p.t.TempDir())
+	if err := p.cmd.Start(); err != nil {
+		p.t.Fatalf("starting redis-server: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: p.addr()})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Ping(context.Background()).Err() != nil {
+		if time.Now().After(deadline) {
+			p.t.Fatal("private redis-server did not come up")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (p *privateRedis) stop() {
+	if p.cmd != nil && p.cmd.Process != nil {
+		_ = p.cmd.Process.Kill()
+		_ = p.cmd.Wait()
+		p.cmd = nil
+	}
+}
+
+func TestRedisDownFallbackAndRecovery(t *testing.T) {
+	rd := startPrivateRedis(t)
+	bclk := clock.NewFake(time.Unix(0, 0))
+	reg := prometheus.NewRegistry()
+	client := redis.NewClient(&redis.Options{Addr: rd.addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	s := newStore(t, client, "sl:", func(c *Config) {
+		c.Clock = bclk
+		c.Registerer = reg
+		c.FailureThreshold = 2
+		c.ProbeInterval = time.Second
+	})
+	ctx := context.Background()
+	op := algo.Op{Key: "d|u=1#1m", Algorithm: algo.FixedWindow, Limit: algo.Limit{Requests: 3, Window: time.Minute}, N: 1}
+	out := make([]algo.Decision, 1)
+	if ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out); !ok || fb {
+		t.Fatalf("with Redis up: allowed %v fellBack %v", ok, fb)
+	}
+
+	rd.stop()
+	// Redis is down: decisions come from the in-process store (whose count starts at 0),
+	// without error, and after FailureThreshold failures the breaker opens.
+	for i := 0; i < 3; i++ {
+		ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out)
+		if !fb || !ok || out[0].Remaining != int64(2-i) {
+			t.Fatalf("Redis down, request %d: allowed %v fellBack %v %+v; want an in-process decision", i, ok, fb, out[0])
+		}
+	}
+	if got := s.BreakerState(); got != breaker.Open {
+		t.Fatalf("breaker %v after Redis went down, want open", got)
+	}
+	if ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out); ok || !fb {
+		t.Fatalf("fallback let a 4th request through a limit of 3 (fellBack %v)", fb)
+	}
+	if v := value(t, s.m.fallback.WithLabelValues("breaker_open")); v < 1 {
+		t.Fatalf("fallback_decisions_total{reason=breaker_open} = %v", v)
+	}
+	if v := value(t, s.m.errors); v < 2 {
+		t.Fatalf("errors_total = %v, want ≥ 2", v)
+	}
+	if v := value(t, s.m.breakerState); v != 1 {
+		t.Fatalf("breaker_state gauge = %v, want 1", v)
+	}
+
+	rd.start()
+	// Until the probe interval passes, the breaker keeps Redis out of the path.
+	if _, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out); !fb {
+		t.Fatal("a call went to Redis while the breaker was open")
+	}
+	bclk.Advance(time.Second)
+	// The probe goes to the restarted (empty) Redis and closes the breaker.
+	ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out)
+	if fb || !ok || out[0].Remaining != 2 {
+		t.Fatalf("probe: allowed %v fellBack %v %+v; want a Redis decision", ok, fb, out[0])
+	}
+	if got := s.BreakerState(); got != breaker.Closed {
+		t.Fatalf("breaker %v after a successful probe, want closed", got)
+	}
+	if v := value(t, s.m.breakerState); v != 0 {
+		t.Fatalf("breaker_state gauge = %v, want 0", v)
+	}
+	if n, _ := client.Exists(ctx, "sl:{d}d|u=1#1m").Result(); n != 1 {
+		t.Fatal("the probe's decision was not stored in Redis")
+	}
+}
+
+func TestCheckLimit(t *testing.T) {
+	if err := CheckLimit(algo.SlidingWindow, algo.Limit{Requests: 10, Window: 30 * 24 * time.Hour}); err != nil {
+		t.Fatalf("30-day window rejected: %v", err)
+	}
+	if err := CheckLimit(algo.FixedWindow, algo.Limit{Requests: 10, Window: 365 * 24 * time.Hour}); err == nil {
+		t.Fatal("a 1-year window was accepted")
+	}
+	if err := CheckLimit(algo.SlidingLog, algo.Limit{Requests: 1 << 20, Window: time.Second}); err == nil {
+		t.Fatal("a sliding log of 2^20 was accepted")
+	}
+	// Out of range at run time: decided in process, counted.
+	s := newStore(t, testenv.RedisClient(t), testenv.KeyPrefix(t), nil)
+	out := make([]algo.Decision, 1)
+	op := algo.Op{Key: "d|y", Algorithm: algo.FixedWindow, Limit: algo.Limit{Requests: 1, Window: 365 * 24 * time.Hour}, N: 1}
+	if ok, fb := s.AllowAll(context.Background(), t0, []algo.Op{op}, out); !ok || !fb {
+		t.Fatalf("out-of-range op: allowed %v fellBack %v", ok, fb)
+	}
+	if v := value(t, s.m.fallback.WithLabelValues("out_of_range")); v != 1 {
+		t.Fatalf("fallback_decisions_total{reason=out_of_range} = %v", v)
+	}
+}
+
+func benchmarkAllowAll(b *testing.B, nops int) {
+	client := testenv.RedisClient(b)
+	s := newStore(b, client, testenv.KeyPrefix(b), nil)
+	ops := make([]algo.Op, nops)
+	for i := range ops {
+		ops[i] = algo.Op{Key: fmt.Sprintf("bench|k=%d#1s", i), Algorithm: algo.Algorithm(i % 6),
+			Limit: algo.Limit{Requests: 1 << 40, Window: time.Second}, N: 1}
+	}
+	ops[0].Algorithm = algo.GCRA
+	out := make([]algo.Decision, nops)
+	ctx := context.Background()
+	now := t0
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		now = now.Add(time.Microsecond)
+		if ok, fb := s.AllowAll(ctx, now, ops, out); !ok || fb {
+			b.Fatalf("allowed %v fellBack %v", ok, fb)
+		}
+	}
+}
+
+func BenchmarkAllowAll1(b *testing.B) { benchmarkAllowAll(b, 1) }
+func BenchmarkAllowAll3(b *testing.B) { benchmarkAllowAll(b, 3) }
+
+// value reads a counter or gauge.
+func value(t *testing.T, m prometheus.Metric) float64 {
+	t.Helper()
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case d.Counter != nil:
+		return d.Counter.GetValue()
+	case d.Gauge != nil:
+		return d.Gauge.GetValue()
+	}
+	t.Fatal("not a counter or gauge")
+	return 0
+}
+
+// TestSlidingWindowExactProducts puts the sliding window's estimate exactly on the boundary
+// prev×x = (k+1)×w − 1 with products near 2^71, where doubles cannot tell the sides apart.
+func TestSlidingWindowExactProducts(t *testing.T) {
+	s := newStore(t, testenv.RedisClient(t), testenv.KeyPrefix(t), nil)
+	ls := algo.New(algo.Options{})
+	const a = 1_000_003 // prime
+	w := int64(30*24*time.Hour) + 7
+	lim := algo.Limit{Requests: a, Window: time.Duration(w)}
+	// n ≡ 1 − w⁻¹ (mod a) makes (a−n+1)·w ≡ 1 (mod a), so x = ((a−n+1)·w − 1)/a is whole.
+	inv := new(big.Int).ModInverse(big.NewInt(w), big.NewInt(a))
+	n := new(big.Int).Mod(new(big.Int).Sub(big.NewInt(1), inv), big.NewInt(a)).Int64()
+	if n < 2 {
+		n += a
+	}
+	num := new(big.Int).Mul(big.NewInt(a-n+1), big.NewInt(w))
+	num.Sub(num, big.NewInt(1))
+	x := num.Div(num, big.NewInt(a)).Int64()
+
+	ws := t0.UnixNano() / w * w
+	ctx := context.Background()
+	out := make([]algo.Decision, 1)
+	fill := algo.Op{Key: "d|edge", Algorithm: algo.SlidingWindow, Limit: lim, N: a}
+	if ok, fb := s.AllowAll(ctx, time.Unix(0, ws), []algo.Op{fill}, out); !ok || fb {
+		t.Fatalf("filling the previous window: %v %v", ok, fb)
+	}
+	ls.Allow(time.Unix(0, ws), fill)
+	op := algo.Op{Key: "d|edge", Algorithm: algo.SlidingWindow, Limit: lim, N: n}
+	before := time.Unix(0, ws+w+(w-x)-1)
+	d, _ := s.Peek(ctx, before, op)
+	if want := ls.Peek(before, op); d != want || d.Allowed {
+		t.Fatalf("1 ns before the boundary: redis %+v, algo %+v; want denied", d, want)
+	}
+	at := before.Add(1)
+	ok, _ := s.AllowAll(ctx, at, []algo.Op{op}, out)
+	want := ls.Allow(at, op)
+	if !ok || out[0] != want {
+		t.Fatalf("at the boundary: redis %v %+v, algo %+v; want allowed", ok, out[0], want)
+	}
+}

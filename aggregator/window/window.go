@@ -1,0 +1,259 @@
+// Package window is the aggregator's pure in-memory state: per counter and per site, a ring
+// of sub-window buckets, and the sliding-window-counter rule that turns the ring into a count
+// at any instant. It knows nothing of Kafka; the aggregator feeds it hits and asks it for
+// counts, and tests compare it with Reference, a brute-force statement of the same rule.
+//
+// # The rule
+//
+// A counter has a window of W milliseconds split into sub-buckets of width
+// b = ceil(W / N) milliseconds (N sub-buckets, at least 1 ms each). Bucket i covers
+// [i·b, (i+1)·b) in unix milliseconds; a hit stamped BucketStart s lies in bucket
+// floor(s / b) whatever the producer's own bucket width was. The count at instant t is
+//
+//	count(t) = Σ hits in buckets i > i₀  +  hits in bucket i₀ × ((i₀+1)·b − (t−W)) / b
+//
+// where i₀ = floor((t−W) / b) is the bucket that contains the window's start t−W. Whole
+// buckets that start after the window start count fully (the bucket holding t, and any
+// bucket ahead of t that a slightly fast producer clock stamped); the oldest bucket, which
+// the sliding window (t−W, t] only partly covers, counts by the fraction of it still inside,
+// as if its hits were spread evenly over it. This is the sliding-window counter of the
+// Criteo article (seed 003) with N sub-windows instead of two: at 00:01:43 with one-minute
+// buckets it is the current minute plus 17/60 of the previous one. The fraction is in (0, 1],
+// so a count is zero exactly when no hit lies in bucket i₀ or later, and then it stays zero
+// until a new hit arrives.
+//
+// # Bounds
+//
+// A ring holds Spec.Slots buckets: ceil(W/b) + 1 for the window and its partial oldest
+// bucket, plus Spec.Ahead buckets for hits stamped ahead of the aggregator's clock. A hit more
+// than Ahead buckets ahead of the clock at the time it is added is counted in the furthest
+// bucket the ring can hold (Ahead is at least a quarter of the window or the clock skew bound,
+// whichever is smaller); that clamping is the one place where the state depends on when a hit
+// was added rather than on the hit alone.
+package window
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// Spec is the bucket layout of one window length. Specs are immutable and shared by every
+// counter with that window.
+type Spec struct {
+	// Window is W, in milliseconds (≥ 1).
+	Window int64
+	// Width is b, the bucket width in milliseconds: ceil(Window / sub-buckets), at least 1.
+	Width int64
+	// Ahead is how many buckets past the clock's bucket a ring keeps for hits stamped in the
+	// aggregator's future.
+	Ahead int64
+	// Slots is the ring length: ceil(Window/Width) + 1 + Ahead.
+	Slots int
+}
+
+// NewSpec returns the layout for a window of w split into n sub-buckets (n < 1 means 1),
+// keeping room for hits up to maxSkew ahead of the clock, at most a quarter of the window
+// (and at least one bucket).
+func NewSpec(w time.Duration, n int, maxSkew time.Duration) Spec {
+	wm := max(w.Milliseconds(), 1)
+	n = max(n, 1)
+	width := max((wm+int64(n)-1)/int64(n), 1)
+	ahead := min(maxSkew.Milliseconds(), wm/4)
+	aheadBuckets := max((ahead+width-1)/width, 1)
+	inWindow := (wm + width - 1) / width
+	return Spec{Window: wm, Width: width, Ahead: aheadBuckets, Slots: int(inWindow + 1 + aheadBuckets)}
+}
+
+// Bucket returns the index of the bucket holding instant ms.
+func (s *Spec) Bucket(ms int64) int64 { return floorDiv(ms, s.Width) }
+
+// Oldest returns i₀, the index of the bucket that holds the window start t−W, and the
+// fraction of it inside the window (t−W, t], in (0, 1].
+func (s *Spec) Oldest(t int64) (i0 int64, frac float64) {
+	ws := t - s.Window
+	i0 = floorDiv(ws, s.Width)
+	return i0, float64((i0+1)*s.Width-ws) / float64(s.Width)
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if (a%b != 0) && ((a < 0) != (b < 0)) {
+		q--
+	}
+	return q
+}
+
+// Ring is one site's buckets of one counter. The zero Ring is empty; Add allocates its
+// buckets on first use. Bucket counts are uint32 and saturate at math.MaxUint32 hits per
+// (key, site, bucket). A Ring is not safe for concurrent use.
+type Ring struct {
+	head int64    // index of the newest bucket held; held buckets are (head−Slots, head]
+	c    []uint32 // c[i mod Slots] is bucket i's count
+}
+
+// Add counts n hits in bucket idx. now is the bucket index of the aggregator's clock; idx
+// beyond now+Ahead is clamped there. It reports false, counting nothing, when idx is older
+// than every bucket the ring holds (such hits are outside any window the ring can still
+// answer for).
+func (r *Ring) Add(s *Spec, now, idx int64, n int64) bool {
+	if lim := now + s.Ahead; idx > lim {
+		idx = lim
+	}
+	L := int64(s.Slots)
+	if r.c == nil {
+		r.c = make([]uint32, s.Slots)
+		r.head = idx
+	}
+	switch {
+	case idx > r.head:
+		if idx-r.head >= L {
+			clear(r.c)
+		} else {
+			for i := r.head + 1; i <= idx; i++ {
+				r.c[mod(i, L)] = 0
+			}
+		}
+		r.head = idx
+	case idx <= r.head-L:
+		return false
+	}
+	p := &r.c[mod(idx, L)]
+	if v := uint64(*p) + uint64(n); v > math.MaxUint32 || n > math.MaxUint32 {
+		*p = math.MaxUint32
+	} else {
+		*p = uint32(v)
+	}
+	return true
+}
+
+// parts returns the whole-bucket sum (buckets after i0) and the count of bucket i0.
+func (r *Ring) parts(s *Spec, i0 int64) (whole, oldest uint64) {
+	if r.c == nil || r.head < i0 {
+		return 0, 0
+	}
+	L := int64(s.Slots)
+	lo := max(i0, r.head-L+1)
+	for i := lo; i <= r.head; i++ {
+		v := uint64(r.c[mod(i, L)])
+		if i == i0 {
+			oldest = v
+		} else {
+			whole += v
+		}
+	}
+	return whole, oldest
+}
+
+// Count returns the ring's count at instant t (unix ms) by the package's rule.
+func (r *Ring) Count(s *Spec, t int64) float64 {
+	i0, frac := s.Oldest(t)
+	whole, oldest := r.parts(s, i0)
+	return combine(whole, oldest, frac)
+}
+
+func combine(whole, oldest uint64, frac float64) float64 {
+	return float64(whole) + float64(oldest)*frac
+}
+
+func mod(i, n int64) int64 {
+	m := i % n
+	if m < 0 {
+		m += n
+	}
+	return m
+}
+
+// Counter is the state of one (key, window) counter: one Ring per site, sorted by site.
+// The zero Counter is empty. A Counter is not safe for concurrent use.
+type Counter struct {
+	sites []siteRing
+}
+
+type siteRing struct {
+	site string
+	Ring
+}
+
+// Add counts n hits at site in the bucket holding bucketStart; nowMs is the aggregator's
+// clock. See Ring.Add.
+func (c *Counter) Add(s *Spec, nowMs int64, site string, bucketStart, n int64) bool {
+	i, ok := slices.BinarySearchFunc(c.sites, site, func(e siteRing, t string) int { return strings.Compare(e.site, t) })
+	if !ok {
+		c.sites = slices.Insert(c.sites, i, siteRing{site: site})
+	}
+	return c.sites[i].Add(s, s.Bucket(nowMs), s.Bucket(bucketStart), n)
+}
+
+// Sites returns the number of sites the counter has seen.
+func (c *Counter) Sites() int { return len(c.sites) }
+
+// Total returns the count over all sites at instant t and whether it is zero. Zero means
+// no hit lies in the window's oldest bucket or later, so the counter stays zero until it
+// gets a new hit.
+func (c *Counter) Total(s *Spec, t int64) (float64, bool) {
+	i0, frac := s.Oldest(t)
+	var whole, oldest uint64
+	for k := range c.sites {
+		w, o := c.sites[k].parts(s, i0)
+		whole += w
+		oldest += o
+	}
+	return combine(whole, oldest, frac), whole == 0 && oldest == 0
+}
+
+// AppendSites appends the per-site counts at instant t to dst, sorted by site, leaving out
+// sites whose count is zero, and returns dst and the total over all sites (computed from
+// the bucket sums, so that it equals Total).
+func (c *Counter) AppendSites(dst []topics.SiteCount, s *Spec, t int64) ([]topics.SiteCount, float64) {
+	i0, frac := s.Oldest(t)
+	var whole, oldest uint64
+	for k := range c.sites {
+		w, o := c.sites[k].parts(s, i0)
+		if w == 0 && o == 0 {
+			continue
+		}
+		whole += w
+		oldest += o
+		dst = append(dst, topics.SiteCount{Site: c.sites[k].site, Count: combine(w, o, frac)})
+	}
+	return dst, combine(whole, oldest, frac)
+}
+
+// Reference is the brute-force statement of the rule: given every hit of one counter (with
+// BucketStart in unix ms), it returns the count at instant t over all sites and per site
+// (sites with a zero count left out). It ignores the ring's clamping of far-future hits.
+func Reference(s Spec, hits []topics.Hit, t int64) (total float64, sites map[string]float64) {
+	i0, frac := s.Oldest(t)
+	type acc struct{ whole, oldest uint64 }
+	per := map[string]*acc{}
+	var all acc
+	for _, h := range hits {
+		i := s.Bucket(h.BucketStart)
+		if i < i0 {
+			continue
+		}
+		a := per[h.Site]
+		if a == nil {
+			a = &acc{}
+			per[h.Site] = a
+		}
+		if i == i0 {
+			a.oldest += uint64(h.Count)
+			all.oldest += uint64(h.Count)
+		} else {
+			a.whole += uint64(h.Count)
+			all.whole += uint64(h.Count)
+		}
+	}
+	sites = map[string]float64{}
+	for k, a := range per {
+		if a.whole != 0 || a.oldest != 0 {
+			sites[k] = combine(a.whole, a.oldest, frac)
+		}
+	}
+	return combine(all.whole, all.oldest, frac), sites
+}

@@ -1,0 +1,189 @@
+package window
+
+import (
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+func TestSpec(t *testing.T) {
+	s := NewSpec(time.Minute, 60, 30*time.Second)
+	if s.Window != 60000 || s.Width != 1000 || s.Ahead != 15 || s.Slots != 60+1+15 {
+		t.Fatalf("spec = %+v", s)
+	}
+	// Not divisible: width rounds up so that N buckets cover the window.
+	s = NewSpec(1000*time.Millisecond, 60, time.Second)
+	if s.Width != 17 || s.Slots != 59+1+int(s.Ahead) {
+		t.Fatalf("spec = %+v", s)
+	}
+}
+
+// The seed's worked example: one-minute window in two one-minute... here 60 one-second
+// buckets; a call at 00:01:43 sees 17/60 of the bucket that holds 00:00:43.
+func TestInterpolation(t *testing.T) {
+	s := NewSpec(time.Minute, 60, 0)
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+	var r Ring
+	r.Add(&s, s.Bucket(base+50_000), s.Bucket(base+43_000), 10) // bucket [43s, 44s)
+	r.Add(&s, s.Bucket(base+50_000), s.Bucket(base+50_000), 5)
+	cases := []struct {
+		at   int64
+		want float64
+	}{
+		{base + 43_000, 15},        // window start 0:42 − hits all inside
+		{base + 103_000, 10 + 5},   // window start exactly 0:43: bucket 43 is i0 with fraction 1
+		{base + 103_250, 7.5 + 5},  // three quarters of bucket 43 left
+		{base + 103_999, 0.01 + 5}, // one ms of it left
+		{base + 104_000, 5},        // bucket 43 gone
+		{base + 110_500, 2.5},      // half of bucket 50
+		{base + 111_000, 0},        // empty
+		{base + 10_000_000, 0},     // far later
+		{base + 42_000, 15},        // before the hits: future buckets count fully
+	}
+	for _, c := range cases {
+		if got := r.Count(&s, c.at); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("Count(+%dms) = %v, want %v", c.at-base, got, c.want)
+		}
+	}
+}
+
+func TestRingRotation(t *testing.T) {
+	s := NewSpec(10*time.Second, 10, time.Second) // width 1 s, ahead 1, slots 12
+	fc := clock.NewFake(time.UnixMilli(1_000_000))
+	var r Ring
+	now := func() int64 { return s.Bucket(fc.Now().UnixMilli()) }
+	for i := range 30 {
+		if !r.Add(&s, now(), now(), 1) {
+			t.Fatalf("add %d refused", i)
+		}
+		fc.Advance(time.Second)
+	}
+	// 30 hits one per second; at the last hit's time + 0 the window holds 10 whole buckets and
+	// the oldest (fraction 1).
+	at := fc.Now().UnixMilli() - 1000
+	if got := r.Count(&s, at); got != 11 {
+		t.Fatalf("count = %v, want 11", got)
+	}
+	// A hit older than the ring is refused and does not disturb it.
+	if r.Add(&s, now(), now()-int64(s.Slots)-1, 100) {
+		t.Fatal("old hit accepted")
+	}
+	// A hit far ahead is clamped to now+Ahead.
+	r.Add(&s, now(), now()+1000, 7)
+	if got := r.Count(&s, (now()+s.Ahead)*s.Width+s.Window); got != 7 {
+		t.Fatalf("clamped future hit: count %v in bucket now+Ahead, want 7", got)
+	}
+	// Jump far ahead: the whole ring clears.
+	r.Add(&s, now()+100, now()+100, 1)
+	if got := r.Count(&s, (now()+100)*1000); got != 1 {
+		t.Fatalf("after jump count = %v", got)
+	}
+}
+
+func TestCounterMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, w := range []time.Duration{time.Second, 7 * time.Second, time.Minute} {
+		for _, n := range []int{1, 7, 60} {
+			s := NewSpec(w, n, 5*time.Second)
+			var c Counter
+			var hits []topics.Hit
+			now := int64(1_763_740_000_000)
+			sites := []string{"eu", "us", "ap"}
+			for step := range 400 {
+				now += rng.Int64N(s.Width*2 + 1)
+				// Hits stamped up to one window late and, within Ahead, a little early.
+				bs := now - rng.Int64N(s.Window+s.Width) + rng.Int64N(s.Ahead*s.Width)
+				h := topics.Hit{Key: "k", Site: sites[rng.IntN(3)], BucketStart: bs, Count: 1 + rng.Int64N(3)}
+				if c.Add(&s, now, h.Site, h.BucketStart, h.Count) {
+					hits = append(hits, h)
+				} else if bs > now-s.Window {
+					t.Fatalf("w=%v n=%d: in-window hit refused", w, n)
+				}
+				if step%7 != 0 {
+					continue
+				}
+				for _, at := range []int64{now, now + s.Width/2, now + s.Window/3} {
+					wantT, wantS := Reference(s, hits, at)
+					got, zero := c.Total(&s, at)
+					sitesGot, total2 := c.AppendSites(nil, &s, at)
+					if math.Abs(got-wantT) > 1e-9 || math.Abs(total2-wantT) > 1e-9 || zero != (wantT == 0) {
+						t.Fatalf("w=%v n=%d at %d: total %v (%v, zero %v), want %v", w, n, at, got, total2, zero, wantT)
+					}
+					if len(sitesGot) != len(wantS) {
+						t.Fatalf("sites %v, want %v", sitesGot, wantS)
+					}
+					for _, sc := range sitesGot {
+						if math.Abs(sc.Count-wantS[sc.Site]) > 1e-9 {
+							t.Fatalf("site %s = %v, want %v", sc.Site, sc.Count, wantS[sc.Site])
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+func BenchmarkCounterAdd(b *testing.B) {
+	s := NewSpec(time.Minute, 60, 30*time.Second)
+	cs := make([]Counter, 1024)
+	now := int64(1_763_740_000_000)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		cs[i&1023].Add(&s, now+int64(i/1000), "eu-1", now+int64(i/1000), 1)
+	}
+}
+
+func BenchmarkCounterTotal(b *testing.B) {
+	s := NewSpec(time.Minute, 60, 30*time.Second)
+	var c Counter
+	now := int64(1_763_740_000_000)
+	for i := range 120 {
+		c.Add(&s, now+int64(i)*500, []string{"eu", "us", "ap"}[i%3], now+int64(i)*500, 1)
+	}
+	b.ReportAllocs()
+	var sink float64
+	for i := 0; b.Loop(); i++ {
+		v, _ := c.Total(&s, now+60_000+int64(i%1000))
+		sink += v
+	}
+	_ = sink
+}
+
+// TestMemoryPerKey measures the heap used by 100k counters with one and with three sites
+// and reports it; it fails if a (key, site) ring costs more than its fixed budget.
+func TestMemoryPerKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("memory measurement")
+	}
+	s := NewSpec(time.Minute, 60, 30*time.Second)
+	measure := func(sites int) float64 {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		m := make(map[string]*Counter, 100_000)
+		now := int64(1_763_740_000_000)
+		for i := range 100_000 {
+			c := &Counter{}
+			for k := range sites {
+				c.Add(&s, now, []string{"eu", "us", "ap"}[k], now, 1)
+			}
+			m["api:POST /x|user="+strconv.Itoa(i)] = c
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		runtime.KeepAlive(m)
+		return float64(after.HeapAlloc-before.HeapAlloc) / 100_000
+	}
+	one, three := measure(1), measure(3)
+	perSite := (three - one) / 2
+	t.Logf("window 1m, 60 sub-buckets, %d slots: %.0f B/key with 1 site, %.0f B/key with 3 sites, %.0f B per extra (key, site)", s.Slots, one, three, perSite)
+	if budget := float64(s.Slots*4 + 128); perSite > budget {
+		t.Fatalf("%.0f B per (key, site), budget %.0f", perSite, budget)
+	}
+}

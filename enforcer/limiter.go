@@ -1,0 +1,520 @@
+package enforcer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/snapshot"
+	"github.com/streamlimit/streamlimit/internal/clock"
+)
+
+// Publisher publishes the admitted hits of global limits to the hits topic. It must never
+// block. *producer.Producer implements it.
+type Publisher interface {
+	Hit(key string, window time.Duration, n int)
+}
+
+// SiteStore decides site-scope limits for all enforcers of one site. It never fails: when
+// its backend does, it decides in process and reports fellBack. *sitestore.Store
+// implements it.
+type SiteStore interface {
+	AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out []algo.Decision) (allowed, fellBack bool)
+}
+
+// RulesSource returns the rules in force; *rules.Reloader's Current is one.
+type RulesSource func() *rules.Config
+
+// StaticRules returns a RulesSource that always returns c.
+func StaticRules(c *rules.Config) RulesSource { return func() *rules.Config { return c } }
+
+// Config configures a Limiter. Only Rules and Site are required.
+type Config struct {
+	// Rules returns the rules in force, read once per decision.
+	Rules RulesSource
+	// Site names this enforcer's site, as in hit records and count breakdowns.
+	Site string
+	// Local holds the local-scope counters. Default: a new algo.Store with default
+	// options.
+	Local *algo.Store
+	// SiteStore decides site-scope limits. Default: nil, and site-scope limits are
+	// decided in Local, as if the site were this process.
+	SiteStore SiteStore
+	// Counter is this site's exact count of global keys. Default: a new LocalCounter.
+	// Several enforcers of one site must share one (in Redis) for invariant 3 to hold.
+	Counter SiteCounter
+	// Snapshot is the view of the counts topic. Default nil: no other site is visible and
+	// global limits are always decided on a local share (DefaultShare).
+	Snapshot *snapshot.Snapshot
+	// Publisher receives every admitted hit of a global limit. Default nil: hits are not
+	// published (a single-site setup, or tests).
+	Publisher Publisher
+	// HotHorizon is added to the pipeline lag when judging whether a global key is hot:
+	// a key is hot when the room left in the snapshot is less than its recent rate times
+	// (lag + HotHorizon). Default 1s.
+	HotHorizon time.Duration
+	// HotFraction also makes a key hot when less than this fraction of its limit is left
+	// in the snapshot, whatever its rate: a client that just started to exceed its limit at
+	// several sites has a recent rate that understates its demand. Default 0.25.
+	HotFraction float64
+	// MinShare is the smallest share of a hot key's room a site may spend, so that a site
+	// with no recent traffic is not starved. Default 0.05.
+	MinShare float64
+	// DefaultShare is a site's share of a global limit for a key the snapshot has never
+	// shown, used when the snapshot is stale. Set it to 1/number of sites. Default 1.
+	DefaultShare float64
+	// Clock defaults to the wall clock.
+	Clock clock.Clock
+	// Logger defaults to a logger that discards.
+	Logger *slog.Logger
+	// Registerer receives the Limiter's metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+}
+
+// Limiter decides requests against rules of local, site and global scope. See the package
+// documentation for the model. Decide and DecideInto are safe for simultaneous use by
+// multiple goroutines; DecideInto does not allocate once its keys are known.
+type Limiter struct {
+	cfg     Config
+	keys    keyCache
+	metrics *metrics
+	scratch sync.Pool // *scratch
+}
+
+// New returns a Limiter.
+func New(cfg Config) (*Limiter, error) {
+	if cfg.Rules == nil {
+		return nil, errors.New("enforcer: Config.Rules is required")
+	}
+	if cfg.Site == "" {
+		return nil, errors.New("enforcer: Config.Site is required")
+	}
+	if cfg.Local == nil {
+		cfg.Local = algo.New(algo.Options{})
+	}
+	if cfg.Counter == nil {
+		cfg.Counter = NewLocalCounter(LocalCounterOptions{})
+	}
+	if cfg.HotHorizon <= 0 {
+		cfg.HotHorizon = time.Second
+	}
+	if cfg.HotFraction <= 0 {
+		cfg.HotFraction = 0.25
+	}
+	if cfg.MinShare <= 0 {
+		cfg.MinShare = 0.05
+	}
+	if cfg.DefaultShare <= 0 || cfg.DefaultShare > 1 {
+		cfg.DefaultShare = 1
+	}
+	cfg.Clock = clock.Or(cfg.Clock)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("enforcer: %w", err)
+	}
+	l := &Limiter{cfg: cfg, metrics: m}
+	l.keys.init(1 << 20)
+	l.scratch.New = func() any { return new(scratch) }
+	return l, nil
+}
+
+// Config returns the Limiter's configuration with defaults filled in.
+func (l *Limiter) Config() Config { return l.cfg }
+
+// Decide decides req. See DecideInto.
+func (l *Limiter) Decide(ctx context.Context, req Request) Result {
+	var res Result
+	l.DecideInto(ctx, req, &res)
+	return res
+}
+
+// opRef ties a counter operation to the descriptor and limit it came from.
+type opRef struct {
+	desc   int
+	limit  *rules.Limit
+	key    string
+	shadow bool
+}
+
+// scratch is the per-call working memory, pooled so that decisions do not allocate.
+type scratch struct {
+	matched []*rules.Rule
+	active  []uint64
+	buf     []byte
+
+	localOps  []algo.Op
+	localRefs []opRef
+	localOut  []algo.Decision
+	siteOps   []algo.Op
+	siteRefs  []opRef
+	siteOut   []algo.Decision
+	globOps   []GlobalOp
+	globRefs  []opRef
+	globCount []float64
+	globOut   []algo.Decision
+	globStale []bool
+	oneOp     [1]algo.Op
+	oneOut    [1]algo.Decision
+	oneGlob   [1]GlobalOp
+}
+
+func (s *scratch) reset() {
+	s.matched = s.matched[:0]
+	s.localOps, s.localRefs = s.localOps[:0], s.localRefs[:0]
+	s.siteOps, s.siteRefs = s.siteOps[:0], s.siteRefs[:0]
+	s.globOps, s.globRefs = s.globOps[:0], s.globRefs[:0]
+}
+
+// DecideInto decides req and writes the result to res, reusing res.Statuses' capacity.
+//
+// Each descriptor is matched against the rules of req.Domain (most specific first, as in
+// envoyproxy/ratelimit); limits replaced by another matched limit's replaces are not in
+// force. The request is admitted only if every limit in force of every non-shadow rule
+// admits it; then each takes req.Hits, and each global limit's hits are published. A denied
+// request takes nothing. Errors of Redis or Kafka never reach the caller (see the package
+// documentation on degradation); ctx bounds the SiteStore call.
+func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
+	n := req.Hits
+	if n <= 0 {
+		n = 1
+	}
+	now := l.cfg.Clock.Now()
+	cfg := l.cfg.Rules()
+	s := l.scratch.Get().(*scratch)
+	defer l.scratch.Put(s)
+	s.reset()
+
+	res.Code = CodeOK
+	res.Statuses = res.Statuses[:0]
+	for _, entries := range req.Descriptors {
+		var r *rules.Rule
+		if cfg != nil {
+			r = cfg.Match(req.Domain, entries)
+		}
+		s.matched = append(s.matched, r)
+		res.Statuses = append(res.Statuses, Status{Code: CodeOK, Rule: r})
+	}
+	s.active = rules.Active(s.matched, s.active)
+
+	// Collect the operations, by scope.
+	for d, r := range s.matched {
+		if r == nil || r.Unlimited {
+			continue
+		}
+		entries := req.Descriptors[d]
+		for j := range r.Limits {
+			if s.active[d]&(1<<uint(j)) == 0 {
+				continue
+			}
+			lim := &r.Limits[j]
+			s.buf = r.AppendKey(s.buf[:0], entries, j)
+			ref := opRef{desc: d, limit: lim, key: l.keys.intern(s.buf), shadow: r.ShadowMode}
+			switch lim.Scope {
+			case rules.Global:
+				s.globOps = append(s.globOps, GlobalOp{Key: ref.key, Window: lim.Window, N: n})
+				s.globRefs = append(s.globRefs, ref)
+			case rules.Site:
+				op := algo.Op{Key: ref.key, Algorithm: lim.Algorithm, Limit: lim.Algo(), N: n}
+				if l.cfg.SiteStore == nil {
+					s.localOps = append(s.localOps, op)
+					s.localRefs = append(s.localRefs, ref)
+				} else {
+					s.siteOps = append(s.siteOps, op)
+					s.siteRefs = append(s.siteRefs, ref)
+				}
+			default:
+				s.localOps = append(s.localOps, algo.Op{Key: ref.key, Algorithm: lim.Algorithm, Limit: lim.Algo(), N: n})
+				s.localRefs = append(s.localRefs, ref)
+			}
+		}
+	}
+	s.localOut = grow(s.localOut, len(s.localOps))
+	s.siteOut = grow(s.siteOut, len(s.siteOps))
+	s.globOut = grow(s.globOut, len(s.globOps))
+	s.globCount = growF(s.globCount, len(s.globOps))
+	s.globStale = growB(s.globStale, len(s.globOps))
+
+	// 1. Check: global limits against the snapshot, local limits with Peek.
+	admitted := true
+	if len(s.globOps) > 0 {
+		if err := l.cfg.Counter.Counts(ctx, now, s.globOps, s.globCount); err != nil {
+			l.cfg.Logger.Warn("site counter failed; counting this site as zero", "err", err)
+			clear(s.globCount)
+		}
+		for i := range s.globOps {
+			s.globOut[i], s.globOps[i].Cap, s.globStale[i] = l.decideGlobal(now, &s.globOps[i], s.globRefs[i].limit, s.globCount[i])
+			if !s.globOut[i].Allowed && !s.globRefs[i].shadow {
+				admitted = false
+			}
+		}
+	}
+	for i := range s.localOps {
+		s.localOut[i] = l.cfg.Local.Peek(now, s.localOps[i])
+		if !s.localOut[i].Allowed && !s.localRefs[i].shadow {
+			admitted = false
+		}
+	}
+
+	// 2. Commit, in the order site (one remote call), local, global, each atomic over the
+	// request's non-shadow limits of its scope.
+	siteFellBack := false
+	if admitted && len(s.siteOps) > 0 {
+		ok, fb := l.commitAlgo(ctx, now, s.siteOps, s.siteRefs, s.siteOut, true)
+		siteFellBack = fb
+		admitted = ok
+	}
+	if admitted && len(s.localOps) > 0 {
+		admitted, _ = l.commitAlgo(ctx, now, s.localOps, s.localRefs, s.localOut, false)
+	}
+	if admitted && len(s.globOps) > 0 {
+		admitted = l.commitGlobal(ctx, now, s, n)
+	}
+	if admitted {
+		l.commitShadow(ctx, now, s)
+	}
+
+	// 3. Report: per descriptor, the limit that denied, else the one with least room.
+	l.report(res, s.localRefs, s.localOut, nil)
+	l.report(res, s.siteRefs, s.siteOut, nil)
+	l.report(res, s.globRefs, s.globOut, s.globStale)
+	if siteFellBack {
+		for _, ref := range s.siteRefs {
+			res.Statuses[ref.desc].Fallback = true
+		}
+	}
+	for i := range res.Statuses {
+		st := &res.Statuses[i]
+		if st.Code == CodeOverLimit {
+			res.Code = CodeOverLimit
+		}
+	}
+	if !admitted && res.Code == CodeOK {
+		// A race between check and commit denied the request (see the package doc);
+		// report the descriptors of the stage that refused it.
+		res.Code = CodeOverLimit
+	}
+	l.metrics.observe(req.Domain, res)
+}
+
+// commitAlgo takes the non-shadow ops of one scope atomically. Shadow ops are left for
+// commitShadow.
+func (l *Limiter) commitAlgo(ctx context.Context, now time.Time, ops []algo.Op, refs []opRef, out []algo.Decision, site bool) (ok, fellBack bool) {
+	// Shadow ops must not make the atomic step fail; take them out by asking for 0.
+	var shadowN [64]int64
+	shadowed := false
+	for i := range ops {
+		if refs[i].shadow && i < len(shadowN) {
+			shadowN[i], ops[i].N = ops[i].N, 0
+			shadowed = true
+		}
+	}
+	if site {
+		ok, fellBack = l.cfg.SiteStore.AllowAll(ctx, now, ops, out)
+		if fellBack {
+			l.metrics.fallback.WithLabelValues("redis").Inc()
+		}
+	} else {
+		ok = l.cfg.Local.AllowAll(now, ops, out)
+	}
+	if shadowed {
+		for i := range ops {
+			if refs[i].shadow && i < len(shadowN) {
+				ops[i].N = shadowN[i]
+			}
+		}
+	}
+	if !ok {
+		for i := range out[:len(ops)] {
+			if refs[i].shadow {
+				continue
+			}
+			out[i].Allowed = out[i].Allowed && out[i].RetryAfter == 0
+		}
+	}
+	return ok, fellBack
+}
+
+// commitGlobal takes the non-shadow global ops and publishes their hits.
+func (l *Limiter) commitGlobal(ctx context.Context, now time.Time, s *scratch, n int64) bool {
+	ops := s.globOps
+	// Shadow ops are committed separately so they cannot fail the request.
+	k := 0
+	for i := range ops {
+		if !s.globRefs[i].shadow {
+			ops[k], s.globRefs[k], s.globOut[k], s.globCount[k], s.globStale[k] = ops[i], s.globRefs[i], s.globOut[i], s.globCount[i], s.globStale[i]
+			k++
+		}
+	}
+	nonShadow := ops[:k]
+	ok, err := l.cfg.Counter.Commit(ctx, now, nonShadow)
+	if err != nil {
+		l.cfg.Logger.Warn("site counter commit failed; admitting on the checked estimate", "err", err)
+		ok = true
+	}
+	if !ok {
+		for i := range nonShadow {
+			s.globOut[i].Allowed = false
+		}
+		// Keep the shadow entries after the non-shadow ones for reporting.
+		return false
+	}
+	if l.cfg.Publisher != nil {
+		for i := range nonShadow {
+			l.cfg.Publisher.Hit(nonShadow[i].Key, nonShadow[i].Window, int(n))
+		}
+	}
+	return true
+}
+
+// commitShadow takes the shadow-mode limits of an admitted request, each on its own, so
+// that their counters reflect real traffic.
+func (l *Limiter) commitShadow(ctx context.Context, now time.Time, s *scratch) {
+	for i := range s.localOps {
+		if s.localRefs[i].shadow && s.localOut[i].Allowed {
+			s.localOut[i] = l.cfg.Local.Allow(now, s.localOps[i])
+		}
+	}
+	for i := range s.siteOps {
+		if s.siteRefs[i].shadow {
+			s.oneOp[0] = s.siteOps[i]
+			l.cfg.SiteStore.AllowAll(ctx, now, s.oneOp[:], s.oneOut[:])
+		}
+	}
+	for i := range s.globOps {
+		if s.globRefs[i].shadow && s.globOut[i].Allowed {
+			s.oneGlob[0] = s.globOps[i]
+			if ok, _ := l.cfg.Counter.Commit(ctx, now, s.oneGlob[:]); ok && l.cfg.Publisher != nil {
+				l.cfg.Publisher.Hit(s.globOps[i].Key, s.globOps[i].Window, int(s.globOps[i].N))
+			}
+		}
+	}
+}
+
+// report folds op decisions into the descriptors' statuses.
+func (l *Limiter) report(res *Result, refs []opRef, out []algo.Decision, stale []bool) {
+	for i, ref := range refs {
+		d := out[i]
+		st := &res.Statuses[ref.desc]
+		denied := !d.Allowed
+		if denied && ref.shadow {
+			st.Shadow = true
+			l.metrics.shadowDenied(ref.limit, st.Rule)
+		}
+		replace := st.Limit == nil
+		if !replace {
+			curDenied := st.RetryAfter > 0
+			switch {
+			case denied && !curDenied:
+				replace = true
+			case denied && curDenied:
+				replace = d.RetryAfter > st.RetryAfter
+			case !denied && !curDenied:
+				replace = d.Remaining < st.Remaining
+			}
+		}
+		if replace {
+			st.Limit, st.Key = ref.limit, ref.key
+			st.Requests, st.Window = d.Limit, ref.limit.Window
+			st.Remaining, st.ResetAfter = d.Remaining, d.ResetAfter
+			st.RetryAfter = 0
+			if denied {
+				st.RetryAfter = max(d.RetryAfter, time.Nanosecond)
+			}
+		}
+		if denied && !ref.shadow {
+			st.Code = CodeOverLimit
+		}
+		if stale != nil && stale[i] {
+			st.Fallback = true
+		}
+	}
+}
+
+// decideGlobal checks one global limit: it returns the decision, the cap on this site's
+// count (for Commit) and whether it was decided on a local share because the snapshot is
+// stale.
+func (l *Limiter) decideGlobal(now time.Time, op *GlobalOp, lim *rules.Limit, local float64) (algo.Decision, float64, bool) {
+	allowance := float64(lim.Algo().Allowance())
+	var (
+		e     snapshot.Entry
+		known bool
+		stale = true
+	)
+	if sn := l.cfg.Snapshot; sn != nil {
+		stale = sn.StaleAt(now)
+		e, known = sn.Get(op.Key)
+		if known && e.Window != op.Window {
+			known = false
+		}
+	}
+	var capLocal float64
+	switch {
+	case stale:
+		share := l.cfg.DefaultShare
+		if known && e.Total > 0 {
+			share = max(e.Share(), l.cfg.MinShare)
+		}
+		capLocal = allowance * share
+	case known:
+		remote := e.Remote()
+		capLocal = allowance - remote
+		room := allowance - e.Total
+		lag := max(now.Sub(e.AsOfTime()), 0)
+		rate := e.Total / e.Window.Seconds()
+		if room < rate*(lag+l.cfg.HotHorizon).Seconds() || room < l.cfg.HotFraction*allowance {
+			share := max(e.Share(), l.cfg.MinShare)
+			capLocal = min(capLocal, e.Mine+share*max(room, 0))
+		}
+	default:
+		capLocal = allowance
+	}
+	used := local + float64(op.N)
+	d := algo.Decision{Allowed: used <= capLocal, Limit: int64(allowance), ResetAfter: op.Window}
+	if d.Allowed {
+		d.Remaining = int64(math.Floor(capLocal - used))
+	} else {
+		d.RetryAfter = l.globalRetry(op, allowance, capLocal, local, e, known)
+	}
+	return d, capLocal, stale
+}
+
+// globalRetry estimates how long until this site's count falls enough for op to fit,
+// assuming the window's hits are spread evenly over it.
+func (l *Limiter) globalRetry(op *GlobalOp, allowance, capLocal, local float64, e snapshot.Entry, known bool) time.Duration {
+	if float64(op.N) > allowance {
+		return algo.Never
+	}
+	excess := local + float64(op.N) - capLocal
+	total := local
+	if known {
+		total = max(e.Total, local)
+	}
+	if total <= 0 || excess <= 0 {
+		return op.Window / 60
+	}
+	d := time.Duration(excess / total * float64(op.Window))
+	return min(max(d, op.Window/60, time.Millisecond), op.Window)
+}
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
+}
+
+func growF(s []float64, n int) []float64 { return grow(s, n) }
+func growB(s []bool, n int) []bool       { return grow(s, n) }

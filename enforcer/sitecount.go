@@ -1,0 +1,215 @@
+package enforcer
+
+import (
+	"context"
+	"hash/maphash"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/streamlimit/streamlimit/aggregator/window"
+)
+
+// GlobalOp is one global limit of a request, as a SiteCounter sees it.
+type GlobalOp struct {
+	// Key is the counter key.
+	Key string
+	// Window is the limit's sliding window.
+	Window time.Duration
+	// N is the request's cost.
+	N int64
+	// Cap is the most this site's count may reach with N added (Commit).
+	Cap float64
+}
+
+// SiteCounter keeps this site's exact sliding-window count of each global counter key:
+// the "local_exact" of DESIGN invariant 3. Counts use the aggregator's rule (package
+// window: sub-buckets with the oldest one interpolated), so that the snapshot's count of
+// this site and the local count are the same measure. Implementations must be safe for
+// simultaneous use by multiple goroutines.
+type SiteCounter interface {
+	// Counts sets out[i] to the site's count of ops[i] at now.
+	Counts(ctx context.Context, now time.Time, ops []GlobalOp, out []float64) error
+	// Commit adds ops[i].N to each counter if, for every i, the count at now plus N is at
+	// most ops[i].Cap, as one atomic step, and reports whether it did.
+	Commit(ctx context.Context, now time.Time, ops []GlobalOp) (bool, error)
+}
+
+// LocalCounterOptions configures a LocalCounter.
+type LocalCounterOptions struct {
+	// SubBuckets is the number of sub-buckets per window; it should equal the
+	// aggregator's. Default 60.
+	SubBuckets int
+	// MaxKeys bounds the counters held; idle counters (zero count) are dropped first, then
+	// the least recently used of a sample. Default 1<<20.
+	MaxKeys int
+}
+
+// LocalCounter is the in-process SiteCounter, for a site that is one process. It holds a
+// ring of sub-window buckets per key in 64 mutex-guarded shards. Once a key exists, Counts
+// and Commit do not allocate.
+type LocalCounter struct {
+	sub         int
+	maxPerShard int
+	seed        maphash.Seed
+	shards      [64]countShard
+	evicted     atomic.Uint64
+}
+
+type countShard struct {
+	mu sync.Mutex
+	m  map[string]*ringEntry
+	_  [48]byte
+}
+
+type ringEntry struct {
+	spec window.Spec
+	ring window.Ring
+	last int64 // unix ms of the last add
+}
+
+// NewLocalCounter returns an empty LocalCounter.
+func NewLocalCounter(opts LocalCounterOptions) *LocalCounter {
+	if opts.SubBuckets <= 0 {
+		opts.SubBuckets = 60
+	}
+	if opts.MaxKeys <= 0 {
+		opts.MaxKeys = 1 << 20
+	}
+	c := &LocalCounter{sub: opts.SubBuckets, maxPerShard: max(opts.MaxKeys/64, 1), seed: maphash.MakeSeed()}
+	for i := range c.shards {
+		c.shards[i].m = make(map[string]*ringEntry)
+	}
+	return c
+}
+
+func (c *LocalCounter) shardOf(key string) int {
+	return int(maphash.String(c.seed, key) & 63)
+}
+
+// Len returns the number of counters held.
+func (c *LocalCounter) Len() int {
+	n := 0
+	for i := range c.shards {
+		c.shards[i].mu.Lock()
+		n += len(c.shards[i].m)
+		c.shards[i].mu.Unlock()
+	}
+	return n
+}
+
+// Evicted returns how many counters were dropped to keep within MaxKeys.
+func (c *LocalCounter) Evicted() uint64 { return c.evicted.Load() }
+
+func (c *LocalCounter) count(e *ringEntry, ms int64) float64 {
+	return e.ring.Count(&e.spec, ms)
+}
+
+// Counts implements SiteCounter.
+func (c *LocalCounter) Counts(_ context.Context, now time.Time, ops []GlobalOp, out []float64) error {
+	ms := now.UnixMilli()
+	for i := range ops {
+		sh := &c.shards[c.shardOf(ops[i].Key)]
+		sh.mu.Lock()
+		if e, ok := sh.m[ops[i].Key]; ok && e.spec.Window == ops[i].Window.Milliseconds() {
+			out[i] = c.count(e, ms)
+		} else {
+			out[i] = 0
+		}
+		sh.mu.Unlock()
+	}
+	return nil
+}
+
+// Commit implements SiteCounter.
+func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp) (bool, error) {
+	ms := now.UnixMilli()
+	var mask uint64
+	for i := range ops {
+		mask |= 1 << uint(c.shardOf(ops[i].Key))
+	}
+	for m := mask; m != 0; m &= m - 1 {
+		c.shards[bits.TrailingZeros64(m)].mu.Lock()
+	}
+	defer func() {
+		for m := mask; m != 0; m &= m - 1 {
+			c.shards[bits.TrailingZeros64(m)].mu.Unlock()
+		}
+	}()
+	for i := range ops {
+		sh := &c.shards[c.shardOf(ops[i].Key)]
+		var cur float64
+		if e, ok := sh.m[ops[i].Key]; ok && e.spec.Window == ops[i].Window.Milliseconds() {
+			cur = c.count(e, ms)
+		}
+		// Ops of one request may share a key; their costs add up.
+		for j := range i {
+			if ops[j].Key == ops[i].Key {
+				cur += float64(ops[j].N)
+			}
+		}
+		if cur+float64(ops[i].N) > ops[i].Cap {
+			return false, nil
+		}
+	}
+	for i := range ops {
+		sh := &c.shards[c.shardOf(ops[i].Key)]
+		e := sh.m[ops[i].Key]
+		wms := ops[i].Window.Milliseconds()
+		if e == nil || e.spec.Window != wms {
+			if e == nil && len(sh.m) >= c.maxPerShard {
+				c.makeRoom(sh, ms)
+			}
+			e = &ringEntry{spec: window.NewSpec(ops[i].Window, c.sub, 0)}
+			sh.m[ops[i].Key] = e
+		}
+		e.ring.Add(&e.spec, e.spec.Bucket(ms), e.spec.Bucket(ms), ops[i].N)
+		e.last = ms
+	}
+	return true, nil
+}
+
+// makeRoom drops idle counters of a full shard (their count is zero, so nothing is lost),
+// or else the least recently used of a few.
+func (c *LocalCounter) makeRoom(sh *countShard, ms int64) {
+	for k, e := range sh.m {
+		if ms-e.last > e.spec.Window+e.spec.Width {
+			delete(sh.m, k)
+		}
+	}
+	if len(sh.m) < c.maxPerShard {
+		return
+	}
+	var victim string
+	oldest := int64(1<<63 - 1)
+	n := 0
+	for k, e := range sh.m {
+		if e.last < oldest {
+			victim, oldest = k, e.last
+		}
+		if n++; n == 8 {
+			break
+		}
+	}
+	delete(sh.m, victim)
+	c.evicted.Add(1)
+}
+
+// Sweep drops every counter whose count is zero at now, and returns how many it dropped.
+func (c *LocalCounter) Sweep(now time.Time) int {
+	ms := now.UnixMilli()
+	n := 0
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			if ms-e.last > e.spec.Window+e.spec.Width {
+				delete(sh.m, k)
+				n++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return n
+}

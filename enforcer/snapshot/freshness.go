@@ -1,0 +1,121 @@
+package snapshot
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// noHeartbeat is oldestMs before any heartbeat has been seen.
+const noHeartbeat = math.MinInt64
+
+// Source is the freshness of one source partition of a hits topic, from the aggregator's
+// latest heartbeat for it.
+type Source struct {
+	// Heartbeat is the latest heartbeat applied for the source.
+	topics.Heartbeat
+	// Age is now − Heartbeat.AsOf, as of the call that returned the Source.
+	Age time.Duration
+	// Lag is Heartbeat.HighWatermark − Heartbeat.Offset, the aggregator's consume lag in
+	// records (0 when negative).
+	Lag int64
+	// Stale reports whether Age exceeds Config.MaxStaleness or the source is Replaying.
+	Stale bool
+}
+
+func (s *Snapshot) applyHeartbeat(key, value []byte) error {
+	if len(value) == 0 {
+		// A tombstone retires a source (e.g. a hits topic that was removed), which would
+		// otherwise keep the snapshot stale forever.
+		s.met.tombstones.Inc()
+		s.srcMu.Lock()
+		delete(s.sources, string(key))
+		s.recomputeLocked()
+		s.srcMu.Unlock()
+		return nil
+	}
+	h, err := topics.DecodeHeartbeat(value)
+	if err != nil {
+		s.met.bad(topics.Reason(err))
+		return fmt.Errorf("snapshot: heartbeat %q: %w", truncate(key), err)
+	}
+	if topics.HeartbeatKey(h.Topic, h.Partition) != string(key) {
+		s.met.bad("key_mismatch")
+		return fmt.Errorf("snapshot: %w: heartbeat key %q names topic %q partition %d", ErrKeyMismatch, truncate(key), h.Topic, h.Partition)
+	}
+	s.srcMu.Lock()
+	s.sources[string(key)] = h
+	s.recomputeLocked()
+	s.srcMu.Unlock()
+	s.met.heartbeats.Inc()
+	return nil
+}
+
+// recomputeLocked refreshes the summary that StaleAt reads. Sources are few (one per hits
+// partition per data center), so a full pass per heartbeat is cheap.
+func (s *Snapshot) recomputeLocked() {
+	oldest, replaying := int64(noHeartbeat), false
+	for _, h := range s.sources {
+		if oldest == noHeartbeat || h.AsOf < oldest {
+			oldest = h.AsOf
+		}
+		replaying = replaying || h.Replaying
+	}
+	s.oldestMs.Store(oldest)
+	s.replaying.Store(replaying)
+}
+
+// AgeAt returns how old the snapshot's counts may be at now: now minus the oldest of the
+// sources' latest heartbeat times, since a key's count is only as fresh as the heartbeat of
+// the partition it is counted from. Before any heartbeat has been applied it is the time
+// since the Snapshot was created. When Kafka is unreachable no heartbeat arrives, so the age
+// grows while the last counts keep being served.
+func (s *Snapshot) AgeAt(now time.Time) time.Duration {
+	oldest := s.oldestMs.Load()
+	if oldest == noHeartbeat {
+		return now.Sub(s.start)
+	}
+	return time.Duration(now.UnixMilli()-oldest) * time.Millisecond
+}
+
+// Age returns AgeAt(Config.Clock.Now()).
+func (s *Snapshot) Age() time.Duration { return s.AgeAt(s.cfg.Clock.Now()) }
+
+// StaleAt reports whether the counts cannot be trusted at now: AgeAt(now) exceeds
+// Config.MaxStaleness, or some source's latest heartbeat says the aggregator is replaying
+// it (its keys' counts are then incomplete). The enforcer then falls back to local shares
+// of its global limits. StaleAt does not allocate and takes no lock.
+func (s *Snapshot) StaleAt(now time.Time) bool {
+	return s.replaying.Load() || s.AgeAt(now) > s.cfg.MaxStaleness
+}
+
+// Stale returns StaleAt(Config.Clock.Now()).
+func (s *Snapshot) Stale() bool { return s.StaleAt(s.cfg.Clock.Now()) }
+
+// Sources returns the freshness of every source partition seen, sorted by topic and
+// partition, as of now (for /readyz and diagnostics).
+func (s *Snapshot) Sources(now time.Time) []Source {
+	s.srcMu.Lock()
+	out := make([]Source, 0, len(s.sources))
+	for _, h := range s.sources {
+		age := time.Duration(now.UnixMilli()-h.AsOf) * time.Millisecond
+		out = append(out, Source{
+			Heartbeat: h,
+			Age:       age,
+			Lag:       max(h.HighWatermark-h.Offset, 0),
+			Stale:     h.Replaying || age > s.cfg.MaxStaleness,
+		})
+	}
+	s.srcMu.Unlock()
+	slices.SortFunc(out, func(a, b Source) int {
+		if c := strings.Compare(a.Topic, b.Topic); c != 0 {
+			return c
+		}
+		return int(a.Partition) - int(b.Partition)
+	})
+	return out
+}

@@ -1,0 +1,394 @@
+// Package snapshot keeps an in-memory view of the compacted counts topic: for every counter
+// key, the aggregator's latest absolute sliding-window count with its per-site breakdown,
+// and for every source partition of the hits topics, the aggregator's latest heartbeat.
+//
+// The enforcer's global decision reads the view on every request (DESIGN invariant 3:
+// used = total − mine + local exact count), so a lookup is a lock-free map load that does
+// not allocate, while one follower goroutine applies the topic's records.
+// The view is also how the enforcer knows when to stop trusting it: Stale reports when the
+// heartbeats say the counts are older than a bound, or being rebuilt (invariant 5).
+package snapshot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// Defaults of Config.
+const (
+	// DefaultMaxKeys is Config.MaxKeys when zero.
+	DefaultMaxKeys = 1_000_000
+	// DefaultMaxStaleness is Config.MaxStaleness when zero.
+	DefaultMaxStaleness = 10 * time.Second
+	// DefaultSweepInterval is Config.SweepInterval when zero.
+	DefaultSweepInterval = 10 * time.Second
+	// maxInternedSites bounds the table that shares site-name strings between entries.
+	maxInternedSites = 4096
+)
+
+// Errors returned by Apply, in addition to the topics.Err* record errors it passes on.
+// Each is also counted in bad_records_total under the reason in its comment.
+var (
+	// ErrKeyMismatch: the record key differs from the key inside the value
+	// (reason "key_mismatch").
+	ErrKeyMismatch = errors.New("record key does not match the key in the value")
+	// ErrFull: a count for a new key arrived while the snapshot held MaxKeys keys; it was
+	// refused (counted in refused_keys_total, not in bad_records_total).
+	ErrFull = errors.New("snapshot full")
+)
+
+// Config configures a Snapshot. Every field has a usable zero value, written in its comment,
+// except Brokers, which New requires and NewMemory ignores.
+type Config struct {
+	// Brokers are the Kafka bootstrap addresses (host:port) of the cluster holding the
+	// counts topic. Required by New.
+	Brokers []string
+	// KafkaOpts are added to the follower's kgo client options after the seed brokers, for
+	// TLS, SASL, client ID and the like. They must not configure a consumer group or other
+	// consume topics: the snapshot consumes the counts topic directly.
+	KafkaOpts []kgo.Opt
+	// Topic is the counts topic. Default topics.DefaultCountsTopic ("counts").
+	Topic string
+	// Site is this enforcer's site, the one whose count Entry.Mine carries. Default "" (no
+	// site: Mine is always 0).
+	Site string
+	// MaxKeys bounds the number of counter keys held. A count for a new key arriving when
+	// the bound is reached is refused and counted (refused_keys_total) until tombstones or
+	// the idle sweep make room. Default DefaultMaxKeys (1,000,000).
+	MaxKeys int
+	// MaxStaleness is how old the oldest source's latest heartbeat may be before Stale
+	// reports true. Default DefaultMaxStaleness (10 s).
+	MaxStaleness time.Duration
+	// SweepInterval is how often Run removes idle entries (see Sweep). Default
+	// DefaultSweepInterval (10 s).
+	SweepInterval time.Duration
+	// Clock tells the time for staleness and idle eviction. Default clock.Real{}.
+	Clock clock.Clock
+	// Logger receives the follower's progress and problems. Default: discard.
+	Logger *slog.Logger
+	// Registerer receives the metrics (namespace streamlimit, subsystem snapshot). Default
+	// nil: metrics are kept but not registered.
+	Registerer prometheus.Registerer
+}
+
+func (c Config) normalize() (Config, error) {
+	if c.Topic == "" {
+		c.Topic = topics.DefaultCountsTopic
+	}
+	if c.MaxKeys == 0 {
+		c.MaxKeys = DefaultMaxKeys
+	}
+	if c.MaxStaleness == 0 {
+		c.MaxStaleness = DefaultMaxStaleness
+	}
+	if c.SweepInterval == 0 {
+		c.SweepInterval = DefaultSweepInterval
+	}
+	c.Clock = clock.Or(c.Clock)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	var errs []error
+	if c.MaxKeys < 0 {
+		errs = append(errs, fmt.Errorf("snapshot: MaxKeys %d is negative", c.MaxKeys))
+	}
+	if c.MaxStaleness < 0 {
+		errs = append(errs, fmt.Errorf("snapshot: MaxStaleness %v is negative", c.MaxStaleness))
+	}
+	if c.SweepInterval < 0 {
+		errs = append(errs, fmt.Errorf("snapshot: SweepInterval %v is negative", c.SweepInterval))
+	}
+	return c, errors.Join(errs...)
+}
+
+// Entry is one counter key's latest count as published by the aggregator. Entries are
+// returned by value; Sites is shared with the snapshot and must not be modified.
+type Entry struct {
+	// Total is the count in the window ending at AsOf, over all sites.
+	Total float64
+	// Mine is the part of Total counted at Config.Site (0 when the site has none).
+	Mine float64
+	// Window is the length of the sliding window the count covers.
+	Window time.Duration
+	// AsOf is the instant the count describes, in unix milliseconds of the aggregator's
+	// clock.
+	AsOf int64
+	// Sites is the per-site breakdown, sorted by site, each site at most once. Read only.
+	Sites []topics.SiteCount
+}
+
+// Remote returns the part of Total counted at sites other than Config.Site: Total − Mine,
+// never negative.
+func (e Entry) Remote() float64 { return max(e.Total-e.Mine, 0) }
+
+// Share returns Config.Site's fraction of the key's traffic in the window, Mine/Total, in
+// [0, 1]; 0 when Total is 0.
+func (e Entry) Share() float64 {
+	if e.Total <= 0 {
+		return 0
+	}
+	return min(e.Mine/e.Total, 1)
+}
+
+// Site returns the count of site s, or 0 when s has none.
+func (e Entry) Site(s string) float64 {
+	i, ok := slices.BinarySearchFunc(e.Sites, s, func(c topics.SiteCount, s string) int { return strings.Compare(c.Site, s) })
+	if !ok {
+		return 0
+	}
+	return e.Sites[i].Count
+}
+
+// AsOfTime returns AsOf as a time.Time.
+func (e Entry) AsOfTime() time.Time { return time.UnixMilli(e.AsOf) }
+
+// Expired reports whether every hit the count covers has left the window by now
+// (AsOf + Window ≤ now), so that the count is necessarily zero although no tombstone has
+// arrived. Expired entries are removed by the next Sweep.
+func (e Entry) Expired(now time.Time) bool {
+	return e.AsOf+e.Window.Milliseconds() <= now.UnixMilli()
+}
+
+// Snapshot is an in-memory view of the counts topic: a bounded map from counter key to
+// its latest Entry, and the latest heartbeat of every source partition. Create it with New
+// (then call Run to follow Kafka) or NewMemory (then feed it with Apply). Get, Stale and
+// the other readers are safe for simultaneous use by multiple goroutines, also while
+// records are applied; Get does not allocate and takes no lock.
+type Snapshot struct {
+	cfg Config
+	// entries maps each counter key (string) to its *Entry. An *Entry is never modified
+	// once stored: Apply replaces it, so that readers copy it without a lock. sync.Map's
+	// lock-free Load keeps a hot key fast under many parallel readers, where a read lock's
+	// shared counter would bounce between cores.
+	entries sync.Map
+	keys    atomic.Int64
+
+	// start is when the snapshot was created, the age of its data until a heartbeat comes.
+	start time.Time
+	// oldestMs is the smallest AsOf among the sources' latest heartbeats (unix ms), or
+	// math.MinInt64 when no heartbeat has been seen; replaying is set while any source's
+	// latest heartbeat says Replaying. Both are recomputed at each heartbeat, so that
+	// StaleAt costs two atomic loads.
+	oldestMs  atomic.Int64
+	replaying atomic.Bool
+
+	srcMu   sync.Mutex
+	sources map[string]topics.Heartbeat // by heartbeat key
+
+	internMu sync.Mutex
+	intern   map[string]string
+
+	running   atomic.Bool
+	ready     atomic.Bool
+	readyOnce sync.Once
+	readyC    chan struct{}
+
+	met *metrics
+}
+
+// New returns a Snapshot that will follow cfg.Topic on cfg.Brokers once Run is called. It
+// is empty and not ready until Run has caught up. New does not connect to Kafka.
+func New(cfg Config) (*Snapshot, error) {
+	if len(cfg.Brokers) == 0 {
+		return nil, errors.New("snapshot: no Brokers")
+	}
+	return newSnapshot(cfg)
+}
+
+// NewMemory returns a Snapshot without Kafka, fed only through Apply (for tests and the
+// accuracy simulator). It is ready at once; the Kafka fields of cfg are ignored and Run
+// must not be called.
+func NewMemory(cfg Config) (*Snapshot, error) {
+	cfg.Brokers, cfg.KafkaOpts = nil, nil
+	s, err := newSnapshot(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.markReady()
+	return s, nil
+}
+
+func newSnapshot(cfg Config) (*Snapshot, error) {
+	cfg, err := cfg.normalize()
+	if err != nil {
+		return nil, err
+	}
+	s := &Snapshot{
+		cfg:     cfg,
+		start:   cfg.Clock.Now(),
+		sources: make(map[string]topics.Heartbeat),
+		intern:  make(map[string]string),
+		readyC:  make(chan struct{}),
+	}
+	s.oldestMs.Store(noHeartbeat)
+	s.met, err = newMetrics(s, cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Get returns the latest count of the counter key and true, or a zero Entry and false when
+// the snapshot holds no count for it (never published, tombstoned, idle-evicted or refused
+// for lack of room: all mean "no known remote traffic"). The entry may be Expired; Get does
+// not read the clock. Get does not allocate and takes no lock.
+func (s *Snapshot) Get(key string) (Entry, bool) {
+	v, ok := s.entries.Load(key)
+	if !ok {
+		return Entry{}, false
+	}
+	return *v.(*Entry), true
+}
+
+// Len returns the number of counter keys held.
+func (s *Snapshot) Len() int { return int(s.keys.Load()) }
+
+// Apply applies one record of the counts topic: a count sets the key's entry (the last
+// record applied wins, as in the compacted log), a nil or empty value (tombstone) deletes
+// it, and a heartbeat key updates its source's freshness. Other keys with the reserved
+// prefix are ignored. A record that does not decode, or whose value names another key, is
+// skipped, counted in bad_records_total by reason, and its error returned (it wraps one of
+// the topics.Err* values or ErrKeyMismatch); a new key refused because the snapshot holds
+// MaxKeys keys returns ErrFull. Apply is safe to call concurrently with readers and with
+// itself; Run calls it for every record it consumes.
+func (s *Snapshot) Apply(key, value []byte) error {
+	if topics.IsReservedKey(key) {
+		if topics.IsHeartbeatKey(key) {
+			return s.applyHeartbeat(key, value)
+		}
+		s.met.ignored.Inc()
+		return nil
+	}
+	if len(value) == 0 {
+		s.met.tombstones.Inc()
+		s.delete(key)
+		return nil
+	}
+	c, err := topics.DecodeCount(value)
+	if err != nil {
+		s.met.bad(topics.Reason(err))
+		return fmt.Errorf("snapshot: count for key %q: %w", truncate(key), err)
+	}
+	if c.Key != string(key) {
+		s.met.bad("key_mismatch")
+		return fmt.Errorf("snapshot: %w: record key %q, value key %q", ErrKeyMismatch, truncate(key), truncate([]byte(c.Key)))
+	}
+	for i := range c.Sites {
+		c.Sites[i].Site = s.internSite(c.Sites[i].Site)
+	}
+	e := &Entry{Total: c.Total, Mine: c.Site(s.cfg.Site), Window: c.WindowDuration(), AsOf: c.AsOf, Sites: c.Sites}
+	if err := s.set(c.Key, e); err != nil {
+		return err
+	}
+	s.met.applied.Inc()
+	return nil
+}
+
+func (s *Snapshot) set(key string, e *Entry) error {
+	for {
+		if old, ok := s.entries.Load(key); ok {
+			if s.entries.CompareAndSwap(key, old, e) {
+				return nil
+			}
+			continue // deleted or replaced meanwhile
+		}
+		// Reserve room before inserting, so that concurrent Apply calls cannot overshoot.
+		if s.keys.Add(1) > int64(s.cfg.MaxKeys) {
+			s.keys.Add(-1)
+			s.met.refused.Inc()
+			return fmt.Errorf("snapshot: key %q: %w (%d keys)", truncate([]byte(key)), ErrFull, s.cfg.MaxKeys)
+		}
+		if _, loaded := s.entries.LoadOrStore(key, e); !loaded {
+			return nil
+		}
+		s.keys.Add(-1) // inserted by a concurrent Apply: update it instead
+	}
+}
+
+func (s *Snapshot) delete(key []byte) {
+	if _, loaded := s.entries.LoadAndDelete(string(key)); loaded {
+		s.keys.Add(-1)
+	}
+}
+
+// internSite returns a string equal to site that is shared by every entry naming the site,
+// so that a million entries over three sites hold three site strings, not three million.
+func (s *Snapshot) internSite(site string) string {
+	s.internMu.Lock()
+	defer s.internMu.Unlock()
+	if v, ok := s.intern[site]; ok {
+		return v
+	}
+	if len(s.intern) < maxInternedSites {
+		s.intern[site] = site
+	}
+	return site
+}
+
+// Sweep removes the entries that are Expired at now and returns how many it removed
+// (counted in evicted_total). Such a count's hits have all left its window, so it is zero
+// although the tombstone that says so has not arrived (the aggregator may be down, or the
+// tombstone compacted away). An entry replaced by a fresh count during the sweep is kept.
+// Run sweeps every SweepInterval; NewMemory users call Sweep themselves. Sweep does not
+// block readers.
+func (s *Snapshot) Sweep(now time.Time) int {
+	nowMs := now.UnixMilli()
+	removed := 0
+	s.entries.Range(func(k, v any) bool {
+		if e := v.(*Entry); e.AsOf+e.Window.Milliseconds() <= nowMs && s.entries.CompareAndDelete(k, v) {
+			s.keys.Add(-1)
+			removed++
+		}
+		return true
+	})
+	s.met.evicted.Add(float64(removed))
+	return removed
+}
+
+func truncate(b []byte) string {
+	const n = 64
+	if len(b) > n {
+		return string(b[:n]) + "…"
+	}
+	return string(b)
+}
+
+// Ready reports whether the snapshot has applied every record that was in the counts topic
+// when Run started (always true for NewMemory). Once true it stays true, even if the
+// follower later falls behind: Stale tells that.
+func (s *Snapshot) Ready() bool { return s.ready.Load() }
+
+// ReadyC returns a channel that is closed when the snapshot becomes ready.
+func (s *Snapshot) ReadyC() <-chan struct{} { return s.readyC }
+
+// WaitReady blocks until the snapshot is ready or ctx is done, and returns nil or
+// ctx.Err().
+func (s *Snapshot) WaitReady(ctx context.Context) error {
+	select {
+	case <-s.readyC:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *Snapshot) markReady() {
+	s.readyOnce.Do(func() {
+		s.ready.Store(true)
+		s.met.ready.Set(1)
+		close(s.readyC)
+	})
+}

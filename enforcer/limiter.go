@@ -164,6 +164,7 @@ type scratch struct {
 	globCount []float64
 	globOut   []algo.Decision
 	globStale []bool
+	globTotal []float64 // the key's total over all sites in the snapshot
 	oneOp     [1]algo.Op
 	oneOut    [1]algo.Decision
 	oneGlob   [1]GlobalOp
@@ -244,18 +245,37 @@ func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
 	s.globOut = grow(s.globOut, len(s.globOps))
 	s.globCount = growF(s.globCount, len(s.globOps))
 	s.globStale = growB(s.globStale, len(s.globOps))
+	s.globTotal = growF(s.globTotal, len(s.globOps))
 
-	// 1. Check: global limits against the snapshot, local limits with Peek.
+	// 1. Check: global limits against the snapshot, local limits with Peek. A request with
+	// only global limits and no shadow rule is checked and taken in one Commit instead.
 	admitted := true
+	fused := len(s.globOps) > 0 && len(s.localOps) == 0 && len(s.siteOps) == 0 && !anyShadow(s.globRefs)
 	if len(s.globOps) > 0 {
-		if err := l.cfg.Counter.Counts(ctx, now, s.globOps, s.globCount); err != nil {
+		for i := range s.globOps {
+			s.globOps[i].Cap, s.globTotal[i], s.globStale[i] = l.globalCap(now, &s.globOps[i], s.globRefs[i].limit)
+		}
+		var err error
+		if fused {
+			admitted, err = l.cfg.Counter.Commit(ctx, now, s.globOps, s.globCount)
+			if err != nil {
+				l.cfg.Logger.Warn("site counter failed; admitting on the snapshot alone", "err", err)
+				clear(s.globCount)
+				admitted = true
+			}
+		} else if err = l.cfg.Counter.Counts(ctx, now, s.globOps, s.globCount); err != nil {
 			l.cfg.Logger.Warn("site counter failed; counting this site as zero", "err", err)
 			clear(s.globCount)
 		}
 		for i := range s.globOps {
-			s.globOut[i], s.globOps[i].Cap, s.globStale[i] = l.decideGlobal(now, &s.globOps[i], s.globRefs[i].limit, s.globCount[i])
+			s.globOut[i] = l.decideGlobal(&s.globOps[i], s.globRefs[i].limit, s.globCount[i], s.globTotal[i])
 			if !s.globOut[i].Allowed && !s.globRefs[i].shadow {
 				admitted = false
+			}
+		}
+		if fused && admitted && l.cfg.Publisher != nil {
+			for i := range s.globOps {
+				l.cfg.Publisher.Hit(s.globOps[i].Key, s.globOps[i].Window, int(n))
 			}
 		}
 	}
@@ -277,7 +297,7 @@ func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
 	if admitted && len(s.localOps) > 0 {
 		admitted, _ = l.commitAlgo(ctx, now, s.localOps, s.localRefs, s.localOut, false)
 	}
-	if admitted && len(s.globOps) > 0 {
+	if admitted && len(s.globOps) > 0 && !fused {
 		admitted = l.commitGlobal(ctx, now, s, n)
 	}
 	if admitted {
@@ -357,7 +377,7 @@ func (l *Limiter) commitGlobal(ctx context.Context, now time.Time, s *scratch, n
 		}
 	}
 	nonShadow := ops[:k]
-	ok, err := l.cfg.Counter.Commit(ctx, now, nonShadow)
+	ok, err := l.cfg.Counter.Commit(ctx, now, nonShadow, nil)
 	if err != nil {
 		l.cfg.Logger.Warn("site counter commit failed; admitting on the checked estimate", "err", err)
 		ok = true
@@ -394,7 +414,7 @@ func (l *Limiter) commitShadow(ctx context.Context, now time.Time, s *scratch) {
 	for i := range s.globOps {
 		if s.globRefs[i].shadow && s.globOut[i].Allowed {
 			s.oneGlob[0] = s.globOps[i]
-			if ok, _ := l.cfg.Counter.Commit(ctx, now, s.oneGlob[:]); ok && l.cfg.Publisher != nil {
+			if ok, _ := l.cfg.Counter.Commit(ctx, now, s.oneGlob[:], nil); ok && l.cfg.Publisher != nil {
 				l.cfg.Publisher.Hit(s.globOps[i].Key, s.globOps[i].Window, int(s.globOps[i].N))
 			}
 		}
@@ -441,16 +461,16 @@ func (l *Limiter) report(res *Result, refs []opRef, out []algo.Decision, stale [
 	}
 }
 
-// decideGlobal checks one global limit: it returns the decision, the cap on this site's
-// count (for Commit) and whether it was decided on a local share because the snapshot is
-// stale.
-func (l *Limiter) decideGlobal(now time.Time, op *GlobalOp, lim *rules.Limit, local float64) (algo.Decision, float64, bool) {
+// globalCap computes one global limit's cap on this site's count (for Commit) from the
+// snapshot. It also returns the key's total over all sites in the snapshot, and whether
+// the limit is decided on a local share because the snapshot is stale.
+func (l *Limiter) globalCap(now time.Time, op *GlobalOp, lim *rules.Limit) (capLocal, total float64, stale bool) {
 	allowance := float64(lim.Algo().Allowance())
 	var (
 		e     snapshot.Entry
 		known bool
-		stale = true
 	)
+	stale = true
 	if sn := l.cfg.Snapshot; sn != nil {
 		stale = sn.StaleAt(now)
 		e, known = sn.Get(op.Key)
@@ -458,7 +478,6 @@ func (l *Limiter) decideGlobal(now time.Time, op *GlobalOp, lim *rules.Limit, lo
 			known = false
 		}
 	}
-	var capLocal float64
 	switch {
 	case stale:
 		share := l.cfg.DefaultShare
@@ -479,32 +498,47 @@ func (l *Limiter) decideGlobal(now time.Time, op *GlobalOp, lim *rules.Limit, lo
 	default:
 		capLocal = allowance
 	}
-	used := local + float64(op.N)
-	d := algo.Decision{Allowed: used <= capLocal, Limit: int64(allowance), ResetAfter: op.Window}
-	if d.Allowed {
-		d.Remaining = int64(math.Floor(capLocal - used))
-	} else {
-		d.RetryAfter = l.globalRetry(op, allowance, capLocal, local, e, known)
+	if known {
+		total = e.Total
 	}
-	return d, capLocal, stale
+	return capLocal, total, stale
+}
+
+// decideGlobal decides one global limit given this site's count before the request and
+// the key's snapshot total.
+func (l *Limiter) decideGlobal(op *GlobalOp, lim *rules.Limit, local, total float64) algo.Decision {
+	allowance := lim.Algo().Allowance()
+	used := local + float64(op.N)
+	d := algo.Decision{Allowed: used <= op.Cap, Limit: allowance, ResetAfter: op.Window}
+	if d.Allowed {
+		d.Remaining = int64(math.Floor(op.Cap - used))
+	} else {
+		d.RetryAfter = globalRetry(op, float64(allowance), local, max(total, local))
+	}
+	return d
 }
 
 // globalRetry estimates how long until this site's count falls enough for op to fit,
-// assuming the window's hits are spread evenly over it.
-func (l *Limiter) globalRetry(op *GlobalOp, allowance, capLocal, local float64, e snapshot.Entry, known bool) time.Duration {
+// assuming the window's hits (total, over all sites) are spread evenly over it.
+func globalRetry(op *GlobalOp, allowance, local, total float64) time.Duration {
 	if float64(op.N) > allowance {
 		return algo.Never
 	}
-	excess := local + float64(op.N) - capLocal
-	total := local
-	if known {
-		total = max(e.Total, local)
-	}
+	excess := local + float64(op.N) - op.Cap
 	if total <= 0 || excess <= 0 {
 		return op.Window / 60
 	}
 	d := time.Duration(excess / total * float64(op.Window))
 	return min(max(d, op.Window/60, time.Millisecond), op.Window)
+}
+
+func anyShadow(refs []opRef) bool {
+	for i := range refs {
+		if refs[i].shadow {
+			return true
+		}
+	}
+	return false
 }
 
 func grow[T any](s []T, n int) []T {

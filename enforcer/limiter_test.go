@@ -179,7 +179,7 @@ func newGlobal(t *testing.T, sites map[string]float64) (*Limiter, *clock.Fake, *
 	return l, clk, sn, pub
 }
 
-func heartbeat(t *testing.T, sn *snapshot.Snapshot, clk clock.Clock) {
+func heartbeat(t testing.TB, sn *snapshot.Snapshot, clk clock.Clock) {
 	t.Helper()
 	hb := topics.Heartbeat{Instance: "agg", Topic: "hits", Partition: 0, AsOf: clk.Now().UnixMilli()}
 	v, _ := hb.MarshalBinary()

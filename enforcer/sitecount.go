@@ -32,8 +32,10 @@ type SiteCounter interface {
 	// Counts sets out[i] to the site's count of ops[i] at now.
 	Counts(ctx context.Context, now time.Time, ops []GlobalOp, out []float64) error
 	// Commit adds ops[i].N to each counter if, for every i, the count at now plus N is at
-	// most ops[i].Cap, as one atomic step, and reports whether it did.
-	Commit(ctx context.Context, now time.Time, ops []GlobalOp) (bool, error)
+	// most ops[i].Cap, as one atomic step, and reports whether it did. When counts is not
+	// nil, counts[i] receives op i's count at now before adding (as Counts would report),
+	// so that a caller with nothing else to check needs one call, not two.
+	Commit(ctx context.Context, now time.Time, ops []GlobalOp, counts []float64) (bool, error)
 }
 
 // LocalCounterOptions configures a LocalCounter.
@@ -123,7 +125,7 @@ func (c *LocalCounter) Counts(_ context.Context, now time.Time, ops []GlobalOp, 
 }
 
 // Commit implements SiteCounter.
-func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp) (bool, error) {
+func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, counts []float64) (bool, error) {
 	ms := now.UnixMilli()
 	var mask uint64
 	for i := range ops {
@@ -137,11 +139,24 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp) 
 			c.shards[bits.TrailingZeros64(m)].mu.Unlock()
 		}
 	}()
+	// Look each key up once; requests have few limits, so the entries fit on the stack.
+	var stack [8]*ringEntry
+	entries := stack[:0]
+	if len(ops) > len(stack) {
+		entries = make([]*ringEntry, 0, len(ops))
+	}
 	for i := range ops {
-		sh := &c.shards[c.shardOf(ops[i].Key)]
+		e := c.shards[c.shardOf(ops[i].Key)].m[ops[i].Key]
+		if e != nil && e.spec.Window != ops[i].Window.Milliseconds() {
+			e = nil // the window changed with the rules: the counter restarts
+		}
+		entries = append(entries, e)
 		var cur float64
-		if e, ok := sh.m[ops[i].Key]; ok && e.spec.Window == ops[i].Window.Milliseconds() {
+		if e != nil {
 			cur = c.count(e, ms)
+		}
+		if counts != nil {
+			counts[i] = cur
 		}
 		// Ops of one request may share a key; their costs add up.
 		for j := range i {
@@ -153,18 +168,19 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp) 
 			return false, nil
 		}
 	}
-	for i := range ops {
-		sh := &c.shards[c.shardOf(ops[i].Key)]
-		e := sh.m[ops[i].Key]
-		wms := ops[i].Window.Milliseconds()
-		if e == nil || e.spec.Window != wms {
-			if e == nil && len(sh.m) >= c.maxPerShard {
-				c.makeRoom(sh, ms)
+	for i, e := range entries {
+		if e == nil {
+			sh := &c.shards[c.shardOf(ops[i].Key)]
+			if e = sh.m[ops[i].Key]; e == nil || e.spec.Window != ops[i].Window.Milliseconds() {
+				if e == nil && len(sh.m) >= c.maxPerShard {
+					c.makeRoom(sh, ms)
+				}
+				e = &ringEntry{spec: window.NewSpec(ops[i].Window, c.sub, 0)}
+				sh.m[ops[i].Key] = e
 			}
-			e = &ringEntry{spec: window.NewSpec(ops[i].Window, c.sub, 0)}
-			sh.m[ops[i].Key] = e
 		}
-		e.ring.Add(&e.spec, e.spec.Bucket(ms), e.spec.Bucket(ms), ops[i].N)
+		b := e.spec.Bucket(ms)
+		e.ring.Add(&e.spec, b, b, ops[i].N)
 		e.last = ms
 	}
 	return true, nil

@@ -1,0 +1,302 @@
+// Package headers renders a decision as the HTTP fields a throttled client sees: the IETF
+// RateLimit-Policy and RateLimit fields of draft-ietf-httpapi-ratelimit-headers-10, the
+// de-facto X-RateLimit-* fields and Retry-After. The net/http middleware, the nginx
+// auth_request endpoint and the Envoy gRPC service all use it, so every integration sends
+// the same fields.
+//
+// For a result with two limited descriptors, one of them denied, the fields are:
+//
+//	RateLimit-Policy: "api.user-60s";q=3;w=60, "api.ip-1s";q=10;w=1
+//	RateLimit: "api.user-60s";r=0;t=30, "api.ip-1s";r=9;t=1
+//	X-RateLimit-Limit: 3
+//	X-RateLimit-Remaining: 0
+//	X-RateLimit-Reset: 60
+//	Retry-After: 30
+//
+// Both IETF fields are Structured Field Lists (RFC 9651) of Strings naming a policy, with
+// the draft's parameters: q (quota: requests per window, soft raise included), w (window,
+// whole seconds rounded up), r (remaining requests, never negative) and t (seconds until
+// the quota resets; for a denied descriptor, until a retry can succeed, so that t and
+// Retry-After name the same instant as the draft asks). A policy appears once per field
+// even when several descriptors matched it; the most restrictive state is reported.
+//
+// Descriptors of shadow-mode rules are left out: a rule in shadow mode is being tried by
+// the operator and must not change what clients see or how they pace themselves.
+//
+// X-RateLimit-Limit, -Remaining and -Reset (delta seconds, not a timestamp) describe the
+// primary status only (see Primary), as clients of those fields expect one limit.
+package headers
+
+import (
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/streamlimit/streamlimit/enforcer"
+)
+
+// Field names.
+const (
+	RateLimitPolicy    = "RateLimit-Policy"
+	RateLimit          = "RateLimit"
+	XRateLimitLimit    = "X-RateLimit-Limit"
+	XRateLimitRemain   = "X-RateLimit-Remaining"
+	XRateLimitReset    = "X-RateLimit-Reset"
+	RetryAfter         = "Retry-After"
+	ProblemContentType = "application/problem+json"
+)
+
+// Field is one HTTP header field.
+type Field struct {
+	Name  string
+	Value string
+}
+
+// PolicyName returns the name of the policy of a status's limit as it appears in the
+// RateLimit fields: the limit's name when the rules give one, else the rule ID and the
+// window, e.g. "api.user-60s". It returns "" when the status has no limit.
+func PolicyName(st *enforcer.Status) string {
+	if st.Limit == nil {
+		return ""
+	}
+	if st.Limit.Name != "" {
+		return st.Limit.Name
+	}
+	return string(appendPolicyName(nil, st))
+}
+
+func appendPolicyName(dst []byte, st *enforcer.Status) []byte {
+	if st.Limit.Name != "" {
+		return append(dst, st.Limit.Name...)
+	}
+	id := "limit"
+	if st.Rule != nil {
+		id = st.Rule.ID
+	}
+	dst = append(dst, id...)
+	dst = append(dst, '-')
+	return append(dst, st.Limit.WindowTag()...)
+}
+
+// samePolicy reports whether a and b have the same PolicyName, without building it.
+func samePolicy(a, b *enforcer.Status) bool {
+	if a.Limit == b.Limit {
+		return true
+	}
+	if a.Limit.Name != "" || b.Limit.Name != "" {
+		return a.Limit.Name == b.Limit.Name
+	}
+	ida, idb := "limit", "limit"
+	if a.Rule != nil {
+		ida = a.Rule.ID
+	}
+	if b.Rule != nil {
+		idb = b.Rule.ID
+	}
+	return ida == idb && a.Limit.WindowTag() == b.Limit.WindowTag()
+}
+
+// visible reports whether st is advertised to clients: it has a limit and its rule is not
+// in shadow mode.
+func visible(st *enforcer.Status) bool {
+	return st.Limit != nil && (st.Rule == nil || !st.Rule.ShadowMode)
+}
+
+// worse reports whether a is more restrictive than b: denied beats admitted, then the
+// longer RetryAfter among denied, the smaller Remaining among admitted.
+func worse(a, b *enforcer.Status) bool {
+	ad, bd := a.Code == enforcer.CodeOverLimit, b.Code == enforcer.CodeOverLimit
+	switch {
+	case ad != bd:
+		return ad
+	case ad:
+		return a.RetryAfter > b.RetryAfter
+	default:
+		return a.Remaining < b.Remaining
+	}
+}
+
+// Primary returns the status that speaks for the whole result: the denying one with the
+// longest RetryAfter, else the limited one with the least Remaining. Statuses of
+// shadow-mode rules never speak. It returns nil when no descriptor is visibly limited.
+func Primary(res *enforcer.Result) *enforcer.Status {
+	var best *enforcer.Status
+	for i := range res.Statuses {
+		st := &res.Statuses[i]
+		if !visible(st) {
+			continue
+		}
+		if best == nil || worse(st, best) {
+			best = st
+		}
+	}
+	return best
+}
+
+// Seconds rounds d up to whole seconds, as Retry-After and the t and w parameters need:
+// rounding down would invite a retry that is still too early.
+func Seconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	if d >= time.Duration(math.MaxInt64)-time.Second {
+		return int64(math.MaxInt64 / time.Second)
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// MaxFields is the most fields a Result renders to.
+const MaxFields = 6
+
+var names = [MaxFields]string{RateLimitPolicy, RateLimit, XRateLimitLimit, XRateLimitRemain, XRateLimitReset, RetryAfter}
+
+// Values is the rendering of one Result's fields into a reusable buffer, for callers that
+// must not allocate per request. The zero Values is ready to use; Render does not allocate
+// once the buffer has grown to the size of the results it renders. A Values is not safe
+// for simultaneous use; pool it or keep one per goroutine.
+type Values struct {
+	buf  []byte
+	ends [MaxFields]int
+	n    int
+}
+
+// Len returns the number of fields of the last Render: 0 (nothing visibly limited), 5
+// (admitted) or 6 (denied: Retry-After too).
+func (v *Values) Len() int { return v.n }
+
+// Name returns the name of field i, 0 ≤ i < Len(). Fields come in the order
+// RateLimit-Policy, RateLimit, X-RateLimit-Limit, X-RateLimit-Remaining,
+// X-RateLimit-Reset, Retry-After.
+func (v *Values) Name(i int) string { return names[i] }
+
+// Value returns the value of field i. It aliases the buffer and is valid until the next
+// Render.
+func (v *Values) Value(i int) []byte { return v.buf[v.start(i):v.ends[i]] }
+
+// Bytes returns all values back to back; field i spans Span(i). It aliases the buffer,
+// so that a caller can convert it to one string and slice that.
+func (v *Values) Bytes() []byte { return v.buf }
+
+// Span returns where the value of field i lies in Bytes.
+func (v *Values) Span(i int) (start, end int) { return v.start(i), v.ends[i] }
+
+func (v *Values) start(i int) int {
+	if i == 0 {
+		return 0
+	}
+	return v.ends[i-1]
+}
+
+// Render renders res and returns Len(). See the package documentation for the fields.
+func (v *Values) Render(res *enforcer.Result) int {
+	v.buf = v.buf[:0]
+	v.n = 0
+	p := Primary(res)
+	if p == nil {
+		return 0
+	}
+	// RateLimit-Policy, then RateLimit: one item per distinct visible policy, in the order
+	// of first appearance, carrying the most restrictive state of its statuses.
+	for field := range 2 {
+		first := true
+		for i := range res.Statuses {
+			st := &res.Statuses[i]
+			if !visible(st) || seenBefore(res, i) {
+				continue
+			}
+			for j := i + 1; j < len(res.Statuses); j++ {
+				o := &res.Statuses[j]
+				if visible(o) && samePolicy(o, st) && worse(o, st) {
+					st = o
+				}
+			}
+			if !first {
+				v.buf = append(v.buf, ", "...)
+			}
+			first = false
+			v.buf = appendSFString(v.buf, st)
+			if field == 0 {
+				v.buf = append(v.buf, ";q="...)
+				v.buf = strconv.AppendInt(v.buf, max(st.Requests, 0), 10)
+				v.buf = append(v.buf, ";w="...)
+				v.buf = strconv.AppendInt(v.buf, Seconds(st.Window), 10)
+				continue
+			}
+			t := st.ResetAfter
+			if st.Code == enforcer.CodeOverLimit {
+				t = st.RetryAfter
+			}
+			v.buf = append(v.buf, ";r="...)
+			v.buf = strconv.AppendInt(v.buf, max(st.Remaining, 0), 10)
+			v.buf = append(v.buf, ";t="...)
+			v.buf = strconv.AppendInt(v.buf, Seconds(t), 10)
+		}
+		v.ends[field] = len(v.buf)
+	}
+	v.buf = strconv.AppendInt(v.buf, max(p.Requests, 0), 10)
+	v.ends[2] = len(v.buf)
+	v.buf = strconv.AppendInt(v.buf, max(p.Remaining, 0), 10)
+	v.ends[3] = len(v.buf)
+	v.buf = strconv.AppendInt(v.buf, Seconds(p.ResetAfter), 10)
+	v.ends[4] = len(v.buf)
+	v.n = 5
+	if res.Code == enforcer.CodeOverLimit {
+		// A denied result whose primary status admitted (a race between check and commit,
+		// see package enforcer) still says when to come back: at least in one second.
+		v.buf = strconv.AppendInt(v.buf, max(Seconds(p.RetryAfter), 1), 10)
+		v.ends[5] = len(v.buf)
+		v.n = 6
+	}
+	return v.n
+}
+
+// seenBefore reports whether a status before i has the same visible policy as status i.
+func seenBefore(res *enforcer.Result, i int) bool {
+	for j := range i {
+		if visible(&res.Statuses[j]) && samePolicy(&res.Statuses[j], &res.Statuses[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// Append appends the fields for res to dst: RateLimit-Policy and RateLimit with one item
+// per visibly limited policy, X-RateLimit-Limit/Remaining/Reset of the primary status, and
+// Retry-After when the request is denied. A result with no visibly limited descriptor
+// adds nothing.
+func Append(dst []Field, res *enforcer.Result) []Field {
+	var v Values
+	n := v.Render(res)
+	if n == 0 {
+		return dst
+	}
+	all := string(v.Bytes())
+	for i := range n {
+		s, e := v.Span(i)
+		dst = append(dst, Field{names[i], all[s:e]})
+	}
+	return dst
+}
+
+// appendSFString appends st's policy name as a Structured Field String (RFC 9651
+// §3.3.3): printable ASCII in quotes with '"' and '\' escaped; other bytes are replaced by
+// '?' since sf-strings cannot carry them.
+func appendSFString(dst []byte, st *enforcer.Status) []byte {
+	dst = append(dst, '"')
+	start := len(dst)
+	dst = appendPolicyName(dst, st)
+	// Escape in place, growing as needed; names rarely need it.
+	for i := start; i < len(dst); i++ {
+		c := dst[i]
+		switch {
+		case c == '"' || c == '\\':
+			dst = append(dst, 0)
+			copy(dst[i+1:], dst[i:])
+			dst[i] = '\\'
+			i++
+		case c < 0x20 || c > 0x7e:
+			dst[i] = '?'
+		}
+	}
+	return append(dst, '"')
+}

@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -20,19 +18,11 @@ type kafkaFlags struct {
 }
 
 func (k *kafkaFlags) register(cmd *cobra.Command) {
-	def := strings.Split(envOr("STREAMLIMIT_KAFKA_BROKERS", "localhost:9092"), ",")
-	cmd.Flags().StringSliceVar(&k.brokers, "brokers", def, "Kafka bootstrap brokers, comma separated (env STREAMLIMIT_KAFKA_BROKERS)")
+	cmd.Flags().StringSliceVar(&k.brokers, "brokers", []string{"localhost:9092"}, "Kafka bootstrap brokers, comma separated (env STREAMLIMIT_BROKERS or STREAMLIMIT_KAFKA_BROKERS)")
 }
 
 func (k *kafkaFlags) opts() []kgo.Opt {
 	return []kgo.Opt{kgo.SeedBrokers(k.brokers...)}
-}
-
-func envOr(key, def string) string {
-	if v, ok := os.LookupEnv(key); ok && v != "" {
-		return v
-	}
-	return def
 }
 
 // topicFlags are the topic names and layout, shared by every subcommand.
@@ -88,6 +78,7 @@ reported with what it is and what it should be, and the command exits 1.`,
 	}
 	kf.register(cmd)
 	tf.register(cmd)
+	addConfigFlag(cmd)
 	f := cmd.Flags()
 	f.Int32Var(&tf.cfg.HitsPartitions, "partitions", 12, "partitions of the hits topic (all data centers' hits topics must have the same count)")
 	f.Int32Var(&tf.cfg.CountsPartitions, "counts-partitions", 12, "partitions of the counts topic")

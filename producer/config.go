@@ -1,0 +1,133 @@
+package producer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// Defaults for the zero fields of Config.
+const (
+	DefaultBucketWidth        = 100 * time.Millisecond
+	DefaultFlushInterval      = 50 * time.Millisecond
+	DefaultMaxBufferedKeys    = 100_000
+	DefaultMaxInFlightRecords = 10_000
+	DefaultIdleTimeout        = time.Minute
+)
+
+// ErrBadConfig is wrapped by every configuration error New returns.
+var ErrBadConfig = errors.New("invalid producer config")
+
+// Config configures a Producer. Only Site and one of Brokers or Client are required; every
+// other zero field takes the default written in its comment.
+type Config struct {
+	// Brokers are the Kafka bootstrap addresses (host:port). The Producer creates its own
+	// client from them (plus KafkaOpts) and closes it in Close. Exactly one of Brokers and
+	// Client must be set.
+	Brokers []string
+	// Client is an existing franz-go client to produce with. The Producer never closes it,
+	// and it is used as configured: for the Java-compatible key placement the Producer
+	// promises, its partitioner must hash keys with murmur2 — kgo's default partitioner and
+	// kgo.StickyKeyPartitioner(nil) both do; kgo.ManualPartitioner or a custom hasher
+	// do not. Its own kgo.MaxBufferedRecords bounds the records in flight.
+	Client *kgo.Client
+	// KafkaOpts are extra options for the client built from Brokers (TLS, SASL, client
+	// id; see internal/kafkaopt). They are applied after the Producer's own options
+	// (seed brokers, Java-compatible partitioner, MaxBufferedRecords), so they can
+	// override them. Ignored when Client is set.
+	KafkaOpts []kgo.Opt
+	// Topic is the hits topic. Default topics.DefaultHitsTopic ("hits").
+	Topic string
+	// Site names the unit that shares an exact counter (DESIGN §3.3): one process, or one
+	// data center's Redis. It is written into every record. Required, 1..topics.MaxSiteLen
+	// bytes.
+	Site string
+	// BucketWidth is the width of the time buckets hits are grouped into. Bucket starts are
+	// multiples of BucketWidth since the Unix epoch on the Producer's clock. It must be a
+	// whole number of milliseconds. Default DefaultBucketWidth (100 ms).
+	BucketWidth time.Duration
+	// FlushInterval is the period of the background flush, which hands every finished
+	// bucket to Kafka. Default DefaultFlushInterval (50 ms). A negative value disables the
+	// background flush: hits then leave only through Flush and Close (for tests and
+	// simulations driven by a fake clock).
+	FlushInterval time.Duration
+	// MaxBufferedKeys bounds the (key, window, bucket) counts the Producer holds outside
+	// Kafka's client: known counters, finished buckets waiting for a flush, and counts
+	// that Kafka could not take yet. A hit that would need one more is dropped and counted
+	// in dropped_hits_total. Default DefaultMaxBufferedKeys (100 000).
+	MaxBufferedKeys int
+	// MaxInFlightRecords bounds the records handed to the Kafka client and not yet
+	// acknowledged (kgo.MaxBufferedRecords of the client built from Brokers). When it is
+	// reached, further counts stay merged in the Producer's buffer. Default
+	// DefaultMaxInFlightRecords (10 000). With Client set, that client's own
+	// MaxBufferedRecords applies instead.
+	MaxInFlightRecords int
+	// IdleTimeout is how long a counter with no hits stays known (keeping later hits on it
+	// allocation-free) before it is evicted. Under memory pressure (hits dropped since the
+	// last flush) every counter with nothing pending is evicted regardless. Default
+	// DefaultIdleTimeout (1 min).
+	IdleTimeout time.Duration
+	// Clock gives the time of Hit and the age of counters. Default clock.Real{}.
+	Clock clock.Clock
+	// Logger receives produce failures (rate-limited) and lifecycle messages. Default
+	// slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the Producer's metrics (namespace "streamlimit", subsystem
+	// "producer"). Nil means no registration; Stats still reports the same numbers.
+	// Registering two Producers on one Registerer fails with a duplicate-metric error.
+	Registerer prometheus.Registerer
+}
+
+func (c Config) withDefaults() (Config, error) {
+	switch {
+	case c.Client == nil && len(c.Brokers) == 0:
+		return c, fmt.Errorf("%w: set Brokers or Client", ErrBadConfig)
+	case c.Client != nil && len(c.Brokers) != 0:
+		return c, fmt.Errorf("%w: set only one of Brokers and Client", ErrBadConfig)
+	}
+	if c.Site == "" || len(c.Site) > topics.MaxSiteLen {
+		return c, fmt.Errorf("%w: Site must be 1..%d bytes, got %d", ErrBadConfig, topics.MaxSiteLen, len(c.Site))
+	}
+	if c.Topic == "" {
+		c.Topic = topics.DefaultHitsTopic
+	}
+	if c.BucketWidth == 0 {
+		c.BucketWidth = DefaultBucketWidth
+	}
+	if c.BucketWidth < time.Millisecond || c.BucketWidth%time.Millisecond != 0 {
+		return c, fmt.Errorf("%w: BucketWidth %v is not a positive whole number of milliseconds", ErrBadConfig, c.BucketWidth)
+	}
+	if c.FlushInterval == 0 {
+		c.FlushInterval = DefaultFlushInterval
+	}
+	if c.MaxBufferedKeys == 0 {
+		c.MaxBufferedKeys = DefaultMaxBufferedKeys
+	}
+	if c.MaxBufferedKeys < 0 {
+		return c, fmt.Errorf("%w: MaxBufferedKeys %d < 0", ErrBadConfig, c.MaxBufferedKeys)
+	}
+	if c.MaxInFlightRecords == 0 {
+		c.MaxInFlightRecords = DefaultMaxInFlightRecords
+	}
+	if c.MaxInFlightRecords < 0 {
+		return c, fmt.Errorf("%w: MaxInFlightRecords %d < 0", ErrBadConfig, c.MaxInFlightRecords)
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.IdleTimeout < 0 {
+		return c, fmt.Errorf("%w: IdleTimeout %v < 0", ErrBadConfig, c.IdleTimeout)
+	}
+	c.Clock = clock.Or(c.Clock)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, nil
+}

@@ -1,0 +1,63 @@
+// Package producer publishes hits to streamlimit's Kafka hits topic without ever slowing
+// the request that records them.
+//
+// # Model
+//
+// A Producer counts hits in memory per counter — a (key, window) pair, since several limits
+// on one client (3/min and 10/h) are separate counters — and per time bucket: the bucket of
+// a hit at time t starts at t truncated to a multiple of Config.BucketWidth (default
+// 100 ms) since the Unix epoch, on the Producer's clock. A background flush every
+// Config.FlushInterval (default 50 ms) turns each finished bucket's count into one
+// topics.Hit record (binary encoding, record key = counter key, Site = Config.Site,
+// BucketStart in unix ms, Window in ms, Count ≥ 1), so Kafka traffic grows with the number
+// of active counters, not with requests: at most one record per counter per bucket while
+// Kafka keeps up (about 10 records/s for a counter hit at any rate, with the defaults).
+// A hit reaches Kafka at most BucketWidth + FlushInterval (plus Kafka's own latency) after
+// it is recorded. Flush and Close also send the current, unfinished buckets; hits that
+// arrive in such a bucket afterwards become a second record for it, which consumers add up.
+//
+// # Methods
+//
+// New builds a Producer from a Config (its own Kafka client from Config.Brokers, or an
+// existing Config.Client) and starts the background flush. Hit(key, window, n) records n
+// hits at the clock's current time; HitAt(key, window, t, n) at time t. Both return
+// nothing and never fail: invalid input is counted (invalid_hits_total) and ignored, and a
+// hit that the memory bound cannot take is counted (dropped_hits_total) and dropped.
+// Flush(ctx) sends everything now and waits for Kafka's acknowledgement; Close(ctx) stops
+// the Producer, sends everything and reports, as an *UndeliveredError, the hits it could
+// not deliver before ctx was done. Stats returns the counters behind the metrics.
+//
+// A Producer is safe for simultaneous use by multiple goroutines. Hit and HitAt do no I/O
+// and take only a per-shard mutex (64 shards by key hash) that the flush holds for
+// in-memory work proportional to the shard's active counters, never while talking to
+// Kafka. Once a counter is known and its bucket current, they do not allocate; the key
+// string is kept, not copied, so callers should not build it from unsafe byte slices.
+//
+// # When Kafka is slow or down
+//
+// Records are handed to the franz-go client with TryProduce, which never blocks: at most
+// Config.MaxInFlightRecords records are in the client at once. What does not fit, and what
+// the client fails, is kept in the Producer merged per (key, window, bucket), so memory
+// grows with distinct counters and buckets, not with hits. Everything the Producer holds —
+// known counters, finished buckets and unsent counts — counts against
+// Config.MaxBufferedKeys; past it, new hits are dropped and counted, never queued. Known
+// counters idle for Config.IdleTimeout are evicted, and all idle counters are evicted while
+// hits are being dropped. When Kafka comes back, the client's buffered records are
+// delivered by its own retries and the kept counts by the next flushes. The client
+// produces idempotently and fails a record only when the broker has not written it, so a
+// retried count is never delivered twice.
+//
+// # Partitioning
+//
+// Records are keyed by counter key and placed with Kafka's Java default for keyed records:
+// murmur2 of the key bytes, high bit cleared, modulo the partition count
+// (kgo.StickyKeyPartitioner(nil)). Producers in other languages must do the same so that
+// one aggregator instance owns each key: the Java client does by default; librdkafka-based
+// clients (kcat, confluent-kafka-*) need partitioner=murmur2_random.
+//
+// # Metrics
+//
+// On Config.Registerer, namespace "streamlimit", subsystem "producer": hits_in_total,
+// dropped_hits_total, invalid_hits_total, records_out_total, bytes_out_total,
+// buffered_keys, unsent_hits, in_flight_records and flush_duration_seconds.
+package producer

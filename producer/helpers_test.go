@@ -1,0 +1,127 @@
+package producer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// counter is what the tests compare: hits per (key, window).
+type counter struct {
+	key    string
+	window int64
+}
+
+// consumed is what readTopic found.
+type consumed struct {
+	counts  map[counter]int64
+	records int
+	hits    []topics.Hit
+	parts   []int32 // partition of each hit, parallel to hits
+}
+
+// readTopic reads every record of topic from the start up to its end offsets as of the
+// call, decoding each as a topics.Hit.
+func readTopic(t testing.TB, brokers []string, topic string, opts ...kgo.Opt) consumed {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	admCl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admCl.Close()
+	ends, err := kadm.NewClient(admCl).ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatalf("list end offsets: %v", err)
+	}
+	want := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err != nil {
+			t.Fatalf("end offset %s/%d: %v", o.Topic, o.Partition, o.Err)
+		}
+		if o.Offset > 0 {
+			want[o.Partition] = o.Offset
+		}
+	})
+	out := consumed{counts: map[counter]int64{}}
+	if len(want) == 0 {
+		return out
+	}
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for len(want) > 0 {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("reading %s: timed out with partitions %v unread", topic, want)
+		}
+		fs.EachError(func(tp string, p int32, err error) { t.Fatalf("fetch %s/%d: %v", tp, p, err) })
+		fs.EachRecord(func(r *kgo.Record) {
+			h, err := topics.DecodeHit(r.Value)
+			if err != nil {
+				t.Fatalf("record %s/%d@%d: %v", r.Topic, r.Partition, r.Offset, err)
+			}
+			if string(r.Key) != h.Key {
+				t.Fatalf("record key %q, hit key %q", r.Key, h.Key)
+			}
+			out.records++
+			out.hits = append(out.hits, h)
+			out.parts = append(out.parts, r.Partition)
+			out.counts[counter{h.Key, h.Window}] += h.Count
+			if end, ok := want[r.Partition]; ok && r.Offset+1 >= end {
+				delete(want, r.Partition)
+			}
+		})
+	}
+	return out
+}
+
+// javaPartition is Kafka's Java default partition for a keyed record, computed with
+// javaMurmur2, an implementation independent of franz-go's.
+func javaPartition(key []byte, partitions int32) int32 {
+	return (javaMurmur2(key) & 0x7fffffff) % partitions
+}
+
+// javaMurmur2 is a transcription of org.apache.kafka.common.utils.Utils.murmur2, in int32
+// arithmetic as Java does it.
+func javaMurmur2(data []byte) int32 {
+	length := int32(len(data))
+	const seed uint32 = 0x9747b28c
+	const m int32 = 0x5bd1e995
+	const r = 24
+	h := int32(seed ^ uint32(length))
+	length4 := length / 4
+	for i := int32(0); i < length4; i++ {
+		i4 := i * 4
+		k := int32(data[i4+0]) + int32(data[i4+1])<<8 + int32(data[i4+2])<<16 + int32(data[i4+3])<<24
+		k *= m
+		k ^= int32(uint32(k) >> r)
+		k *= m
+		h *= m
+		h ^= k
+	}
+	switch length % 4 {
+	case 3:
+		h ^= int32(data[(length & ^3)+2]) << 16
+		fallthrough
+	case 2:
+		h ^= int32(data[(length & ^3)+1]) << 8
+		fallthrough
+	case 1:
+		h ^= int32(data[length & ^3])
+		h *= m
+	}
+	h ^= int32(uint32(h) >> 13)
+	h *= m
+	h ^= int32(uint32(h) >> 15)
+	return h
+}

@@ -22,7 +22,7 @@ plus their own exact counts.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newVersionCmd(), newTopicsCmd())
+	root.AddCommand(newVersionCmd(), newTopicsCmd(), newAggregatorCmd())
 	return root
 }
 

@@ -6,24 +6,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/streamlimit/streamlimit/topics"
 )
-
-// kafkaFlags are the Kafka connection settings shared by every subcommand that talks to
-// Kafka.
-type kafkaFlags struct {
-	brokers []string
-}
-
-func (k *kafkaFlags) register(cmd *cobra.Command) {
-	cmd.Flags().StringSliceVar(&k.brokers, "brokers", []string{"localhost:9092"}, "Kafka bootstrap brokers, comma separated (env STREAMLIMIT_BROKERS or STREAMLIMIT_KAFKA_BROKERS)")
-}
-
-func (k *kafkaFlags) opts() []kgo.Opt {
-	return []kgo.Opt{kgo.SeedBrokers(k.brokers...)}
-}
 
 // topicFlags are the topic names and layout, shared by every subcommand.
 type topicFlags struct {
@@ -59,9 +44,9 @@ longest window). Existing topics are verified: a wrong partition count or cleanu
 reported with what it is and what it should be, and the command exits 1.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, err := kgo.NewClient(kf.opts()...)
+			cl, err := kf.client()
 			if err != nil {
-				return fmt.Errorf("kafka client: %w", err)
+				return err
 			}
 			defer cl.Close()
 			ctx := cmd.Context()

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/streamlimit/streamlimit/aggregator"
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+
+func newAggregatorCmd() *cobra.Command {
+	var (
+		kf                   kafkaFlags
+		cfg                  aggregator.Config
+		hits, pattern, admin string
+		topicsList           []string
+		logFormat, logLevel  string
+	)
+	cmd := &cobra.Command{
+		Use:   "aggregator",
+		Short: "Count hits of all data centers into the compacted counts topic",
+		Long: `aggregator is a member of a Kafka consumer group over the local hits topic and its
+MirrorMaker-2 copies (<dc>.hits). It keeps sliding-window counts per counter key and site
+and publishes absolute counts, with heartbeats, to the compacted counts topic. Run as many
+as the hits topics have partitions; they share the work through the group.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(logFormat, logLevel)
+			if err != nil {
+				return err
+			}
+			sec, err := kf.security()
+			if err != nil {
+				return err
+			}
+			cfg.Brokers, cfg.KafkaOpts, cfg.Logger = kf.brokers, sec, log
+			if len(topicsList) > 0 {
+				cfg.Topics = topicsList
+			} else if pattern != "" {
+				cfg.TopicPattern = pattern
+			} else {
+				cfg.TopicPattern = topics.HitsPattern(hits)
+			}
+			reg := newRegistry()
+			cfg.Registerer = reg
+			agg, err := aggregator.New(cfg)
+			if err != nil {
+				return err
+			}
+			ln, err := net.Listen("tcp", admin)
+			if err != nil {
+				return fmt.Errorf("admin listener: %w", err)
+			}
+			log.Info("aggregator starting", "brokers", kf.brokers, "admin", ln.Addr().String())
+			g, ctx := errgroup.WithContext(cmd.Context())
+			g.Go(func() error { return agg.Run(ctx) })
+			g.Go(func() error {
+				return serveHTTP(ctx, ln, adminMux(reg, func() (bool, string) {
+					if agg.Ready() {
+						return true, "assigned partitions replayed"
+					}
+					return false, "replaying assigned partitions or waiting for an assignment"
+				}), 5*time.Second, log)
+			})
+			return g.Wait()
+		},
+	}
+	kf.register(cmd)
+	f := cmd.Flags()
+	f.StringVar(&hits, "hits-topic", topics.DefaultHitsTopic, "local hits topic; its MirrorMaker-2 copies <dc>.<hits-topic> are consumed too")
+	f.StringVar(&pattern, "topic-pattern", "", "regular expression of hits topics to consume (default: the hits topic and its <dc>. copies)")
+	f.StringSliceVar(&topicsList, "topics", nil, "explicit list of hits topics (overrides the pattern)")
+	f.StringVar(&cfg.CountsTopic, "counts-topic", topics.DefaultCountsTopic, "compacted counts topic")
+	f.StringVar(&cfg.Group, "group", "streamlimit-aggregator", "consumer group")
+	f.StringVar(&cfg.DeadLetterTopic, "dead-letter-topic", "", "copy skipped hit records here (default: none)")
+	f.IntVar(&cfg.SubBuckets, "sub-buckets", 60, "sub-window buckets per window (enforcers must use the same)")
+	f.DurationVar(&cfg.EmitInterval, "emit-interval", 100*time.Millisecond, "least time between two counts of one key")
+	f.IntVar(&cfg.MaxEmitPerSecond, "max-emit-per-second", 50000, "cap on count records per second")
+	f.DurationVar(&cfg.Lateness, "lateness", 5*time.Second, "how late a hit may arrive and still count")
+	f.DurationVar(&cfg.MaxClockSkew, "max-clock-skew", 30*time.Second, "how far in the future a hit's time may be")
+	f.IntVar(&cfg.MaxKeys, "max-keys", 1_000_000, "bound on counters held")
+	f.DurationVar(&cfg.DefaultWindow, "default-window", time.Minute, "window of JSON hits without \"w\"")
+	f.DurationVar(&cfg.MaxWindow, "max-window", time.Hour, "longest window accepted; recovery replays this much")
+	f.StringVar(&cfg.InstanceID, "instance-id", "", "name in heartbeats (default host-pid-random)")
+	f.StringVar(&admin, "admin-listen", "127.0.0.1:9090", "address of /metrics, /healthz and /readyz")
+	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	addConfigFlag(cmd)
+	return cmd
+}

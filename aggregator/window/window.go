@@ -188,6 +188,17 @@ func (c *Counter) Add(s *Spec, nowMs int64, site string, bucketStart, n int64) b
 	return c.sites[i].Add(s, s.Bucket(nowMs), s.Bucket(bucketStart), n)
 }
 
+// AddSite is Add for a site given as bytes, as decoded from a record: it does not allocate
+// unless the site is new to the counter, and then stores intern(site).
+func (c *Counter) AddSite(s *Spec, nowMs int64, site []byte, intern func([]byte) string, bucketStart, n int64) bool {
+	for k := range c.sites {
+		if c.sites[k].site == string(site) {
+			return c.sites[k].Add(s, s.Bucket(nowMs), s.Bucket(bucketStart), n)
+		}
+	}
+	return c.Add(s, nowMs, intern(site), bucketStart, n)
+}
+
 // Sites returns the number of sites the counter has seen.
 func (c *Counter) Sites() int { return len(c.sites) }
 

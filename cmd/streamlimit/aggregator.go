@@ -12,7 +12,6 @@ import (
 	"github.com/streamlimit/streamlimit/topics"
 )
 
-
 func newAggregatorCmd() *cobra.Command {
 	var (
 		kf                   kafkaFlags

@@ -377,12 +377,6 @@ const argsPerOp = 10
 
 // call runs the script and returns the per-op states, or a fallback reason.
 func (s *Store) call(ctx context.Context, now time.Time, ops []algo.Op, commit bool) ([]opState, string) {
-	if err := ctx.Err(); err != nil {
-		return nil, "canceled"
-	}
-	if !s.breaker.Allow() {
-		return nil, "breaker_open"
-	}
 	t := now.UnixNano()
 	keys := make([]string, 0, 2*len(ops))
 	args := make([]any, 0, 6+argsPerOp*len(ops))
@@ -397,14 +391,43 @@ func (s *Store) call(ctx context.Context, now time.Time, ops []algo.Op, commit b
 		keys = append(keys, k, k+":log")
 		args = s.appendOpArgs(args, t, op)
 	}
+	var st []opState
+	reason := s.run(ctx, s.script, keys, args, func(cmd *redis.Cmd) error {
+		res, err := cmd.Int64Slice()
+		if err != nil {
+			return err
+		}
+		if len(res) != 1+4*len(ops) {
+			return fmt.Errorf("script returned %d values for %d ops", len(res), len(ops))
+		}
+		st = make([]opState, len(ops))
+		for i := range st {
+			r := res[1+4*i:]
+			st[i] = opState{allowed: r[0] == 1, r1: r[1], r2: r[2], r3: r[3]}
+		}
+		return nil
+	})
+	return st, reason
+}
 
+// run runs sc through the circuit breaker with the Store's timeout, and hands the reply to
+// parse, whose error counts as a failed call like Redis's own. It returns "" on success,
+// else the fallback reason (canceled, breaker_open, error, timeout).
+func (s *Store) run(ctx context.Context, sc *redis.Script, keys []string, args []any, parse func(*redis.Cmd) error) string {
+	if err := ctx.Err(); err != nil {
+		return "canceled"
+	}
+	if !s.breaker.Allow() {
+		return "breaker_open"
+	}
 	cctx, cancel := context.WithTimeout(ctx, s.timeout)
 	start := time.Now()
-	res, err := s.script.Run(cctx, s.client, keys, args...).Int64Slice()
+	cmd := sc.Run(cctx, s.client, keys, args...)
 	s.m.duration.Observe(time.Since(start).Seconds())
 	cancel()
-	if err == nil && len(res) != 1+4*len(ops) {
-		err = fmt.Errorf("script returned %d values for %d ops", len(res), len(ops))
+	err := cmd.Err()
+	if err == nil {
+		err = parse(cmd)
 	}
 	if err != nil {
 		timeout := isTimeout(err)
@@ -418,16 +441,11 @@ func (s *Store) call(ctx context.Context, now time.Time, ops []algo.Op, commit b
 			s.log.Debug("sitestore: redis call failed", "err", err)
 		}
 		s.breaker.Failure(timeout)
-		return nil, result
+		return result
 	}
 	s.m.calls.WithLabelValues("ok").Inc()
 	s.breaker.Success()
-	st := make([]opState, len(ops))
-	for i := range st {
-		r := res[1+4*i:]
-		st[i] = opState{allowed: r[0] == 1, r1: r[1], r2: r[2], r3: r[3]}
-	}
-	return st, ""
+	return ""
 }
 
 func isTimeout(err error) bool {

@@ -415,7 +415,7 @@ func BenchmarkAllowAll1(b *testing.B) { benchmarkAllowAll(b, 1) }
 func BenchmarkAllowAll3(b *testing.B) { benchmarkAllowAll(b, 3) }
 
 // value reads a counter or gauge.
-func value(t *testing.T, m prometheus.Metric) float64 {
+func value(t testing.TB, m prometheus.Metric) float64 {
 	t.Helper()
 	var d dto.Metric
 	if err := m.Write(&d); err != nil {

@@ -22,7 +22,8 @@ plus their own exact counts.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newVersionCmd(), newTopicsCmd(), newAggregatorCmd())
+	root.AddCommand(newVersionCmd(), newTopicsCmd(), newAggregatorCmd(), newEnforcerCmd(),
+		newCountsCmd(), newRulesCmd(), newDemoCmd(), newDevCmd(), newSimCmd())
 	return root
 }
 

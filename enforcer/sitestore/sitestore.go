@@ -47,13 +47,23 @@
 // all-or-nothing on its own but not together (an earlier group may take while a later one
 // denies). On a single Redis all keys go in one call whatever the tags.
 //
+// # Global-scope site counts
+//
+// Counter (NewCounter, on a Store) is the Redis enforcer.SiteCounter: the exact count of
+// this site's hits of each global key, shared by all the enforcers of a data center
+// (DESIGN invariant 3). It keeps package window's ring of sub-buckets in one hash per key,
+// counts by the aggregator's rule, and answers exactly as enforcer.LocalCounter would for
+// the same calls. It uses the Store's client, key prefix, hash tags, timeout, breaker and
+// metrics, and falls back to an in-process enforcer.LocalCounter like the Store does.
+//
 // # Failures
 //
 // Every call has a tight timeout (Config.Timeout) and goes through a circuit breaker
 // (package internal/breaker). When Redis fails, times out or the breaker is open, the
 // request is decided by an in-process algo.Store instead; no error ever reaches the caller,
-// which learns of it from the fellBack result and the metrics. The fallback's counts are
-// this process's alone and are not merged back into Redis when it returns.
+// which learns of it from the fellBack result and the metrics (for a Counter, from
+// counter_fallback_total). The fallback's counts are this process's alone and are not
+// merged back into Redis when it returns.
 package sitestore
 
 import (

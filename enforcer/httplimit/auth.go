@@ -1,0 +1,96 @@
+package httplimit
+
+import (
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+)
+
+// AuthOptions configure the nginx auth_request endpoint. See README-nginx.md for an
+// nginx configuration.
+type AuthOptions struct {
+	// DeniedStatus answers a denied request. Default 429. nginx's auth_request treats
+	// only 2xx, 401 and 403 as answers (anything else is an error, 500), so behind nginx
+	// use 403 and turn it back into 429 with error_page; a request's ?status=401, 403 or
+	// 429 overrides it, so one server can serve both.
+	DeniedStatus int
+	// ClientIPHeader carries the client address nginx saw ($remote_addr). Default
+	// "X-Real-IP". When absent or unparsable the client is resolved from the connection
+	// as in the middleware (Config.TrustedProxies).
+	ClientIPHeader string
+	// URIHeader carries the original request URI with its query ($request_uri). Default
+	// "X-Original-URI". The path and query sources read it; absent, they have no value.
+	URIHeader string
+	// MethodHeader carries the original method ($request_method). Default
+	// "X-Original-Method"; absent, the method source has no value.
+	MethodHeader string
+}
+
+// AuthHandler returns an endpoint for nginx's auth_request module, deciding with m's
+// Decider and Config but reading the original request from the headers nginx forwards:
+// the client address from ClientIPHeader, method from MethodHeader, path and query from
+// URIHeader, and header sources from the subrequest's headers (nginx copies the original
+// request's headers into the subrequest). Route sources use Source.Prefixes.
+//
+// An admitted request is answered 204 No Content, a denied one DeniedStatus with a problem
+// body; both carry the rate-limit fields, which nginx can copy with auth_request_set. The
+// endpoint believes ClientIPHeader, so it must be reachable only by nginx (bind it to
+// loopback).
+func (m *Middleware) AuthHandler(opts AuthOptions) http.Handler {
+	if opts.DeniedStatus == 0 {
+		opts.DeniedStatus = http.StatusTooManyRequests
+	}
+	if opts.ClientIPHeader == "" {
+		opts.ClientIPHeader = "X-Real-IP"
+	}
+	if opts.URIHeader == "" {
+		opts.URIHeader = "X-Original-URI"
+	}
+	if opts.MethodHeader == "" {
+		opts.MethodHeader = "X-Original-Method"
+	}
+	ipH := http.CanonicalHeaderKey(opts.ClientIPHeader)
+	uriH := http.CanonicalHeaderKey(opts.URIHeader)
+	methodH := http.CanonicalHeaderKey(opts.MethodHeader)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v := view{header: r.Header, peer: peerAddr(r)}
+		v.method, _ = firstHeader(r.Header, methodH)
+		if uri, ok := firstHeader(r.Header, uriH); ok {
+			p, q, _ := strings.Cut(uri, "?")
+			if strings.IndexByte(p, '%') >= 0 {
+				if up, err := url.PathUnescape(p); err == nil {
+					p = up
+				}
+			}
+			v.path, v.rawQuery = p, q
+		}
+		if ip, ok := firstHeader(r.Header, ipH); ok {
+			if a, ok := parseNode(strings.TrimSpace(ip)); ok {
+				v.client = a
+			}
+		}
+		if !v.client.IsValid() {
+			v.client = m.cfg.clientIP(v.peer, r.Header)
+		}
+		if v.client.IsValid() {
+			v.client = v.client.Unmap()
+		} else {
+			v.client = netip.Addr{}
+		}
+		s := m.pool.Get().(*state)
+		defer m.pool.Put(s)
+		if !m.decide(r.Context(), s, &v, w.Header()) {
+			status := opts.DeniedStatus
+			if q := r.URL.Query().Get("status"); q != "" {
+				if n, err := strconv.Atoi(q); err == nil && (n == 401 || n == 403 || n == 429) {
+					status = n
+				}
+			}
+			m.writeDenied(w, r, &s.res, status)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+}

@@ -1,0 +1,300 @@
+package httplimit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/headers"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
+)
+
+// Check API limits.
+const (
+	// DefaultMaxBodyBytes is CheckOptions.MaxBodyBytes's default.
+	DefaultMaxBodyBytes = 64 << 10
+	// MaxDescriptors is the most descriptors one check request may carry.
+	MaxDescriptors = 64
+	// MaxEntries is the most entries one descriptor may carry.
+	MaxEntries = 32
+	// MaxHits is the largest hits_addend, Envoy's uint32 maximum.
+	MaxHits = math.MaxUint32
+)
+
+// CheckOptions configure the check API handler.
+type CheckOptions struct {
+	// MaxBodyBytes bounds the request body; a larger one is answered 413. Default
+	// DefaultMaxBodyBytes (64 KiB).
+	MaxBodyBytes int64
+	// ProblemType is the "type" of problem bodies for bad requests. Default "about:blank".
+	ProblemType string
+	// Logger defaults to discarding.
+	Logger *slog.Logger
+}
+
+// CheckRequest is the body of POST /v1/check, the JSON shape of Envoy's RateLimitRequest:
+//
+//	{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"42"}]}],"hits_addend":1}
+//
+// The cost may be given as hits_addend, hitsAddend (protobuf JSON) or hits; 0 or absent
+// means 1. A descriptor's own hits_addend, if given, must equal the request's; its limit
+// override is ignored (rules come from the rules files only).
+type CheckRequest struct {
+	Domain          string            `json:"domain"`
+	Descriptors     []CheckDescriptor `json:"descriptors"`
+	HitsAddend      *int64            `json:"hits_addend,omitempty"`
+	HitsAddendCamel *int64            `json:"hitsAddend,omitempty"`
+	Hits            *int64            `json:"hits,omitempty"`
+}
+
+// CheckDescriptor is one descriptor of a CheckRequest.
+type CheckDescriptor struct {
+	Entries         []CheckEntry    `json:"entries"`
+	HitsAddend      *int64          `json:"hits_addend,omitempty"`
+	HitsAddendCamel *int64          `json:"hitsAddend,omitempty"`
+	Limit           json.RawMessage `json:"limit,omitempty"`
+}
+
+// CheckEntry is one key/value entry of a descriptor.
+type CheckEntry struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
+
+// CheckResponse is the answer of POST /v1/check, in the shape of Envoy's
+// RateLimitResponse with durations in milliseconds. It is sent with status 200 whatever
+// the decision: OverallCode says whether the request is over the limit.
+type CheckResponse struct {
+	// OverallCode is "OK" or "OVER_LIMIT".
+	OverallCode string `json:"overall_code"`
+	// Statuses has one entry per request descriptor, in order.
+	Statuses []CheckStatus `json:"statuses"`
+	// ResponseHeadersToAdd are the fields of package headers that a gateway should add
+	// to its response (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After).
+	ResponseHeadersToAdd []CheckHeader `json:"response_headers_to_add,omitempty"`
+}
+
+// CheckStatus is the decision for one descriptor (see enforcer.Status).
+type CheckStatus struct {
+	// Code is "OK" or "OVER_LIMIT".
+	Code string `json:"code"`
+	// CurrentLimit is the limit that decided; absent when no rule limits the descriptor.
+	CurrentLimit *CheckLimit `json:"current_limit,omitempty"`
+	// LimitRemaining is how many more requests the limit admits now.
+	LimitRemaining int64 `json:"limit_remaining"`
+	// DurationUntilResetMs is the time until the limit's counter is empty again.
+	DurationUntilResetMs int64 `json:"duration_until_reset_ms"`
+	// RetryAfterMs is 0 unless denied; then the time until a retry can succeed.
+	RetryAfterMs int64 `json:"retry_after_ms"`
+	// Rule is the ID of the matched rule; absent when none matched.
+	Rule string `json:"rule,omitempty"`
+	// Shadow reports that a shadow-mode limit would have denied.
+	Shadow bool `json:"shadow"`
+	// Fallback reports a decision made by a fallback (see enforcer.Status).
+	Fallback bool `json:"fallback"`
+}
+
+// CheckLimit describes a limit, like Envoy's RateLimitResponse.RateLimit.
+type CheckLimit struct {
+	// Name is the policy name of the RateLimit fields (headers.PolicyName).
+	Name string `json:"name"`
+	// RequestsPerUnit is the number of requests admitted per window.
+	RequestsPerUnit int64 `json:"requests_per_unit"`
+	// WindowSeconds is the window in seconds (fractional for sub-second windows).
+	WindowSeconds float64 `json:"window_seconds"`
+	// Unit is Envoy's unit ("SECOND", "MINUTE", ...) when the rule gives one.
+	Unit string `json:"unit,omitempty"`
+}
+
+// CheckHeader is one header field to add.
+type CheckHeader struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
+
+// checkError is a validation failure, answered 400.
+type checkError struct{ msg string }
+
+func (e *checkError) Error() string { return e.msg }
+
+// NewCheckHandler returns the handler of POST /v1/check. A decision is always answered
+// 200 with a CheckResponse; a malformed or invalid request (bad JSON, unknown fields,
+// empty domain, no descriptors, an empty entry key, bad hits) is answered 400 with an
+// application/problem+json body, a too large one 413, another method 405.
+func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.ProblemType == "" {
+		opts.ProblemType = "about:blank"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			writeProblem(w, http.StatusMethodNotAllowed, opts.ProblemType, "use POST")
+			return
+		}
+		req, err := decodeCheck(http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes))
+		if err != nil {
+			status := http.StatusBadRequest
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				status = http.StatusRequestEntityTooLarge
+			}
+			writeProblem(w, status, opts.ProblemType, err.Error())
+			return
+		}
+		var res enforcer.Result
+		dec.DecideInto(r.Context(), req, &res)
+		body, err := json.Marshal(checkResponse(&res))
+		if err != nil {
+			writeProblem(w, http.StatusInternalServerError, opts.ProblemType, "encoding the response failed")
+			return
+		}
+		h := w.Header()
+		h.Set("Content-Type", "application/json")
+		h.Set("Content-Length", strconv.Itoa(len(body)))
+		h.Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusOK)
+		if _, err := w.Write(body); err != nil {
+			opts.Logger.LogAttrs(r.Context(), slog.LevelDebug, "writing check response", slog.Any("err", err))
+		}
+	})
+}
+
+func decodeCheck(body io.Reader) (enforcer.Request, error) {
+	var cr CheckRequest
+	d := json.NewDecoder(body)
+	d.DisallowUnknownFields()
+	if err := d.Decode(&cr); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return enforcer.Request{}, err
+		}
+		return enforcer.Request{}, fmt.Errorf("malformed JSON: %w", err)
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return enforcer.Request{}, &checkError{"malformed JSON: data after the request object"}
+	}
+	req := enforcer.Request{Domain: cr.Domain}
+	if cr.Domain == "" {
+		return req, &checkError{"domain: required"}
+	}
+	if len(cr.Descriptors) == 0 {
+		return req, &checkError{"descriptors: at least one is required"}
+	}
+	if len(cr.Descriptors) > MaxDescriptors {
+		return req, &checkError{fmt.Sprintf("descriptors: %d is more than %d", len(cr.Descriptors), MaxDescriptors)}
+	}
+	hits, err := pickHits("hits_addend", cr.HitsAddend, cr.HitsAddendCamel, cr.Hits)
+	if err != nil {
+		return req, err
+	}
+	req.Hits = hits
+	for i, cd := range cr.Descriptors {
+		f := "descriptors[" + strconv.Itoa(i) + "]"
+		if len(cd.Entries) == 0 {
+			return req, &checkError{f + ".entries: at least one is required"}
+		}
+		if len(cd.Entries) > MaxEntries {
+			return req, &checkError{fmt.Sprintf("%s.entries: %d is more than %d", f, len(cd.Entries), MaxEntries)}
+		}
+		dh, err := pickHits(f+".hits_addend", cd.HitsAddend, cd.HitsAddendCamel, nil)
+		if err != nil {
+			return req, err
+		}
+		if (cd.HitsAddend != nil || cd.HitsAddendCamel != nil) && max(dh, 1) != max(hits, 1) {
+			return req, &checkError{f + ".hits_addend: differs from the request's; one cost per request is supported"}
+		}
+		entries := make([]rules.Entry, len(cd.Entries))
+		for j, e := range cd.Entries {
+			if e.Key == "" {
+				return req, &checkError{fmt.Sprintf("%s.entries[%d].key: required", f, j)}
+			}
+			entries[j] = rules.Entry{Key: e.Key, Value: e.Value}
+		}
+		req.Descriptors = append(req.Descriptors, entries)
+	}
+	return req, nil
+}
+
+// pickHits returns the one cost given among the spellings; several must agree.
+func pickHits(field string, vs ...*int64) (int64, error) {
+	var got *int64
+	for _, v := range vs {
+		if v == nil {
+			continue
+		}
+		if *v < 0 || *v > MaxHits {
+			return 0, &checkError{fmt.Sprintf("%s: %d is not in 0..%d", field, *v, int64(MaxHits))}
+		}
+		if got != nil && *got != *v {
+			return 0, &checkError{field + ": given twice with different values"}
+		}
+		got = v
+	}
+	if got == nil {
+		return 0, nil
+	}
+	return *got, nil
+}
+
+func ceilMs(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+func checkResponse(res *enforcer.Result) CheckResponse {
+	out := CheckResponse{OverallCode: res.Code.String(), Statuses: make([]CheckStatus, len(res.Statuses))}
+	for i := range res.Statuses {
+		st := &res.Statuses[i]
+		cs := CheckStatus{Code: st.Code.String(), Shadow: st.Shadow, Fallback: st.Fallback}
+		if st.Rule != nil {
+			cs.Rule = st.Rule.ID
+		}
+		if st.Limit != nil {
+			cs.CurrentLimit = &CheckLimit{
+				Name:            headers.PolicyName(st),
+				RequestsPerUnit: st.Requests,
+				WindowSeconds:   st.Window.Seconds(),
+				Unit:            strings.ToUpper(st.Limit.Unit),
+			}
+			cs.LimitRemaining = max(st.Remaining, 0)
+			cs.DurationUntilResetMs = ceilMs(st.ResetAfter)
+			cs.RetryAfterMs = ceilMs(st.RetryAfter)
+		}
+		out.Statuses[i] = cs
+	}
+	for _, f := range headers.Append(nil, res) {
+		out.ResponseHeadersToAdd = append(out.ResponseHeadersToAdd, CheckHeader{Key: f.Name, Value: f.Value})
+	}
+	return out
+}
+
+// writeProblem writes a problem body for a request error.
+func writeProblem(w http.ResponseWriter, status int, typ, detail string) {
+	body, _ := json.Marshal(struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail"`
+	}{typ, http.StatusText(status), status, detail})
+	h := w.Header()
+	h.Set("Content-Type", headers.ProblemContentType)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}

@@ -1,0 +1,67 @@
+// Package rls serves an enforcer.Limiter as Envoy's rate limit service: the gRPC method
+// envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit, with the official
+// go-control-plane messages, so that Envoy's ratelimit filters (HTTP, network, Thrift) and
+// any other RLS client can use streamlimit in place of envoyproxy/ratelimit.
+//
+// # Request
+//
+// The domain and each descriptor's entries go to the Limiter unchanged; descriptors are
+// matched independently and the request passes only if all pass (DESIGN §6, and the
+// Limiter's all-or-nothing rule).
+//
+// The cost of a descriptor is its own hits_addend when set, else the request's
+// hits_addend; 0 (or unset) means 1, since the Limiter has no way to look without taking.
+// When every descriptor has the same cost, the whole request is one Limiter decision and is
+// all or nothing. When costs differ, the descriptors are decided in groups of equal cost,
+// in the order in which each cost first appears; a group that is denied stops the request,
+// so that later groups take nothing, but groups already admitted keep what they took.
+// Descriptors of groups that were not decided are reported OK with no current_limit.
+//
+// Two request features are not supported, and are counted in
+// streamlimit_rls_ignored_total{feature}:
+//
+//   - limit (RateLimitOverride): the rules in force decide; a per-request limit would let
+//     any caller change its own quota, and the Limiter's counters are keyed by configured
+//     limits.
+//   - is_negative_hits (refunds): such a descriptor takes nothing and is reported OK with
+//     no current_limit; the Limiter's counters only grow.
+//
+// A request with an empty domain, no descriptors, too many descriptors
+// (Options.MaxDescriptors) or a descriptor with too many entries (Options.MaxEntries) is
+// answered with gRPC status InvalidArgument. The Limiter itself never fails.
+//
+// # Response
+//
+// overall_code is OVER_LIMIT when any descriptor's is, else OK. Each status has:
+//
+//   - code: OK or OVER_LIMIT. A shadow-mode rule that would have denied is reported OK,
+//     as envoyproxy/ratelimit does for its per-rule shadow_mode.
+//   - current_limit, for a descriptor with a limit in force (the one that denied, else the
+//     one with the least room): requests_per_unit is the limit's requests per window (soft
+//     raise included, capped at 2³²−1); unit and unit_multiplier express the window in the
+//     largest Envoy unit that divides it exactly (week = 7 days, month = 30 days,
+//     year = 365 days, as the rules count them), so 1m is MINUTE, 10m is MINUTE×10 and 7d
+//     is WEEK; a window that no unit divides (1500ms) is UNKNOWN. name is the policy name
+//     of the RateLimit fields (headers.PolicyName): the limit's name, else the rule ID and
+//     window.
+//   - limit_remaining: how many more requests of cost 1 the limit admits now.
+//   - duration_until_reset: when denied, the time until a request of the same cost would be
+//     admitted (Status.RetryAfter); else the time until the limit's counter is empty
+//     (Status.ResetAfter). A denied client reads it as "retry after", which is what
+//     envoyproxy/ratelimit's end-of-fixed-window means too.
+//
+// A descriptor that matched no rule gets code OK and nothing else; one that matched an
+// unlimited rule gets code OK and limit_remaining 2³²−1, as in envoyproxy/ratelimit.
+//
+// response_headers_to_add carries the fields of package headers (RateLimit-Policy,
+// RateLimit, X-RateLimit-*, and Retry-After when denied), on allowed responses too, so that
+// clients behind Envoy see what clients of the HTTP middleware see.
+// request_headers_to_add, raw_body, dynamic_metadata and quota are left empty.
+//
+// # Metrics
+//
+// streamlimit_rls_requests_total{result} counts calls by result (ok, over_limit,
+// invalid); streamlimit_rls_ignored_total{feature} counts descriptors whose
+// limit_override or negative_hits was ignored. Per-rule decisions are counted by the
+// Limiter's own metrics.
+package rls

@@ -1,0 +1,72 @@
+package rls
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamlimit/streamlimit/enforcer"
+)
+
+// Features counted by streamlimit_rls_ignored_total.
+const (
+	featureOverride = "limit_override"
+	featureNegative = "negative_hits"
+)
+
+type metrics struct {
+	ok, overLimit, invalid prometheus.Counter
+	override, negative     prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "streamlimit", Subsystem: "rls", Name: "requests_total",
+		Help: "ShouldRateLimit calls by result: ok, over_limit, or invalid (answered InvalidArgument).",
+	}, []string{"result"})
+	ignored := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "streamlimit", Subsystem: "rls", Name: "ignored_total",
+		Help: "Descriptors that used an unsupported feature, which was ignored: limit_override or negative_hits.",
+	}, []string{"feature"})
+	if reg != nil {
+		for _, c := range []prometheus.Collector{requests, ignored} {
+			if err := reg.Register(c); err != nil {
+				var are prometheus.AlreadyRegisteredError
+				if !errors.As(err, &are) {
+					return nil, err
+				}
+				// A second Server on the same registry (tests, a restart in process)
+				// shares the first one's counters.
+				switch c {
+				case requests:
+					requests = are.ExistingCollector.(*prometheus.CounterVec)
+				case ignored:
+					ignored = are.ExistingCollector.(*prometheus.CounterVec)
+				}
+			}
+		}
+	}
+	return &metrics{
+		ok:        requests.WithLabelValues("ok"),
+		overLimit: requests.WithLabelValues("over_limit"),
+		invalid:   requests.WithLabelValues("invalid"),
+		override:  ignored.WithLabelValues(featureOverride),
+		negative:  ignored.WithLabelValues(featureNegative),
+	}, nil
+}
+
+func (m *metrics) observe(c enforcer.Code) {
+	if c == enforcer.CodeOverLimit {
+		m.overLimit.Inc()
+	} else {
+		m.ok.Inc()
+	}
+}
+
+func (m *metrics) ignored(feature string) {
+	if feature == featureOverride {
+		m.override.Inc()
+	} else {
+		m.negative.Inc()
+	}
+}

@@ -1,0 +1,256 @@
+package sitestore
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/streamlimit/streamlimit/aggregator/window"
+	"github.com/streamlimit/streamlimit/enforcer"
+)
+
+//go:embed counter.lua
+var counterSrc string
+
+// CounterOptions configures a Counter.
+type CounterOptions struct {
+	// SubBuckets is the number of sub-buckets per window. It must equal the aggregator's
+	// (and the fallback's), or this site's exact count and the snapshot's count of this
+	// site are different measures. Default: 60.
+	SubBuckets int
+	// Fallback counts while Redis is unavailable. Its SubBuckets should equal SubBuckets.
+	// Default (nil): enforcer.NewLocalCounter with SubBuckets and default MaxKeys.
+	Fallback *enforcer.LocalCounter
+}
+
+// Counter is the Redis enforcer.SiteCounter: the exact sliding-window count of each global
+// counter key for a site that is a whole data center, shared by all of its enforcers
+// through the Store's Redis (DESIGN invariant 3). It keeps package window's ring of
+// sub-buckets per key, so for the same sequence of calls it gives the same counts and the
+// same Commit answers as enforcer.LocalCounter (see below for the one difference), and
+// counts by the aggregator's rule.
+//
+// Each counter key is one Redis hash, KeyPrefix + "g{" + HashTag(key) + "}" + key, with the
+// window in field "w", the ring's newest bucket index in "h", and one field per non-empty
+// bucket (its absolute index, unix ms / bucket width) holding its count. A Commit trims the
+// buckets that fall out of the ring and sets the key's TTL to window + bucket width +
+// Config.ExpirySlack: by then the count is zero, so expiry loses nothing. Counts is one
+// read-only script call for all ops; Commit is one atomic script call that checks every op
+// and adds all of them, or none. On a Redis Cluster with ops of several hash tags, there is
+// one call per tag, each all-or-nothing on its own (see the package doc).
+//
+// Counter uses the Store's client, timeout, circuit breaker and metrics. It never returns
+// an error: when Redis fails, times out or the breaker is open, the call is answered by
+// the in-process fallback counter and counted in
+// streamlimit_redis_counter_fallback_total{op,reason}. The fallback knows only this
+// process's commits made while Redis was unavailable, and they are not merged back.
+//
+// Differences from enforcer.LocalCounter: keys expire by their TTL in Redis's clock
+// rather than being evicted when idle, so a caller whose clock runs far behind Redis's
+// (beyond the slack) may find a key gone whose count it would still see as non-zero; a
+// denied Commit reports the counts of all ops, where LocalCounter stops at the first op
+// that does not fit; and the interpolated count (whole + oldest × fraction, computed in
+// Lua) may differ in the last bit where the Go compiler fuses that multiply-add (e.g. on
+// arm64), which can flip a Commit only when count + N equals Cap to the last bit.
+//
+// A Counter is safe for simultaneous use by multiple goroutines. It holds no per-key
+// state in process (apart from the fallback's, bounded by its MaxKeys).
+type Counter struct {
+	s        *Store
+	sub      int
+	fallback *enforcer.LocalCounter
+	script   *redis.Script
+}
+
+var _ enforcer.SiteCounter = (*Counter)(nil)
+
+// NewCounter returns a Counter on s's Redis. It does not contact Redis.
+func NewCounter(s *Store, opts CounterOptions) *Counter {
+	if opts.SubBuckets <= 0 {
+		opts.SubBuckets = 60
+	}
+	if opts.Fallback == nil {
+		opts.Fallback = enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: opts.SubBuckets})
+	}
+	return &Counter{s: s, sub: opts.SubBuckets, fallback: opts.Fallback, script: redis.NewScript(counterSrc)}
+}
+
+// Fallback returns the in-process counter that answers while Redis is unavailable.
+func (c *Counter) Fallback() *enforcer.LocalCounter { return c.fallback }
+
+// RedisKey returns the Redis key of the hash that holds counter key's buckets.
+func (c *Counter) RedisKey(key string) string {
+	tag := c.s.tag(key)
+	if tag == "" {
+		tag = "_" // "{}" would make Redis hash the whole key
+	}
+	return c.s.prefix + "g{" + tag + "}" + key
+}
+
+// Counts implements enforcer.SiteCounter: out[i] (len(out) ≥ len(ops)) receives the
+// site's count of ops[i].Key at now over ops[i].Window, or 0 when the key's ring was made
+// for another window. It always returns nil.
+func (c *Counter) Counts(ctx context.Context, now time.Time, ops []enforcer.GlobalOp, out []float64) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	if c.s.cluster && len(ops) > 1 {
+		if groups := c.groups(ops); len(groups) > 1 {
+			for _, g := range groups {
+				gops := make([]enforcer.GlobalOp, len(g))
+				gout := make([]float64, len(g))
+				for k, i := range g {
+					gops[k] = ops[i]
+				}
+				_ = c.Counts(ctx, now, gops, gout)
+				for k, i := range g {
+					out[i] = gout[k]
+				}
+			}
+			return nil
+		}
+	}
+	keys, args := c.args(now, ops, false)
+	if reason := c.call(ctx, keys, args, out, nil); reason != "" {
+		c.s.m.counterFB.WithLabelValues("counts", reason).Inc()
+		return c.fallback.Counts(ctx, now, ops, out)
+	}
+	return nil
+}
+
+// call runs the script and stores the counts it reports in out (if not nil) and whether
+// it committed in ok (if not nil). It returns "" or a fallback reason.
+func (c *Counter) call(ctx context.Context, keys []string, args []any, out []float64, ok *bool) string {
+	return c.s.run(ctx, c.script, keys, args, func(cmd *redis.Cmd) error {
+		res, err := cmd.StringSlice()
+		if err != nil {
+			return err
+		}
+		if len(res) != 1+len(keys) {
+			return fmt.Errorf("counter script returned %d values for %d ops", len(res), len(keys))
+		}
+		if out != nil {
+			for i, r := range res[1:] {
+				v, err := strconv.ParseFloat(r, 64)
+				if err != nil {
+					return fmt.Errorf("counter script returned count %q: %w", r, err)
+				}
+				out[i] = v
+			}
+		}
+		if ok != nil {
+			*ok = res[0] == "1"
+		}
+		return nil
+	})
+}
+
+// Commit implements enforcer.SiteCounter: if, for every i, the count of ops[i] at now plus
+// the N of the earlier ops of the request on the same key plus ops[i].N is at most
+// ops[i].Cap (a NaN or +Inf cap always fits), it adds each N to now's bucket of its key
+// and reports true; otherwise it adds nothing and reports false. When counts is not nil
+// (len ≥ len(ops)), counts[i] receives the count of ops[i] at now before the request, for
+// every i whatever the outcome. The error is always nil.
+func (c *Counter) Commit(ctx context.Context, now time.Time, ops []enforcer.GlobalOp, counts []float64) (bool, error) {
+	if len(ops) == 0 {
+		return true, nil
+	}
+	if c.s.cluster && len(ops) > 1 {
+		if groups := c.groups(ops); len(groups) > 1 {
+			all := true
+			for _, g := range groups {
+				gops := make([]enforcer.GlobalOp, len(g))
+				gcounts := make([]float64, len(g))
+				for k, i := range g {
+					gops[k] = ops[i]
+				}
+				if all {
+					all, _ = c.Commit(ctx, now, gops, gcounts)
+				} else {
+					_ = c.Counts(ctx, now, gops, gcounts)
+				}
+				if counts != nil {
+					for k, i := range g {
+						counts[i] = gcounts[k]
+					}
+				}
+			}
+			return all, nil
+		}
+	}
+	keys, args := c.args(now, ops, true)
+	var ok bool
+	if reason := c.call(ctx, keys, args, counts, &ok); reason != "" {
+		c.s.m.counterFB.WithLabelValues("commit", reason).Inc()
+		return c.fallback.Commit(ctx, now, ops, counts)
+	}
+	return ok, nil
+}
+
+const counterArgsPerOp = 10
+
+// args builds the script's keys and arguments (see counter.lua). All the window arithmetic
+// is done here, with package window's own functions, so that the script only adds and
+// compares.
+func (c *Counter) args(now time.Time, ops []enforcer.GlobalOp, commit bool) ([]string, []any) {
+	ms := now.UnixMilli()
+	keys := make([]string, len(ops))
+	args := make([]any, 0, 2+counterArgsPerOp*len(ops))
+	mode := "0"
+	if commit {
+		mode = "1"
+	}
+	args = append(args, mode, len(ops))
+	for i := range ops {
+		op := &ops[i]
+		keys[i] = c.RedisKey(op.Key)
+		spec := window.NewSpec(op.Window, c.sub, 0)
+		i0, frac := spec.Oldest(ms)
+		args = append(args, op.Window.Milliseconds(), spec.Window, spec.Slots, spec.Bucket(ms), i0, frac,
+			addAmount(op.N), float64(op.N), capArg(op.Cap), spec.Window+spec.Width+c.s.slackMs)
+	}
+	return keys, args
+}
+
+// addAmount clamps n to [−2³²−1, 2³²], where window.Ring.Add's uint32 arithmetic gives the
+// same bucket value as for n itself (saturation, or wrap-around below zero).
+func addAmount(n int64) int64 {
+	const lim = 1 << 32
+	return max(min(n, lim), -lim-1)
+}
+
+// capArg renders the cap for the script; infinities and NaN, which Lua cannot parse, as
+// the outcome they give in enforcer.LocalCounter's comparison cur+N > cap.
+func capArg(c float64) any {
+	switch {
+	case math.IsNaN(c) || math.IsInf(c, 1):
+		return "inf"
+	case math.IsInf(c, -1):
+		return "-inf"
+	}
+	return c
+}
+
+// groups returns the index sets of ops per hash tag, in first-appearance order.
+func (c *Counter) groups(ops []enforcer.GlobalOp) [][]int {
+	var tags []string
+	var groups [][]int
+outer:
+	for i := range ops {
+		t := c.s.tag(ops[i].Key)
+		for g, tg := range tags {
+			if tg == t {
+				groups[g] = append(groups[g], i)
+				continue outer
+			}
+		}
+		tags = append(tags, t)
+		groups = append(groups, []int{i})
+	}
+	return groups
+}

@@ -1,0 +1,125 @@
+-- streamlimit global-scope site counts: the ring of package window (see counter.go) in one
+-- Redis hash per counter key. Fields: 'w' = the window in ms the ring was made for, 'h' =
+-- the newest bucket index held (the ring's head), and one field per non-empty bucket named
+-- by its absolute index (decimal), valued by its count. Only buckets in (h - slots, h] are
+-- kept: a head move deletes the ones that fall out.
+--
+-- ARGV[1] = '1' to commit, '0' to read counts; ARGV[2] = number of ops. Then 10 ARGV per op
+-- (computed in Go with package window's arithmetic, so that Lua only adds and compares):
+--   1 window ms as the op has it (compared with 'w'; a mismatch means an empty ring)
+--   2 window ms of the layout (stored in 'w' when the ring is made)
+--   3 ring slots
+--   4 index of now's bucket (where the add goes)
+--   5 i0, the index of the bucket holding the window start
+--   6 the fraction of bucket i0 inside the window
+--   7 the amount added to now's bucket (N, clamped so that saturation matches)
+--   8 N as a float, for the check
+--   9 the cap, or 'inf' (no cap: always fits) or '-inf' (never fits)
+--  10 the key's TTL in ms, set on every commit: window + bucket width + expiry slack
+-- KEYS: one hash per op.
+--
+-- Both return {ok, count of op 1, ..., count of op n}: ok is '1', or for a commit in which
+-- some op did not fit and nothing was added '0'; each count is the op's count at now before
+-- the request, as a decimal string (%.17g, exact for a double).
+--
+-- Lua numbers are doubles; every integer here is below 2^53 (bucket indices of unix ms,
+-- sums of at most a few hundred uint32 counts), so the arithmetic is exact, and the one
+-- float operation (whole + oldest * frac) is the same IEEE sequence as package window's.
+local commit = ARGV[1] == '1'
+local nops = tonumber(ARGV[2])
+local A = 10
+local MAX = 4294967295
+
+local function fmt(x) return string.format('%.0f', x) end
+
+-- count of the ring in key at the op's instant (0 when the ring was made for another
+-- window), and whether the ring exists for the op's window
+local function count(key, wm, i0, frac)
+  local all = redis.call('HGETALL', key)
+  local w, whole, oldest = nil, 0, 0
+  for j = 1, #all, 2 do
+    local f = all[j]
+    if f == 'w' then
+      w = tonumber(all[j + 1])
+    elseif f ~= 'h' then
+      local i = tonumber(f)
+      if i == i0 then
+        oldest = tonumber(all[j + 1])
+      elseif i > i0 then
+        whole = whole + tonumber(all[j + 1])
+      end
+    end
+  end
+  if w ~= wm then return 0, false end
+  return whole + oldest * frac, true
+end
+
+-- Counts of every op on the state before the request.
+local out, matched = {'1'}, {}
+for i = 1, nops do
+  local b = 2 + (i - 1) * A
+  local c
+  c, matched[i] = count(KEYS[i], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]))
+  out[i + 1] = string.format('%.17g', c)
+end
+if not commit then return out end
+
+-- Check: earlier ops of the request on the same key add their N, as if already taken.
+for i = 1, nops do
+  local b = 2 + (i - 1) * A
+  local cap = ARGV[b + 9]
+  if cap == '-inf' then
+    out[1] = '0'
+    return out
+  end
+  if cap ~= 'inf' then
+    local cur = tonumber(out[i + 1])
+    for j = 1, i - 1 do
+      if KEYS[j] == KEYS[i] then cur = cur + tonumber(ARGV[2 + (j - 1) * A + 8]) end
+    end
+    if cur + tonumber(ARGV[b + 8]) > tonumber(cap) then
+      out[1] = '0'
+      return out
+    end
+  end
+end
+
+-- Add, op by op (window.Ring.Add with the add in now's bucket).
+for i = 1, nops do
+  local b = 2 + (i - 1) * A
+  local key = KEYS[i]
+  local wm, sw, slots = tonumber(ARGV[b + 1]), ARGV[b + 2], tonumber(ARGV[b + 3])
+  local idx, add, ttl = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 7]), ARGV[b + 10]
+  local v = redis.call('HMGET', key, 'w', 'h')
+  local head
+  local ok = true
+  if tonumber(v[1]) == wm then
+    head = tonumber(v[2])
+  elseif matched[i] then
+    -- The ring this op was checked on was replaced by an earlier op of the request with
+    -- another window: enforcer.LocalCounter adds such an op to the replaced ring, which is
+    -- lost. Same here.
+    ok = false
+  else
+    -- a new ring, or one made for another window: start empty with the head at now
+    if v[1] then redis.call('DEL', key) end
+    redis.call('HSET', key, 'w', sw, 'h', fmt(idx))
+    head = idx
+  end
+  if ok and idx > head then
+    local drop = {}
+    for j = head - slots + 1, math.min(head, idx - slots) do drop[#drop + 1] = fmt(j) end
+    if #drop > 0 then redis.call('HDEL', key, unpack(drop)) end
+    redis.call('HSET', key, 'h', fmt(idx))
+  elseif ok and idx <= head - slots then
+    ok = false -- older than every bucket the ring holds: not counted
+  end
+  if ok then
+    local f = fmt(idx)
+    local c = (tonumber(redis.call('HGET', key, f)) or 0) + add
+    if add > MAX or c > MAX or c < 0 then c = MAX end
+    redis.call('HSET', key, f, fmt(c))
+  end
+  redis.call('PEXPIRE', key, ttl)
+end
+return out

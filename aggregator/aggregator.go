@@ -1,0 +1,557 @@
+package aggregator
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// Header names the aggregator puts on records it copies.
+const (
+	// HeaderReason names why a hit was copied to the dead-letter topic (a bad_records_total
+	// reason).
+	HeaderReason = "streamlimit-reason"
+)
+
+// Config configures an Aggregator. Every zero field takes the default written in its comment.
+type Config struct {
+	// Brokers are the Kafka seed brokers (host:port). Required unless KafkaOpts seeds them.
+	Brokers []string
+	// Group is the consumer group id. Default "streamlimit-aggregator".
+	Group string
+	// Topics lists the hits topics to consume. When empty, TopicPattern is used.
+	Topics []string
+	// TopicPattern is a regular expression (Kafka consumer pattern, anchored by the caller)
+	// of hits topics to consume when Topics is empty. Default topics.HitsPattern("hits"):
+	// "hits" and every MirrorMaker-2 copy "<dc>.hits". Every matched topic must have the same
+	// partition count (see the package documentation).
+	TopicPattern string
+	// CountsTopic is the compacted topic counts and heartbeats are written to. It must exist.
+	// Default "counts".
+	CountsTopic string
+	// DeadLetterTopic, when set, receives a copy of every skipped hit record with a
+	// HeaderReason header. Default "" (no copies).
+	DeadLetterTopic string
+	// SubBuckets is the number of sub-window buckets per window. Default 60.
+	SubBuckets int
+	// EmitInterval is the least time between two counts published for one counter, and the
+	// period of the emission loop. Default 100ms.
+	EmitInterval time.Duration
+	// MaxEmitPerSecond caps published count records (tombstones included); when more are
+	// due, the counters whose value changed most go first and the rest wait. Default 50000.
+	MaxEmitPerSecond int
+	// HeartbeatInterval is the period of heartbeat records. Default 500ms.
+	HeartbeatInterval time.Duration
+	// Lateness is how late (by bucket start) a hit may arrive and still be counted, and how
+	// much earlier than the longest window recovery starts replaying. Default 5s.
+	Lateness time.Duration
+	// MaxClockSkew is how far ahead of the aggregator's clock (and of the record's own
+	// timestamp) a hit's bucket start may be. Default 30s.
+	MaxClockSkew time.Duration
+	// MaxKeys bounds the counters held (and, separately, the re-routed hits remembered for
+	// de-duplication). Hits for new counters beyond it are dropped and counted in
+	// refused_keys_total. Default 1,000,000.
+	MaxKeys int
+	// DefaultWindow is the window of JSON hits without "w". Default 1m.
+	DefaultWindow time.Duration
+	// MaxWindow is the longest window accepted; recovery replays MaxWindow + Lateness of
+	// hits. Longer windows are skipped as "window_too_long". Default 1h.
+	MaxWindow time.Duration
+	// Clock tells time. Default clock.Real{}.
+	Clock clock.Clock
+	// Logger receives the aggregator's logs. Default slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the metrics (namespace streamlimit, subsystem aggregator).
+	// Nil: metrics are kept but not registered.
+	Registerer prometheus.Registerer
+	// KafkaOpts are added after the aggregator's own client options (TLS, SASL, client id;
+	// see internal/kafkaopt). They must not change the group balancer.
+	KafkaOpts []kgo.Opt
+	// InstanceID names this instance in heartbeats. Default "<hostname>-<pid>-<random>".
+	InstanceID string
+}
+
+func (c Config) normalize() (Config, error) {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if c.Group == "" {
+		c.Group = "streamlimit-aggregator"
+	}
+	if len(c.Topics) == 0 && c.TopicPattern == "" {
+		c.TopicPattern = topics.HitsPattern(topics.DefaultHitsTopic)
+	}
+	if c.CountsTopic == "" {
+		c.CountsTopic = topics.DefaultCountsTopic
+	}
+	if c.SubBuckets == 0 {
+		c.SubBuckets = 60
+	}
+	if c.MaxEmitPerSecond == 0 {
+		c.MaxEmitPerSecond = 50000
+	}
+	if c.MaxKeys == 0 {
+		c.MaxKeys = 1_000_000
+	}
+	def(&c.EmitInterval, 100*time.Millisecond)
+	def(&c.HeartbeatInterval, 500*time.Millisecond)
+	def(&c.Lateness, 5*time.Second)
+	def(&c.MaxClockSkew, 30*time.Second)
+	def(&c.DefaultWindow, time.Minute)
+	def(&c.MaxWindow, time.Hour)
+	c.Clock = clock.Or(c.Clock)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.InstanceID == "" {
+		host, _ := os.Hostname()
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		c.InstanceID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+	}
+	var errs []error
+	if len(c.Brokers) == 0 && len(c.KafkaOpts) == 0 {
+		errs = append(errs, errors.New("aggregator: no brokers"))
+	}
+	if c.TopicPattern != "" && len(c.Topics) == 0 {
+		if _, err := regexp.Compile(c.TopicPattern); err != nil {
+			errs = append(errs, fmt.Errorf("aggregator: topic pattern: %w", err))
+		}
+	}
+	if c.SubBuckets < 1 || c.MaxEmitPerSecond < 1 || c.MaxKeys < 1 {
+		errs = append(errs, fmt.Errorf("aggregator: SubBuckets %d, MaxEmitPerSecond %d and MaxKeys %d must be positive",
+			c.SubBuckets, c.MaxEmitPerSecond, c.MaxKeys))
+	}
+	for name, d := range map[string]time.Duration{"EmitInterval": c.EmitInterval, "HeartbeatInterval": c.HeartbeatInterval,
+		"Lateness": c.Lateness, "MaxClockSkew": c.MaxClockSkew, "DefaultWindow": c.DefaultWindow, "MaxWindow": c.MaxWindow} {
+		if d < time.Millisecond {
+			errs = append(errs, fmt.Errorf("aggregator: %s %v must be at least 1ms", name, d))
+		}
+	}
+	if c.DefaultWindow > c.MaxWindow {
+		errs = append(errs, fmt.Errorf("aggregator: DefaultWindow %v exceeds MaxWindow %v", c.DefaultWindow, c.MaxWindow))
+	}
+	return c, errors.Join(errs...)
+}
+
+// Aggregator consumes hits and publishes sliding-window counts; see the package
+// documentation. Create it with New and run it with Run; Ready and Keys may be called from
+// any goroutine at any time.
+type Aggregator struct {
+	cfg Config
+	log *slog.Logger
+	m   *metrics
+
+	admin *kadm.Client // on the group client; set by onAssigned, which precedes adjust
+
+	mu          sync.Mutex
+	st          *state
+	parts       map[tp]*partState
+	nparts      map[string]int32 // partition count of each hits topic
+	countsParts int32
+	joined      bool
+	running     bool
+}
+
+type tp struct {
+	topic string
+	part  int32
+}
+
+type partState struct {
+	next, hwm, target int64
+	replaying         bool
+	suspended         bool // revoked, maybe about to be re-assigned (eager rebalance)
+	fresh             bool // assigned but not yet positioned
+	reseek            bool // its slot was dropped: position by time again
+	assignedAt        time.Time
+	replayedAt        time.Time
+}
+
+// New validates cfg and returns an Aggregator. It registers the metrics on cfg.Registerer
+// and touches no network.
+func New(cfg Config) (*Aggregator, error) {
+	cfg, err := cfg.normalize()
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Aggregator{
+		cfg: cfg,
+		log: cfg.Logger.With("component", "aggregator", "instance", cfg.InstanceID),
+		m:   m,
+		st: newState(stateConfig{
+			subBuckets:   cfg.SubBuckets,
+			maxSkew:      cfg.MaxClockSkew,
+			maxKeys:      cfg.MaxKeys,
+			emitInterval: cfg.EmitInterval.Milliseconds(),
+			maxSpecs:     1024,
+		}),
+		parts:  map[tp]*partState{},
+		nparts: map[string]int32{},
+	}, nil
+}
+
+// Ready reports whether the aggregator has joined its group and no assigned partition is
+// replaying, i.e. whether every counter it owns is being published from complete state.
+// It is what a /readyz handler should report.
+func (a *Aggregator) Ready() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.running || !a.joined {
+		return false
+	}
+	for _, ps := range a.parts {
+		if ps.replaying || ps.fresh {
+			return false
+		}
+	}
+	return true
+}
+
+// Keys returns the number of counters held.
+func (a *Aggregator) Keys() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.st.size()
+}
+
+// Assigned returns the hits partitions currently assigned, by topic.
+func (a *Aggregator) Assigned() map[string][]int32 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := map[string][]int32{}
+	for k, ps := range a.parts {
+		if !ps.suspended {
+			out[k.topic] = append(out[k.topic], k.part)
+		}
+	}
+	return out
+}
+
+// Run consumes and publishes until ctx is done, then leaves the group and returns nil; it
+// returns an error if the Kafka client cannot be created or the counts topic is missing.
+// Run may be called once.
+func (a *Aggregator) Run(ctx context.Context) error {
+	a.mu.Lock()
+	if a.running {
+		a.mu.Unlock()
+		return errors.New("aggregator: Run called twice")
+	}
+	a.running = true
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.running = false
+		a.mu.Unlock()
+	}()
+
+	opts := []kgo.Opt{
+		kgo.ConsumerGroup(a.cfg.Group),
+		// Range assigns partition p of every co-partitioned hits topic to one member:
+		// one key, one owner (package documentation).
+		kgo.Balancers(kgo.RangeBalancer()),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsAssigned(a.onAssigned),
+		kgo.OnPartitionsRevoked(a.onRevoked),
+		kgo.OnPartitionsLost(a.onLost),
+		kgo.AdjustFetchOffsetsFn(a.adjust),
+		kgo.RecordPartitioner(partitioner()),
+		kgo.ProducerLinger(5 * time.Millisecond),
+		kgo.FetchMaxWait(200 * time.Millisecond),
+		kgo.ClientID("streamlimit-aggregator"),
+	}
+	if len(a.cfg.Brokers) > 0 {
+		opts = append(opts, kgo.SeedBrokers(a.cfg.Brokers...))
+	}
+	if len(a.cfg.Topics) > 0 {
+		opts = append(opts, kgo.ConsumeTopics(a.cfg.Topics...))
+	} else {
+		opts = append(opts, kgo.ConsumeTopics(a.cfg.TopicPattern), kgo.ConsumeRegex())
+	}
+	opts = append(opts, a.cfg.KafkaOpts...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("aggregator: kafka client: %w", err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	td, err := adm.ListTopics(ctx, a.cfg.CountsTopic)
+	if err == nil {
+		err = td.Error()
+	}
+	if err != nil {
+		return fmt.Errorf("aggregator: counts topic %q: %w", a.cfg.CountsTopic, err)
+	}
+	a.mu.Lock()
+	a.countsParts = int32(len(td[a.cfg.CountsTopic].Partitions))
+	a.mu.Unlock()
+
+	loopCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { a.emitLoop(loopCtx, cl) })
+	wg.Go(func() { a.heartbeatLoop(loopCtx, cl) })
+	a.pollLoop(loopCtx, cl)
+	stop()
+	wg.Wait()
+	flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := cl.Flush(flushCtx); err != nil {
+		a.log.Warn("flush on shutdown", "err", err)
+	}
+	return nil
+}
+
+func (a *Aggregator) pollLoop(ctx context.Context, cl *kgo.Client) {
+	for {
+		fetches := cl.PollRecords(ctx, 10000)
+		if ctx.Err() != nil || fetches.IsClientClosed() {
+			cl.AllowRebalance()
+			return
+		}
+		fetches.EachError(func(t string, p int32, err error) {
+			if !errors.Is(err, context.Canceled) {
+				a.log.Warn("fetch", "topic", t, "partition", p, "err", err)
+			}
+		})
+		now := a.cfg.Clock.Now().UnixMilli()
+		a.mu.Lock()
+		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
+			ps := a.parts[tp{fp.Topic, fp.Partition}]
+			if ps == nil || ps.suspended {
+				return
+			}
+			nparts := a.nparts[fp.Topic]
+			for _, r := range fp.Records {
+				a.process(ctx, cl, now, ps, nparts, r)
+				ps.next = r.Offset + 1
+			}
+			a.m.recordsIn.Add(float64(len(fp.Records)))
+			if fp.HighWatermark > 0 {
+				ps.hwm = fp.HighWatermark
+			}
+			a.m.lag.WithLabelValues(fp.Topic, strconv.Itoa(int(fp.Partition))).Set(float64(max(ps.hwm-ps.next, 0)))
+			a.checkReplayDone(fp.Partition, ps)
+		})
+		a.m.keys.Set(float64(a.st.size()))
+		a.mu.Unlock()
+		cl.AllowRebalance()
+	}
+}
+
+// checkReplayDone ends a partition's replay once it consumed up to the high watermark seen
+// at assignment, and resumes its slot when no other partition of the slot replays.
+func (a *Aggregator) checkReplayDone(slot int32, ps *partState) {
+	if !ps.replaying || ps.next < ps.target {
+		return
+	}
+	ps.replaying = false
+	ps.replayedAt = time.Now()
+	a.m.replayDur.Observe(ps.replayedAt.Sub(ps.assignedAt).Seconds())
+	a.recomputePaused()
+	if !a.st.paused[slot] {
+		a.st.markDirty(slot)
+	}
+}
+
+func (a *Aggregator) recomputePaused() {
+	clear(a.st.paused)
+	for k, ps := range a.parts {
+		if ps.replaying || ps.suspended || ps.fresh {
+			a.st.paused[k.part] = true
+		}
+	}
+}
+
+// process handles one hit record. The caller holds a.mu.
+// nparts is the partition count of the record's topic (0: unknown, no re-routing).
+func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps *partState, nparts int32, r *kgo.Record) {
+	origin := ""
+	for _, h := range r.Headers {
+		if h.Key == topics.HeaderRerouted {
+			origin = string(h.Value)
+			if origin == "" {
+				origin = "?"
+			}
+		}
+	}
+	var h hitRef
+	if !decodeFast(r.Value, &h) {
+		slow, err := topics.DecodeHit(r.Value)
+		if err != nil {
+			a.bad(ctx, cl, topics.Reason(err), r, err)
+			return
+		}
+		h = hitRef{key: []byte(slow.Key), site: []byte(slow.Site), bucketStart: slow.BucketStart, window: slow.Window, count: slow.Count}
+	}
+	if h.window == 0 {
+		h.window = a.cfg.DefaultWindow.Milliseconds()
+	}
+	skew, late := a.cfg.MaxClockSkew.Milliseconds(), a.cfg.Lateness.Milliseconds()
+	switch {
+	case h.window > a.cfg.MaxWindow.Milliseconds():
+		a.bad(ctx, cl, ReasonWindowTooLong, r, nil)
+		return
+	case h.bucketStart > now+skew || (!r.Timestamp.IsZero() && h.bucketStart > r.Timestamp.UnixMilli()+skew):
+		a.bad(ctx, cl, ReasonTooFarFuture, r, nil)
+		return
+	case h.bucketStart+h.window+late < now:
+		if !ps.replaying { // during replay, old hits are expected, not bad
+			a.bad(ctx, cl, ReasonTooOld, r, nil)
+		}
+		return
+	}
+	if origin == "" && nparts > 0 {
+		// Ownership follows the counter key (the hit's key), which our producer also uses
+		// as the record key.
+		if q := kafkaPartition(h.key, nparts); q != r.Partition {
+			a.reroute(ctx, cl, r, h.key, q)
+			return
+		}
+	}
+	switch a.st.addRaw(now, r.Partition, h, origin, h.bucketStart+h.window+late) {
+	case refusedKey:
+		a.m.refused.Inc()
+	case duplicate:
+		a.m.duplicates.Inc()
+	}
+}
+
+// reroute re-publishes a misrouted hit to partition q (the key's murmur2 partition) of the
+// same topic, marked with HeaderRerouted = "<topic>/<partition>/<offset>" of the original.
+func (a *Aggregator) reroute(ctx context.Context, cl *kgo.Client, r *kgo.Record, key []byte, q int32) {
+	a.m.rerouted.Inc()
+	origin := r.Topic + "/" + strconv.Itoa(int(r.Partition)) + "/" + strconv.FormatInt(r.Offset, 10)
+	hs := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
+	hs = append(hs, r.Headers...)
+	hs = append(hs, kgo.RecordHeader{Key: topics.HeaderRerouted, Value: []byte(origin)})
+	rec := &kgo.Record{Topic: r.Topic, Key: key, Value: r.Value, Timestamp: r.Timestamp, Headers: hs}
+	cl.Produce(context.WithoutCancel(ctx), rec, func(_ *kgo.Record, err error) {
+		if err != nil {
+			a.log.Error("re-route misrouted hit", "origin", origin, "to_partition", q, "err", err)
+		}
+	})
+}
+
+func (a *Aggregator) bad(ctx context.Context, cl *kgo.Client, reason string, r *kgo.Record, err error) {
+	a.m.bad.WithLabelValues(reason).Inc()
+	a.log.Debug("bad hit record", "reason", reason, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+	if a.cfg.DeadLetterTopic == "" {
+		return
+	}
+	hs := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
+	hs = append(hs, r.Headers...)
+	hs = append(hs, kgo.RecordHeader{Key: HeaderReason, Value: []byte(reason)})
+	rec := &kgo.Record{Topic: a.cfg.DeadLetterTopic, Key: r.Key, Value: r.Value, Timestamp: r.Timestamp, Headers: hs}
+	cl.Produce(context.WithoutCancel(ctx), rec, func(_ *kgo.Record, err error) {
+		if err != nil {
+			a.log.Warn("dead-letter copy", "err", err)
+		}
+	})
+}
+
+func (a *Aggregator) emitLoop(ctx context.Context, cl *kgo.Client) {
+	t := time.NewTicker(a.cfg.EmitInterval)
+	defer t.Stop()
+	budget := max(1, int(int64(a.cfg.MaxEmitPerSecond)*int64(a.cfg.EmitInterval)/int64(time.Second)))
+	var (
+		cands []candidate
+		outs  []emission
+		buf   []byte
+	)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		now := a.cfg.Clock.Now().UnixMilli()
+		a.mu.Lock()
+		cands, outs = a.st.collect(now, budget, cands, outs[:0])
+		a.m.keys.Set(float64(a.st.size()))
+		a.mu.Unlock()
+		for _, e := range outs {
+			rec := &kgo.Record{Topic: a.cfg.CountsTopic, Key: []byte(e.key)}
+			if e.count != nil {
+				var err error
+				buf, err = e.count.AppendBinary(buf[:0])
+				if err != nil {
+					a.log.Error("encode count", "key", e.key, "err", err)
+					continue
+				}
+				rec.Value = append([]byte(nil), buf...)
+			} else {
+				a.m.tombstones.Inc()
+			}
+			a.m.countsOut.Inc()
+			cl.Produce(ctx, rec, a.produced)
+		}
+		a.m.emitDur.Observe(time.Since(start).Seconds())
+	}
+}
+
+func (a *Aggregator) produced(r *kgo.Record, err error) {
+	if err != nil && !errors.Is(err, context.Canceled) {
+		a.log.Error("publish", "topic", r.Topic, "key", string(r.Key), "err", err)
+	}
+}
+
+func (a *Aggregator) heartbeatLoop(ctx context.Context, cl *kgo.Client) {
+	t := time.NewTicker(a.cfg.HeartbeatInterval)
+	defer t.Stop()
+	var hbs []topics.Heartbeat
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := a.cfg.Clock.Now().UnixMilli()
+		hbs = hbs[:0]
+		a.mu.Lock()
+		for k, ps := range a.parts {
+			if ps.suspended || ps.fresh {
+				continue
+			}
+			hbs = append(hbs, topics.Heartbeat{Instance: a.cfg.InstanceID, Topic: k.topic, Partition: k.part,
+				AsOf: now, Offset: ps.next, HighWatermark: ps.hwm, Replaying: ps.replaying})
+		}
+		n := a.countsParts
+		a.st.pruneSeen(now)
+		a.mu.Unlock()
+		for _, hb := range hbs {
+			v, err := hb.MarshalBinary()
+			if err != nil {
+				a.log.Error("encode heartbeat", "err", err)
+				continue
+			}
+			key := []byte(topics.HeartbeatKey(hb.Topic, hb.Partition))
+			for p := range n {
+				a.m.heartbeats.Inc()
+				cl.Produce(ctx, &kgo.Record{Topic: a.cfg.CountsTopic, Key: key, Value: v, Partition: p}, a.produced)
+			}
+		}
+	}
+}

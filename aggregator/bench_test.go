@@ -1,0 +1,120 @@
+package aggregator
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// BenchmarkEndToEnd writes hitsPerRun binary hits to a 4-partition topic, then reads them
+// twice: with a raw franz-go consumer (no decoding) and with an Aggregator replaying the
+// topic (decode, validate, count). It reports both rates in hits/s and their ratio. Each
+// side is timed from its first partition positioning to its last record, so group join
+// time is left out.
+func BenchmarkEndToEnd(b *testing.B) {
+	const hitsPerRun = 1_000_000
+	brokers := testenv.Brokers(b)
+	var tc topics.Config
+	tc, _ = tc.Normalize()
+	hits := testenv.CreateTopic(b, "hits", testPartitions, tc.HitsConfigs())
+	counts := testenv.CreateTopic(b, "counts", testPartitions, tc.CountsConfigs())
+	prod := testenv.KafkaClient(b, kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(100_000))
+	now := time.Now()
+	sites := []string{"eu-1", "us-1", "ap-1"}
+	ctx := context.Background()
+	for i := range hitsPerRun {
+		h := topics.Hit{Key: "bench|user=" + strconv.Itoa(i%20_000), Site: sites[i%3],
+			BucketStart: now.Add(-time.Duration(hitsPerRun-i) * 30 * time.Microsecond).UnixMilli(), Window: 60_000, Count: 1}
+		v, _ := h.MarshalBinary()
+		prod.Produce(ctx, &kgo.Record{Topic: hits, Key: []byte(h.Key), Value: v, Timestamp: h.BucketTime()}, nil)
+	}
+	if err := prod.Flush(ctx); err != nil {
+		b.Fatal(err)
+	}
+	var rawRate, aggRate float64
+	for b.Loop() {
+		// Raw consumer.
+		start := time.Now()
+		cl := testenv.KafkaClient(b, kgo.ConsumeTopics(hits), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		n := 0
+		for n < hitsPerRun {
+			fs := cl.PollRecords(ctx, 10000)
+			fs.EachRecord(func(*kgo.Record) { n++ })
+		}
+		rawRate = hitsPerRun / time.Since(start).Seconds()
+		cl.Close()
+
+		// Aggregator replay.
+		a, err := New(Config{Brokers: brokers, Group: testenv.TopicName(b, "g"), Topics: []string{hits}, CountsTopic: counts,
+			MaxWindow: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			b.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- a.Run(rctx) }()
+		for !a.Ready() {
+			time.Sleep(10 * time.Millisecond)
+		}
+		a.mu.Lock()
+		var first, last time.Time
+		for _, ps := range a.parts {
+			if first.IsZero() || ps.assignedAt.Before(first) {
+				first = ps.assignedAt
+			}
+			if ps.replayedAt.After(last) {
+				last = ps.replayedAt
+			}
+		}
+		keys := a.st.size()
+		a.mu.Unlock()
+		cancel()
+		<-done
+		if keys != 20_000 {
+			b.Fatalf("aggregator holds %d keys, want 20000", keys)
+		}
+		aggRate = hitsPerRun / last.Sub(first).Seconds()
+	}
+	b.ReportMetric(rawRate, "raw_hits/s")
+	b.ReportMetric(aggRate, "agg_hits/s")
+	b.ReportMetric(aggRate/rawRate, "ratio")
+}
+
+// TestMemoryPerCounter reports the aggregator's heap per counter (with its bookkeeping)
+// at 100k counters, with one and with three sites.
+func TestMemoryPerCounter(t *testing.T) {
+	if testing.Short() {
+		t.Skip("memory measurement")
+	}
+	measure := func(nsites int) float64 {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		s := newState(stateConfig{subBuckets: 60, maxSkew: 30 * time.Second, maxKeys: 1 << 20, emitInterval: 100, maxSpecs: 16})
+		now := time.Now().UnixMilli()
+		for i := range 100_000 {
+			for k := range nsites {
+				h := topics.Hit{Key: "api:POST /articles|user=" + strconv.Itoa(i), Site: []string{"eu-1", "us-1", "ap-1"}[k], BucketStart: now, Window: 60_000, Count: 1}
+				s.add(now, 0, &h, "", 0)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		runtime.KeepAlive(s)
+		return float64(after.HeapAlloc-before.HeapAlloc) / 100_000
+	}
+	one, three := measure(1), measure(3)
+	t.Logf("100k counters, window 1m / 60 sub-buckets: %.0f B per counter with 1 site, %.0f B with 3 sites (%.0f B per extra site)", one, three, (three-one)/2)
+	if one > 1024 || three > 2048 {
+		t.Fatalf("memory per counter too high: %.0f / %.0f", one, three)
+	}
+}

@@ -1,0 +1,353 @@
+package aggregator
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/streamlimit/streamlimit/aggregator/window"
+	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+const testPartitions = 4
+
+// env is one test's topics: a local hits topic, its "us." MirrorMaker copy, and counts.
+type env struct {
+	t             *testing.T
+	hits, usHits  string
+	counts        string
+	group         string
+	brokers       []string
+	prod          *kgo.Client
+	countsRecs    *recorder
+	hitsMu        sync.Mutex
+	hitsByCounter map[counterID][]topics.Hit
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	brokers := testenv.Brokers(t)
+	var tc topics.Config
+	tc, err := tc.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hits := testenv.CreateTopic(t, "hits", testPartitions, tc.HitsConfigs())
+	us := topics.RemoteHitsTopic("us", hits)
+	adm := testenv.AdminClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if r, err := adm.CreateTopic(ctx, testPartitions, 1, tc.HitsConfigs(), us); err != nil || r.Err != nil {
+		t.Fatalf("create %s: %v %v", us, err, r.Err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = adm.DeleteTopics(ctx, us)
+	})
+	counts := testenv.CreateTopic(t, "counts", testPartitions, tc.CountsConfigs())
+	e := &env{t: t, hits: hits, usHits: us, counts: counts, group: testenv.TopicName(t, "group"), brokers: brokers,
+		prod:          testenv.KafkaClient(t, kgo.DefaultProduceTopic(hits), kgo.ProducerLinger(0)),
+		hitsByCounter: map[counterID][]topics.Hit{}}
+	// The "us." topic must be visible with leaders before anything joins the group.
+	for {
+		md, err := adm.Metadata(ctx, us)
+		if err == nil && md.Topics[us].Err == nil && len(md.Topics[us].Partitions) == testPartitions && allLeaders(md.Topics[us].Partitions) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("topic %s not ready", us)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	e.countsRecs = startRecorder(t, brokers, counts)
+	return e
+}
+
+func allLeaders(ps kadm.PartitionDetails) bool {
+	for _, p := range ps {
+		if p.Err != nil || p.Leader < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (e *env) config(reg prometheus.Registerer) Config {
+	return Config{
+		Brokers:       e.brokers,
+		Group:         e.group,
+		Topics:        []string{e.hits, e.usHits},
+		CountsTopic:   e.counts,
+		SubBuckets:    20,
+		EmitInterval:  50 * time.Millisecond,
+		Lateness:      2 * time.Second,
+		MaxClockSkew:  5 * time.Second,
+		DefaultWindow: 20 * time.Second,
+		MaxWindow:     30 * time.Second,
+		Registerer:    reg,
+		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+}
+
+// produce writes hits (binary) to topic with Kafka's key partitioning and record timestamps
+// equal to the bucket start, and remembers them for the brute-force reference.
+func (e *env) produce(topic string, hs ...topics.Hit) {
+	e.t.Helper()
+	recs := make([]*kgo.Record, 0, len(hs))
+	for _, h := range hs {
+		v, err := h.MarshalBinary()
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(h.Key), Value: v, Timestamp: time.UnixMilli(h.BucketStart)})
+	}
+	e.produceRecords(recs...)
+	e.remember(hs...)
+}
+
+func (e *env) remember(hs ...topics.Hit) {
+	e.hitsMu.Lock()
+	defer e.hitsMu.Unlock()
+	for _, h := range hs {
+		id := counterID{h.Key, h.Window}
+		e.hitsByCounter[id] = append(e.hitsByCounter[id], h)
+	}
+}
+
+func (e *env) produceRecords(recs ...*kgo.Record) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := e.prod.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		e.t.Fatalf("produce: %v", err)
+	}
+}
+
+// reference returns the brute-force count of a counter at asOf over the remembered hits.
+func (e *env) reference(key string, w int64, asOf int64, subBuckets int, skew time.Duration) (float64, map[string]float64) {
+	e.hitsMu.Lock()
+	hs := append([]topics.Hit(nil), e.hitsByCounter[counterID{key, w}]...)
+	e.hitsMu.Unlock()
+	return window.Reference(window.NewSpec(time.Duration(w)*time.Millisecond, subBuckets, skew), hs, asOf)
+}
+
+// run starts an aggregator and returns it with a stop function that waits for Run.
+func (e *env) run(cfg Config) (*Aggregator, func()) {
+	e.t.Helper()
+	a, err := New(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				e.t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	e.t.Cleanup(stop)
+	return a, stop
+}
+
+func eventually(t *testing.T, what string, timeout time.Duration, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// recorder follows the counts topic from its start.
+type recorder struct {
+	mu   sync.Mutex
+	recs []*kgo.Record
+}
+
+func startRecorder(t *testing.T, brokers []string, topic string) *recorder {
+	cl := testenv.KafkaClient(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(100*time.Millisecond))
+	r := &recorder{}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			fs := cl.PollFetches(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			r.mu.Lock()
+			fs.EachRecord(func(rec *kgo.Record) { r.recs = append(r.recs, rec) })
+			r.mu.Unlock()
+		}
+	})
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return r
+}
+
+func (r *recorder) all() []*kgo.Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*kgo.Record(nil), r.recs...)
+}
+
+// counts decodes every count record (tombstones and heartbeats left out).
+func (r *recorder) counts(t *testing.T) []topics.Count {
+	var out []topics.Count
+	for _, rec := range r.all() {
+		if topics.IsReservedKey(rec.Key) || len(rec.Value) == 0 {
+			continue
+		}
+		c, err := topics.DecodeCount(rec.Value)
+		if err != nil {
+			t.Fatalf("bad count record %q: %v", rec.Key, err)
+		}
+		if c.Key != string(rec.Key) {
+			t.Fatalf("count for %q under key %q", c.Key, rec.Key)
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// latest returns the newest count per key (by AsOf), and which keys ended with a tombstone.
+func (r *recorder) latest(t *testing.T) (map[string]topics.Count, map[string]bool) {
+	cs := map[string]topics.Count{}
+	dead := map[string]bool{}
+	for _, rec := range r.all() {
+		if topics.IsReservedKey(rec.Key) {
+			continue
+		}
+		k := string(rec.Key)
+		if len(rec.Value) == 0 {
+			dead[k] = true
+			continue
+		}
+		c, err := topics.DecodeCount(rec.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.AsOf >= cs[k].AsOf {
+			cs[k] = c
+			delete(dead, k)
+		}
+	}
+	return cs, dead
+}
+
+// checkExact asserts that every count equals the brute-force reference at its AsOf.
+func (e *env) checkExact(cs []topics.Count, cfg Config, filter func(topics.Count) bool) int {
+	e.t.Helper()
+	n := 0
+	for _, c := range cs {
+		if filter != nil && !filter(c) {
+			continue
+		}
+		n++
+		wantT, wantS := e.reference(c.Key, c.Window, c.AsOf, cfg.SubBuckets, cfg.MaxClockSkew)
+		if math.Abs(c.Total-wantT) > 1e-6 {
+			e.t.Fatalf("key %q at %d: total %v, brute force %v", c.Key, c.AsOf, c.Total, wantT)
+		}
+		if len(c.Sites) != len(wantS) {
+			e.t.Fatalf("key %q at %d: sites %v, brute force %v", c.Key, c.AsOf, c.Sites, wantS)
+		}
+		for _, s := range c.Sites {
+			if math.Abs(s.Count-wantS[s.Site]) > 1e-6 {
+				e.t.Fatalf("key %q site %s at %d: %v, brute force %v", c.Key, s.Site, c.AsOf, s.Count, wantS[s.Site])
+			}
+		}
+	}
+	return n
+}
+
+// randomHits returns hits for n keys from three sites, stamped in [from, to).
+func randomHits(rng *rand.Rand, prefix string, n int, from, to time.Time, w time.Duration) (local, remote []topics.Hit) {
+	sites := []string{"eu-1", "us-1", "ap-1"}
+	for k := range n {
+		key := fmt.Sprintf("%s|user=%d", prefix, k)
+		for range 1 + rng.IntN(4) {
+			site := sites[rng.IntN(3)]
+			ts := from.UnixMilli() + rng.Int64N(to.Sub(from).Milliseconds())
+			h := topics.Hit{Key: key, Site: site, BucketStart: ts, Window: w.Milliseconds(), Count: 1 + rng.Int64N(3)}
+			if site == "us-1" {
+				remote = append(remote, h)
+			} else {
+				local = append(local, h)
+			}
+		}
+	}
+	return local, remote
+}
+
+func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+						found = true
+					}
+				}
+				if !found {
+					continue metric
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+func keysOf(hs ...[]topics.Hit) map[string]bool {
+	out := map[string]bool{}
+	for _, h := range hs {
+		for _, x := range h {
+			out[x.Key] = true
+		}
+	}
+	return out
+}
+
+func hasPrefix(p string) func(topics.Count) bool {
+	return func(c topics.Count) bool { return strings.HasPrefix(c.Key, p) }
+}
+
+func newAdmin(t *testing.T, e *env) *kadm.Client {
+	t.Helper()
+	return testenv.AdminClient(t)
+}

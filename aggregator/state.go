@@ -1,0 +1,301 @@
+package aggregator
+
+import (
+	"slices"
+	"time"
+
+	"github.com/streamlimit/streamlimit/aggregator/window"
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// counterID names one counter: a (key, window) pair.
+type counterID struct {
+	key    string
+	window int64 // ms
+}
+
+// entry is the aggregator's bookkeeping around one counter's window state.
+type entry struct {
+	id   counterID
+	spec *window.Spec
+	c    window.Counter
+	slot int32  // partition number the key's hits come from
+	idx  int    // position in state.list
+	next *entry // the same key's counter for another window
+
+	dirty       bool    // hits were added since the last emission
+	emitted     bool    // a non-zero count has been published (so zero needs a tombstone)
+	lastEmitted float64 // total last published
+	lastEmitAt  int64   // ms
+	nextEval    int64   // ms: re-evaluate for decay no later than this
+}
+
+// addResult says what state.add did with a hit.
+type addResult int
+
+const (
+	added addResult = iota
+	refusedKey
+	outsideRing
+	duplicate
+)
+
+// stateConfig is the part of Config the pure state needs.
+type stateConfig struct {
+	subBuckets   int
+	maxSkew      time.Duration
+	maxKeys      int
+	emitInterval int64 // ms
+	maxSpecs     int
+}
+
+// state is every counter the instance owns, by source slot (partition number). It is not
+// safe for concurrent use: the Aggregator guards it with its mutex.
+type state struct {
+	cfg   stateConfig
+	specs map[int64]*window.Spec
+	m     map[string]*entry // by key; a key's counters for several windows are chained
+	list  []*entry          // every counter, for iteration; len(list) is the number held
+	// seen dedupes re-routed hits per slot: origin id → expiry (ms).
+	seen     map[int32]map[string]int64
+	seenSize int
+	// paused slots publish nothing (replaying, or between revocation and re-assignment).
+	paused map[int32]bool
+	sites  map[string]string // interned site names (bounded by maxInternedSites)
+}
+
+const maxInternedSites = 4096
+
+func newState(cfg stateConfig) *state {
+	return &state{
+		cfg:    cfg,
+		specs:  map[int64]*window.Spec{},
+		m:      map[string]*entry{},
+		seen:   map[int32]map[string]int64{},
+		paused: map[int32]bool{},
+		sites:  map[string]string{},
+	}
+}
+
+func (s *state) spec(w int64) *window.Spec {
+	if sp, ok := s.specs[w]; ok {
+		return sp
+	}
+	sp := window.NewSpec(time.Duration(w)*time.Millisecond, s.cfg.subBuckets, s.cfg.maxSkew)
+	if len(s.specs) < s.cfg.maxSpecs {
+		s.specs[w] = &sp
+	}
+	return &sp
+}
+
+func (s *state) intern(site []byte) string {
+	if v, ok := s.sites[string(site)]; ok {
+		return v
+	}
+	v := string(site)
+	if len(s.sites) < maxInternedSites {
+		s.sites[v] = v
+	}
+	return v
+}
+
+// add counts hit h (window already defaulted) from slot at aggregator time now (ms).
+// origin is non-empty for a re-routed hit; expiry is when its dedupe entry may go.
+func (s *state) add(now int64, slot int32, h *topics.Hit, origin string, expiry int64) addResult {
+	return s.addRaw(now, slot, hitRef{key: []byte(h.Key), site: []byte(h.Site), bucketStart: h.BucketStart, window: h.Window, count: h.Count}, origin, expiry)
+}
+
+// hitRef is a decoded hit whose key and site still point into the record.
+type hitRef struct {
+	key, site                  []byte
+	bucketStart, window, count int64
+}
+
+// addRaw is add without allocating for counters and sites already held.
+func (s *state) addRaw(now int64, slot int32, h hitRef, origin string, expiry int64) addResult {
+	if origin != "" {
+		ss := s.seen[slot]
+		if _, dup := ss[origin]; dup {
+			return duplicate
+		}
+		if s.seenSize >= s.cfg.maxKeys {
+			s.pruneSeen(now)
+		}
+		if s.seenSize >= s.cfg.maxKeys {
+			return refusedKey
+		}
+		if ss == nil {
+			ss = map[string]int64{}
+			s.seen[slot] = ss
+		}
+		ss[origin] = expiry
+		s.seenSize++
+	}
+	var e *entry
+	for e = s.m[string(h.key)]; e != nil && e.id.window != h.window; e = e.next {
+	}
+	if e == nil {
+		if len(s.list) >= s.cfg.maxKeys {
+			return refusedKey
+		}
+		key := string(h.key)
+		e = &entry{id: counterID{key, h.window}, spec: s.spec(h.window), slot: slot, idx: len(s.list)}
+		e.next = s.m[key]
+		s.m[key] = e
+		s.list = append(s.list, e)
+	}
+	if !e.c.AddSite(e.spec, now, h.site, s.intern, h.bucketStart, h.count) {
+		return outsideRing
+	}
+	e.dirty = true
+	return added
+}
+
+// get returns the counter of (key, w), or nil.
+func (s *state) get(key string, w int64) *entry {
+	for e := s.m[key]; e != nil; e = e.next {
+		if e.id.window == w {
+			return e
+		}
+	}
+	return nil
+}
+
+// size returns the number of counters held.
+func (s *state) size() int { return len(s.list) }
+
+func (s *state) remove(e *entry) {
+	last := s.list[len(s.list)-1]
+	s.list[e.idx] = last
+	last.idx = e.idx
+	s.list = s.list[:len(s.list)-1]
+	head := s.m[e.id.key]
+	switch {
+	case head == e && e.next == nil:
+		delete(s.m, e.id.key)
+	case head == e:
+		s.m[e.id.key] = e.next
+	default:
+		for p := head; p != nil; p = p.next {
+			if p.next == e {
+				p.next = e.next
+				break
+			}
+		}
+	}
+	e.next = nil
+}
+
+// dropSlot forgets every counter and dedupe entry of slot.
+func (s *state) dropSlot(slot int32) {
+	for i := len(s.list) - 1; i >= 0; i-- {
+		if e := s.list[i]; e.slot == slot {
+			s.remove(e)
+		}
+	}
+	s.seenSize -= len(s.seen[slot])
+	delete(s.seen, slot)
+}
+
+// markDirty makes every counter of slot due for emission (after its replay).
+func (s *state) markDirty(slot int32) {
+	for _, e := range s.list {
+		if e.slot == slot {
+			e.dirty = true
+		}
+	}
+}
+
+func (s *state) pruneSeen(now int64) {
+	for slot, ss := range s.seen {
+		for k, exp := range ss {
+			if exp < now {
+				delete(ss, k)
+				s.seenSize--
+			}
+		}
+		if len(ss) == 0 {
+			delete(s.seen, slot)
+		}
+	}
+}
+
+// emission is one record to publish: a count, or a tombstone when count is nil.
+type emission struct {
+	key   string
+	slot  int32
+	count *topics.Count
+}
+
+type candidate struct {
+	e     *entry
+	total float64
+	zero  bool
+	prio  float64
+}
+
+// collect returns the emissions due at now (ms), at most budget of them, the biggest
+// changes first, and updates the counters' bookkeeping; counters that reached zero are
+// forgotten. Counters not chosen stay due for the next call. cands is scratch space.
+//
+// Due means: hits were added and the last emission is at least emitInterval old, or the
+// counter's decay re-evaluation time has come. A decay re-evaluation that finds the value
+// unchanged publishes nothing. Re-evaluation happens every max(bucket width, emit interval).
+func (s *state) collect(now int64, budget int, cands []candidate, out []emission) ([]candidate, []emission) {
+	cands = cands[:0]
+	for i := len(s.list) - 1; i >= 0; i-- {
+		e := s.list[i]
+		if s.paused[e.slot] {
+			continue
+		}
+		if !(e.dirty && now >= e.lastEmitAt+s.cfg.emitInterval) && now < e.nextEval {
+			continue
+		}
+		total, zero := e.c.Total(e.spec, now)
+		if zero {
+			if !e.emitted {
+				s.remove(e) // nothing published: forget silently
+				continue
+			}
+			cands = append(cands, candidate{e: e, zero: true, prio: e.lastEmitted + 1})
+			continue
+		}
+		if total == e.lastEmitted && e.emitted {
+			e.dirty = false
+			e.nextEval = now + max(e.spec.Width, s.cfg.emitInterval)
+			continue
+		}
+		d := total - e.lastEmitted
+		if d < 0 {
+			d = -d
+		}
+		cands = append(cands, candidate{e: e, total: total, prio: d})
+	}
+	if len(cands) > budget {
+		slices.SortFunc(cands, func(a, b candidate) int {
+			switch {
+			case a.prio > b.prio:
+				return -1
+			case a.prio < b.prio:
+				return 1
+			}
+			return 0
+		})
+		cands = cands[:budget]
+	}
+	for _, c := range cands {
+		e := c.e
+		if c.zero {
+			out = append(out, emission{key: e.id.key, slot: e.slot})
+			s.remove(e)
+			continue
+		}
+		cnt := &topics.Count{Key: e.id.key, Window: e.id.window, AsOf: now}
+		cnt.Sites, cnt.Total = e.c.AppendSites(make([]topics.SiteCount, 0, e.c.Sites()), e.spec, now)
+		out = append(out, emission{key: e.id.key, slot: e.slot, count: cnt})
+		e.dirty, e.emitted = false, true
+		e.lastEmitted, e.lastEmitAt = c.total, now
+		e.nextEval = now + max(e.spec.Width, s.cfg.emitInterval)
+	}
+	return cands, out
+}

@@ -1,0 +1,185 @@
+package aggregator
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/streamlimit/streamlimit/aggregator/window"
+	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+func testState(maxKeys int) *state {
+	return newState(stateConfig{subBuckets: 10, maxSkew: time.Second, maxKeys: maxKeys, emitInterval: 100, maxSpecs: 16})
+}
+
+func TestMurmur2MatchesKafkaPartitioner(t *testing.T) {
+	p := kgo.StickyKeyPartitioner(nil).ForTopic("t")
+	for i := range 2000 {
+		key := []byte("api:POST /articles|user=" + strconv.Itoa(i) + string(make([]byte, i%5)))
+		for _, n := range []int32{1, 3, 4, 12, 100} {
+			want := p.Partition(&kgo.Record{Key: key}, int(n))
+			if got := kafkaPartition(key, n); int(got) != want {
+				t.Fatalf("key %q n=%d: %d, kgo says %d", key, n, got, want)
+			}
+		}
+	}
+}
+
+func TestCollectEmitsDecaysAndTombstones(t *testing.T) {
+	fc := clock.NewFake(time.UnixMilli(1_763_740_000_000))
+	s := testState(100)
+	now := func() int64 { return fc.Now().UnixMilli() }
+	hit := topics.Hit{Key: "k", Site: "eu", BucketStart: now(), Window: 10_000, Count: 4}
+	if r := s.add(now(), 0, &hit, "", 0); r != added {
+		t.Fatalf("add = %v", r)
+	}
+	_, out := s.collect(now(), 10, nil, nil)
+	if len(out) != 1 || out[0].count == nil || out[0].count.Total != 4 || out[0].count.AsOf != now() {
+		t.Fatalf("first emission %+v", out)
+	}
+	// Nothing changed and the decay time has not come: nothing.
+	fc.Advance(50 * time.Millisecond)
+	if _, out = s.collect(now(), 10, nil, nil); len(out) != 0 {
+		t.Fatalf("unexpected %+v", out)
+	}
+	// New hit within EmitInterval: held back until the interval passed.
+	hit.Count = 1
+	s.add(now(), 0, &hit, "", 0)
+	if _, out = s.collect(now(), 10, nil, nil); len(out) != 0 {
+		t.Fatalf("emitted twice within EmitInterval: %+v", out)
+	}
+	fc.Advance(60 * time.Millisecond)
+	if _, out = s.collect(now(), 10, nil, nil); len(out) != 1 || out[0].count.Total != 5 {
+		t.Fatalf("second emission %+v", out)
+	}
+	// The window slides over the bucket: decaying counts are published, each equal to the rule.
+	sp := window.NewSpec(10*time.Second, 10, time.Second)
+	hits := []topics.Hit{{Site: "eu", BucketStart: hit.BucketStart, Count: 5}}
+	fc.Advance(10 * time.Second)
+	var decays, tombstones int
+	for range 30 {
+		fc.Advance(100 * time.Millisecond)
+		_, out = s.collect(now(), 10, nil, nil)
+		for _, e := range out {
+			if e.count == nil {
+				tombstones++
+				if e.key != "k" || now() < hit.BucketStart+11_000 {
+					t.Fatalf("tombstone %q at +%d ms", e.key, now()-hit.BucketStart)
+				}
+				continue
+			}
+			if tombstones > 0 {
+				t.Fatal("count after tombstone")
+			}
+			decays++
+			want, _ := window.Reference(sp, hits, e.count.AsOf)
+			if math.Abs(e.count.Total-want) > 1e-9 {
+				t.Fatalf("decayed count %v at %d, want %v", e.count.Total, e.count.AsOf, want)
+			}
+		}
+	}
+	if decays == 0 {
+		t.Fatal("no decay emission")
+	}
+	// Past the window: one tombstone, and the counter is forgotten.
+	if tombstones != 1 {
+		t.Fatalf("%d tombstones", tombstones)
+	}
+	if s.size() != 0 || len(s.list) != 0 {
+		t.Fatalf("counter not forgotten: %d", s.size())
+	}
+}
+
+func TestCollectBudgetPrefersBiggestChange(t *testing.T) {
+	s := testState(100)
+	now := int64(1_763_740_000_000)
+	for i := 1; i <= 5; i++ {
+		h := topics.Hit{Key: "k" + strconv.Itoa(i), Site: "eu", BucketStart: now, Window: 10_000, Count: int64(i)}
+		s.add(now, 0, &h, "", 0)
+	}
+	_, out := s.collect(now, 2, nil, nil)
+	if len(out) != 2 || out[0].count.Total != 5 || out[1].count.Total != 4 {
+		t.Fatalf("budget 2: %+v", out)
+	}
+	_, out = s.collect(now+100, 10, nil, nil)
+	if len(out) != 3 {
+		t.Fatalf("the rest should follow: %d", len(out))
+	}
+}
+
+func TestPausedSlotAndDropSlot(t *testing.T) {
+	s := testState(100)
+	now := int64(1_763_740_000_000)
+	a := topics.Hit{Key: "a", Site: "eu", BucketStart: now, Window: 10_000, Count: 1}
+	b := topics.Hit{Key: "b", Site: "eu", BucketStart: now, Window: 10_000, Count: 1}
+	s.add(now, 0, &a, "", 0)
+	s.add(now, 1, &b, "", 0)
+	s.paused[1] = true
+	_, out := s.collect(now, 10, nil, nil)
+	if len(out) != 1 || out[0].key != "a" {
+		t.Fatalf("paused slot emitted: %+v", out)
+	}
+	s.dropSlot(1)
+	if s.size() != 1 {
+		t.Fatalf("dropSlot left %d keys", s.size())
+	}
+}
+
+func TestMaxKeysAndDedupe(t *testing.T) {
+	s := testState(2)
+	now := int64(1_763_740_000_000)
+	for i, want := range []addResult{added, added, refusedKey} {
+		h := topics.Hit{Key: "k" + strconv.Itoa(i), Site: "eu", BucketStart: now, Window: 10_000, Count: 1}
+		if r := s.add(now, 0, &h, "", 0); r != want {
+			t.Fatalf("key %d: %v, want %v", i, r, want)
+		}
+	}
+	h := topics.Hit{Key: "k0", Site: "eu", BucketStart: now, Window: 10_000, Count: 1}
+	if r := s.add(now, 0, &h, "hits/1/7", now+1000); r != added {
+		t.Fatalf("first copy: %v", r)
+	}
+	if r := s.add(now, 0, &h, "hits/1/7", now+1000); r != duplicate {
+		t.Fatalf("second copy: %v", r)
+	}
+	if got, _ := s.get("k0", 10_000).c.Total(s.spec(10_000), now); got != 2 {
+		t.Fatalf("k0 = %v, want 2", got)
+	}
+	// Expired origins are pruned; a dropped slot forgets its origins (replay rebuilds them).
+	s.pruneSeen(now + 2000)
+	if s.seenSize != 0 {
+		t.Fatalf("seen %d after prune", s.seenSize)
+	}
+}
+
+// BenchmarkProcessHit measures the in-process cost of one binary hit record over 100k
+// counters and three sites: decode, validation, ownership check (murmur2) and bucket update
+// (no Kafka).
+func BenchmarkProcessHit(b *testing.B) {
+	a, err := New(Config{Brokers: []string{"unused:9092"}, MaxKeys: 1 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := time.Now().UnixMilli()
+	const keys = 100_000
+	recs := make([]*kgo.Record, keys)
+	for i := range recs {
+		h := topics.Hit{Key: "api:POST /articles|user=" + strconv.Itoa(i), Site: []string{"eu", "us", "ap"}[i%3], BucketStart: now, Window: 60_000, Count: 1}
+		v, _ := h.MarshalBinary()
+		recs[i] = &kgo.Record{Topic: "hits", Key: []byte(h.Key), Value: v, Timestamp: time.UnixMilli(now), Partition: kafkaPartition([]byte(h.Key), 12)}
+	}
+	ps := &partState{}
+	ctx := context.Background()
+	for _, r := range recs { // warm: every counter exists
+		a.process(ctx, nil, now, ps, 12, r)
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		a.process(ctx, nil, now, ps, 12, recs[i%keys])
+	}
+}

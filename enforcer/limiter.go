@@ -49,7 +49,8 @@ type Config struct {
 	// decided in Local, as if the site were this process.
 	SiteStore SiteStore
 	// Counter is this site's exact count of global keys. Default: a new LocalCounter.
-	// Several enforcers of one site must share one (in Redis) for invariant 3 to hold.
+	// Several enforcers of one site must share one, in Redis (sitestore.NewCounter), for
+	// invariant 3 to hold.
 	Counter SiteCounter
 	// Snapshot is the view of the counts topic. Default nil: no other site is visible and
 	// global limits are always decided on a local share (DefaultShare).
@@ -474,7 +475,10 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, lim *rules.Limit) (capL
 	if sn := l.cfg.Snapshot; sn != nil {
 		stale = sn.StaleAt(now)
 		e, known = sn.Get(op.Key)
-		if known && e.Window != op.Window {
+		// A count for another window is another counter; one whose window has passed since
+		// its as-of time describes hits that are gone (the aggregator tombstones such keys,
+		// but not while no instance owns them).
+		if known && (e.Window != op.Window || e.Expired(now)) {
 			known = false
 		}
 	}

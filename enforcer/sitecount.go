@@ -140,6 +140,8 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 		}
 	}()
 	// Look each key up once; requests have few limits, so the entries fit on the stack.
+	// Every op is counted, even after one does not fit, so that counts is complete.
+	fits := true
 	var stack [8]*ringEntry
 	entries := stack[:0]
 	if len(ops) > len(stack) {
@@ -165,8 +167,11 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 			}
 		}
 		if cur+float64(ops[i].N) > ops[i].Cap {
-			return false, nil
+			fits = false
 		}
+	}
+	if !fits {
+		return false, nil
 	}
 	for i, e := range entries {
 		if e == nil {

@@ -1,0 +1,473 @@
+// Package server assembles an enforcer process: the rules with hot reload, the snapshot of
+// the counts topic, the hit producer, the optional Redis of the site, the Limiter, and the
+// ways to ask it — the HTTP check API, the nginx auth_request endpoint, the Envoy rate-limit
+// gRPC service and a rate-limiting reverse proxy — with /metrics, /healthz and /readyz.
+// `streamlimit enforcer` is a thin command over it; the end-to-end tests start it in
+// process.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/grpc"
+
+	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/enforcer/httplimit"
+	"github.com/streamlimit/streamlimit/enforcer/rls"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/sitestore"
+	"github.com/streamlimit/streamlimit/enforcer/snapshot"
+	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/producer"
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// Config configures a Server. Site and RulesPath are required; every other field has the
+// default written in its comment.
+type Config struct {
+	// Site names this enforcer's site: the process itself, or the data center whose Redis
+	// it shares with the site's other enforcers.
+	Site string
+	// RulesPath is a rules file or a directory of them (one domain per file).
+	RulesPath string
+	// ReloadInterval is how often the rules are checked for changes. Default 1s.
+	ReloadInterval time.Duration
+
+	// Brokers are the Kafka bootstrap brokers. Default none: no hits are published and no
+	// snapshot is followed, so global limits are decided on DefaultShare of the limit.
+	Brokers []string
+	// KafkaOpts carry TLS, SASL and the like for every Kafka client (internal/kafkaopt).
+	KafkaOpts []kgo.Opt
+	// HitsTopic receives this site's hits. Default "hits".
+	HitsTopic string
+	// CountsTopic is followed into the snapshot. Default "counts".
+	CountsTopic string
+	// MaxStaleness is how old the aggregator's heartbeats may be before global limits
+	// fall back to local shares. Default 10s.
+	MaxStaleness time.Duration
+	// DefaultShare is this site's share of a global limit for keys the snapshot never
+	// showed, used while the snapshot is stale. Default 1 (set 1/number of sites).
+	DefaultShare float64
+	// SubBuckets of the site's own sliding-window counts; must equal the aggregator's.
+	// Default 60.
+	SubBuckets int
+
+	// RedisAddrs are the site's Redis (several: Cluster). Default none: site-scope limits
+	// and this site's global counts are kept in process.
+	RedisAddrs []string
+	// RedisUsername and RedisPassword authenticate to Redis (ACL user).
+	RedisUsername, RedisPassword string
+	// RedisTLS enables TLS to Redis.
+	RedisTLS *tls.Config
+	// RedisTimeout bounds every Redis call on the request path. Default 5ms.
+	RedisTimeout time.Duration
+
+	// HTTPAddr serves POST /v1/check, the nginx endpoint /v1/auth, /metrics, /healthz and
+	// /readyz. Default "127.0.0.1:8081" (loopback: the check API trusts its callers).
+	HTTPAddr string
+	// GRPCAddr serves Envoy's RateLimitService. Default "127.0.0.1:8082"; "off" disables.
+	GRPCAddr string
+	// Upstream, when set, makes ProxyAddr a reverse proxy to it that rate-limits every
+	// request with HTTP.
+	Upstream *url.URL
+	// ProxyAddr is the reverse proxy's address. Default ":8080".
+	ProxyAddr string
+	// HTTP says how HTTP requests (proxy and /v1/auth) become descriptors. Its Domain is
+	// required when Upstream is set or /v1/auth is to be served.
+	HTTP httplimit.Config
+	// Auth configures /v1/auth.
+	Auth httplimit.AuthOptions
+
+	// ShutdownTimeout bounds the graceful shutdown (draining requests, flushing hits).
+	// Default 10s.
+	ShutdownTimeout time.Duration
+	// Clock defaults to the wall clock.
+	Clock clock.Clock
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Registry receives every metric and is served on /metrics. Default: a new registry.
+	Registry *prometheus.Registry
+}
+
+func (c Config) normalize() (Config, error) {
+	var errs []error
+	if c.Site == "" {
+		errs = append(errs, errors.New("site is required"))
+	}
+	if c.RulesPath == "" {
+		errs = append(errs, errors.New("rules path is required"))
+	}
+	if c.HitsTopic == "" {
+		c.HitsTopic = topics.DefaultHitsTopic
+	}
+	if c.CountsTopic == "" {
+		c.CountsTopic = topics.DefaultCountsTopic
+	}
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = "127.0.0.1:8081"
+	}
+	if c.GRPCAddr == "" {
+		c.GRPCAddr = "127.0.0.1:8082"
+	}
+	if c.ProxyAddr == "" {
+		c.ProxyAddr = ":8080"
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 10 * time.Second
+	}
+	if c.Upstream != nil && c.HTTP.Domain == "" {
+		errs = append(errs, errors.New("a reverse proxy needs the HTTP descriptor config (domain and descriptors)"))
+	}
+	c.Clock = clock.Or(c.Clock)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Registry == nil {
+		c.Registry = prometheus.NewRegistry()
+	}
+	return c, errors.Join(errs...)
+}
+
+// Server is an assembled enforcer process. New builds it and binds its listeners; Run
+// serves until its context ends, then shuts down gracefully.
+type Server struct {
+	cfg      Config
+	log      *slog.Logger
+	reloader *rules.Reloader
+	local    *algo.Store
+	counter  *enforcer.LocalCounter
+	site     *sitestore.Store
+	snap     *snapshot.Snapshot
+	prod     *producer.Producer
+	lim      *enforcer.Limiter
+	mw       *httplimit.Middleware
+	rls      *rls.Server
+
+	httpLn, grpcLn, proxyLn net.Listener
+
+	mu      sync.Mutex
+	started bool
+}
+
+// New builds the Server's parts and binds its listeners, so that the addresses are known
+// before Run. On error nothing is left open.
+func New(cfg Config) (_ *Server, err error) {
+	cfg, err = cfg.normalize()
+	if err != nil {
+		return nil, fmt.Errorf("enforcer: %w", err)
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger}
+	defer func() {
+		if err != nil {
+			s.closeAll()
+		}
+	}()
+	reg := cfg.Registry
+
+	s.reloader, err = rules.NewReloader(cfg.RulesPath, rules.ReloaderOptions{Interval: cfg.ReloadInterval, Logger: s.log, Clock: cfg.Clock})
+	if err != nil {
+		return nil, err
+	}
+	s.local = algo.New(algo.Options{})
+	s.counter = enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: cfg.SubBuckets})
+	lcfg := enforcer.Config{
+		Rules:        s.reloader.Current,
+		Site:         cfg.Site,
+		Local:        s.local,
+		Counter:      s.counter,
+		DefaultShare: cfg.DefaultShare,
+		Clock:        cfg.Clock,
+		Logger:       s.log,
+		Registerer:   reg,
+	}
+	if len(cfg.RedisAddrs) > 0 {
+		s.site, err = sitestore.New(sitestore.Config{
+			Addrs: cfg.RedisAddrs, Username: cfg.RedisUsername, Password: cfg.RedisPassword, TLS: cfg.RedisTLS,
+			Timeout: cfg.RedisTimeout, Fallback: s.local, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("enforcer: redis: %w", err)
+		}
+		lcfg.SiteStore = s.site
+		lcfg.Counter = sitestore.NewCounter(s.site, sitestore.CounterOptions{SubBuckets: cfg.SubBuckets, Fallback: s.counter})
+	}
+	if len(cfg.Brokers) > 0 {
+		s.snap, err = snapshot.New(snapshot.Config{
+			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.CountsTopic, Site: cfg.Site,
+			MaxStaleness: cfg.MaxStaleness, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("enforcer: snapshot: %w", err)
+		}
+		s.prod, err = producer.New(producer.Config{
+			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.HitsTopic, Site: cfg.Site,
+			Clock: cfg.Clock, Logger: s.log, Registerer: reg,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("enforcer: producer: %w", err)
+		}
+		lcfg.Snapshot, lcfg.Publisher = s.snap, s.prod
+	}
+	s.lim, err = enforcer.New(lcfg)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.HTTP.Domain != "" {
+		s.mw, err = httplimit.New(s.lim, httplimit.Options{Config: cfg.HTTP, Logger: s.log})
+		if err != nil {
+			return nil, err
+		}
+	}
+	if cfg.GRPCAddr != "off" {
+		s.rls, err = rls.NewServer(s.lim, rls.Options{Logger: s.log, Registerer: reg})
+		if err != nil {
+			return nil, err
+		}
+	}
+	s.registerMetrics(reg)
+
+	if s.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+		return nil, fmt.Errorf("enforcer: http listener: %w", err)
+	}
+	if s.rls != nil {
+		if s.grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+			return nil, fmt.Errorf("enforcer: grpc listener: %w", err)
+		}
+	}
+	if cfg.Upstream != nil {
+		if s.proxyLn, err = net.Listen("tcp", cfg.ProxyAddr); err != nil {
+			return nil, fmt.Errorf("enforcer: proxy listener: %w", err)
+		}
+	}
+	return s, nil
+}
+
+func (s *Server) registerMetrics(reg prometheus.Registerer) {
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: name, Help: help}, f)
+	}
+	counter := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: name, Help: help}, f)
+	}
+	cs := []prometheus.Collector{
+		gauge("local_keys", "Local-scope counters held.", func() float64 { return float64(s.local.Stats().Keys) }),
+		counter("local_evicted_idle_total", "Local counters dropped because idle.", func() float64 { return float64(s.local.Stats().EvictedIdle) }),
+		counter("local_evicted_live_total", "Local counters dropped while live, to keep within the bound.", func() float64 { return float64(s.local.Stats().EvictedLive) }),
+		gauge("global_keys", "Global keys with a count of this site held in process.", func() float64 { return float64(s.counter.Len()) }),
+		counter("global_evicted_total", "Global site counters dropped to keep within the bound.", func() float64 { return float64(s.counter.Evicted()) }),
+		counter("rules_reloads_total", "Successful rules reloads.", func() float64 { return float64(s.reloader.Stats().Reloads) }),
+		counter("rules_reload_errors_total", "Rejected rules edits (the last good rules stay in force).", func() float64 { return float64(s.reloader.Stats().Failures) }),
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			s.log.Warn("metric not registered", "err", err)
+		}
+	}
+}
+
+// Limiter returns the Server's Limiter, to embed it or to decide in tests.
+func (s *Server) Limiter() *enforcer.Limiter { return s.lim }
+
+// Snapshot returns the snapshot of the counts topic, nil without Kafka.
+func (s *Server) Snapshot() *snapshot.Snapshot { return s.snap }
+
+// Producer returns the hit producer, nil without Kafka.
+func (s *Server) Producer() *producer.Producer { return s.prod }
+
+// HTTPAddr returns the address of the check API and the admin endpoints.
+func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
+
+// GRPCAddr returns the address of the Envoy gRPC service, "" when disabled.
+func (s *Server) GRPCAddr() string {
+	if s.grpcLn == nil {
+		return ""
+	}
+	return s.grpcLn.Addr().String()
+}
+
+// ProxyAddr returns the address of the reverse proxy, "" when there is none.
+func (s *Server) ProxyAddr() string {
+	if s.proxyLn == nil {
+		return ""
+	}
+	return s.proxyLn.Addr().String()
+}
+
+// Ready reports whether the Server decides on complete data: the snapshot of the counts
+// topic is restored (always true without Kafka). The reason says what it waits for.
+func (s *Server) Ready() (bool, string) {
+	if s.snap == nil {
+		return true, "no Kafka configured: global limits use local shares"
+	}
+	if !s.snap.Ready() {
+		return false, "restoring the counts topic"
+	}
+	if s.snap.Stale() {
+		return true, fmt.Sprintf("counts are %v old: global limits use local shares", s.snap.Age().Round(time.Millisecond))
+	}
+	return true, "snapshot restored and fresh"
+}
+
+// Handler returns the HTTP handler of HTTPAddr.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/check", httplimit.NewCheckHandler(s.lim, httplimit.CheckOptions{Logger: s.log}))
+	if s.mw != nil {
+		mux.Handle("/v1/auth", s.mw.AuthHandler(s.cfg.Auth))
+	}
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		ok, why := s.Ready()
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if !ok {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_, _ = w.Write([]byte(why + "\n"))
+	})
+	return mux
+}
+
+// Run serves until ctx ends, then stops accepting requests, drains those in flight,
+// flushes the hits not yet published and releases everything, within ShutdownTimeout.
+// It returns the first error of a part that failed, or nil after a clean shutdown.
+func (s *Server) Run(ctx context.Context) error {
+	s.mu.Lock()
+	if s.started {
+		s.mu.Unlock()
+		return errors.New("enforcer: Run called twice")
+	}
+	s.started = true
+	s.mu.Unlock()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg    sync.WaitGroup
+		errMu sync.Mutex
+		first error
+	)
+	fail := func(part string, err error) {
+		if err == nil || errors.Is(err, context.Canceled) {
+			return
+		}
+		errMu.Lock()
+		if first == nil {
+			first = fmt.Errorf("enforcer: %s: %w", part, err)
+		}
+		errMu.Unlock()
+		cancel()
+	}
+	goRun := func(part string, f func() error) {
+		wg.Add(1)
+		go func() { defer wg.Done(); fail(part, f()) }()
+	}
+
+	goRun("rules reloader", func() error { return s.reloader.Run(ctx) })
+	if s.snap != nil {
+		goRun("snapshot", func() error { return s.snap.Run(ctx) })
+	}
+	goRun("sweeper", func() error { s.sweep(ctx); return nil })
+
+	servers := []*http.Server{{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}}
+	lns := []net.Listener{s.httpLn}
+	if s.proxyLn != nil {
+		servers = append(servers, &http.Server{Handler: httplimit.NewProxy(s.cfg.Upstream, s.mw), ReadHeaderTimeout: 10 * time.Second})
+		lns = append(lns, s.proxyLn)
+	}
+	for i, srv := range servers {
+		goRun("http", func() error {
+			if err := srv.Serve(lns[i]); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
+	var gs *grpc.Server
+	if s.rls != nil {
+		gs = grpc.NewServer()
+		s.rls.Register(gs)
+		goRun("grpc", func() error { return gs.Serve(s.grpcLn) })
+	}
+	s.log.Info("enforcer serving", "site", s.cfg.Site, "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "proxy", s.ProxyAddr())
+
+	<-ctx.Done()
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
+	defer scancel()
+	if s.rls != nil {
+		s.rls.SetServing(false)
+	}
+	for _, srv := range servers {
+		if err := srv.Shutdown(sctx); err != nil {
+			s.log.Warn("http shutdown", "err", err)
+		}
+	}
+	if gs != nil {
+		stopped := make(chan struct{})
+		go func() { gs.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-sctx.Done():
+			gs.Stop()
+		}
+	}
+	wg.Wait()
+	if s.prod != nil {
+		if err := s.prod.Close(sctx); err != nil {
+			s.log.Warn("hits not delivered at shutdown", "err", err)
+			fail("producer", err)
+		}
+		s.prod = nil
+	}
+	s.closeAll()
+	return first
+}
+
+// sweep drops idle counters now and then, so that memory follows the active keys.
+func (s *Server) sweep(ctx context.Context) {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			now := s.cfg.Clock.Now()
+			s.local.Sweep(now)
+			s.counter.Sweep(now)
+		}
+	}
+}
+
+// closeAll releases what New opened; safe on a partly built Server.
+func (s *Server) closeAll() {
+	for _, ln := range []net.Listener{s.httpLn, s.grpcLn, s.proxyLn} {
+		if ln != nil {
+			_ = ln.Close()
+		}
+	}
+	if s.prod != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = s.prod.Close(ctx)
+		cancel()
+	}
+	if s.site != nil {
+		_ = s.site.Close()
+	}
+}

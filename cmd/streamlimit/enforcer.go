@@ -2,16 +2,156 @@ package main
 
 import (
 	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"time"
 
 	"github.com/spf13/cobra"
+	"gopkg.in/yaml.v3"
+
+	"github.com/streamlimit/streamlimit/enforcer/httplimit"
+	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/topics"
 )
 
-// newEnforcerCmd is a placeholder until the enforcer command lands.
+// enforcerFlags are the settings of `streamlimit enforcer`.
+type enforcerFlags struct {
+	kf                  kafkaFlags
+	redisTLS            tlsFlags
+	cfg                 server.Config
+	noKafka             bool
+	upstream            string
+	httpConfig          string
+	httpDomain          string
+	logFormat, logLevel string
+}
+
 func newEnforcerCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:    "enforcer",
-		Short:  "(not yet available)",
-		Hidden: true,
-		RunE:   func(*cobra.Command, []string) error { return errors.New("enforcer: not yet available") },
+	var ef enforcerFlags
+	cmd := &cobra.Command{
+		Use:   "enforcer",
+		Short: "Serve rate-limit decisions: HTTP check API, nginx auth_request, Envoy gRPC, reverse proxy",
+		Long: `enforcer decides requests locally, in well under a microsecond, against the rules file
+(hot-reloaded): local limits in process, site limits in the site's Redis, global limits from
+the counts topic's snapshot plus this site's exact count. Admitted hits of global limits are
+published to the hits topic. It serves:
+
+  --http-listen   POST /v1/check, /v1/auth (nginx auth_request), /metrics, /healthz, /readyz
+  --grpc-listen   envoy.service.ratelimit.v3.RateLimitService (Envoy's rate-limit filter)
+  --proxy-listen  with --upstream: a reverse proxy that answers 429 before the upstream
+
+The check API and the auth endpoint trust their callers: they bind loopback by default.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := ef.serverConfig()
+			if err != nil {
+				return err
+			}
+			srv, err := server.New(cfg)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "enforcer site %s: http %s, grpc %s", cfg.Site, srv.HTTPAddr(), orNone(srv.GRPCAddr()))
+			if a := srv.ProxyAddr(); a != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), ", proxy %s → %s", a, cfg.Upstream)
+			}
+			fmt.Fprintln(cmd.OutOrStdout())
+			return srv.Run(cmd.Context())
+		},
 	}
+	ef.kf.register(cmd)
+	f := cmd.Flags()
+	c := &ef.cfg
+	f.StringVar(&c.Site, "site", "", "this enforcer's site: the process, or the data center sharing --redis-addr (required)")
+	f.StringVar(&c.RulesPath, "rules", "", "rules file or directory (required)")
+	f.DurationVar(&c.ReloadInterval, "rules-reload-interval", time.Second, "how often the rules are checked for changes")
+	f.BoolVar(&ef.noKafka, "no-kafka", false, "run without Kafka: global limits are decided on --default-share of the limit")
+	f.StringVar(&c.HitsTopic, "hits-topic", topics.DefaultHitsTopic, "topic this site's hits are published to")
+	f.StringVar(&c.CountsTopic, "counts-topic", topics.DefaultCountsTopic, "compacted counts topic to follow")
+	f.DurationVar(&c.MaxStaleness, "max-staleness", 10*time.Second, "age of the aggregator's heartbeats past which global limits use local shares")
+	f.Float64Var(&c.DefaultShare, "default-share", 1, "this site's share of a global limit for unseen keys while counts are stale (1/number of sites)")
+	f.IntVar(&c.SubBuckets, "sub-buckets", 60, "sub-window buckets per window (must equal the aggregator's)")
+	f.StringSliceVar(&c.RedisAddrs, "redis-addr", nil, "the site's Redis (several: Cluster); default none: site counts in process")
+	f.StringVar(&c.RedisUsername, "redis-username", "", "Redis ACL user")
+	f.StringVar(&c.RedisPassword, "redis-password", "", "Redis password (prefer env STREAMLIMIT_REDIS_PASSWORD)")
+	ef.redisTLS.register(cmd, "redis")
+	f.DurationVar(&c.RedisTimeout, "redis-timeout", 5*time.Millisecond, "bound on each Redis call; past it, decide in process")
+	f.StringVar(&c.HTTPAddr, "http-listen", "127.0.0.1:8081", "address of the check API, auth endpoint and admin endpoints")
+	f.StringVar(&c.GRPCAddr, "grpc-listen", "127.0.0.1:8082", `address of the Envoy rate-limit gRPC service ("off" to disable)`)
+	f.StringVar(&ef.upstream, "upstream", "", "URL of a service to reverse-proxy with rate limiting")
+	f.StringVar(&c.ProxyAddr, "proxy-listen", ":8080", "address of the reverse proxy (with --upstream)")
+	f.StringVar(&ef.httpConfig, "http-config", "", "YAML file saying how HTTP requests become descriptors (domain, descriptors, trusted_proxies, ipv6_prefix)")
+	f.StringVar(&ef.httpDomain, "http-domain", "http", "rules domain for proxied and /v1/auth requests when --http-config is not given (descriptor: remote_address)")
+	f.IntVar(&c.Auth.DeniedStatus, "auth-denied-status", 429, "status of a denied /v1/auth request (403 for nginx auth_request)")
+	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on draining requests and flushing hits at shutdown")
+	f.StringVar(&ef.logFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(&ef.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	addConfigFlag(cmd)
+	return cmd
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "off"
+	}
+	return s
+}
+
+// serverConfig turns the flags into a server.Config.
+func (ef *enforcerFlags) serverConfig() (server.Config, error) {
+	cfg := ef.cfg
+	var errs []error
+	if cfg.Site == "" {
+		errs = append(errs, errors.New("--site is required"))
+	}
+	if cfg.RulesPath == "" {
+		errs = append(errs, errors.New("--rules is required"))
+	}
+	log, err := newLogger(ef.logFormat, ef.logLevel)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	cfg.Logger = log
+	if !ef.noKafka {
+		cfg.Brokers = ef.kf.brokers
+		if cfg.KafkaOpts, err = ef.kf.security(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if cfg.RedisTLS, err = ef.redisTLS.config(); err != nil {
+		errs = append(errs, fmt.Errorf("redis TLS: %w", err))
+	}
+	if ef.upstream != "" {
+		u, err := url.Parse(ef.upstream)
+		if err != nil || u.Scheme == "" || u.Host == "" {
+			errs = append(errs, fmt.Errorf("--upstream %q: want an absolute URL such as http://127.0.0.1:9000", ef.upstream))
+		}
+		cfg.Upstream = u
+	}
+	if ef.httpConfig != "" {
+		if cfg.HTTP, err = loadHTTPConfig(ef.httpConfig); err != nil {
+			errs = append(errs, err)
+		}
+	} else if ef.httpDomain != "" {
+		cfg.HTTP = httplimit.Config{Domain: ef.httpDomain, Descriptors: []httplimit.Descriptor{{Entries: []httplimit.Source{{Type: "remote_address"}}}}}
+	}
+	cfg.Registry = newRegistry()
+	return cfg, errors.Join(errs...)
+}
+
+// loadHTTPConfig reads an httplimit.Config from YAML, rejecting unknown fields.
+func loadHTTPConfig(path string) (httplimit.Config, error) {
+	var c httplimit.Config
+	f, err := os.Open(path)
+	if err != nil {
+		return c, fmt.Errorf("--http-config: %w", err)
+	}
+	defer f.Close()
+	dec := yaml.NewDecoder(f)
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		return c, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
 }

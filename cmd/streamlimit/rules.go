@@ -1,17 +1,258 @@
 package main
 
 import (
-	"errors"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
+	"gopkg.in/yaml.v3"
+
+	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/internal/countsview"
 )
 
-// newRulesCmd is a placeholder until the rules command lands.
 func newRulesCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:    "rules",
-		Short:  "(not yet available)",
-		Hidden: true,
-		RunE:   func(*cobra.Command, []string) error { return errors.New("rules: not yet available") },
+	cmd := &cobra.Command{
+		Use:   "rules",
+		Short: "Validate rate-limit rules files",
 	}
+	cmd.AddCommand(newRulesCheckCmd())
+	return cmd
+}
+
+func newRulesCheckCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "check PATH",
+		Short: "Load a rules file or directory as the enforcer does; list every limit or every error",
+		Long: `check loads PATH (a YAML file, or every *.yaml/*.yml file directly in a directory) exactly
+as the enforcer does. On error it prints every problem as file:line:column: field: reason and
+exits 1, for operators' CI. Otherwise it lists every limit: domain, descriptor path, limit
+(requests per window, and the unit when given), algorithm, scope and flags.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := rules.Load(args[0])
+			if err != nil {
+				var n int
+				if j, ok := err.(interface{ Unwrap() []error }); ok {
+					n = len(j.Unwrap())
+				}
+				if n > 1 {
+					return fmt.Errorf("rules check %s: %d errors:\n%w", args[0], n, err)
+				}
+				return err
+			}
+			rows, err := listLimits(cfg)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(rows)
+			}
+			printLimits(cmd.OutOrStdout(), cfg, rows)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the limits as a JSON array")
+	return cmd
+}
+
+// limitRow is one limit of a loaded rules set, as check lists it.
+type limitRow struct {
+	Domain      string        `json:"domain"`
+	Descriptor  string        `json:"descriptor"`
+	Entries     []rules.Entry `json:"-"`
+	File        string        `json:"file"`
+	Line        int           `json:"line"`
+	ID          string        `json:"id,omitempty"`
+	Requests    *int64        `json:"requests,omitempty"`
+	WindowMs    int64         `json:"window_ms,omitempty"`
+	Window      string        `json:"window,omitempty"`
+	Unit        string        `json:"unit,omitempty"`
+	Algorithm   string        `json:"algorithm,omitempty"`
+	Scope       string        `json:"scope,omitempty"`
+	Name        string        `json:"name,omitempty"`
+	Replaces    []string      `json:"replaces,omitempty"`
+	SoftPercent int           `json:"soft_percent,omitempty"`
+	Burst       int64         `json:"burst,omitempty"`
+	Unlimited   bool          `json:"unlimited,omitempty"`
+	Shadow      bool          `json:"shadow,omitempty"`
+	Unreachable bool          `json:"unreachable,omitempty"`
+	rule        *rules.Rule   // nil when unreachable
+}
+
+// yamlDescriptor is the part of a rules file check needs to enumerate descriptor paths;
+// the enforcer's loader has already validated everything else.
+type yamlDescriptor struct {
+	Key         string           `yaml:"key"`
+	Value       string           `yaml:"value"`
+	Descriptors []yamlDescriptor `yaml:"descriptors"`
+}
+
+// listLimits enumerates the limits of cfg. package rules exposes matching, not iteration,
+// so the descriptor paths are read back from cfg's files and each is matched to its Rule:
+// what is listed is what the enforcer would apply.
+func listLimits(cfg *rules.Config) ([]limitRow, error) {
+	var rows []limitRow
+	for _, file := range cfg.Files() {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("rules check: %w", err)
+		}
+		var doc struct {
+			Domain      string           `yaml:"domain"`
+			Descriptors []yamlDescriptor `yaml:"descriptors"`
+		}
+		if err := yaml.Unmarshal(b, &doc); err != nil {
+			return nil, fmt.Errorf("rules check: %s: %w", file, err)
+		}
+		var walk func(ds []yamlDescriptor, path []rules.Entry)
+		walk = func(ds []yamlDescriptor, path []rules.Entry) {
+			for _, d := range ds {
+				p := append(path[:len(path):len(path)], rules.Entry{Key: d.Key, Value: d.Value})
+				rows = append(rows, rowsOf(cfg, doc.Domain, file, p)...)
+				walk(d.Descriptors, p)
+			}
+		}
+		walk(doc.Descriptors, nil)
+	}
+	slices.SortStableFunc(rows, func(a, b limitRow) int {
+		if c := strings.Compare(a.File, b.File); c != 0 {
+			return c
+		}
+		return a.Line - b.Line
+	})
+	return rows, nil
+}
+
+func rowsOf(cfg *rules.Config, domain, file string, path []rules.Entry) []limitRow {
+	base := limitRow{Domain: domain, Descriptor: descriptorPath(path), Entries: path, File: file}
+	r := cfg.Match(domain, path)
+	if r == nil {
+		return nil // a placeholder level without limits
+	}
+	if !samePath(r.Levels, path) {
+		// Matching the pattern as a value found an earlier wildcard that also matches it:
+		// every request this descriptor would match goes to that one instead.
+		base.Unreachable = true
+		return []limitRow{base}
+	}
+	base.Line, base.ID, base.Shadow, base.rule = r.Line, r.ID, r.ShadowMode, r
+	if r.Unlimited {
+		base.Unlimited = true
+		return []limitRow{base}
+	}
+	out := make([]limitRow, 0, len(r.Limits))
+	for i := range r.Limits {
+		l := &r.Limits[i]
+		row := base
+		row.Requests = &l.Requests
+		row.WindowMs = l.Window.Milliseconds()
+		row.Window = l.Window.String()
+		row.Unit = l.Unit
+		row.Algorithm = l.Algorithm.String()
+		row.Scope = l.Scope.String()
+		row.Name = l.Name
+		row.Replaces = l.Replaces
+		row.SoftPercent = l.SoftPercent
+		row.Burst = l.Burst
+		if l.Line > 0 {
+			row.Line = l.Line
+		}
+		out = append(out, row)
+	}
+	return out
+}
+
+func samePath(levels []rules.Level, path []rules.Entry) bool {
+	if len(levels) != len(path) {
+		return false
+	}
+	for i, l := range levels {
+		if l.Key != path[i].Key || l.Value != path[i].Value {
+			return false
+		}
+	}
+	return true
+}
+
+// descriptorPath formats a descriptor as key=value/key (a level without value matches any
+// value and has its own counter per value).
+func descriptorPath(path []rules.Entry) string {
+	parts := make([]string, len(path))
+	for i, e := range path {
+		parts[i] = e.Key
+		if e.Value != "" {
+			parts[i] += "=" + e.Value
+		}
+	}
+	return strings.Join(parts, "/")
+}
+
+func printLimits(w io.Writer, cfg *rules.Config, rows []limitRow) {
+	t := countsview.Table{Header: []string{"DOMAIN", "DESCRIPTOR", "LIMIT", "ALGORITHM", "SCOPE", "FLAGS", "AT"}}
+	for _, r := range rows {
+		at := fmt.Sprintf("%s:%d", r.File, r.Line)
+		switch {
+		case r.Unreachable:
+			t.Add(r.Domain, r.Descriptor, "-", "-", "-", "unreachable (an earlier wildcard matches first)", at)
+		case r.Unlimited:
+			t.Add(r.Domain, r.Descriptor, "unlimited", "-", "-", flags(r), at)
+		default:
+			lim := fmt.Sprintf("%d / %s", *r.Requests, r.Window)
+			if r.Unit != "" {
+				lim += " (" + strings.ToLower(r.Unit) + ")"
+			}
+			t.Add(r.Domain, r.Descriptor, lim, r.Algorithm, r.Scope, flags(r), at)
+		}
+	}
+	if len(rows) > 0 {
+		_, _ = t.WriteTo(w)
+	}
+	domains := cfg.Domains()
+	slices.Sort(domains)
+	fmt.Fprintf(w, "ok: %s in %s (%s) from %s\n", plural(len(rows), "limit"), plural(len(domains), "domain"),
+		strings.Join(domains, ", "), plural(len(cfg.Files()), "file"))
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+func flags(r limitRow) string {
+	var f []string
+	if r.Name != "" {
+		f = append(f, "name="+r.Name)
+	}
+	if r.Shadow {
+		f = append(f, "shadow")
+	}
+	if r.SoftPercent > 0 {
+		f = append(f, fmt.Sprintf("soft %d%%", r.SoftPercent))
+	}
+	if r.Burst > 0 {
+		f = append(f, fmt.Sprintf("burst %d", r.Burst))
+	}
+	if len(r.Replaces) > 0 {
+		f = append(f, "replaces="+strings.Join(r.Replaces, ","))
+	}
+	if r.rule != nil && slices.ContainsFunc(r.rule.Levels, func(l rules.Level) bool { return l.ShareThreshold }) {
+		f = append(f, "shared wildcard")
+	}
+	if r.rule != nil && r.rule.QuotaMode {
+		f = append(f, "quota")
+	}
+	if len(f) == 0 {
+		return "-"
+	}
+	return strings.Join(f, ", ")
 }

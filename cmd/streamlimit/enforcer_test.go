@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/streamlimit/streamlimit/internal/testenv"
+)
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestEnforcerCommand runs `streamlimit enforcer` against the real broker, asks the
+// check API until the limit is reached, and stops it with its context.
+func TestEnforcerCommand(t *testing.T) {
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	settings := filepath.Join(dir, "enforcer.yaml")
+	if err := os.WriteFile(settings, []byte("site: eu\ngrpc-listen: \"off\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		cmd := newRootCmd()
+		cmd.SetArgs([]string{"enforcer", "--config", settings, "--rules", rules, "--brokers", testenv.Kafka(t),
+			"--hits-topic", testenv.CreateTopic(t, "hits", 1, nil), "--counts-topic", testenv.CreateTopic(t, "counts", 1, nil),
+			"--http-listen", addr, "--log-level", "warn"})
+		cmd.SetOut(&strings.Builder{})
+		done <- cmd.ExecuteContext(ctx)
+	}()
+	var codes []string
+	deadline := time.Now().Add(60 * time.Second)
+	for len(codes) < 3 {
+		resp, err := http.Post("http://"+addr+"/v1/check", "application/json",
+			strings.NewReader(`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"1"}]}]}`))
+		if err != nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("enforcer never answered: %v", err)
+			}
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		var out struct {
+			OverallCode string `json:"overall_code"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		codes = append(codes, out.OverallCode)
+	}
+	if got := strings.Join(codes, ","); got != "OK,OK,OVER_LIMIT" {
+		t.Fatalf("decisions %s", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("enforcer exited with %v", err)
+	}
+}
+
+func TestEnforcerFlagErrors(t *testing.T) {
+	_, err := run(t, "enforcer", "--no-kafka", "--upstream", "not a url")
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{"--site is required", "--rules is required", `--upstream "not a url"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+}

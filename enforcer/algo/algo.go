@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/streamlimit/streamlimit/internal/exact"
 )
 
 // Algorithm names one of the six local algorithms. The zero value is SlidingWindow.
@@ -143,7 +145,7 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("soft percent %d < 0", l.SoftPercent)
 	}
 	if a := l.Allowance(); a > 0 {
-		if q, _, ok := mulDiv(uint64(l.Capacity()), uint64(l.Window), uint64(a)); !ok || q >= 1<<62 {
+		if q, _, ok := exact.MulDiv(uint64(l.Capacity()), uint64(l.Window), uint64(a)); !ok || q >= 1<<62 {
 			return fmt.Errorf("capacity %d over window %v at %d per window is too long", l.Capacity(), l.Window, a)
 		}
 	}

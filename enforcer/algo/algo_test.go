@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/internal/exact"
 )
 
 // base is 1:00:00 on a day, aligned to the minute (and hour) since the Unix epoch, so that
@@ -364,7 +365,7 @@ func checkProperties(t *testing.T, alg Algorithm, l Limit, r *rand.Rand) {
 				t.Fatalf("%d admitted in the window ending %d, limit %d", got, i, a)
 			}
 		case FixedWindow, SlidingWindow:
-			ws := floorDiv(x.t, w) * w
+			ws := exact.FloorDiv(x.t, w) * w
 			if got := count(ws, ws+w-1); got > a {
 				t.Fatalf("%d admitted in an aligned window, limit %d", got, a)
 			}
@@ -376,7 +377,7 @@ func checkProperties(t *testing.T, alg Algorithm, l Limit, r *rand.Rand) {
 			// closed interval of length L.
 			for _, y := range admitted[i:] {
 				bound := c + (y.t-x.t)*a/w
-				if q, _, ok := mulDiv(uint64(y.t-x.t), uint64(a), uint64(w)); ok {
+				if q, _, ok := exact.MulDiv(uint64(y.t-x.t), uint64(a), uint64(w)); ok {
 					bound = c + int64(q)
 				}
 				if got := count(x.t, y.t); got > bound {

@@ -1,8 +1,9 @@
 package algo
 
 import (
-	"math/bits"
 	"time"
+
+	"github.com/streamlimit/streamlimit/internal/exact"
 )
 
 // entry is the state of one counter. Which fields are used depends on alg; one struct for
@@ -12,7 +13,7 @@ type entry struct {
 	window int64 // ns
 	den    int64 // allowance the rem of tat is expressed in (bucket family)
 
-	tat rtime // bucket family: when the bucket is full again (token) / empty (leaky)
+	tat exact.Time // bucket family: when the bucket is full again (token) / empty (leaky)
 
 	start int64 // window algorithms: start of the current aligned window, unix ns
 	cur   int64 // window algorithms: count in the current window
@@ -36,10 +37,10 @@ func (e *entry) adopt(op *Op) {
 		if e.alg.bucket() {
 			if a := op.Limit.Allowance(); a > 0 && a != e.den {
 				if e.den > 0 {
-					q, _, _ := mulDiv(uint64(e.tat.rem), uint64(a), uint64(e.den))
-					e.tat.rem = int64(q)
+					q, _, _ := exact.MulDiv(uint64(e.tat.Rem), uint64(a), uint64(e.den))
+					e.tat.Rem = int64(q)
 				} else {
-					e.tat.rem = 0
+					e.tat.Rem = 0
 				}
 				e.den = a
 			}
@@ -79,22 +80,22 @@ func (e *entry) bucket(now int64, op *Op, commit bool, maxDelay time.Duration) (
 	if e.den == 0 {
 		e.den = a
 	}
-	nowR := rtime{ns: now}
+	nowR := exact.Time{NS: now}
 	base := e.tat
-	if base.less(nowR) {
+	if base.Less(nowR) {
 		base = nowR
 	}
-	capT := span(c, w, a)
-	newTat := base.add(span(n, w, a), a)
-	over := newTat.sub(nowR, a) // bucket level after the request, as time
-	delay := time.Duration(base.sub(nowR, a).ceil())
-	allowed := n <= c && !capT.less(over)
+	capT := exact.Span(c, w, a)
+	newTat := base.Add(exact.Span(n, w, a), a)
+	over := newTat.Sub(nowR, a) // bucket level after the request, as time
+	delay := time.Duration(base.Sub(nowR, a).Ceil())
+	allowed := n <= c && !capT.Less(over)
 	var retry time.Duration
 	if !allowed {
 		if n > c {
 			retry = Never
 		} else {
-			retry = time.Duration(over.sub(capT, a).ceil())
+			retry = time.Duration(over.Sub(capT, a).Ceil())
 		}
 	}
 	if maxDelay >= 0 && delay > maxDelay {
@@ -106,35 +107,16 @@ func (e *entry) bucket(now int64, op *Op, commit bool, maxDelay time.Duration) (
 	after := base
 	if allowed && commit && n > 0 {
 		e.tat = newTat
-		e.expires = newTat.ceil()
+		e.expires = newTat.Ceil()
 		after = newTat
 	}
-	backlog := after.sub(nowR, a)
-	d := Decision{Allowed: allowed, Limit: c, ResetAfter: time.Duration(backlog.ceil()), RetryAfter: retry}
-	d.Remaining = c - levelCeil(backlog, a, w)
+	backlog := after.Sub(nowR, a)
+	d := Decision{Allowed: allowed, Limit: c, ResetAfter: time.Duration(backlog.Ceil()), RetryAfter: retry}
+	d.Remaining = c - exact.LevelCeil(backlog, a, w)
 	if d.Remaining < 0 {
 		d.Remaining = 0
 	}
 	return d, delay
-}
-
-// levelCeil converts a backlog time to requests, rounded up: ⌈backlog × a / w⌉.
-func levelCeil(b rtime, a, w int64) int64 {
-	if b.ns < 0 {
-		return 0
-	}
-	hi, lo := bits.Mul64(uint64(b.ns), uint64(a))
-	var carry uint64
-	lo, carry = bits.Add64(lo, uint64(b.rem), 0)
-	hi += carry
-	if hi >= uint64(w) {
-		return 1 << 62
-	}
-	q, r := bits.Div64(hi, lo, uint64(w))
-	if r > 0 {
-		q++
-	}
-	return int64(q)
 }
 
 func neverIf(b bool) time.Duration {
@@ -146,7 +128,7 @@ func neverIf(b bool) time.Duration {
 
 func (e *entry) fixed(now int64, op *Op, commit bool) Decision {
 	a, w, n := op.Limit.Allowance(), int64(op.Limit.Window), op.N
-	ws := floorDiv(now, w) * w
+	ws := exact.FloorDiv(now, w) * w
 	cur := int64(0)
 	if e.start == ws {
 		cur = e.cur
@@ -170,36 +152,9 @@ func (e *entry) fixed(now int64, op *Op, commit bool) Decision {
 	return d
 }
 
-// weighted returns ⌊prev × (w − elapsed) / w⌋.
-func weighted(prev, w, elapsed int64) int64 {
-	if prev <= 0 {
-		return 0
-	}
-	q, _, ok := mulDiv(uint64(prev), uint64(w-elapsed), uint64(w))
-	if !ok {
-		return prev
-	}
-	return int64(q)
-}
-
-// firstFit returns the smallest elapsed time e in [0, w] at which
-// ⌊prev × (w − e) / w⌋ ≤ k, for 0 ≤ k < prev: prev·(w−e) < (k+1)·w, so
-// e = w − ⌊((k+1)·w − 1) / prev⌋.
-func firstFit(prev, k, w int64) int64 {
-	q, r, ok := mulDiv(uint64(k+1), uint64(w), uint64(prev))
-	if !ok {
-		return w
-	}
-	f := int64(q)
-	if r == 0 {
-		f--
-	}
-	return w - f
-}
-
 func (e *entry) sliding(now int64, op *Op, commit bool) Decision {
 	a, w, n := op.Limit.Allowance(), int64(op.Limit.Window), op.N
-	ws := floorDiv(now, w) * w
+	ws := exact.FloorDiv(now, w) * w
 	cur, prev := int64(0), int64(0)
 	switch e.start {
 	case ws:
@@ -208,7 +163,7 @@ func (e *entry) sliding(now int64, op *Op, commit bool) Decision {
 		prev = e.cur
 	}
 	elapsed := now - ws
-	est := cur + weighted(prev, w, elapsed)
+	est := cur + exact.Weighted(prev, w, elapsed)
 	allowed := n <= a && est+n <= a
 	if allowed && commit && n > 0 {
 		cur += n
@@ -229,12 +184,12 @@ func (e *entry) sliding(now int64, op *Op, commit bool) Decision {
 			var at int64
 			if k := a - n - cur; k >= 0 {
 				// Fits later in this window, once the previous window's weight has decayed.
-				at = ws + firstFit(prev, k, w)
+				at = ws + exact.FirstFit(prev, k, w)
 			} else if k := a - n; cur <= k {
 				at = ws + w
 			} else {
 				// In the next window this window's count becomes the decaying previous one.
-				at = ws + w + firstFit(cur, k, w)
+				at = ws + w + exact.FirstFit(cur, k, w)
 			}
 			d.RetryAfter = time.Duration(at - now)
 		}

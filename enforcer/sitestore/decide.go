@@ -1,8 +1,9 @@
 package sitestore
 
 import (
-	"math/bits"
 	"time"
+
+	"github.com/streamlimit/streamlimit/internal/exact"
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 )
@@ -39,27 +40,27 @@ func decide(op *algo.Op, now int64, st opState, commit bool) algo.Decision {
 		if a <= 0 || c <= 0 {
 			return algo.Decision{Allowed: n == 0, RetryAfter: neverIf(n > 0)}
 		}
-		base := rtime{ns: st.r1, rem: st.r2}
-		capT := span(c, w, a)
-		over := base.add(span(n, w, a), a)
-		allowed := n <= c && !capT.less(over)
+		base := exact.Time{NS: st.r1, Rem: st.r2}
+		capT := exact.Span(c, w, a)
+		over := base.Add(exact.Span(n, w, a), a)
+		allowed := n <= c && !capT.Less(over)
 		var retry time.Duration
 		if !allowed {
 			if n > c {
 				retry = algo.Never
 			} else {
-				retry = time.Duration(over.sub(capT, a).ceil())
+				retry = time.Duration(over.Sub(capT, a).Ceil())
 			}
 		}
 		after := base
 		if allowed && commit && n > 0 {
 			after = over
 		}
-		d := algo.Decision{Allowed: allowed, Limit: c, ResetAfter: time.Duration(after.ceil()), RetryAfter: retry}
-		d.Remaining = max(c-levelCeil(after, a, w), 0)
+		d := algo.Decision{Allowed: allowed, Limit: c, ResetAfter: time.Duration(after.Ceil()), RetryAfter: retry}
+		d.Remaining = max(c-exact.LevelCeil(after, a, w), 0)
 		return d
 	case algo.FixedWindow:
-		ws := floorDiv(now, w) * w
+		ws := exact.FloorDiv(now, w) * w
 		cur := st.r1
 		allowed := n <= a && cur+n <= a
 		if allowed && commit && n > 0 {
@@ -97,10 +98,10 @@ func decide(op *algo.Op, now int64, st opState, commit bool) algo.Decision {
 		}
 		return d
 	default: // SlidingWindow
-		ws := floorDiv(now, w) * w
+		ws := exact.FloorDiv(now, w) * w
 		cur, prev := st.r1, st.r2
 		elapsed := now - ws
-		est := cur + weighted(prev, w, elapsed)
+		est := cur + exact.Weighted(prev, w, elapsed)
 		allowed := n <= a && est+n <= a
 		if allowed && commit && n > 0 {
 			cur += n
@@ -119,11 +120,11 @@ func decide(op *algo.Op, now int64, st opState, commit bool) algo.Decision {
 			} else {
 				var at int64
 				if k := a - n - cur; k >= 0 {
-					at = ws + firstFit(prev, k, w)
+					at = ws + exact.FirstFit(prev, k, w)
 				} else if k := a - n; cur <= k {
 					at = ws + w
 				} else {
-					at = ws + w + firstFit(cur, k, w)
+					at = ws + w + exact.FirstFit(cur, k, w)
 				}
 				d.RetryAfter = time.Duration(at - now)
 			}
@@ -137,107 +138,4 @@ func neverIf(b bool) time.Duration {
 		return algo.Never
 	}
 	return 0
-}
-
-// The helpers below are algo's own exact arithmetic (package algo keeps them unexported).
-
-func mulDiv(a, b, d uint64) (q, r uint64, ok bool) {
-	if d == 0 {
-		return 0, 0, false
-	}
-	hi, lo := bits.Mul64(a, b)
-	if hi >= d {
-		return 0, 0, false
-	}
-	q, r = bits.Div64(hi, lo, d)
-	return q, r, true
-}
-
-// rtime is a time in ns plus rem/den of a ns, 0 ≤ rem < den (den = the allowance).
-type rtime struct{ ns, rem int64 }
-
-func (t rtime) add(u rtime, den int64) rtime {
-	t.ns += u.ns
-	t.rem += u.rem
-	if t.rem >= den {
-		t.ns++
-		t.rem -= den
-	}
-	return t
-}
-
-func (t rtime) sub(u rtime, den int64) rtime {
-	t.ns -= u.ns
-	t.rem -= u.rem
-	if t.rem < 0 {
-		t.ns--
-		t.rem += den
-	}
-	return t
-}
-
-func (t rtime) less(u rtime) bool { return t.ns < u.ns || (t.ns == u.ns && t.rem < u.rem) }
-
-func (t rtime) ceil() int64 {
-	if t.rem > 0 {
-		return t.ns + 1
-	}
-	return t.ns
-}
-
-func span(n, window, den int64) rtime {
-	q, r, ok := mulDiv(uint64(n), uint64(window), uint64(den))
-	if !ok || q >= 1<<62 {
-		return rtime{ns: 1 << 62}
-	}
-	return rtime{ns: int64(q), rem: int64(r)}
-}
-
-func levelCeil(b rtime, a, w int64) int64 {
-	if b.ns < 0 {
-		return 0
-	}
-	hi, lo := bits.Mul64(uint64(b.ns), uint64(a))
-	var carry uint64
-	lo, carry = bits.Add64(lo, uint64(b.rem), 0)
-	hi += carry
-	if hi >= uint64(w) {
-		return 1 << 62
-	}
-	q, r := bits.Div64(hi, lo, uint64(w))
-	if r > 0 {
-		q++
-	}
-	return int64(q)
-}
-
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && (a < 0) != (b < 0) {
-		q--
-	}
-	return q
-}
-
-func weighted(prev, w, elapsed int64) int64 {
-	if prev <= 0 {
-		return 0
-	}
-	q, _, ok := mulDiv(uint64(prev), uint64(w-elapsed), uint64(w))
-	if !ok {
-		return prev
-	}
-	return int64(q)
-}
-
-func firstFit(prev, k, w int64) int64 {
-	q, r, ok := mulDiv(uint64(k+1), uint64(w), uint64(prev))
-	if !ok {
-		return w
-	}
-	f := int64(q)
-	if r == 0 {
-		f--
-	}
-	return w - f
 }

@@ -78,6 +78,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/streamlimit/streamlimit/internal/exact"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
@@ -363,7 +365,7 @@ func CheckLimit(alg algo.Algorithm, lim algo.Limit) error {
 		return fmt.Errorf("allowance %d or capacity %d is over site scope's 2^52", a, c)
 	case alg == algo.SlidingLog && a > maxLogAllowance:
 		return fmt.Errorf("sliding_log allowance %d is over site scope's %d", a, maxLogAllowance)
-	case isBucket(alg) && a > 0 && c > 0 && span(c, int64(lim.Window), a).ns >= maxExact:
+	case isBucket(alg) && a > 0 && c > 0 && exact.Span(c, int64(lim.Window), a).NS >= maxExact:
 		return fmt.Errorf("bucket capacity %d at %d per %v lasts longer than 2^52 ns", c, a, lim.Window)
 	}
 	return nil
@@ -483,18 +485,18 @@ func (s *Store) appendOpArgs(args []any, now int64, op *algo.Op) []any {
 	args = append(args, int(op.Algorithm), strconv.FormatInt(w, 10), op.N, a, c)
 	switch op.Algorithm {
 	case algo.TokenBucket, algo.LeakyBucket, algo.GCRA:
-		var capT, sp rtime
+		var capT, sp exact.Time
 		if a > 0 && c > 0 {
-			capT, sp = span(c, w, a), span(op.N, w, a)
+			capT, sp = exact.Span(c, w, a), exact.Span(op.N, w, a)
 		}
-		return append(args, capT.ns, capT.rem, sp.ns, sp.rem, 0)
+		return append(args, capT.NS, capT.Rem, sp.NS, sp.Rem, 0)
 	case algo.FixedWindow:
-		ws := floorDiv(now, w) * w
+		ws := exact.FloorDiv(now, w) * w
 		return append(args, strconv.FormatInt(ws, 10), ceilMs(ws+w-now), 0, 0, 0)
 	case algo.SlidingLog:
 		return append(args, w, ceilMs(w), 0, 0, 0)
 	default:
-		ws := floorDiv(now, w) * w
+		ws := exact.FloorDiv(now, w) * w
 		return append(args, strconv.FormatInt(ws, 10), strconv.FormatInt(ws-w, 10), ws+w-now, w, ceilMs(ws+2*w-now))
 	}
 }

@@ -4,12 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
-	"gopkg.in/yaml.v3"
 
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/internal/countsview"
@@ -87,52 +85,23 @@ type limitRow struct {
 	rule        *rules.Rule   // nil when unreachable
 }
 
-// yamlDescriptor is the part of a rules file check needs to enumerate descriptor paths;
-// the enforcer's loader has already validated everything else.
-type yamlDescriptor struct {
-	Key         string           `yaml:"key"`
-	Value       string           `yaml:"value"`
-	Descriptors []yamlDescriptor `yaml:"descriptors"`
-}
-
-// listLimits enumerates the limits of cfg. package rules exposes matching, not iteration,
-// so the descriptor paths are read back from cfg's files and each is matched to its Rule:
-// what is listed is what the enforcer would apply.
+// listLimits enumerates the limits of cfg in file and line order, each matched back to
+// the rule a request with its descriptor path would get: what is listed is what the
+// enforcer would apply.
 func listLimits(cfg *rules.Config) ([]limitRow, error) {
 	var rows []limitRow
-	for _, file := range cfg.Files() {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return nil, fmt.Errorf("rules check: %w", err)
+	for _, r := range cfg.Rules() {
+		path := make([]rules.Entry, len(r.Levels))
+		for i, l := range r.Levels {
+			path[i] = rules.Entry{Key: l.Key, Value: l.Value}
 		}
-		var doc struct {
-			Domain      string           `yaml:"domain"`
-			Descriptors []yamlDescriptor `yaml:"descriptors"`
-		}
-		if err := yaml.Unmarshal(b, &doc); err != nil {
-			return nil, fmt.Errorf("rules check: %s: %w", file, err)
-		}
-		var walk func(ds []yamlDescriptor, path []rules.Entry)
-		walk = func(ds []yamlDescriptor, path []rules.Entry) {
-			for _, d := range ds {
-				p := append(path[:len(path):len(path)], rules.Entry{Key: d.Key, Value: d.Value})
-				rows = append(rows, rowsOf(cfg, doc.Domain, file, p)...)
-				walk(d.Descriptors, p)
-			}
-		}
-		walk(doc.Descriptors, nil)
+		rows = append(rows, rowsOf(cfg, r.Domain, r.File, r.Line, path)...)
 	}
-	slices.SortStableFunc(rows, func(a, b limitRow) int {
-		if c := strings.Compare(a.File, b.File); c != 0 {
-			return c
-		}
-		return a.Line - b.Line
-	})
 	return rows, nil
 }
 
-func rowsOf(cfg *rules.Config, domain, file string, path []rules.Entry) []limitRow {
-	base := limitRow{Domain: domain, Descriptor: descriptorPath(path), Entries: path, File: file}
+func rowsOf(cfg *rules.Config, domain, file string, line int, path []rules.Entry) []limitRow {
+	base := limitRow{Domain: domain, Descriptor: descriptorPath(path), Entries: path, File: file, Line: line}
 	r := cfg.Match(domain, path)
 	if r == nil {
 		return nil // a placeholder level without limits

@@ -13,6 +13,7 @@ package rules
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -239,6 +240,37 @@ func (c *Config) Domains() []string {
 		names = append(names, n)
 	}
 	return names
+}
+
+// Rules returns every rule of the Config (those with limits and the unlimited ones),
+// ordered by file and line. Placeholder levels without limits are not rules.
+func (c *Config) Rules() []*Rule {
+	var out []*Rule
+	var walk func(n *node)
+	walk = func(n *node) {
+		if n == nil {
+			return
+		}
+		if n.rule != nil {
+			out = append(out, n.rule)
+		}
+		for _, child := range n.exact {
+			walk(child)
+		}
+		for _, w := range n.wild {
+			walk(w.n)
+		}
+	}
+	for _, d := range c.domains {
+		walk(d.root)
+	}
+	slices.SortFunc(out, func(a, b *Rule) int {
+		if c := strings.Compare(a.File, b.File); c != 0 {
+			return c
+		}
+		return a.Line - b.Line
+	})
+	return out
 }
 
 // Files returns the files the Config was loaded from.

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// envoyExamples are envoyproxy/ratelimit's README examples, kept with the rules package.
+const envoyExamples = "../../enforcer/rules/testdata/envoy"
+
+func TestRulesCheckEnvoyExamples(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join(envoyExamples, "*.yaml"))
+	if err != nil || len(files) < 10 {
+		t.Fatalf("envoy examples: %v, %v", files, err)
+	}
+	for _, f := range files {
+		out, errOut, err := runSplit(t, "rules", "check", f)
+		if err != nil || errOut != "" {
+			t.Errorf("%s: %v %s", f, err, errOut)
+			continue
+		}
+		if !strings.Contains(out, "ok: ") || !strings.Contains(out, f+":") {
+			t.Errorf("%s: output lists no limit:\n%s", f, out)
+		}
+	}
+	// The README's main example, every descriptor and flag, as a table.
+	out, _, err := runSplit(t, "rules", "check", filepath.Join(envoyExamples, "example.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "rules_envoy_example", out)
+}
+
+func TestRulesCheckDirectory(t *testing.T) {
+	dir := filepath.Join("testdata", "rules", "good")
+	out, _, err := runSplit(t, "rules", "check", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "rules_good", out)
+
+	out, _, err = runSplit(t, "rules", "check", "--json", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []map[string]any
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(rows) != 8 {
+		t.Fatalf("%d rows, want 8:\n%s", len(rows), out)
+	}
+	// Every limit as the enforcer loads it: window in ms, defaults filled in.
+	want := map[string]any{"domain": "api", "descriptor": "action=login/ip", "requests": 10.0, "window_ms": 3600000.0,
+		"algorithm": "sliding_window", "scope": "global", "soft_percent": 10.0, "line": 19.0}
+	got := rows[2]
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("row 2 %s = %v, want %v (row %v)", k, got[k], v, got)
+		}
+	}
+	if rows[4]["unreachable"] != nil || rows[5]["unreachable"] != true {
+		t.Errorf("the wildcard /vipx* after /vip* should be unreachable, and only it: %v %v", rows[4], rows[5])
+	}
+	if rows[6]["unlimited"] != true || rows[7]["scope"] != "site" {
+		t.Errorf("internal.yml rows: %v %v", rows[6], rows[7])
+	}
+}
+
+func TestRulesCheckBroken(t *testing.T) {
+	broken := filepath.Join("testdata", "rules", "broken")
+	tmp := t.TempDir()
+	syntax := filepath.Join(tmp, "syntax.yaml")
+	if err := os.WriteFile(syntax, []byte("domain: d\ndescriptors:\n  - key: [unclosed\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		path string
+		want []string
+	}{
+		{broken, []string{
+			"2 errors:",
+			broken + `/bad.yaml:5:13: descriptors[0].rate_limit.unit: unknown unit "minutes"`,
+			broken + `/bad.yaml:8:65: descriptors[1].rate_limit.algorithm: gcra is not available in global scope`,
+		}},
+		{filepath.Join(broken, "bad.yaml"), []string{broken + "/bad.yaml:5:13: "}},
+		{filepath.Join("testdata", "rules", "dupdomain"), []string{`dupdomain/b.yaml:1:9: domain: duplicate domain "other" (also in testdata/rules/dupdomain/a.yaml)`}},
+		{syntax, []string{syntax + ":2:1: did not find expected ',' or ']'"}},
+		{filepath.Join(tmp, "missing.yaml"), []string{"missing.yaml: ", "no such file"}},
+	} {
+		out, _, err := runSplit(t, "rules", "check", tc.path)
+		if err == nil {
+			t.Errorf("%s: accepted:\n%s", tc.path, out)
+			continue
+		}
+		if out != "" {
+			t.Errorf("%s: printed a listing on error:\n%s", tc.path, out)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error\n%v\nwant it to contain %q", tc.path, err, w)
+			}
+		}
+	}
+}

@@ -1,17 +1,80 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"io"
+	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/streamlimit/streamlimit/internal/demo"
 )
 
-// newDemoCmd is a placeholder until the demo command lands.
 func newDemoCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:    "demo",
-		Short:  "(not yet available)",
-		Hidden: true,
-		RunE:   func(*cobra.Command, []string) error { return errors.New("demo: not yet available") },
+	var (
+		opts             demo.Options
+		plain, showRules bool
+		logLevel, logFmt string
+	)
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Watch a global limit hold across three sites, on an embedded Kafka (zero setup)",
+		Long: `demo runs the whole pipeline in this process: an embedded Kafka-protocol broker
+(franz-go's kfake, compacting the counts topic), the hits and counts topics, one aggregator,
+and one enforcer per site (eu, us, ap), each with its own snapshot of the counts topic, its
+own hit producer and its own exact site counter. Synthetic clients call the enforcers:
+light clients on their home site, an abusive client sending 5× its limit spread evenly over
+all sites (each site alone sees less than the limit), and a burst at one site.
+
+On a terminal a live table shows each site's decisions, the abusive client's admissions in
+the last window against its limit, and the pipeline lag; otherwise a plain line is printed
+every 2 seconds. At the end a summary gives the exact busiest and mean window of the abusive
+client and says whether the global limit held. The exit status is 0 whatever the verdict;
+it is non-zero only when the embedded pipeline cannot run.`,
+		Example: `  streamlimit demo
+  streamlimit demo --duration 1m --sites 4
+  streamlimit demo --rules   # print the rules the demo enforces`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			out := cmd.OutOrStdout()
+			if showRules {
+				_, err := io.WriteString(out, demo.RulesYAML)
+				return err
+			}
+			log, err := newLogger(logFmt, logLevel)
+			if err != nil {
+				return err
+			}
+			opts.Logger = log
+			opts.Live = !plain && isTerminal(out)
+			_, err = demo.Run(cmd.Context(), opts, out)
+			if errors.Is(err, context.Canceled) && cmd.Context().Err() != nil {
+				fmt.Fprintln(out, "interrupted before the traffic started")
+				return nil
+			}
+			return err
+		},
 	}
+	f := cmd.Flags()
+	f.DurationVar(&opts.Duration, "duration", demo.DefaultDuration, "how long the synthetic traffic runs (more than the limit's 5s window, at most 1h)")
+	f.Uint64Var(&opts.Seed, "seed", 1, "seed of the light clients' jitter")
+	f.IntVar(&opts.Sites, "sites", demo.DefaultSites, fmt.Sprintf("number of sites, 1..%d (eu, us, ap, sa, af, oc)", demo.MaxSites))
+	f.BoolVar(&plain, "plain", false, "print plain status lines even on a terminal")
+	f.BoolVar(&showRules, "rules", false, "print the demo's rules file and exit")
+	f.StringVar(&logLevel, "log-level", "error", "level of the components' logs on stderr: debug, info, warn or error")
+	f.StringVar(&logFmt, "log-format", "text", "log format: text or json")
+	return cmd
+}
+
+// isTerminal reports whether w is a character device (a terminal), where the demo may
+// redraw its table with ANSI escape sequences.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

@@ -1,17 +1,168 @@
 package main
 
 import (
-	"errors"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/streamlimit/streamlimit/aggregator"
+	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/internal/demo"
+	"github.com/streamlimit/streamlimit/topics"
 )
 
-// newDevCmd is a placeholder until the dev command lands.
+// devCompactEvery is how often the embedded broker compacts the counts topic in dev mode
+// (kfake's log.cleaner.backoff.ms; its default is an hour).
+const devCompactEvery = 10 * time.Second
+
+// devFlags are the settings of `streamlimit dev`.
+type devFlags struct {
+	port                int
+	dataDir             string
+	rulesPath           string
+	site                string
+	httpAddr, grpcAddr  string
+	logFormat, logLevel string
+}
+
 func newDevCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:    "dev",
-		Short:  "(not yet available)",
-		Hidden: true,
-		RunE:   func(*cobra.Command, []string) error { return errors.New("dev: not yet available") },
+	var df devFlags
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run an embedded Kafka, an aggregator and an enforcer for local development",
+		Long: `dev runs, in this process, an embedded Kafka-protocol broker (franz-go's kfake) on a
+fixed port, creates the hits and counts topics, and runs an aggregator and an enforcer
+server, so that any Kafka client (kcat, a service under development) can publish hits and
+read counts, and any HTTP or Envoy client can ask for decisions. State is in memory unless
+--data-dir is given, in which case the broker persists it there and reloads it on restart.
+The broker listens on 127.0.0.1 only. Stop it with Ctrl-C.`,
+		Example: `  streamlimit dev
+  streamlimit dev --port 19092 --data-dir ./.streamlimit-dev --rules ./rules.yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return df.run(cmd) },
 	}
+	f := cmd.Flags()
+	f.IntVar(&df.port, "port", 9092, "port of the embedded Kafka broker on 127.0.0.1 (0: any free port)")
+	f.StringVar(&df.dataDir, "data-dir", "", "directory where the broker persists its state across restarts (default: in memory)")
+	f.StringVar(&df.rulesPath, "rules", "", "rules file or directory for the enforcer (default: the demo's rules, see `streamlimit demo --rules`)")
+	f.StringVar(&df.site, "site", "dev", "the enforcer's site")
+	f.StringVar(&df.httpAddr, "http-listen", "127.0.0.1:8081", "address of the enforcer's check API and admin endpoints")
+	f.StringVar(&df.grpcAddr, "grpc-listen", "127.0.0.1:8082", `address of the enforcer's Envoy rate-limit gRPC service ("off" to disable)`)
+	f.StringVar(&df.logFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(&df.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
+	return cmd
+}
+
+func (df *devFlags) run(cmd *cobra.Command) error {
+	ctx := cmd.Context()
+	out := cmd.OutOrStdout()
+	log, err := newLogger(df.logFormat, df.logLevel)
+	if err != nil {
+		return err
+	}
+	opts := []kfake.Opt{
+		kfake.NumBrokers(1),
+		kfake.Ports(df.port),
+		kfake.BrokerConfigs(map[string]string{"log.cleaner.backoff.ms": fmt.Sprint(devCompactEvery.Milliseconds())}),
+	}
+	if df.dataDir != "" {
+		opts = append(opts, kfake.DataDir(df.dataDir))
+	}
+	cluster, err := kfake.NewCluster(opts...)
+	if err != nil {
+		return fmt.Errorf("embedded kafka on port %d: %w", df.port, err)
+	}
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()
+
+	tcfg := topics.Config{CountsSegment: 10 * time.Second, CountsMaxCompactionLag: time.Minute}
+	tcfg, err = tcfg.Normalize()
+	if err != nil {
+		return err
+	}
+	res, err := ensureDevTopics(ctx, brokers, tcfg)
+	if err != nil {
+		return err
+	}
+
+	rulesPath := df.rulesPath
+	if rulesPath == "" {
+		dir, err := os.MkdirTemp("", "streamlimit-dev-")
+		if err != nil {
+			return fmt.Errorf("rules: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		rulesPath = filepath.Join(dir, "demo.yaml")
+		if err := os.WriteFile(rulesPath, []byte(demo.RulesYAML), 0o600); err != nil {
+			return fmt.Errorf("rules: %w", err)
+		}
+	}
+
+	agg, err := aggregator.New(aggregator.Config{Brokers: brokers, Logger: log, Registerer: newRegistry()})
+	if err != nil {
+		return err
+	}
+	srv, err := server.New(server.Config{
+		Site: df.site, RulesPath: rulesPath, Brokers: brokers,
+		HTTPAddr: df.httpAddr, GRPCAddr: df.grpcAddr, Logger: log, Registry: newRegistry(),
+	})
+	if err != nil {
+		return err
+	}
+
+	broker := brokers[0]
+	data := "in memory (use --data-dir to keep state across restarts)"
+	if df.dataDir != "" {
+		data = df.dataDir
+	}
+	created := "existing"
+	if len(res.Created) > 0 {
+		created = "created"
+	}
+	key := `demo|client=alice#5s`
+	fmt.Fprintf(out, `streamlimit dev: embedded Kafka, aggregator and enforcer (Ctrl-C to stop)
+
+  kafka       %s
+  topics      %s (%d partitions), %s (%d partitions, compacted): %s
+  data        %s
+  aggregator  group streamlimit-aggregator, counting %s into %s
+  enforcer    site %s: http %s (POST /v1/check, /metrics, /readyz), grpc %s
+  rules       %s
+
+Publish a hit as JSON with kcat (murmur2_random places keys as the Go producer does):
+  echo '%s@{"key":"%s","site":"eu","ts":'$(date +%%s%%3N)',"w":5000,"n":1}' | kcat -P -b %s -t %s -K@ -X topic.partitioner=murmur2_random
+Read its count:
+  streamlimit counts get '%s' --brokers %s
+Ask the enforcer:
+  curl -s %s/v1/check -d '{"domain":"demo","descriptors":[{"entries":[{"key":"client","value":"alice"}]}]}'
+`,
+		broker, tcfg.HitsTopic, tcfg.HitsPartitions, tcfg.CountsTopic, tcfg.CountsPartitions, created, data,
+		tcfg.HitsTopic, tcfg.CountsTopic, df.site, srv.HTTPAddr(), orNone(srv.GRPCAddr()), rulesPath,
+		key, key, broker, tcfg.HitsTopic, key, broker, srv.HTTPAddr())
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return agg.Run(gctx) })
+	g.Go(func() error { return srv.Run(gctx) })
+	return g.Wait()
+}
+
+func ensureDevTopics(ctx context.Context, brokers []string, cfg topics.Config) (topics.EnsureResult, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return topics.EnsureResult{}, fmt.Errorf("kafka client: %w", err)
+	}
+	defer cl.Close()
+	res, err := topics.EnsureTopics(ctx, kadm.NewClient(cl), cfg)
+	if err != nil {
+		return res, fmt.Errorf("topics: %w", err)
+	}
+	return res, nil
 }

@@ -1,0 +1,42 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestDemoCommand runs `streamlimit demo --duration 10s` as the README's first command
+// does, with output into a buffer (not a terminal: plain lines), and checks that its
+// summary reports the abusive client held to its global limit.
+func TestDemoCommand(t *testing.T) {
+	out, err := run(t, "demo", "--duration", "10s", "--seed", "7")
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	t.Logf("output:\n%s", out)
+	for _, want := range []string{
+		"mallory sent 5× its limit",
+		"Light clients were never denied",
+		"VERDICT: the global limit HELD",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if strings.Contains(out, "\x1b[") {
+		t.Errorf("output into a buffer contains ANSI escape sequences")
+	}
+}
+
+func TestDemoRulesAndBadFlags(t *testing.T) {
+	out, err := run(t, "demo", "--rules")
+	if err != nil || !strings.Contains(out, "domain: demo") || !strings.Contains(out, "requests_per_unit: 50") {
+		t.Fatalf("demo --rules: %v\n%s", err, out)
+	}
+	if _, err := run(t, "demo", "--duration", "3s"); err == nil || !strings.Contains(err.Error(), "must exceed the limit's window") {
+		t.Fatalf("demo --duration 3s: %v", err)
+	}
+	if _, err := run(t, "demo", "--sites", "9"); err == nil || !strings.Contains(err.Error(), "sites 9") {
+		t.Fatalf("demo --sites 9: %v", err)
+	}
+}

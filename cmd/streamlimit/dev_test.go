@@ -1,0 +1,116 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"regexp"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// devOutput is a bytes.Buffer safe for one writer and one reader at a time.
+type devOutput struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *devOutput) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *devOutput) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestDevCountsAJSONHit starts `streamlimit dev` on a free port, publishes a JSON hit with
+// a plain kgo client as any service would, and reads the hit's count back from the counts
+// topic.
+func TestDevCountsAJSONHit(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var out devOutput
+	cmd := newRootCmd()
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs([]string{"dev", "--port", "0", "--http-listen", "127.0.0.1:0", "--grpc-listen", "off", "--log-level", "error"})
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("dev returned %v", err)
+		}
+	}()
+
+	addrRE := regexp.MustCompile(`(?m)^  kafka +(127\.0\.0\.1:\d+)$`)
+	var broker string
+	for deadline := time.Now().Add(30 * time.Second); broker == ""; {
+		if m := addrRE.FindStringSubmatch(out.String()); m != nil {
+			broker = m[1]
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("dev exited: %v\n%s", err, out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dev printed no kafka address:\n%s", out.String())
+		}
+	}
+	t.Logf("dev output:\n%s", out.String())
+
+	key := "demo|client=dev-test#60s"
+	cl, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.ConsumeTopics(topics.DefaultCountsTopic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	hit := fmt.Sprintf(`{"key":%q,"site":"eu","ts":%d,"w":60000,"n":3}`, key, time.Now().UnixMilli())
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topics.DefaultHitsTopic, Key: []byte(key), Value: []byte(hit)}).FirstErr(); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+
+	pollCtx, stop := context.WithTimeout(ctx, 60*time.Second)
+	defer stop()
+	for pollCtx.Err() == nil {
+		fs := cl.PollFetches(pollCtx)
+		if pollCtx.Err() != nil {
+			t.Fatalf("no count for %q on the counts topic", key)
+		}
+		var got *topics.Count
+		fs.EachRecord(func(r *kgo.Record) {
+			if string(r.Key) != key || len(r.Value) == 0 {
+				return
+			}
+			c, err := topics.DecodeCount(r.Value)
+			if err != nil {
+				t.Errorf("decode count: %v", err)
+				return
+			}
+			got = &c
+		})
+		if got != nil {
+			if got.Total != 3 || got.Site("eu") != 3 || got.WindowDuration() != time.Minute {
+				t.Fatalf("count %+v, want total 3 at site eu over 1m", *got)
+			}
+			break
+		}
+	}
+
+	// The analytics command sees it too.
+	got, err := run(t, "counts", "get", key, "--brokers", broker)
+	if err != nil || !regexp.MustCompile(`\beu\b`).MatchString(got) {
+		t.Fatalf("counts get: %v\n%s", err, got)
+	}
+}

@@ -137,13 +137,19 @@ func (r *Ring) parts(s *Spec, i0 int64) (whole, oldest uint64) {
 	}
 	L := int64(s.Slots)
 	lo := max(i0, r.head-L+1)
-	for i := lo; i <= r.head; i++ {
-		v := uint64(r.c[mod(i, L)])
-		if i == i0 {
-			oldest = v
-		} else {
-			whole += v
-		}
+	// Buckets lo..head sit in the slice from lo mod L, wrapping at most once; summing the
+	// one or two runs directly avoids a division per bucket on the decision path.
+	start, n := mod(lo, L), r.head-lo+1
+	first := min(n, L-start)
+	for _, v := range r.c[start : start+first] {
+		whole += uint64(v)
+	}
+	for _, v := range r.c[:n-first] {
+		whole += uint64(v)
+	}
+	if lo == i0 {
+		oldest = uint64(r.c[start])
+		whole -= oldest
 	}
 	return whole, oldest
 }

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/streamlimit/streamlimit/enforcer/rules"
+)
+
+// TestREADMERulesLoad keeps the README's examples true: every YAML block that starts with
+// "domain:" must load as the enforcer loads it — as rules, or, when it lists descriptor
+// entries, as the HTTP descriptor config of --http-config.
+func TestREADMERulesLoad(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := strings.Split(string(b), "```yaml\n")[1:]
+	n := 0
+	for _, blk := range blocks {
+		body := blk[:strings.Index(blk, "```")]
+		if !strings.HasPrefix(body, "domain:") {
+			continue
+		}
+		n++
+		p := filepath.Join(t.TempDir(), "rules.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(body, "entries:") {
+			if _, err := loadHTTPConfig(p); err != nil {
+				t.Errorf("README HTTP config example %d does not load: %v\n%s", n, err, body)
+			}
+			continue
+		}
+		if _, err := rules.LoadFile(p); err != nil {
+			t.Errorf("README rules example %d does not load: %v\n%s", n, err, body)
+		}
+	}
+	if n == 0 {
+		t.Fatal("no rules example found in README.md")
+	}
+}

@@ -197,16 +197,10 @@ func New(cfg Config) (*Aggregator, error) {
 		return nil, err
 	}
 	return &Aggregator{
-		cfg: cfg,
-		log: cfg.Logger.With("component", "aggregator", "instance", cfg.InstanceID),
-		m:   m,
-		st: newState(stateConfig{
-			subBuckets:   cfg.SubBuckets,
-			maxSkew:      cfg.MaxClockSkew,
-			maxKeys:      cfg.MaxKeys,
-			emitInterval: cfg.EmitInterval.Milliseconds(),
-			maxSpecs:     1024,
-		}),
+		cfg:    cfg,
+		log:    cfg.Logger.With("component", "aggregator", "instance", cfg.InstanceID),
+		m:      m,
+		st:     newState(cfg.stateConfig()),
 		parts:  map[tp]*partState{},
 		nparts: map[string]int32{},
 	}, nil
@@ -405,23 +399,13 @@ func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps 
 		}
 		h = hitRef{key: []byte(slow.Key), site: []byte(slow.Site), bucketStart: slow.BucketStart, window: slow.Window, count: slow.Count}
 	}
-	if h.window == 0 {
-		h.window = a.cfg.DefaultWindow.Milliseconds()
-	}
-	skew, late := a.cfg.MaxClockSkew.Milliseconds(), a.cfg.Lateness.Milliseconds()
-	switch {
-	case h.window > a.cfg.MaxWindow.Milliseconds():
-		a.bad(ctx, cl, ReasonWindowTooLong, r, nil)
-		return
-	case h.bucketStart > now+skew || (!r.Timestamp.IsZero() && h.bucketStart > r.Timestamp.UnixMilli()+skew):
-		a.bad(ctx, cl, ReasonTooFarFuture, r, nil)
-		return
-	case h.bucketStart+h.window+late < now:
-		if !ps.replaying { // during replay, old hits are expected, not bad
-			a.bad(ctx, cl, ReasonTooOld, r, nil)
+	if reason := a.cfg.checkHit(now, &h, r.Timestamp); reason != "" {
+		if reason != ReasonTooOld || !ps.replaying { // during replay, old hits are expected, not bad
+			a.bad(ctx, cl, reason, r, nil)
 		}
 		return
 	}
+	late := a.cfg.Lateness.Milliseconds()
 	if origin == "" && nparts > 0 {
 		// Ownership follows the counter key (the hit's key), which our producer also uses
 		// as the record key.
@@ -436,6 +420,43 @@ func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps 
 	case duplicate:
 		a.m.duplicates.Inc()
 	}
+}
+
+// checkHit defaults h's window and returns the bad_records_total reason for which the hit
+// must be skipped at aggregator time now (ms), or "" to count it. recordTime is the Kafka
+// record's timestamp (zero when unknown), which also bounds how far ahead the bucket start
+// may be. Both the Kafka path and Memory use it, so they accept exactly the same hits.
+func (c *Config) checkHit(now int64, h *hitRef, recordTime time.Time) string {
+	if h.window == 0 {
+		h.window = c.DefaultWindow.Milliseconds()
+	}
+	skew, late := c.MaxClockSkew.Milliseconds(), c.Lateness.Milliseconds()
+	switch {
+	case h.window > c.MaxWindow.Milliseconds():
+		return ReasonWindowTooLong
+	case h.bucketStart > now+skew || (!recordTime.IsZero() && h.bucketStart > recordTime.UnixMilli()+skew):
+		return ReasonTooFarFuture
+	case h.bucketStart+h.window+late < now:
+		return ReasonTooOld
+	}
+	return ""
+}
+
+// stateConfig is the part of c that the counter state needs.
+func (c *Config) stateConfig() stateConfig {
+	return stateConfig{
+		subBuckets:   c.SubBuckets,
+		maxSkew:      c.MaxClockSkew,
+		maxKeys:      c.MaxKeys,
+		emitInterval: c.EmitInterval.Milliseconds(),
+		maxSpecs:     1024,
+	}
+}
+
+// emitBudget is how many records one emission round may publish:
+// MaxEmitPerSecond × EmitInterval, at least 1.
+func (c *Config) emitBudget() int {
+	return max(1, int(int64(c.MaxEmitPerSecond)*int64(c.EmitInterval)/int64(time.Second)))
 }
 
 // reroute re-publishes a misrouted hit to partition q (the key's murmur2 partition) of the
@@ -474,7 +495,7 @@ func (a *Aggregator) bad(ctx context.Context, cl *kgo.Client, reason string, r *
 func (a *Aggregator) emitLoop(ctx context.Context, cl *kgo.Client) {
 	t := time.NewTicker(a.cfg.EmitInterval)
 	defer t.Stop()
-	budget := max(1, int(int64(a.cfg.MaxEmitPerSecond)*int64(a.cfg.EmitInterval)/int64(time.Second)))
+	budget := a.cfg.emitBudget()
 	var (
 		cands []candidate
 		outs  []emission

@@ -1,0 +1,199 @@
+package aggregator
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// MemoryConfig configures a Memory. Every zero field takes the default written in its
+// comment, which is the same as the field of the same name in Config.
+type MemoryConfig struct {
+	// SubBuckets is the number of sub-window buckets per window. Default 60.
+	SubBuckets int
+	// EmitInterval is the least time between two counts emitted for one counter. Default
+	// 100ms. Memory has no loop: the caller calls Emit, normally every EmitInterval.
+	EmitInterval time.Duration
+	// MaxEmitPerSecond caps the counts (tombstones included) one Emit returns, at
+	// MaxEmitPerSecond × EmitInterval, the largest changes first. Default 50000.
+	MaxEmitPerSecond int
+	// HeartbeatInterval is the least time between two heartbeats returned by Emit.
+	// Default 500ms.
+	HeartbeatInterval time.Duration
+	// Lateness is how late (by bucket start) a hit may arrive and still be counted.
+	// Default 5s.
+	Lateness time.Duration
+	// MaxClockSkew is how far ahead of now a hit's bucket start may be. Default 30s.
+	MaxClockSkew time.Duration
+	// MaxKeys bounds the counters held; hits of new counters beyond it are refused
+	// (ErrRefused). Default 1,000,000.
+	MaxKeys int
+	// DefaultWindow is the window of hits whose Window is 0. Default 1m.
+	DefaultWindow time.Duration
+	// MaxWindow is the longest window accepted. Default 1h.
+	MaxWindow time.Duration
+	// Topic and Partition name the single source the heartbeats describe, as
+	// topics.HeartbeatKey(Topic, Partition). Default topics.DefaultHitsTopic, partition 0.
+	Topic     string
+	Partition int32
+	// InstanceID names this instance in heartbeats. Default "memory".
+	InstanceID string
+	// Registerer receives the metrics (namespace streamlimit, subsystem aggregator), as
+	// for Config. Nil: metrics are kept but not registered.
+	Registerer prometheus.Registerer
+}
+
+// ErrRefused is returned by Memory.Add for a hit of a new counter while MaxKeys counters
+// are held (the Kafka path counts these in refused_keys_total).
+var ErrRefused = errors.New("aggregator: counter refused: MaxKeys reached")
+
+// BadHitError is returned by Memory.Add for a hit that the aggregator skips; Reason is its
+// bad_records_total label (a topics.Reason, ReasonTooFarFuture, ReasonTooOld or
+// ReasonWindowTooLong).
+type BadHitError struct {
+	Reason string
+	Err    error // the validation error, when there is one
+}
+
+func (e *BadHitError) Error() string {
+	if e.Err != nil {
+		return "aggregator: bad hit (" + e.Reason + "): " + e.Err.Error()
+	}
+	return "aggregator: bad hit (" + e.Reason + ")"
+}
+
+func (e *BadHitError) Unwrap() error { return e.Err }
+
+// Emission is one record the aggregator would publish to the counts topic: Key is the
+// record key (a counter key, or a heartbeat key), Value the binary encoded topics.Count or
+// topics.Heartbeat, or nil for a tombstone. It is exactly what snapshot.Snapshot.Apply
+// takes.
+type Emission struct {
+	Key   []byte
+	Value []byte
+}
+
+// Memory is the aggregator's counting without Kafka: hits go in through Add, counts come
+// out of Emit, computed by the same state, validation and emission rule as an Aggregator
+// that owns every partition (see the package documentation). It is for the accuracy
+// simulator and tests, which drive time explicitly: every method takes now, and Memory
+// never reads a clock. A Memory is not safe for concurrent use.
+type Memory struct {
+	cfg    Config
+	src    topics.Heartbeat
+	m      *metrics
+	st     *state
+	cands  []candidate
+	outs   []emission
+	added  int64
+	lastHB int64 // ms of the last heartbeat, when hbDone
+	hbDone bool
+}
+
+// NewMemory validates cfg and returns an empty Memory.
+func NewMemory(cfg MemoryConfig) (*Memory, error) {
+	if cfg.InstanceID == "" {
+		cfg.InstanceID = "memory"
+	}
+	if cfg.Topic == "" {
+		cfg.Topic = topics.DefaultHitsTopic
+	}
+	full := Config{
+		// normalize requires a broker; Memory never connects, so any name will do.
+		Brokers:           []string{"in-memory"},
+		SubBuckets:        cfg.SubBuckets,
+		EmitInterval:      cfg.EmitInterval,
+		MaxEmitPerSecond:  cfg.MaxEmitPerSecond,
+		HeartbeatInterval: cfg.HeartbeatInterval,
+		Lateness:          cfg.Lateness,
+		MaxClockSkew:      cfg.MaxClockSkew,
+		MaxKeys:           cfg.MaxKeys,
+		DefaultWindow:     cfg.DefaultWindow,
+		MaxWindow:         cfg.MaxWindow,
+		InstanceID:        cfg.InstanceID,
+		Registerer:        cfg.Registerer,
+	}
+	full, err := full.normalize()
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Memory{
+		cfg: full,
+		src: topics.Heartbeat{Instance: cfg.InstanceID, Topic: cfg.Topic, Partition: cfg.Partition},
+		m:   m,
+		st:  newState(full.stateConfig()),
+	}, nil
+}
+
+// Add counts hit h at aggregator time now, as the Kafka path counts a hit record consumed
+// at now from the partition that owns its key. A hit the aggregator would skip returns a
+// *BadHitError (invalid fields, too far in the future, too old, window too long), a hit
+// of a new counter beyond MaxKeys returns ErrRefused; both are counted in the metrics as
+// on the Kafka path. A hit older than every bucket the counter still holds is ignored.
+func (m *Memory) Add(now time.Time, h topics.Hit) error {
+	if err := h.Validate(); err != nil {
+		m.m.bad.WithLabelValues(topics.Reason(err)).Inc()
+		return &BadHitError{Reason: topics.Reason(err), Err: err}
+	}
+	ref := hitRef{key: []byte(h.Key), site: []byte(h.Site), bucketStart: h.BucketStart, window: h.Window, count: h.Count}
+	ms := now.UnixMilli()
+	if reason := m.cfg.checkHit(ms, &ref, time.Time{}); reason != "" {
+		m.m.bad.WithLabelValues(reason).Inc()
+		return &BadHitError{Reason: reason}
+	}
+	m.m.recordsIn.Inc()
+	m.added++
+	if m.st.addRaw(ms, m.src.Partition, ref, "", 0) == refusedKey {
+		m.m.refused.Inc()
+		return ErrRefused
+	}
+	return nil
+}
+
+// Emit returns the records due at now, in the order the aggregator would publish them:
+// the counts and tombstones of one emission round (see the package documentation), then
+// a heartbeat for the Memory's single source if HeartbeatInterval has passed since the
+// last one (the first Emit always includes one). The returned slice and its values are
+// the caller's.
+func (m *Memory) Emit(now time.Time) []Emission {
+	ms := now.UnixMilli()
+	m.cands, m.outs = m.st.collect(ms, m.cfg.emitBudget(), m.cands, m.outs[:0])
+	out := make([]Emission, 0, len(m.outs)+1)
+	for _, e := range m.outs {
+		rec := Emission{Key: []byte(e.key)}
+		if e.count != nil {
+			v, err := e.count.MarshalBinary()
+			if err != nil {
+				// Unreachable: the state produces valid counts. Skip it, as Run does.
+				continue
+			}
+			rec.Value = v
+		} else {
+			m.m.tombstones.Inc()
+		}
+		m.m.countsOut.Inc()
+		out = append(out, rec)
+	}
+	clear(m.outs)
+	m.m.keys.Set(float64(m.st.size()))
+	if !m.hbDone || ms-m.lastHB >= m.cfg.HeartbeatInterval.Milliseconds() {
+		m.hbDone, m.lastHB = true, ms
+		hb := m.src
+		hb.AsOf, hb.Offset, hb.HighWatermark = ms, m.added, m.added
+		if v, err := hb.MarshalBinary(); err == nil {
+			m.m.heartbeats.Inc()
+			out = append(out, Emission{Key: []byte(topics.HeartbeatKey(hb.Topic, hb.Partition)), Value: v})
+		}
+	}
+	return out
+}
+
+// Keys returns the number of counters held.
+func (m *Memory) Keys() int { return m.st.size() }

@@ -1,0 +1,400 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/streamlimit/streamlimit/aggregator"
+	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/snapshot"
+	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// Tuning is the enforcer's hot-key settings under test (enforcer.Config fields of the same
+// names). Zero fields take the enforcer's defaults.
+type Tuning struct {
+	HotHorizon  time.Duration
+	HotFraction float64
+	MinShare    float64
+}
+
+// Config is one simulation run. Every zero field takes the default written in its comment.
+type Config struct {
+	// Scenario is the heavy client's traffic shape. Default Uniform.
+	Scenario Scenario
+	// Sites is the number of sites, each one enforcer.Limiter with its own in-memory
+	// snapshot and in-process LocalCounter. Default 3.
+	Sites int
+	// Lag is the pipeline lag added by the transport: half of it (rounded down to the
+	// millisecond) delays hits from the producers to the aggregator, the rest delays the
+	// aggregator's counts and heartbeats to every site's snapshot. The producer's
+	// coalescing (ProducerBucket, FlushInterval) and the emission period (EmitInterval)
+	// add their own delay on top (see the package documentation). Zero is a valid lag.
+	Lag time.Duration
+	// Load is the heavy client's offered load as a multiple of the limit. Default 2.
+	Load float64
+	// Limit is the heavy client's global limit, requests per Window. Default 100.
+	Limit int64
+	// Window is the rule's sliding window. Default 10s.
+	Window time.Duration
+	// Windows is the number of measured windows. Default 10.
+	Windows int
+	// Warmup is the number of windows run before measuring. Default 1; negative means 0.
+	Warmup int
+	// Light is the number of light clients, each offering 0.3 × Limit per Window spread
+	// uniformly over the sites; none of them should ever be denied. Default 0.
+	Light int
+	// Seed seeds the traffic (math/rand/v2 PCG). Runs with the same Seed, Scenario, Sites
+	// and Load get the same requests whatever the lag. Default 0 is a valid seed.
+	Seed uint64
+	// Tuning is passed to every enforcer.
+	Tuning Tuning
+	// ProducerBucket is the producers' coalescing bucket. Default 100ms (the producer's).
+	ProducerBucket time.Duration
+	// FlushInterval is the producers' flush period; a flush releases finished buckets.
+	// Default 50ms (the producer's).
+	FlushInterval time.Duration
+	// EmitInterval is the aggregator's emission period. Default 100ms (the aggregator's).
+	EmitInterval time.Duration
+	// SubBuckets is the aggregator's and the LocalCounters' sub-buckets per window.
+	// Default 60.
+	SubBuckets int
+	// Trace, when set, records the series of Result.Trace, as seen from site 0.
+	Trace bool
+}
+
+func (c Config) normalize() (Config, error) {
+	if c.Scenario == "" {
+		c.Scenario = Uniform
+	}
+	if _, err := ParseScenario(string(c.Scenario)); err != nil {
+		return c, err
+	}
+	if c.Sites == 0 {
+		c.Sites = 3
+	}
+	if c.Load == 0 {
+		c.Load = 2
+	}
+	if c.Limit == 0 {
+		c.Limit = 100
+	}
+	if c.Window == 0 {
+		c.Window = 10 * time.Second
+	}
+	if c.Windows == 0 {
+		c.Windows = 10
+	}
+	if c.Warmup == 0 {
+		c.Warmup = 1
+	}
+	c.Warmup = max(c.Warmup, 0)
+	if c.ProducerBucket == 0 {
+		c.ProducerBucket = 100 * time.Millisecond
+	}
+	if c.FlushInterval == 0 {
+		c.FlushInterval = 50 * time.Millisecond
+	}
+	if c.EmitInterval == 0 {
+		c.EmitInterval = 100 * time.Millisecond
+	}
+	if c.SubBuckets == 0 {
+		c.SubBuckets = 60
+	}
+	var errs []error
+	if c.Sites < 1 || c.Sites > 64 {
+		errs = append(errs, fmt.Errorf("sim: Sites %d out of 1..64", c.Sites))
+	}
+	if c.Lag < 0 {
+		errs = append(errs, fmt.Errorf("sim: Lag %v is negative", c.Lag))
+	}
+	if c.Load <= 0 || c.Limit < 1 || c.Windows < 1 || c.Light < 0 {
+		errs = append(errs, fmt.Errorf("sim: Load %v, Limit %d and Windows %d must be positive, Light %d not negative", c.Load, c.Limit, c.Windows, c.Light))
+	}
+	for name, d := range map[string]time.Duration{"Window": c.Window, "ProducerBucket": c.ProducerBucket,
+		"FlushInterval": c.FlushInterval, "EmitInterval": c.EmitInterval} {
+		if d < time.Millisecond || d%time.Millisecond != 0 {
+			errs = append(errs, fmt.Errorf("sim: %s %v must be a positive whole number of milliseconds", name, d))
+		}
+	}
+	return c, errors.Join(errs...)
+}
+
+// Start returns the virtual instant every run starts at, 2026-01-01T00:00:00Z (aligned to
+// any window of whole seconds up to a day).
+func Start() time.Time { return time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC) }
+
+const (
+	domain    = "sim"
+	descKey   = "client"
+	heavyName = "heavy"
+)
+
+// rulesYAML is the one rule: every client value gets Limit per Window, global scope.
+func rulesYAML(limit int64, w time.Duration) string {
+	return fmt.Sprintf("domain: %s\ndescriptors:\n  - key: %s\n    rate_limit: {window: %dms, requests_per_unit: %d}\n",
+		domain, descKey, w.Milliseconds(), limit)
+}
+
+// LoadRules loads the simulation's rule through the real rules loader (which reads files:
+// the YAML goes through a temporary directory that is removed before returning).
+func LoadRules(limit int64, w time.Duration) (*rules.Config, error) {
+	dir, err := os.MkdirTemp("", "streamlimit-sim-")
+	if err != nil {
+		return nil, fmt.Errorf("sim: rules: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	p := filepath.Join(dir, "sim.yaml")
+	if err := os.WriteFile(p, []byte(rulesYAML(limit, w)), 0o600); err != nil {
+		return nil, fmt.Errorf("sim: rules: %w", err)
+	}
+	rc, err := rules.LoadFile(p)
+	if err != nil {
+		return nil, fmt.Errorf("sim: rules: %w", err)
+	}
+	return rc, nil
+}
+
+// pubRec is a producer's coalesced count of one (key, window, bucket).
+type pubRec struct {
+	key    string
+	window int64 // ms
+	bucket int64 // ms
+	n      int64
+}
+
+// publisher models producer.Producer: it coalesces the hits of each (key, window, bucket)
+// and releases a bucket at the first flush at or after the bucket's end, as the real
+// producer's background flush does. It implements enforcer.Publisher.
+type publisher struct {
+	clk     clock.Clock
+	widthMs int64
+	pending []pubRec
+}
+
+func (p *publisher) Hit(key string, window time.Duration, n int) {
+	ms := p.clk.Now().UnixMilli()
+	b := ms - ms%p.widthMs
+	w := window.Milliseconds()
+	for i := range p.pending {
+		r := &p.pending[i]
+		if r.key == key && r.window == w && r.bucket == b {
+			r.n += int64(n)
+			return
+		}
+	}
+	p.pending = append(p.pending, pubRec{key: key, window: w, bucket: b, n: int64(n)})
+}
+
+// flush removes and returns the finished buckets at nowMs, in the order they were opened.
+func (p *publisher) flush(nowMs int64, dst []pubRec) []pubRec {
+	keep := p.pending[:0]
+	for _, r := range p.pending {
+		if r.bucket+p.widthMs <= nowMs {
+			dst = append(dst, r)
+		} else {
+			keep = append(keep, r)
+		}
+	}
+	p.pending = keep
+	return dst
+}
+
+type hitMsg struct {
+	at  int64 // ms since start when the aggregator consumes it
+	hit topics.Hit
+}
+
+type countMsg struct {
+	at  int64
+	rec aggregator.Emission
+}
+
+type site struct {
+	name string
+	lim  *enforcer.Limiter
+	snap *snapshot.Snapshot
+	ctr  *enforcer.LocalCounter
+	pub  *publisher
+}
+
+// Run simulates cfg and returns its statistics. It is deterministic: the same cfg gives
+// the same Result.
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	cfg, err := cfg.normalize()
+	if err != nil {
+		return Result{}, err
+	}
+	rc, err := LoadRules(cfg.Limit, cfg.Window)
+	if err != nil {
+		return Result{}, err
+	}
+	return run(ctx, cfg, rc)
+}
+
+func run(ctx context.Context, cfg Config, rc *rules.Config) (Result, error) {
+	wMs := cfg.Window.Milliseconds()
+	warmMs := int64(cfg.Warmup) * wMs
+	durMs := warmMs + int64(cfg.Windows)*wMs
+	perMs := cfg.Load * float64(cfg.Limit) / float64(wMs)
+	seed := seedFor(cfg.Seed, cfg.Scenario, cfg.Sites, cfg.Load)
+	rng := rand.New(rand.NewPCG(seed, seed>>7|1))
+	heavy := Arrivals(rng, cfg.Scenario, cfg.Sites, durMs, perMs, 0.5*float64(cfg.Limit)/float64(wMs))
+	type lightReq struct {
+		Arrival
+		client int
+	}
+	var light []lightReq
+	for c := range cfg.Light {
+		for _, a := range Arrivals(rng, Uniform, cfg.Sites, durMs, 0.3*float64(cfg.Limit)/float64(wMs), 0) {
+			light = append(light, lightReq{a, c})
+		}
+	}
+	slices.SortStableFunc(light, func(a, b lightReq) int { return int(a.T - b.T) })
+
+	clk := clock.NewFake(Start())
+	startMs := Start().UnixMilli()
+	agg, err := aggregator.NewMemory(aggregator.MemoryConfig{SubBuckets: cfg.SubBuckets, EmitInterval: cfg.EmitInterval})
+	if err != nil {
+		return Result{}, err
+	}
+	sites := make([]*site, cfg.Sites)
+	for i := range sites {
+		s := &site{name: siteName(i)}
+		if s.snap, err = snapshot.NewMemory(snapshot.Config{Site: s.name, Clock: clk}); err != nil {
+			return Result{}, err
+		}
+		s.ctr = enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: cfg.SubBuckets})
+		s.pub = &publisher{clk: clk, widthMs: cfg.ProducerBucket.Milliseconds()}
+		s.lim, err = enforcer.New(enforcer.Config{
+			Rules: enforcer.StaticRules(rc), Site: s.name, Counter: s.ctr, Snapshot: s.snap, Publisher: s.pub, Clock: clk,
+			HotHorizon: cfg.Tuning.HotHorizon, HotFraction: cfg.Tuning.HotFraction, MinShare: cfg.Tuning.MinShare,
+			DefaultShare: 1 / float64(cfg.Sites),
+		})
+		if err != nil {
+			return Result{}, err
+		}
+		sites[i] = s
+	}
+
+	hitLag := cfg.Lag.Milliseconds() / 2
+	countLag := cfg.Lag.Milliseconds() - hitLag
+	flushMs, emitMs := cfg.FlushInterval.Milliseconds(), cfg.EmitInterval.Milliseconds()
+	var (
+		hitQ   []hitMsg // FIFO: constant lag keeps it sorted
+		countQ []countMsg
+		recs   []pubRec
+		res    Result
+		acc    = newAccounting(cfg.Limit, wMs, warmMs)
+		reqs   = make([]enforcer.Request, 0, 1+cfg.Light)
+		out    enforcer.Result
+		key    string // the heavy client's counter key, learnt from the first decision
+	)
+	reqs = append(reqs, request(heavyName))
+	for c := range cfg.Light {
+		reqs = append(reqs, request(fmt.Sprintf("light-%d", c)))
+	}
+	hi, li := 0, 0
+	traceEvery := max(wMs/400, 10)
+	for t := int64(0); t < durMs; t++ {
+		if t%1024 == 0 && ctx.Err() != nil {
+			return Result{}, ctx.Err()
+		}
+		now := time.UnixMilli(startMs + t).UTC()
+		clk.Set(now)
+		// 1. Producers release finished buckets into the hits pipe.
+		if t%flushMs == 0 {
+			for _, s := range sites {
+				recs = s.pub.flush(startMs+t, recs[:0])
+				for _, r := range recs {
+					hitQ = append(hitQ, hitMsg{at: t + hitLag, hit: topics.Hit{Key: r.key, Site: s.name, BucketStart: r.bucket, Window: r.window, Count: r.n}})
+				}
+			}
+		}
+		// 2. The aggregator consumes what has arrived.
+		k := 0
+		for ; k < len(hitQ) && hitQ[k].at <= t; k++ {
+			if err := agg.Add(now, hitQ[k].hit); err != nil {
+				res.AggregatorErrors++
+			}
+		}
+		hitQ = hitQ[k:]
+		// 3. It emits counts and heartbeats, which every site receives countLag later.
+		if t%emitMs == 0 {
+			for _, e := range agg.Emit(now) {
+				countQ = append(countQ, countMsg{at: t + countLag, rec: e})
+			}
+		}
+		k = 0
+		for ; k < len(countQ) && countQ[k].at <= t; k++ {
+			for _, s := range sites {
+				if err := s.snap.Apply(countQ[k].rec.Key, countQ[k].rec.Value); err != nil {
+					res.SnapshotErrors++
+				}
+			}
+		}
+		countQ = countQ[k:]
+		// 4. Requests decide, in arrival order: the heavy client's, then the light ones'.
+		for ; hi < len(heavy) && heavy[hi].T == t; hi++ {
+			s := sites[heavy[hi].Site]
+			s.lim.DecideInto(ctx, reqs[0], &out)
+			ok := out.Code == enforcer.CodeOK
+			if key == "" && len(out.Statuses) > 0 {
+				key = out.Statuses[0].Key
+			}
+			acc.decide(t, ok)
+			if cfg.Trace && t >= warmMs {
+				res.Trace.Decisions = append(res.Trace.Decisions, TraceDecision{T: t, Site: heavy[hi].Site, Allowed: ok})
+			}
+		}
+		for ; li < len(light) && light[li].T == t; li++ {
+			sites[light[li].Site].lim.DecideInto(ctx, reqs[1+light[li].client], &out)
+			res.LightRequests++
+			if out.Code != enforcer.CodeOK {
+				res.LightDenied++
+			}
+		}
+		acc.tick(t)
+		if cfg.Trace && t%traceEvery == 0 {
+			res.Trace.Points = append(res.Trace.Points, tracePoint(t, now, acc, sites[0], key, cfg.Window))
+		}
+	}
+	res.Config = cfg
+	acc.result(&res)
+	res.Ideal = Oracle(heavy, cfg.Limit, wMs, warmMs)
+	if cfg.Trace {
+		res.Trace.WindowMs, res.Trace.WarmupMs, res.Trace.Limit = wMs, warmMs, cfg.Limit
+	}
+	return res, nil
+}
+
+func siteName(i int) string { return fmt.Sprintf("dc%d", i+1) }
+
+func request(client string) enforcer.Request {
+	return enforcer.Request{Domain: domain, Descriptors: [][]rules.Entry{{{Key: descKey, Value: client}}}}
+}
+
+// tracePoint records, at t, the exact sliding count of admitted requests over all sites
+// and site s's estimate of it: the remote part of its snapshot plus its exact local count,
+// which is what the enforcer compares with the limit (DESIGN invariant 3).
+func tracePoint(t int64, now time.Time, acc *accounting, s *site, key string, w time.Duration) TracePoint {
+	p := TracePoint{T: t, Exact: acc.count(t)}
+	if key == "" {
+		return p
+	}
+	var local [1]float64
+	_ = s.ctr.Counts(context.Background(), now, []enforcer.GlobalOp{{Key: key, Window: w}}, local[:])
+	p.Local = local[0]
+	if e, ok := s.snap.Get(key); ok && e.Window == w && !e.Expired(now) {
+		p.Remote = e.Remote()
+	}
+	return p
+}

@@ -82,6 +82,10 @@ type Config struct {
 	// KafkaOpts are added after the aggregator's own client options (TLS, SASL, client id;
 	// see internal/kafkaopt). They must not change the group balancer.
 	KafkaOpts []kgo.Opt
+	// MetadataMaxAge bounds how long a hits topic that appears after the aggregator started
+	// (a new data center's "<dc>.hits", created by MirrorMaker 2) goes unconsumed when
+	// consuming by pattern. Default 10s (franz-go's own default is 5m).
+	MetadataMaxAge time.Duration
 	// InstanceID names this instance in heartbeats. Default "<hostname>-<pid>-<random>".
 	InstanceID string
 }
@@ -116,6 +120,7 @@ func (c Config) normalize() (Config, error) {
 	def(&c.MaxClockSkew, 30*time.Second)
 	def(&c.DefaultWindow, time.Minute)
 	def(&c.MaxWindow, time.Hour)
+	def(&c.MetadataMaxAge, 10*time.Second)
 	c.Clock = clock.Or(c.Clock)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -275,6 +280,8 @@ func (a *Aggregator) Run(ctx context.Context) error {
 		kgo.ProducerLinger(5 * time.Millisecond),
 		kgo.FetchMaxWait(200 * time.Millisecond),
 		kgo.ClientID("streamlimit-aggregator"),
+		kgo.MetadataMaxAge(a.cfg.MetadataMaxAge),
+		kgo.MetadataMinAge(min(a.cfg.MetadataMaxAge, 5*time.Second)),
 	}
 	if len(a.cfg.Brokers) > 0 {
 		opts = append(opts, kgo.SeedBrokers(a.cfg.Brokers...))

@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -374,5 +375,40 @@ func TestBadRecords(t *testing.T) {
 			}
 		})
 		return len(reasons) == len(bad)
+	})
+}
+
+// TestPatternPicksUpNewDataCenter: a data center's "<dc>.hits" that MirrorMaker 2 creates
+// after the aggregator started is consumed within MetadataMaxAge, so that data center's
+// hits join the global count.
+func TestPatternPicksUpNewDataCenter(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := e.config(prometheus.NewRegistry())
+	cfg.Topics, cfg.TopicPattern = nil, topics.HitsPattern(e.hits)
+	cfg.MetadataMaxAge = 2 * time.Second
+	e.run(cfg)
+	now := time.Now().UnixMilli()
+	e.produce(e.hits, topics.Hit{Key: "dc|k", Site: "eu", BucketStart: now, Window: 20000, Count: 2})
+	eventually(t, "local hits counted", 60*time.Second, func() bool {
+		got, _ := e.countsRecs.latest(t)
+		return got["dc|k"].Total == 2
+	})
+
+	ap := topics.RemoteHitsTopic("ap", e.hits)
+	adm := testenv.AdminClient(t)
+	var tc topics.Config
+	tc, _ = tc.Normalize()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if r, err := adm.CreateTopic(ctx, testPartitions, 1, tc.HitsConfigs(), ap); err != nil || r.Err != nil {
+		t.Fatalf("create %s: %v %v", ap, err, r.Err)
+	}
+	t.Cleanup(func() { _, _ = adm.DeleteTopics(context.Background(), ap) })
+	e.produce(ap, topics.Hit{Key: "dc|k", Site: "ap", BucketStart: time.Now().UnixMilli(), Window: 20000, Count: 5})
+	eventually(t, "the new data center's hits counted", 60*time.Second, func() bool {
+		got, _ := e.countsRecs.latest(t)
+		c := got["dc|k"]
+		return c.Total == 7 && c.Site("ap") == 5
 	})
 }

@@ -85,6 +85,7 @@ as the hits topics have partitions; they share the work through the group.`,
 	f.IntVar(&cfg.MaxKeys, "max-keys", 1_000_000, "bound on counters held")
 	f.DurationVar(&cfg.DefaultWindow, "default-window", time.Minute, "window of JSON hits without \"w\"")
 	f.DurationVar(&cfg.MaxWindow, "max-window", time.Hour, "longest window accepted; recovery replays this much")
+	f.DurationVar(&cfg.MetadataMaxAge, "metadata-max-age", 10*time.Second, "how soon a new <dc>.hits topic matching the pattern is consumed")
 	f.StringVar(&cfg.InstanceID, "instance-id", "", "name in heartbeats (default host-pid-random)")
 	f.StringVar(&admin, "admin-listen", "127.0.0.1:9090", "address of /metrics, /healthz and /readyz")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")

@@ -36,7 +36,7 @@ func envAliases(flag string) []string {
 func addConfigFlag(cmd *cobra.Command) {
 	var path string
 	cmd.Flags().StringVar(&path, "config", os.Getenv("STREAMLIMIT_CONFIG"),
-		"YAML file of settings named like the flags, e.g. `redis-addr: 127.0.0.1:6379` (env STREAMLIMIT_CONFIG)")
+		"YAML file of settings named like the flags, e.g. \"redis-addr: 127.0.0.1:6379\" (env STREAMLIMIT_CONFIG)")
 	prev := cmd.PreRunE
 	cmd.PreRunE = func(cmd *cobra.Command, args []string) error {
 		if err := applySettings(cmd.Flags(), path, os.LookupEnv); err != nil {

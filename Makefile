@@ -19,15 +19,23 @@ TESTFLAGS ?=
 all: test
 
 test:
-	bash $(SERVICES)/with-services.sh bash -c '$(GO) vet ./... && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./...'
+	bash $(SERVICES)/with-services.sh bash -c '$(GO) vet ./... && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./... && $(GO) test -count=1 -run Alloc $(TESTFLAGS) ./...'
 
 # Unit tests only: no services. Tests that need Kafka or Redis skip
 # (or fail when CI=true).
 test-short:
 	$(GO) test -short -count=1 $(TESTFLAGS) ./...
 
+# Benchmarks of every package plus bench/ (check API and gRPC serving, propagation
+# A → B on the real broker), with Kafka and Redis. Raw output goes to BENCH_OUT, the
+# Markdown summary (medians over BENCHCOUNT runs) to docs/benchmarks.md (bench/run.sh,
+# bench/summarize). About 6 minutes on 2 cores with the defaults.
+BENCHTIME ?= 500ms
+BENCHCOUNT ?= 3
+BENCH_OUT ?= bench-results/bench-$(shell date -u +%Y-%m-%d-%H%M%S).txt
+
 bench:
-	bash $(SERVICES)/with-services.sh $(GO) test -run '^$$' -bench . -benchmem $(TESTFLAGS) ./...
+	bash $(SERVICES)/with-services.sh bash bench/run.sh $(BENCH_OUT) -benchtime $(BENCHTIME) -count $(BENCHCOUNT) -timeout $(TEST_TIMEOUT) $(TESTFLAGS)
 
 fmt:
 	gofmt -l -w .

@@ -167,8 +167,11 @@ func (e *env) run(cfg Config) (*Aggregator, func()) {
 	return a, stop
 }
 
+// eventually polls f until it holds. The timeout is stretched 4× because make test runs
+// with -race and several packages at once on two cores; it bounds a hang, not a speed.
 func eventually(t *testing.T, what string, timeout time.Duration, f func() bool) {
 	t.Helper()
+	timeout *= 4
 	deadline := time.Now().Add(timeout)
 	for !f() {
 		if time.Now().After(deadline) {

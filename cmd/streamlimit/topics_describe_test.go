@@ -51,6 +51,17 @@ func TestTopicsDescribeMatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = adm.DeleteTopics(context.Background(), remote) })
+	// A new topic reaches every broker's metadata a little after CreateTopic returns.
+	for {
+		td, err := adm.ListTopics(ctx, remote)
+		if err == nil && td.Has(remote) && td[remote].Err == nil && len(td[remote].Partitions) == 2 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s never listed: %v", remote, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 
 	args := []string{"--brokers", brokers, "--hits-topic", cfg.HitsTopic, "--counts-topic", cfg.CountsTopic,
 		"--partitions", "2", "--counts-partitions", "3", "--replication-factor", "1"}

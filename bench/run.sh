@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# run.sh OUT [GO TEST FLAGS...] — the body of `make bench` (run inside
+# e2e/services/with-services.sh, which provides Kafka and Redis): run every
+# package's benchmarks, this directory's included, write the raw output with
+# "# key: value" lines about the machine and the run to OUT, then write the
+# Markdown summary to docs/benchmarks.md (SUMMARY overrides the path).
+# The exit status is go test's: a failed package still gets its results
+# summarised, and the failure listed.
+set -uo pipefail
+out=$1
+shift
+GO=${GO:-go}
+summary=${SUMMARY:-docs/benchmarks.md}
+mkdir -p "$(dirname "$out")" "$(dirname "$summary")"
+cmd="$GO test -run '^\$' -bench . -benchmem $* ./..."
+{
+  echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "# command: make bench (go test -run '^\$' -bench . -benchmem $* ./... under e2e/services/with-services.sh)"
+  echo "# cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+  echo "# nproc: $(nproc)"
+  echo "# go: $($GO version)"
+  echo "# commit: $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+  echo "# loadavg at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+} >"$out"
+echo "bench: $cmd → $out" >&2
+start=$SECONDS
+$GO test -run '^$' -bench . -benchmem "$@" ./... 2>&1 | tee -a "$out"
+rc=${PIPESTATUS[0]}
+{
+  echo "# loadavg at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "# duration: $((SECONDS - start))s"
+} >>"$out"
+$GO run ./bench/summarize "$out" >"$summary" || rc=1
+echo "bench: raw output $out, summary $summary (go test exit $rc)" >&2
+exit "$rc"

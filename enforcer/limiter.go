@@ -64,7 +64,9 @@ type Config struct {
 	HotHorizon time.Duration
 	// HotFraction also makes a key hot when less than this fraction of its limit is left
 	// in the snapshot, whatever its rate: a client that just started to exceed its limit at
-	// several sites has a recent rate that understates its demand. Default 0.25.
+	// several sites has a recent rate that understates its demand. Default 1: every key
+	// with traffic in the snapshot is shared by the sites' recent fractions (the accuracy
+	// simulation, docs/accuracy.md, shows that bursts overshoot with anything less).
 	HotFraction float64
 	// MinShare is the smallest share of a hot key's room a site may spend, so that a site
 	// with no recent traffic is not starved. Default 0.05.
@@ -108,7 +110,7 @@ func New(cfg Config) (*Limiter, error) {
 		cfg.HotHorizon = time.Second
 	}
 	if cfg.HotFraction <= 0 {
-		cfg.HotFraction = 0.25
+		cfg.HotFraction = 1
 	}
 	if cfg.MinShare <= 0 {
 		cfg.MinShare = 0.05
@@ -500,8 +502,19 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, lim *rules.Limit) (capL
 			capLocal = min(capLocal, e.Mine+share*max(room, 0))
 		}
 	default:
-		capLocal = allowance
+		// A key the fresh snapshot does not show is new, or was idle for a whole window.
+		// Every site sees it so until its first hits come back through the pipeline, and
+		// would each admit the whole limit: spend only this site's default share until then.
+		capLocal = allowance * l.cfg.DefaultShare
 	}
+	// Round the same way for every request until the snapshot changes: rounding each
+	// request anew would, under heavy demand, round up almost surely (one request admitted
+	// at the higher cap is enough), which is rounding up, not dithering.
+	salt := now.Unix()
+	if known {
+		salt = e.AsOf
+	}
+	capLocal = dither(capLocal, op.Key, salt)
 	if known {
 		total = e.Total
 	}
@@ -534,6 +547,35 @@ func globalRetry(op *GlobalOp, allowance, local, total float64) time.Duration {
 	}
 	d := time.Duration(excess / total * float64(op.Window))
 	return min(max(d, op.Window/60, time.Millisecond), op.Window)
+}
+
+// dither rounds a fractional cap up or down at random, up with probability equal to its
+// fraction. Counts are whole, so a cap of 33.4 would otherwise admit 33: with N sites each
+// rounding its share of the room down, up to N−1 requests of every window would never be
+// admitted. The randomness is a hash of the key and salt (the snapshot's as-of time), so
+// that simulations with a virtual clock stay reproducible and no shared random source is
+// touched.
+func dither(c float64, key string, salt int64) float64 {
+	whole := math.Floor(c)
+	frac := c - whole
+	if frac == 0 {
+		return c
+	}
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint64(key[i])) * 1099511628211
+	}
+	h ^= uint64(salt)
+	// splitmix64 finaliser
+	h ^= h >> 30
+	h *= 0xbf58476d1ce4e5b9
+	h ^= h >> 27
+	h *= 0x94d049bb133111eb
+	h ^= h >> 31
+	if float64(h>>11)/(1<<53) < frac {
+		return whole + 1
+	}
+	return whole
 }
 
 func anyShadow(refs []opRef) bool {

@@ -160,7 +160,7 @@ const globalKey = "api|user=42#60s"
 
 // newGlobal returns a limiter with a fresh in-memory snapshot holding, for globalKey, the
 // given per-site counts as of now.
-func newGlobal(t *testing.T, sites map[string]float64) (*Limiter, *clock.Fake, *snapshot.Snapshot, *recorder) {
+func newGlobal(t *testing.T, sites map[string]float64, mods ...func(*Config)) (*Limiter, *clock.Fake, *snapshot.Snapshot, *recorder) {
 	t.Helper()
 	clk := clock.NewFake(t0)
 	sn, err := snapshot.NewMemory(snapshot.Config{Site: "eu", Clock: clk})
@@ -172,7 +172,11 @@ func newGlobal(t *testing.T, sites map[string]float64) (*Limiter, *clock.Fake, *
 		putCount(t, sn, clk, globalKey, sites)
 	}
 	pub := &recorder{}
-	l, err := New(Config{Rules: StaticRules(loadRules(t, globalRules)), Site: "eu", Clock: clk, Snapshot: sn, Publisher: pub, DefaultShare: 1.0 / 3})
+	cfg := Config{Rules: StaticRules(loadRules(t, globalRules)), Site: "eu", Clock: clk, Snapshot: sn, Publisher: pub, DefaultShare: 1.0 / 3}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	l, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,9 +224,11 @@ var req42 = Request{Domain: "api", Descriptors: [][]rules.Entry{desc("user", "42
 
 func TestGlobalUsesRemotePlusExactLocal(t *testing.T) {
 	// Other sites used 60 of 100; our own snapshot part (10) is replaced by the exact local
-	// count, which starts at 0 in this process. Not hot: 30 of room at a rate of 70/min
-	// over 1 s is plenty.
-	l, _, _, pub := newGlobal(t, map[string]float64{"us": 40, "ap": 20, "eu": 10})
+	// count, which starts at 0 in this process. With the hot-key rule off (30 of room at a
+	// rate of 70/min over 1 ms is plenty), eu may use all the room the others left.
+	l, _, _, pub := newGlobal(t, map[string]float64{"us": 40, "ap": 20, "eu": 10}, func(c *Config) {
+		c.HotFraction, c.HotHorizon = 1e-9, time.Millisecond
+	})
 	if got := admitN(l, req42, 100); got != 40 {
 		t.Fatalf("admitted %d, want 40 (100 − 60 remote)", got)
 	}
@@ -233,6 +239,16 @@ func TestGlobalUsesRemotePlusExactLocal(t *testing.T) {
 	st := res.Statuses[0]
 	if res.Code != CodeOverLimit || st.Remaining != 0 || st.RetryAfter <= 0 || st.RetryAfter > time.Minute || st.Fallback {
 		t.Fatalf("over limit status: %+v", st)
+	}
+}
+
+func TestGlobalHotKeyByDefault(t *testing.T) {
+	// With the default HotFraction (1) every key with traffic is hot: eu (10 of 70) may
+	// spend a seventh of the 30 left on top of its own 10, about 14.3, dithered to 14 or
+	// 15 per request.
+	l, _, _, _ := newGlobal(t, map[string]float64{"us": 40, "ap": 20, "eu": 10})
+	if got := admitN(l, req42, 100); got != 14 && got != 15 {
+		t.Fatalf("admitted %d, want 14 or 15", got)
 	}
 }
 
@@ -278,16 +294,42 @@ func TestGlobalStaleFallsBackToLocalShareAndRecovers(t *testing.T) {
 	}
 }
 
-func TestGlobalWindowSlides(t *testing.T) {
+func TestGlobalUnknownKeyGetsDefaultShareAndWindowSlides(t *testing.T) {
+	// A key the fresh snapshot does not show may be new at every site: eu spends its
+	// default share (a third of 100, dithered) until the pipeline shows the key.
 	l, clk, sn, _ := newGlobal(t, nil)
-	if got := admitN(l, req42, 150); got != 100 {
-		t.Fatalf("admitted %d, want 100", got)
+	if got := admitN(l, req42, 150); got != 33 && got != 34 {
+		t.Fatalf("admitted %d, want 33 or 34", got)
 	}
 	// A minute later our own hits have left the window (the local ring is exact).
 	clk.Advance(61 * time.Second)
 	heartbeat(t, sn, clk)
-	if got := admitN(l, req42, 150); got != 100 {
-		t.Fatalf("next window: admitted %d, want 100", got)
+	if got := admitN(l, req42, 150); got != 33 && got != 34 {
+		t.Fatalf("next window: admitted %d, want 33 or 34", got)
+	}
+	// With one site, the default share is the whole limit.
+	l1, _, _, _ := newGlobal(t, nil, func(c *Config) { c.DefaultShare = 1 })
+	if got := admitN(l1, req42, 150); got != 100 {
+		t.Fatalf("one site: admitted %d, want 100", got)
+	}
+}
+
+func TestDitherRoundsByFraction(t *testing.T) {
+	up := 0
+	for i := range 10000 {
+		switch d := dither(7.3, "k", t0.UnixMilli()+int64(i)); d {
+		case 8:
+			up++
+		case 7:
+		default:
+			t.Fatalf("dither(7.3) = %v", d)
+		}
+	}
+	if up < 2700 || up > 3300 {
+		t.Fatalf("rounded up %d of 10000 times, want about 3000", up)
+	}
+	if dither(5, "k", 1) != 5 {
+		t.Fatal("whole caps must stay")
 	}
 }
 

@@ -79,7 +79,7 @@ although that count was below it (percent of the steady-state requests).`,
 	fs.IntVar(&f.light, "light", 0, "light clients (0.3 × limit each) that should never be denied")
 	fs.IntVar(&f.subBuckets, "sub-buckets", 60, "sub-buckets per window of the aggregator and the site counters")
 	fs.DurationVar(&f.tuning.HotHorizon, "hot-horizon", 0, "enforcer HotHorizon (0: the enforcer's default, 1s)")
-	fs.Float64Var(&f.tuning.HotFraction, "hot-fraction", 0, "enforcer HotFraction (0: the enforcer's default, 0.25)")
+	fs.Float64Var(&f.tuning.HotFraction, "hot-fraction", 0, "enforcer HotFraction (0: the enforcer's default, 1)")
 	fs.Float64Var(&f.tuning.MinShare, "min-share", 0, "enforcer MinShare (0: the enforcer's default, 0.05)")
 	fs.IntVar(&f.parallel, "parallel", runtime.GOMAXPROCS(0), "runs simulated at once (the output does not depend on it)")
 	fs.StringVar(&f.svg, "svg", "", "write the plot of one traced run to this SVG file")

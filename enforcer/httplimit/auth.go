@@ -8,8 +8,8 @@ import (
 	"strings"
 )
 
-// AuthOptions configure the nginx auth_request endpoint. See README-nginx.md for an
-// nginx configuration.
+// AuthOptions configure the nginx auth_request endpoint. The repository's README shows
+// an nginx configuration that uses it.
 type AuthOptions struct {
 	// DeniedStatus answers a denied request. Default 429. nginx's auth_request treats
 	// only 2xx, 401 and 403 as answers (anything else is an error, 500), so behind nginx

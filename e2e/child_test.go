@@ -1,0 +1,183 @@
+package e2e_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/streamlimit/streamlimit/aggregator"
+)
+
+// childEnv, when set in the environment, makes the test binary run one aggregator instead
+// of the tests: the fault tests start aggregators as separate processes of this binary so
+// that they can kill them with SIGKILL (no LeaveGroup, no flush) and read their RSS alone.
+const childEnv = "STREAMLIMIT_E2E_AGGREGATOR"
+
+// childConfig is the aggregator configuration passed to a child, as JSON in childEnv.
+type childConfig struct {
+	Brokers      []string
+	TopicPattern string
+	CountsTopic  string
+	Group        string
+	InstanceID   string
+	MaxKeys      int
+	MaxWindow    time.Duration
+	// SessionTimeout of the group member: how long the group waits for a killed member
+	// before giving its partitions to the others. Kafka's default (45 s) would make the
+	// kill test wait that long; 6 s is the broker's minimum.
+	SessionTimeout time.Duration
+}
+
+func TestMain(m *testing.M) {
+	if v := os.Getenv(childEnv); v != "" {
+		os.Exit(runChild(v))
+	}
+	os.Exit(m.Run())
+}
+
+// runChild runs an aggregator with an admin server on a free loopback port, whose address
+// it prints as the first line of stdout. It exits when stdin closes (the parent died) or on
+// SIGTERM.
+func runChild(cfgJSON string) int {
+	var cc childConfig
+	if err := json.Unmarshal([]byte(cfgJSON), &cc); err != nil {
+		fmt.Fprintln(os.Stderr, "child config:", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	reg := prometheus.NewRegistry()
+	var opts []kgo.Opt
+	if cc.SessionTimeout > 0 {
+		opts = append(opts, kgo.SessionTimeout(cc.SessionTimeout), kgo.HeartbeatInterval(cc.SessionTimeout/6))
+	}
+	agg, err := aggregator.New(aggregator.Config{
+		Brokers: cc.Brokers, TopicPattern: cc.TopicPattern, CountsTopic: cc.CountsTopic, Group: cc.Group,
+		InstanceID: cc.InstanceID, MaxKeys: cc.MaxKeys, MaxWindow: cc.MaxWindow, KafkaOpts: opts,
+		Logger: log, Registerer: reg,
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "aggregator:", err)
+		return 2
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "listen:", err)
+		return 2
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !agg.Ready() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		fmt.Fprintf(w, "keys %d\n", agg.Keys())
+	})
+	go func() { _ = http.Serve(ln, mux) }()
+	fmt.Println(ln.Addr().String())
+
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); cancel() }()
+	if err := agg.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "aggregator:", err)
+		return 1
+	}
+	return 0
+}
+
+// child is an aggregator process started by startChild.
+type child struct {
+	t     *testing.T
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	addr  string
+	name  string
+}
+
+func startChild(t *testing.T, name string, cc childConfig) *child {
+	t.Helper()
+	b, err := json.Marshal(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &child{t: t, name: name, cmd: exec.Command(exe, "-test.run=^$")}
+	c.cmd.Env = append(os.Environ(), childEnv+"="+string(b))
+	c.cmd.Stderr = tlogWriter{t}
+	if c.stdin, err = c.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.cmd.Start(); err != nil {
+		t.Fatalf("starting aggregator %s: %v", name, err)
+	}
+	t.Cleanup(c.kill)
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("aggregator %s printed no address: %v", name, err)
+	}
+	c.addr = strings.TrimSpace(line)
+	go func() { _, _ = io.Copy(io.Discard, out) }()
+	return c
+}
+
+// kill sends SIGKILL: the process gets no chance to leave the group or flush.
+func (c *child) kill() {
+	if c.cmd.Process == nil || c.cmd.ProcessState != nil {
+		return
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGKILL)
+	_ = c.cmd.Wait()
+}
+
+func (c *child) ready() bool {
+	resp, err := http.Get("http://" + c.addr + "/readyz")
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+func (c *child) metrics() []sample { return scrape(c.t, "http://"+c.addr+"/metrics") }
+
+func (c *child) pid() int { return c.cmd.Process.Pid }
+
+// waitReady polls until the child is ready and returns how long that took.
+func (c *child) waitReady(timeout time.Duration) time.Duration {
+	c.t.Helper()
+	start := time.Now()
+	eventually(c.t, timeout, "aggregator "+c.name+" ready", c.ready)
+	return time.Since(start)
+}
+
+// assigned returns how many hits partitions the child consumes (from its lag gauge).
+func (c *child) assigned() int {
+	n := 0
+	for _, s := range c.metrics() {
+		if s.name == "streamlimit_aggregator_consume_lag_records" {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,62 @@
+package e2e_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/streamlimit/streamlimit/internal/testenv"
+)
+
+// lagAllowance is how long after the first window the pipeline (producer bucket 100 ms +
+// flush 50 ms, aggregator emission 100 ms, snapshot apply) and the first window's
+// over-admission (every site admits freely until it sees the others) are given to settle
+// before the bound is asserted.
+const lagAllowance = 2 * time.Second
+
+// TestMultiDC runs three data centers on the real broker — eu and us with two enforcers on
+// one Redis each, ap with one enforcer counting in process — and one aggregator group over
+// their hits topics, and drives them through the HTTP check API: one heavy client at 5× its
+// global limit, spread over all five enforcers, and 50 light clients well under it, each on
+// its home enforcer. Once warm, the heavy client's admissions in every sliding window must
+// stay within limit × 1.02 + 1 and above 0.95 × limit, and light clients are never denied.
+func TestMultiDC(t *testing.T) {
+	tp := startTopology(t, topologyOptions{brokers: testenv.Brokers(t), rules: rulesYAML(ruleLimit, ruleWindow)})
+
+	const windows = 8
+	heavyRate := 5 * ruleLimit / ruleWindow.Seconds()
+	g := newLoadGen(tp.nodes, heavyRate, 50, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), windows*ruleWindow)
+	defer cancel()
+	g.run(ctx)
+	rs := g.snapshot()
+	end := windows * ruleWindow
+
+	all := summarize(rs, 0, end)
+	t.Logf("FIGURE multidc: %d requests (%d heavy, %d light), %d transport errors, %d non-200, max RTT %v",
+		all.requests, all.heavyRequests, all.lightRequests, all.errors, all.non200, all.maxRTT)
+	if all.errors > 0 || all.non200 > 0 {
+		t.Errorf("%d requests failed and %d were not answered 200 (first error: %v)", all.errors, all.non200, all.firstErr)
+	}
+	if all.lightDenied > 0 {
+		t.Errorf("%d of %d light-client requests were denied", all.lightDenied, all.lightRequests)
+	}
+	if all.heavyRequests < int(0.8*heavyRate*end.Seconds()) {
+		t.Errorf("the generator sent only %d heavy requests, want about %.0f: the machine is too loaded for the test to mean anything",
+			all.heavyRequests, heavyRate*end.Seconds())
+	}
+
+	times := admissions(rs, heavyClient)
+	cold := sliding(times, ruleWindow, 0, ruleWindow+lagAllowance+ruleWindow)
+	t.Logf("FIGURE multidc-cold: first window and lag allowance (not asserted): %s", cold)
+	checkBound(t, "multidc", times, ruleLimit, ruleWindow, ruleWindow+lagAllowance, end)
+	fb := sumNodes(t, tp.nodes, "streamlimit_redis_counter_fallback_total")
+	t.Logf("FIGURE multidc: site counter calls answered in process because Redis failed or was slow: %.0f", fb)
+	perNode := map[int]int{}
+	for _, r := range rs {
+		if r.client == heavyClient && r.admitted && r.sent >= ruleWindow+lagAllowance {
+			perNode[r.node]++
+		}
+	}
+	t.Logf("FIGURE multidc: heavy admissions by enforcer once warm: %v (nodes 0-1 eu, 2-3 us, 4 ap)", perNode)
+}

@@ -449,8 +449,9 @@ func TestFaultKeyFlood(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "rules.yaml")
 	writeFile(t, path, rulesYAML(5, 30*time.Second))
 	reg := prometheus.NewRegistry()
+	const maxEnfKeys = 200_000
 	srv, err := server.New(server.Config{Site: "ap", RulesPath: path, Brokers: brokers, HitsTopic: hits, CountsTopic: counts,
-		HTTPAddr: "127.0.0.1:0", GRPCAddr: "off", Logger: testLogger(t), Registry: reg})
+		HTTPAddr: "127.0.0.1:0", GRPCAddr: "off", Logger: testLogger(t), Registry: reg, MaxKeys: maxEnfKeys})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -511,7 +512,7 @@ func TestFaultKeyFlood(t *testing.T) {
 	globalKeys := metric(em, "streamlimit_enforcer_global_keys")
 	evicted := metric(em, "streamlimit_enforcer_global_evicted_total")
 	t.Logf("FIGURE key-flood: enforcer process: heap in use %s → %s after GC, RSS %s → %s (peak %s); global counters held %.0f (bound %d), evicted %.0f",
-		mib(int64(before.HeapInuse)), mib(int64(after.HeapInuse)), mib(rssBefore), mib(rss), mib(hwm), globalKeys, 1<<20, evicted)
+		mib(int64(before.HeapInuse)), mib(int64(after.HeapInuse)), mib(rssBefore), mib(rss), mib(hwm), globalKeys, maxEnfKeys, evicted)
 	t.Logf("FIGURE key-flood: aggregator process: RSS %s → %s (peak %s); counters held %.0f (MaxKeys %d), hits of refused new keys %.0f, records in %.0f",
 		mib(aggRSSBefore), mib(aggRSS), mib(aggHWM), aggKeys, maxAggKeys, refused,
 		metric(am, "streamlimit_aggregator_records_in_total"))
@@ -521,8 +522,11 @@ func TestFaultKeyFlood(t *testing.T) {
 	if refused == 0 {
 		t.Error("aggregator refused no key although more than MaxKeys arrived")
 	}
-	if globalKeys > 1<<20 {
-		t.Errorf("enforcer holds %.0f global counters, over its bound %d", globalKeys, 1<<20)
+	if globalKeys > maxEnfKeys {
+		t.Errorf("enforcer holds %.0f global counters, over its bound %d", globalKeys, maxEnfKeys)
+	}
+	if evicted == 0 {
+		t.Error("enforcer evicted no global counter although 5× its bound of keys arrived")
 	}
 	if st.DroppedHits == 0 || st.HitsIn > keys {
 		t.Errorf("producer: %d hits accepted and %d dropped of %d admitted: its MaxBufferedKeys bound was not enforced or not counted",

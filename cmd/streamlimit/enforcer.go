@@ -72,6 +72,7 @@ The check API and the auth endpoint trust their callers: they bind loopback by d
 	f.DurationVar(&c.MaxStaleness, "max-staleness", 10*time.Second, "age of the aggregator's heartbeats past which global limits use local shares")
 	f.Float64Var(&c.DefaultShare, "default-share", 1, "this site's share of a global limit for unseen keys while counts are stale (1/number of sites)")
 	f.IntVar(&c.SubBuckets, "sub-buckets", 60, "sub-window buckets per window (must equal the aggregator's)")
+	f.IntVar(&c.MaxKeys, "max-keys", 1<<20, "bound on keys held per structure (local counters, site counts, snapshot); idle keys go first")
 	f.StringSliceVar(&c.RedisAddrs, "redis-addr", nil, "the site's Redis (several: Cluster); default none: site counts in process")
 	f.StringVar(&c.RedisUsername, "redis-username", "", "Redis ACL user")
 	f.StringVar(&c.RedisPassword, "redis-password", "", "Redis password (prefer env STREAMLIMIT_REDIS_PASSWORD)")

@@ -64,6 +64,15 @@ type Config struct {
 	// SubBuckets of the site's own sliding-window counts; must equal the aggregator's.
 	// Default 60.
 	SubBuckets int
+	// MaxKeys bounds each per-key structure of the enforcer: local counters, this site's
+	// global counts and the snapshot. Idle keys are dropped first; evictions are counted.
+	// Default 1,048,576 (the snapshot: 1,000,000).
+	MaxKeys int
+	// HotHorizon, HotFraction and MinShare tune the global decision for hot keys; see
+	// enforcer.Config. Defaults: enforcer's.
+	HotHorizon  time.Duration
+	HotFraction float64
+	MinShare    float64
 
 	// RedisAddrs are the site's Redis (several: Cluster). Default none: site-scope limits
 	// and this site's global counts are kept in process.
@@ -181,14 +190,17 @@ func New(cfg Config) (_ *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.local = algo.New(algo.Options{})
-	s.counter = enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: cfg.SubBuckets})
+	s.local = algo.New(algo.Options{MaxKeys: cfg.MaxKeys})
+	s.counter = enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: cfg.SubBuckets, MaxKeys: cfg.MaxKeys})
 	lcfg := enforcer.Config{
 		Rules:        s.reloader.Current,
 		Site:         cfg.Site,
 		Local:        s.local,
 		Counter:      s.counter,
 		DefaultShare: cfg.DefaultShare,
+		HotHorizon:   cfg.HotHorizon,
+		HotFraction:  cfg.HotFraction,
+		MinShare:     cfg.MinShare,
 		Clock:        cfg.Clock,
 		Logger:       s.log,
 		Registerer:   reg,
@@ -207,7 +219,7 @@ func New(cfg Config) (_ *Server, err error) {
 	if len(cfg.Brokers) > 0 {
 		s.snap, err = snapshot.New(snapshot.Config{
 			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.CountsTopic, Site: cfg.Site,
-			MaxStaleness: cfg.MaxStaleness, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
+			MaxStaleness: cfg.MaxStaleness, MaxKeys: cfg.MaxKeys, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("enforcer: snapshot: %w", err)

@@ -21,9 +21,13 @@
 // Sites that cannot yet see each other's latest hits would each spend the whole remaining
 // room. So when the room left in the snapshot (limit − total) is small against the key's
 // recent rate over the pipeline lag plus Config.HotHorizon, or below Config.HotFraction of
-// the limit, a site may spend only its
+// the limit (by default always), a site may hold only its count in the snapshot plus its
 // share of that room: its fraction of the key's traffic in the snapshot's per-site
-// breakdown, at least Config.MinShare. Summed over the sites, the shares spend the room once.
+// breakdown, smoothed toward Config.DefaultShare, at least Config.MinShare. The room may be
+// negative, and then each site gives back its share of the excess. Summed over the sites,
+// the caps spend the room once; they are rounded to whole requests together (systematic
+// sampling with an offset every site draws alike from the key and the snapshot's as-of
+// time), so that rounding up at several sites never admits more than the limit.
 //
 // # Degradation
 //

@@ -260,7 +260,10 @@ func (s *state) collect(now int64, budget int, cands []candidate, out []emission
 			cands = append(cands, candidate{e: e, zero: true, prio: e.lastEmitted + 1})
 			continue
 		}
-		if total == e.lastEmitted && e.emitted {
+		// An unchanged count is not published again, except that a count older than half
+		// its window is refreshed: readers treat a count whose window has passed since its
+		// as-of time as gone (that is how a key no instance owns any more expires).
+		if total == e.lastEmitted && e.emitted && now-e.lastEmitAt < e.id.window/2 {
 			e.dirty = false
 			e.nextEval = now + max(e.spec.Width, s.cfg.emitInterval)
 			continue

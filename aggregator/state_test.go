@@ -183,3 +183,35 @@ func BenchmarkProcessHit(b *testing.B) {
 		a.process(ctx, nil, now, ps, 12, recs[i%keys])
 	}
 }
+
+// TestCollectRefreshesSteadyCounts: a count that stays the same (hits arriving as fast as
+// they leave the window) is still republished every half window, so readers never take a
+// live key for an expired one.
+func TestCollectRefreshesSteadyCounts(t *testing.T) {
+	fc := clock.NewFake(time.UnixMilli(1_763_740_000_000))
+	s := testState(100)
+	now := func() int64 { return fc.Now().UnixMilli() }
+	const w = 10_000
+	emitted := []int64{}
+	for range 300 { // 30 s: a hit per 100 ms keeps the count steady once the window is full
+		hit := topics.Hit{Key: "k", Site: "eu", BucketStart: now(), Window: w, Count: 1}
+		s.add(now(), 0, &hit, "", 0)
+		_, out := s.collect(now(), 10, nil, nil)
+		for _, e := range out {
+			if e.count != nil {
+				emitted = append(emitted, e.count.AsOf)
+			}
+		}
+		fc.Advance(100 * time.Millisecond)
+	}
+	last := emitted[0]
+	for _, at := range emitted[1:] {
+		if at-last > w/2+200 {
+			t.Fatalf("no count published for %d ms (window %d ms): readers would expire the key", at-last, w)
+		}
+		last = at
+	}
+	if now()-last > w/2+200 {
+		t.Fatalf("last count published %d ms ago", now()-last)
+	}
+}

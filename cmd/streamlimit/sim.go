@@ -65,7 +65,7 @@ have admitted of the same requests; a request is wrongly allowed when it was adm
 the admitted count in (t−W, t] was already at the limit, wrongly denied when it was denied
 although that count was below it (percent of the steady-state requests).`,
 		Example: `  streamlimit sim --svg docs/accuracy.svg
-  streamlimit sim --scenarios bursty --sites 3 --lags 200ms --loads 2,5,10 --hot-fraction 1
+  streamlimit sim --scenarios bursty --sites 3 --lags 200ms --loads 2,5,10
   streamlimit sim compare`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return f.run(cmd) },

@@ -57,8 +57,8 @@
 // emission is at least EmitInterval old, and those whose decay re-evaluation time has come
 // (every max(bucket width, EmitInterval) while the count is non-zero, since the count falls
 // as the window slides). A re-evaluation that finds the value unchanged publishes nothing,
-unless the last publication is half a window old: readers take a count whose window has
-passed since its as-of time for gone, so steady counts are refreshed.
+// unless the last publication is half a window old: readers take a count whose window has
+// passed since its as-of time for gone, so steady counts are refreshed.
 // At most MaxEmitPerSecond × EmitInterval records go out per round, the largest changes
 // first; the others stay due. A counter whose count reaches zero gets a tombstone (null
 // value, if a count had been published) and is forgotten.

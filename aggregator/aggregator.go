@@ -173,6 +173,7 @@ type Aggregator struct {
 	countsParts int32
 	joined      bool
 	running     bool
+	sessionErrs int // group session failures since the last assignment
 }
 
 type tp struct {
@@ -332,13 +333,21 @@ func (a *Aggregator) pollLoop(ctx context.Context, cl *kgo.Client) {
 			return
 		}
 		fetches.EachError(func(t string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) {
+			var gs *kgo.ErrGroupSession
+			switch {
+			case errors.Is(err, context.Canceled):
+			case errors.As(err, &gs):
+				a.sessionError(err)
+			default:
 				a.log.Warn("fetch", "topic", t, "partition", p, "err", err)
 			}
 		})
 		now := a.cfg.Clock.Now().UnixMilli()
-		a.mu.Lock()
+		// The lock is taken once per partition's batch, not per record, nor for the whole
+		// poll, so that emission and heartbeats wait at most one partition's batch.
 		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
+			a.mu.Lock()
+			defer a.mu.Unlock()
 			ps := a.parts[tp{fp.Topic, fp.Partition}]
 			if ps == nil || ps.suspended {
 				return
@@ -355,10 +364,26 @@ func (a *Aggregator) pollLoop(ctx context.Context, cl *kgo.Client) {
 			a.m.lag.WithLabelValues(fp.Topic, strconv.Itoa(int(fp.Partition))).Set(float64(max(ps.hwm-ps.next, 0)))
 			a.checkReplayDone(fp.Partition, ps)
 		})
+		a.mu.Lock()
 		a.m.keys.Set(float64(a.st.size()))
 		a.mu.Unlock()
 		cl.AllowRebalance()
 	}
+}
+
+// sessionError logs a failure of the group session (franz-go reports one per attempt to
+// rejoin, every retry backoff while the brokers are unreachable): the first at Warn, the
+// retries at Debug, until the next assignment logs the rejoin.
+func (a *Aggregator) sessionError(err error) {
+	a.mu.Lock()
+	a.sessionErrs++
+	n := a.sessionErrs
+	a.mu.Unlock()
+	if n == 1 {
+		a.log.Warn("group session failed; retrying until the group is rejoined (further failures are logged at debug level)", "err", err)
+		return
+	}
+	a.log.Debug("group session failed again", "attempt", n, "err", err)
 }
 
 // checkReplayDone ends a partition's replay once it consumed up to the high watermark seen
@@ -416,7 +441,8 @@ func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps 
 	if origin == "" && nparts > 0 {
 		// Ownership follows the counter key (the hit's key), which our producer also uses
 		// as the record key.
-		if q := kafkaPartition(h.key, nparts); q != r.Partition {
+		h.hash, h.hashed = murmur2(h.key), true
+		if q := partitionOf(h.hash, nparts); q != r.Partition {
 			a.reroute(ctx, cl, r, h.key, q)
 			return
 		}

@@ -51,6 +51,10 @@ func (a *Aggregator) onAssigned(_ context.Context, cl *kgo.Client, assigned map[
 	}
 	a.joined = true
 	a.recomputePaused()
+	if a.sessionErrs > 0 {
+		a.log.Info("rejoined the group", "failed_attempts", a.sessionErrs)
+		a.sessionErrs = 0
+	}
 	a.log.Info("partitions assigned", "assigned", assigned, "dropped_slots", len(dropped))
 }
 
@@ -165,9 +169,24 @@ func (a *Aggregator) onRevoked(_ context.Context, _ *kgo.Client, revoked map[str
 }
 
 // onLost drops the lost partitions' slots at once: another member may already own them.
+//
+// franz-go calls it after every failed attempt of its group loop, so while the brokers are
+// unreachable it comes back every retry backoff with nothing left to lose: only a loss of
+// held partitions is worth a warning (and the aggregator is not in the group until the
+// next assignment; see sessionError for the retries).
 func (a *Aggregator) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.joined = false
+	n := 0
+	for _, ps := range lost {
+		n += len(ps)
+	}
+	if n == 0 {
+		a.recomputePaused()
+		a.log.Debug("group session failed again; no partitions held")
+		return
+	}
 	for t, ps := range lost {
 		for _, p := range ps {
 			delete(a.parts, tp{t, p})
@@ -208,7 +227,12 @@ func partitioner() kgo.Partitioner {
 // kafkaPartition is Kafka's default partition of key among n partitions:
 // toPositive(murmur2(key)) % n.
 func kafkaPartition(key []byte, n int32) int32 {
-	return int32((murmur2(key) & 0x7fffffff) % uint32(n))
+	return partitionOf(murmur2(key), n)
+}
+
+// partitionOf is kafkaPartition for a key whose murmur2 hash is h.
+func partitionOf(h uint32, n int32) int32 {
+	return int32((h & 0x7fffffff) % uint32(n))
 }
 
 // murmur2 is Kafka's murmur2 hash (org.apache.kafka.common.utils.Utils.murmur2).

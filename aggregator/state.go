@@ -20,8 +20,9 @@ type entry struct {
 	spec *window.Spec
 	c    window.Counter
 	slot int32  // partition number the key's hits come from
+	hash uint32 // murmur2(key): its bucket in state.m
 	idx  int    // position in state.list
-	next *entry // the same key's counter for another window
+	next *entry // the next counter whose key has the same hash (another window, or a collision)
 
 	dirty       bool    // hits were added since the last emission
 	emitted     bool    // a non-zero count has been published (so zero needs a tombstone)
@@ -54,8 +55,12 @@ type stateConfig struct {
 type state struct {
 	cfg   stateConfig
 	specs map[int64]*window.Spec
-	m     map[string]*entry // by key; a key's counters for several windows are chained
-	list  []*entry          // every counter, for iteration; len(list) is the number held
+	// m indexes the counters by the murmur2 hash of their key, which the ownership check
+	// computes for every hit anyway; counters whose keys share a hash (a key's several
+	// windows, or a collision) are chained. A uint32-keyed map is markedly cheaper per hit
+	// than a string-keyed one: no string hash, and no read of the key bytes in the table.
+	m    map[uint32]*entry
+	list []*entry // every counter, for iteration; len(list) is the number held
 	// seen dedupes re-routed hits per slot: origin id → expiry (ms).
 	seen     map[int32]map[string]int64
 	seenSize int
@@ -70,7 +75,7 @@ func newState(cfg stateConfig) *state {
 	return &state{
 		cfg:    cfg,
 		specs:  map[int64]*window.Spec{},
-		m:      map[string]*entry{},
+		m:      map[uint32]*entry{},
 		seen:   map[int32]map[string]int64{},
 		paused: map[int32]bool{},
 		sites:  map[string]string{},
@@ -109,6 +114,8 @@ func (s *state) add(now int64, slot int32, h *topics.Hit, origin string, expiry 
 type hitRef struct {
 	key, site                  []byte
 	bucketStart, window, count int64
+	hash                       uint32 // murmur2(key), valid when hashed
+	hashed                     bool
 }
 
 // addRaw is add without allocating for counters and sites already held.
@@ -131,17 +138,19 @@ func (s *state) addRaw(now int64, slot int32, h hitRef, origin string, expiry in
 		ss[origin] = expiry
 		s.seenSize++
 	}
+	if !h.hashed {
+		h.hash = murmur2(h.key)
+	}
 	var e *entry
-	for e = s.m[string(h.key)]; e != nil && e.id.window != h.window; e = e.next {
+	for e = s.m[h.hash]; e != nil && (e.id.window != h.window || e.id.key != string(h.key)); e = e.next {
 	}
 	if e == nil {
 		if len(s.list) >= s.cfg.maxKeys {
 			return refusedKey
 		}
-		key := string(h.key)
-		e = &entry{id: counterID{key, h.window}, spec: s.spec(h.window), slot: slot, idx: len(s.list)}
-		e.next = s.m[key]
-		s.m[key] = e
+		e = &entry{id: counterID{string(h.key), h.window}, spec: s.spec(h.window), slot: slot, hash: h.hash, idx: len(s.list)}
+		e.next = s.m[h.hash]
+		s.m[h.hash] = e
 		s.list = append(s.list, e)
 	}
 	if !e.c.AddSite(e.spec, now, h.site, s.intern, h.bucketStart, h.count) {
@@ -153,8 +162,8 @@ func (s *state) addRaw(now int64, slot int32, h hitRef, origin string, expiry in
 
 // get returns the counter of (key, w), or nil.
 func (s *state) get(key string, w int64) *entry {
-	for e := s.m[key]; e != nil; e = e.next {
-		if e.id.window == w {
+	for e := s.m[murmur2([]byte(key))]; e != nil; e = e.next {
+		if e.id.window == w && e.id.key == key {
 			return e
 		}
 	}
@@ -169,12 +178,12 @@ func (s *state) remove(e *entry) {
 	s.list[e.idx] = last
 	last.idx = e.idx
 	s.list = s.list[:len(s.list)-1]
-	head := s.m[e.id.key]
+	head := s.m[e.hash]
 	switch {
 	case head == e && e.next == nil:
-		delete(s.m, e.id.key)
+		delete(s.m, e.hash)
 	case head == e:
-		s.m[e.id.key] = e.next
+		s.m[e.hash] = e.next
 	default:
 		for p := head; p != nil; p = p.next {
 			if p.next == e {

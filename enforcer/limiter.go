@@ -147,6 +147,7 @@ type opRef struct {
 	desc   int
 	limit  *rules.Limit
 	key    string
+	h      *keyHandle
 	shadow bool
 }
 
@@ -223,10 +224,11 @@ func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
 			}
 			lim := &r.Limits[j]
 			s.buf = r.AppendKey(s.buf[:0], entries, j)
-			ref := opRef{desc: d, limit: lim, key: l.keys.intern(s.buf), shadow: r.ShadowMode}
+			h := l.keys.handle(s.buf)
+			ref := opRef{desc: d, limit: lim, key: h.key, h: h, shadow: r.ShadowMode}
 			switch lim.Scope {
 			case rules.Global:
-				s.globOps = append(s.globOps, GlobalOp{Key: ref.key, Window: lim.Window, N: n})
+				s.globOps = append(s.globOps, GlobalOp{Key: ref.key, Window: lim.Window, N: n, h: h})
 				s.globRefs = append(s.globRefs, ref)
 			case rules.Site:
 				op := algo.Op{Key: ref.key, Algorithm: lim.Algorithm, Limit: lim.Algo(), N: n}
@@ -473,10 +475,20 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, lim *rules.Limit) (capL
 		e     snapshot.Entry
 		known bool
 	)
+	// cached reports that the key's sharedCap for allowance is cached in the handle.
+	var (
+		cachedCap float64
+		cachedOK  bool
+		cached    bool
+	)
 	stale = true
 	if sn := l.cfg.Snapshot; sn != nil {
 		stale = sn.StaleAt(now)
-		e, known = sn.Get(op.Key)
+		if h := op.h; h != nil {
+			e, known, cachedCap, cachedOK, cached = l.snapEntry(sn, h, allowance)
+		} else {
+			e, known = sn.Get(op.Key)
+		}
 		// A count for another window is another counter; one whose window has passed since
 		// its as-of time describes hits that are gone (the aggregator tombstones such keys,
 		// but not while no instance owns them).
@@ -498,7 +510,11 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, lim *rules.Limit) (capL
 		lag := max(now.Sub(e.AsOfTime()), 0)
 		rate := e.Total / e.Window.Seconds()
 		if room < rate*(lag+l.cfg.HotHorizon).Seconds() || room < l.cfg.HotFraction*allowance {
-			if c, ok := l.sharedCap(op.Key, &e, room, allowance); ok {
+			c, ok := cachedCap, cachedOK
+			if !cached {
+				c, ok = l.sharedCap(op.Key, &e, room, allowance)
+			}
+			if ok {
 				return c, e.Total, false
 			}
 			share := max(e.Share(), l.cfg.MinShare)
@@ -522,6 +538,30 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, lim *rules.Limit) (capL
 		total = e.Total
 	}
 	return capLocal, total, stale
+}
+
+// snapEntry returns the snapshot's entry for h's key, from h's cache while the snapshot
+// has not changed since it was filled, and the entry's sharedCap for allowance when cached
+// (then cached is true). The cache saves the snapshot's map lookup and the walk over the
+// entry's per-site breakdown, two cache misses per decision. A stale result is never
+// returned: Version is read before Get, so an Apply racing with the refresh makes the next
+// decision refresh again.
+func (l *Limiter) snapEntry(sn *snapshot.Snapshot, h *keyHandle, allowance float64) (e snapshot.Entry, known bool, capVal float64, capOK, cached bool) {
+	v := sn.Version()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.snapSet || h.snapFor != sn || h.ver != v {
+		h.entry, h.known = sn.Get(h.key)
+		h.snapSet, h.snapFor, h.ver = true, sn, v
+		h.capAllow = 0
+	}
+	if h.known && h.entry.Total > 0 && h.capAllow != allowance {
+		// sharedCap depends only on the entry, the allowance and the Limiter's fixed
+		// configuration, not on the time.
+		h.capVal, h.capOK = l.sharedCap(h.key, &h.entry, allowance-h.entry.Total, allowance)
+		h.capAllow = allowance
+	}
+	return h.entry, h.known, h.capVal, h.capOK, h.known && h.entry.Total > 0 && h.capAllow == allowance
 }
 
 // shareSmoothing is the weight, in limits, of the prior that every site has

@@ -3,6 +3,7 @@ package enforcer
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -14,17 +15,49 @@ type metrics struct {
 	shadow    *prometheus.CounterVec
 	fallback  *prometheus.CounterVec
 
-	// Resolving a labelled child costs a hash of the labels; decisions are cached per
-	// (rule, result) so that the hot path only increments.
-	mu    sync.RWMutex
-	cache map[decisionKey]prometheus.Counter
+	// Resolving a labelled child costs a hash of the labels; the children are cached per
+	// (domain, rule) so that the hot path only increments. The cache is copied on write
+	// (new rules are rare: a reload) so that a read takes no lock, whose shared counter
+	// would bounce between cores on every decision.
+	mu    sync.Mutex // serializes writers of cache
+	cache atomic.Pointer[map[decisionKey]*ruleCounters]
+	// last is the most recently used entry of cache: most traffic hits few rules, and
+	// comparing two pointers and a string is cheaper than hashing them.
+	last atomic.Pointer[ruleCounters]
 }
 
 type decisionKey struct {
 	domain string
 	rule   *rules.Rule
-	code   Code
-	shadow bool
+}
+
+// ruleCounters are one (domain, rule)'s decision counters by result, each created when
+// first used so that only results that happened are exported.
+type ruleCounters struct {
+	domain, rule string
+	r            *rules.Rule
+	c            [3]atomic.Pointer[resultCounter]
+}
+
+type resultCounter struct{ prometheus.Counter }
+
+func resultName(result int) string {
+	switch result {
+	case 1:
+		return "over_limit"
+	case 2:
+		return "shadow_over_limit"
+	}
+	return "ok"
+}
+
+func (m *metrics) inc(rc *ruleCounters, result int) {
+	c := rc.c[result].Load()
+	if c == nil {
+		c = &resultCounter{m.decisions.WithLabelValues(rc.domain, rc.rule, resultName(result))}
+		rc.c[result].Store(c) // a racing writer stores the same child
+	}
+	c.Inc()
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -41,8 +74,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "streamlimit", Subsystem: "enforcer", Name: "fallback_decisions_total",
 			Help: "Decisions made by a fallback: reason redis (site store down) or stale (snapshot too old).",
 		}, []string{"reason"}),
-		cache: make(map[decisionKey]prometheus.Counter),
 	}
+	m.cache.Store(&map[decisionKey]*ruleCounters{})
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.decisions, m.shadow, m.fallback} {
 			if err := reg.Register(c); err != nil {
@@ -62,32 +95,49 @@ func (m *metrics) observe(domain string, res *Result) {
 		if st.Rule == nil {
 			continue
 		}
-		k := decisionKey{domain: domain, rule: st.Rule, code: st.Code, shadow: st.Shadow}
-		m.mu.RLock()
-		c, ok := m.cache[k]
-		m.mu.RUnlock()
-		if !ok {
-			result := "ok"
-			switch {
-			case st.Code == CodeOverLimit:
-				result = "over_limit"
-			case st.Shadow:
-				result = "shadow_over_limit"
-			}
-			c = m.decisions.WithLabelValues(domain, st.Rule.ID, result)
-			m.mu.Lock()
-			if len(m.cache) > 1<<16 {
-				// Rules are reloaded as new pointers; drop stale children's cache entries.
-				clear(m.cache)
-			}
-			m.cache[k] = c
-			m.mu.Unlock()
+		rc := m.counters(domain, st.Rule)
+		switch {
+		case st.Code == CodeOverLimit:
+			m.inc(rc, 1)
+		case st.Shadow:
+			m.inc(rc, 2)
+		default:
+			m.inc(rc, 0)
 		}
-		c.Inc()
 		if st.Fallback && st.Limit != nil && st.Limit.Scope == rules.Global {
 			m.fallback.WithLabelValues("stale").Inc()
 		}
 	}
+}
+
+// counters returns the decision counters of (domain, r).
+func (m *metrics) counters(domain string, r *rules.Rule) *ruleCounters {
+	if rc := m.last.Load(); rc != nil && rc.r == r && rc.domain == domain {
+		return rc
+	}
+	k := decisionKey{domain: domain, rule: r}
+	if rc, ok := (*m.cache.Load())[k]; ok {
+		m.last.Store(rc)
+		return rc
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old := *m.cache.Load()
+	if rc, ok := old[k]; ok {
+		return rc
+	}
+	next := make(map[decisionKey]*ruleCounters, len(old)+1)
+	if len(old) < 1<<12 {
+		// Rules are reloaded as new pointers; past the bound, start over to drop the stale
+		// ones' entries.
+		for k2, v := range old {
+			next[k2] = v
+		}
+	}
+	rc := &ruleCounters{domain: domain, rule: r.ID, r: r}
+	next[k] = rc
+	m.cache.Store(&next)
+	return rc
 }
 
 func (m *metrics) shadowDenied(_ *rules.Limit, r *rules.Rule) {

@@ -3,6 +3,7 @@ package enforcer
 import (
 	"context"
 	"hash/maphash"
+	"math"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,8 @@ type GlobalOp struct {
 	N int64
 	// Cap is the most this site's count may reach with N added (Commit).
 	Cap float64
+
+	h *keyHandle // set by the Limiter: lets a LocalCounter skip its map lookup
 }
 
 // SiteCounter keeps this site's exact sliding-window count of each global counter key:
@@ -66,9 +69,14 @@ type countShard struct {
 }
 
 type ringEntry struct {
-	spec window.Spec
-	ring window.Ring
-	last int64 // unix ms of the last add
+	spec  window.Spec
+	last  int64 // unix ms of the last add
+	owner *LocalCounter
+	shard uint8
+	// dead is set, under the shard lock, when the entry leaves its shard's map, so that a
+	// keyHandle still pointing at it looks the key up again.
+	dead bool
+	ring localRing // last: its inline buckets follow the header
 }
 
 // NewLocalCounter returns an empty LocalCounter.
@@ -90,6 +98,49 @@ func (c *LocalCounter) shardOf(key string) int {
 	return int(maphash.String(c.seed, key) & 63)
 }
 
+// shardFor is shardOf(op.Key), taken from op's handle when it knows the key's entry.
+func (c *LocalCounter) shardFor(op *GlobalOp) int {
+	if op.h != nil {
+		if e := op.h.ring.Load(); e != nil && e.owner == c {
+			return int(e.shard)
+		}
+	}
+	return c.shardOf(op.Key)
+}
+
+// lookup returns op's entry in sh, the shard of op.Key, whose lock the caller holds; nil
+// when there is none. It goes through op's handle when it can, and refreshes it.
+func (c *LocalCounter) lookup(sh *countShard, op *GlobalOp) *ringEntry {
+	if op.h != nil {
+		if e := op.h.ring.Load(); e != nil && e.owner == c && !e.dead && &c.shards[e.shard] == sh {
+			return e
+		}
+	}
+	e := sh.m[op.Key]
+	if e != nil && op.h != nil {
+		op.h.ring.Store(e)
+	}
+	return e
+}
+
+// newEntry returns a new entry for op, in the memory of op's handle the first time.
+func (c *LocalCounter) newEntry(op *GlobalOp, shard uint8) *ringEntry {
+	var e *ringEntry
+	if op.h != nil && op.h.ringUsed.CompareAndSwap(false, true) {
+		e = &op.h.ringMem
+	} else {
+		e = new(ringEntry)
+	}
+	*e = ringEntry{spec: window.NewSpec(op.Window, c.sub, 0), owner: c, shard: shard}
+	return e
+}
+
+// remove deletes key from sh (locked) and marks its entry dead.
+func remove(sh *countShard, key string, e *ringEntry) {
+	e.dead = true
+	delete(sh.m, key)
+}
+
 // Len returns the number of counters held.
 func (c *LocalCounter) Len() int {
 	n := 0
@@ -105,16 +156,16 @@ func (c *LocalCounter) Len() int {
 func (c *LocalCounter) Evicted() uint64 { return c.evicted.Load() }
 
 func (c *LocalCounter) count(e *ringEntry, ms int64) float64 {
-	return e.ring.Count(&e.spec, ms)
+	return e.ring.count(&e.spec, ms)
 }
 
 // Counts implements SiteCounter.
 func (c *LocalCounter) Counts(_ context.Context, now time.Time, ops []GlobalOp, out []float64) error {
 	ms := now.UnixMilli()
 	for i := range ops {
-		sh := &c.shards[c.shardOf(ops[i].Key)]
+		sh := &c.shards[c.shardFor(&ops[i])]
 		sh.mu.Lock()
-		if e, ok := sh.m[ops[i].Key]; ok && e.spec.Window == ops[i].Window.Milliseconds() {
+		if e := c.lookup(sh, &ops[i]); e != nil && e.spec.Window == ops[i].Window.Milliseconds() {
 			out[i] = c.count(e, ms)
 		} else {
 			out[i] = 0
@@ -129,7 +180,7 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 	ms := now.UnixMilli()
 	var mask uint64
 	for i := range ops {
-		mask |= 1 << uint(c.shardOf(ops[i].Key))
+		mask |= 1 << uint(c.shardFor(&ops[i]))
 	}
 	for m := mask; m != 0; m &= m - 1 {
 		c.shards[bits.TrailingZeros64(m)].mu.Lock()
@@ -148,7 +199,7 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 		entries = make([]*ringEntry, 0, len(ops))
 	}
 	for i := range ops {
-		e := c.shards[c.shardOf(ops[i].Key)].m[ops[i].Key]
+		e := c.lookup(&c.shards[c.shardFor(&ops[i])], &ops[i])
 		if e != nil && e.spec.Window != ops[i].Window.Milliseconds() {
 			e = nil // the window changed with the rules: the counter restarts
 		}
@@ -175,17 +226,24 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 	}
 	for i, e := range entries {
 		if e == nil {
-			sh := &c.shards[c.shardOf(ops[i].Key)]
+			sid := c.shardOf(ops[i].Key)
+			sh := &c.shards[sid]
 			if e = sh.m[ops[i].Key]; e == nil || e.spec.Window != ops[i].Window.Milliseconds() {
 				if e == nil && len(sh.m) >= c.maxPerShard {
 					c.makeRoom(sh, ms)
 				}
-				e = &ringEntry{spec: window.NewSpec(ops[i].Window, c.sub, 0)}
+				if e != nil {
+					e.dead = true // replaced: the window changed with the rules
+				}
+				e = c.newEntry(&ops[i], uint8(sid))
 				sh.m[ops[i].Key] = e
+			}
+			if ops[i].h != nil {
+				ops[i].h.ring.Store(e)
 			}
 		}
 		b := e.spec.Bucket(ms)
-		e.ring.Add(&e.spec, b, b, ops[i].N)
+		e.ring.add(&e.spec, b, ops[i].N)
 		e.last = ms
 	}
 	return true, nil
@@ -196,24 +254,27 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 func (c *LocalCounter) makeRoom(sh *countShard, ms int64) {
 	for k, e := range sh.m {
 		if ms-e.last > e.spec.Window+e.spec.Width {
-			delete(sh.m, k)
+			remove(sh, k, e)
 		}
 	}
 	if len(sh.m) < c.maxPerShard {
 		return
 	}
-	var victim string
+	var (
+		victim  string
+		victimE *ringEntry
+	)
 	oldest := int64(1<<63 - 1)
 	n := 0
 	for k, e := range sh.m {
 		if e.last < oldest {
-			victim, oldest = k, e.last
+			victim, victimE, oldest = k, e, e.last
 		}
 		if n++; n == 8 {
 			break
 		}
 	}
-	delete(sh.m, victim)
+	remove(sh, victim, victimE)
 	c.evicted.Add(1)
 }
 
@@ -226,11 +287,92 @@ func (c *LocalCounter) Sweep(now time.Time) int {
 		sh.mu.Lock()
 		for k, e := range sh.m {
 			if ms-e.last > e.spec.Window+e.spec.Width {
-				delete(sh.m, k)
+				remove(sh, k, e)
 				n++
 			}
 		}
 		sh.mu.Unlock()
 	}
 	return n
+}
+
+// inlineSlots is how many buckets a localRing holds without a separate allocation: enough
+// for the default 60 sub-buckets (window.NewSpec makes 62 slots).
+const inlineSlots = 64
+
+// localRing is window.Ring for the LocalCounter, which only ever adds hits in the clock's
+// own bucket: the same buckets and the same count (window's rule: whole buckets after the
+// one holding the window start, plus that one's fraction inside the window), with the
+// buckets kept inline when they fit, so that a decision reads the entry and its buckets
+// from adjacent cache lines instead of chasing a slice. window's tests state the rule;
+// TestLocalRingMatchesWindow checks that the two agree.
+type localRing struct {
+	head int64    // index of the newest bucket held; held buckets are (head−Slots, head]
+	c    []uint32 // c[i mod Slots] is bucket i's count; nil until the first add
+	buf  [inlineSlots]uint32
+}
+
+// add counts n hits in bucket idx, the clock's bucket (window.Ring.Add with now = idx, so
+// idx is never clamped and never older than the ring unless the clock went back).
+func (r *localRing) add(s *window.Spec, idx, n int64) {
+	L := int64(s.Slots)
+	if r.c == nil {
+		if s.Slots <= inlineSlots {
+			r.c = r.buf[:s.Slots]
+		} else {
+			r.c = make([]uint32, s.Slots)
+		}
+		r.head = idx
+	}
+	switch {
+	case idx > r.head:
+		if idx-r.head >= L {
+			clear(r.c)
+		} else {
+			for i := r.head + 1; i <= idx; i++ {
+				r.c[ringMod(i, L)] = 0
+			}
+		}
+		r.head = idx
+	case idx <= r.head-L:
+		return
+	}
+	p := &r.c[ringMod(idx, L)]
+	if v := uint64(*p) + uint64(n); v > math.MaxUint32 || n > math.MaxUint32 {
+		*p = math.MaxUint32
+	} else {
+		*p = uint32(v)
+	}
+}
+
+// count is window.Ring.Count.
+func (r *localRing) count(s *window.Spec, t int64) float64 {
+	i0, frac := s.Oldest(t)
+	if r.c == nil || r.head < i0 {
+		return 0
+	}
+	L := int64(s.Slots)
+	lo := max(i0, r.head-L+1)
+	start, n := ringMod(lo, L), r.head-lo+1
+	first := min(n, L-start)
+	var whole, oldest uint64
+	for _, v := range r.c[start : start+first] {
+		whole += uint64(v)
+	}
+	for _, v := range r.c[:n-first] {
+		whole += uint64(v)
+	}
+	if lo == i0 {
+		oldest = uint64(r.c[start])
+		whole -= oldest
+	}
+	return float64(whole) + float64(oldest)*frac
+}
+
+func ringMod(i, n int64) int64 {
+	m := i % n
+	if m < 0 {
+		m += n
+	}
+	return m
 }

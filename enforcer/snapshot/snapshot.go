@@ -175,6 +175,8 @@ type Snapshot struct {
 	// shared counter would bounce between cores.
 	entries sync.Map
 	keys    atomic.Int64
+	// version is incremented after every change of entries (see Version).
+	version atomic.Uint64
 
 	// start is when the snapshot was created, the age of its data until a heartbeat comes.
 	start time.Time
@@ -253,6 +255,13 @@ func (s *Snapshot) Get(key string) (Entry, bool) {
 	return *v.(*Entry), true
 }
 
+// Version returns a number that grows after every change of the entries (a count set, a
+// tombstone applied, an entry swept). A reader that read Version, then called Get, and
+// later reads the same Version may reuse Get's result instead of calling Get again: the
+// entry it got is still the latest. This lets a caller that decides the same key often skip
+// the map lookup while the snapshot is quiet. Version does not allocate and takes no lock.
+func (s *Snapshot) Version() uint64 { return s.version.Load() }
+
 // Len returns the number of counter keys held.
 func (s *Snapshot) Len() int { return int(s.keys.Load()) }
 
@@ -301,6 +310,7 @@ func (s *Snapshot) set(key string, e *Entry) error {
 	for {
 		if old, ok := s.entries.Load(key); ok {
 			if s.entries.CompareAndSwap(key, old, e) {
+				s.version.Add(1)
 				return nil
 			}
 			continue // deleted or replaced meanwhile
@@ -312,6 +322,7 @@ func (s *Snapshot) set(key string, e *Entry) error {
 			return fmt.Errorf("snapshot: key %q: %w (%d keys)", truncate([]byte(key)), ErrFull, s.cfg.MaxKeys)
 		}
 		if _, loaded := s.entries.LoadOrStore(key, e); !loaded {
+			s.version.Add(1)
 			return nil
 		}
 		s.keys.Add(-1) // inserted by a concurrent Apply: update it instead
@@ -321,6 +332,7 @@ func (s *Snapshot) set(key string, e *Entry) error {
 func (s *Snapshot) delete(key []byte) {
 	if _, loaded := s.entries.LoadAndDelete(string(key)); loaded {
 		s.keys.Add(-1)
+		s.version.Add(1)
 	}
 }
 
@@ -350,6 +362,7 @@ func (s *Snapshot) Sweep(now time.Time) int {
 	s.entries.Range(func(k, v any) bool {
 		if e := v.(*Entry); e.AsOf+e.Window.Milliseconds() <= nowMs && s.entries.CompareAndDelete(k, v) {
 			s.keys.Add(-1)
+			s.version.Add(1)
 			removed++
 		}
 		return true

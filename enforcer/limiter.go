@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -74,6 +75,12 @@ type Config struct {
 	// DefaultShare is a site's share of a global limit for a key the snapshot has never
 	// shown, used when the snapshot is stale. Set it to 1/number of sites. Default 1.
 	DefaultShare float64
+	// RecoveryHold is how long, after the snapshot was last stale, a global limit stays
+	// capped at this site's share as well as by the snapshot (bounded by the limit's
+	// window): right after Kafka or the aggregator comes back, hits published during the
+	// outage are still being delivered and counted, so the first fresh counts are low, and
+	// every site would spend the room they seem to leave. Default 30s.
+	RecoveryHold time.Duration
 	// Clock defaults to the wall clock.
 	Clock clock.Clock
 	// Logger defaults to a logger that discards.
@@ -90,6 +97,10 @@ type Limiter struct {
 	keys    keyCache
 	metrics *metrics
 	scratch sync.Pool // *scratch
+
+	// lastStale is the unix-nanosecond time of the latest decision that found the snapshot
+	// stale (0: never), for Config.RecoveryHold.
+	lastStale atomic.Int64
 }
 
 // New returns a Limiter.
@@ -117,6 +128,9 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	if cfg.DefaultShare <= 0 || cfg.DefaultShare > 1 {
 		cfg.DefaultShare = 1
+	}
+	if cfg.RecoveryHold <= 0 {
+		cfg.RecoveryHold = 30 * time.Second
 	}
 	cfg.Clock = clock.Or(cfg.Clock)
 	if cfg.Logger == nil {
@@ -484,6 +498,13 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, lim *rules.Limit) (capL
 	stale = true
 	if sn := l.cfg.Snapshot; sn != nil {
 		stale = sn.StaleAt(now)
+		if stale {
+			// Written at most once a millisecond: every decision reads it, and a store per
+			// decision would bounce its cache line between cores while stale.
+			if ns := now.UnixNano(); ns-l.lastStale.Load() > int64(time.Millisecond) {
+				l.lastStale.Store(ns)
+			}
+		}
 		if h := op.h; h != nil {
 			e, known, cachedCap, cachedOK, cached = l.snapEntry(sn, h, allowance)
 		} else {
@@ -498,11 +519,7 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, lim *rules.Limit) (capL
 	}
 	switch {
 	case stale:
-		share := l.cfg.DefaultShare
-		if known && e.Total > 0 {
-			share = max(e.Share(), l.cfg.MinShare)
-		}
-		capLocal = allowance * share
+		capLocal = allowance * l.staleShare(&e, known)
 	case known:
 		remote := e.Remote()
 		capLocal = allowance - remote
@@ -515,16 +532,25 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, lim *rules.Limit) (capL
 				c, ok = l.sharedCap(op.Key, &e, room, allowance)
 			}
 			if ok {
-				return c, e.Total, false
+				// Already rounded together with the other sites (whole, so dither keeps it).
+				capLocal = c
+			} else {
+				share := max(e.Share(), l.cfg.MinShare)
+				capLocal = min(capLocal, e.Mine+share*max(room, 0))
 			}
-			share := max(e.Share(), l.cfg.MinShare)
-			capLocal = min(capLocal, e.Mine+share*max(room, 0))
 		}
 	default:
 		// A key the fresh snapshot does not show is new, or was idle for a whole window.
 		// Every site sees it so until its first hits come back through the pipeline, and
 		// would each admit the whole limit: spend only this site's default share until then.
 		capLocal = allowance * l.cfg.DefaultShare
+	}
+	if !stale {
+		if last := l.lastStale.Load(); last != 0 && now.UnixNano()-last < int64(min(op.Window, l.cfg.RecoveryHold)) {
+			// Recovering from an outage: the fresh counts may still miss hits published
+			// during it; each site also keeps to its share, which sum to the limit.
+			capLocal = min(capLocal, allowance*l.staleShare(&e, known))
+		}
 	}
 	// Round the same way for every request until the snapshot changes: rounding each
 	// request anew would, under heavy demand, round up almost surely (one request admitted
@@ -538,6 +564,16 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, lim *rules.Limit) (capL
 		total = e.Total
 	}
 	return capLocal, total, stale
+}
+
+// staleShare is this site's share of a global limit when the snapshot cannot be trusted:
+// its last known fraction of the key's traffic (at least MinShare), or DefaultShare for a
+// key never seen.
+func (l *Limiter) staleShare(e *snapshot.Entry, known bool) float64 {
+	if known && e.Total > 0 {
+		return max(e.Share(), l.cfg.MinShare)
+	}
+	return l.cfg.DefaultShare
 }
 
 // snapEntry returns the snapshot's entry for h's key, from h's cache while the snapshot

@@ -407,3 +407,38 @@ func TestNoSnapshotMeansDefaultShare(t *testing.T) {
 		t.Fatalf("admitted %d, want 25", got)
 	}
 }
+
+// TestGlobalRecoveryHold: right after the snapshot was stale, its fresh counts may still
+// miss hits published during the outage; each site keeps to its share of the limit for
+// RecoveryHold (bounded by the window) as well.
+func TestGlobalRecoveryHold(t *testing.T) {
+	fresh := func(mods ...func(*Config)) (*Limiter, *clock.Fake, *snapshot.Snapshot) {
+		l, clk, sn, _ := newGlobal(t, nil, mods...)
+		return l, clk, sn
+	}
+	// A: went through an outage. B: never stale. Both then see the same fresh snapshot:
+	// us 45 and eu 5 of a limit of 100 (eu's share of the traffic 1/10).
+	a, aclk, asn := fresh(func(c *Config) { c.RecoveryHold = 10 * time.Second })
+	aclk.Advance(11 * time.Second)
+	a.Decide(context.Background(), Request{Domain: "api", Descriptors: [][]rules.Entry{desc("user", "7")}}) // stale
+	heartbeat(t, asn, aclk)
+	putCount(t, asn, aclk, globalKey, map[string]float64{"us": 45, "eu": 5})
+	b, bclk, bsn := fresh()
+	heartbeat(t, bsn, bclk)
+	putCount(t, bsn, bclk, globalKey, map[string]float64{"us": 45, "eu": 5})
+
+	held, free := admitN(a, req42, 100), admitN(b, req42, 100)
+	if held > 10 {
+		t.Fatalf("recovering: admitted %d, want at most eu's share (10)", held)
+	}
+	if free <= held {
+		t.Fatalf("never stale: admitted %d, recovering %d: the hold changed nothing", free, held)
+	}
+	// Past the hold the snapshot alone decides again.
+	aclk.Advance(11 * time.Second)
+	heartbeat(t, asn, aclk)
+	putCount(t, asn, aclk, globalKey, map[string]float64{"us": 45, "eu": 5 + float64(held)})
+	if res := a.Decide(context.Background(), req42); res.Code != CodeOK {
+		t.Fatalf("after the hold: %+v", res.Statuses[0])
+	}
+}

@@ -3,7 +3,6 @@ package enforcer
 import (
 	"context"
 	"hash/maphash"
-	"math"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -76,7 +75,10 @@ type ringEntry struct {
 	// dead is set, under the shard lock, when the entry leaves its shard's map, so that a
 	// keyHandle still pointing at it looks the key up again.
 	dead bool
-	ring localRing // last: its inline buckets follow the header
+	ring window.Ring
+	// buf holds the ring's buckets when they fit (the default 60 sub-buckets make 62
+	// slots), so that a decision reads the entry and its buckets from adjacent cache lines.
+	buf [inlineSlots]uint32
 }
 
 // NewLocalCounter returns an empty LocalCounter.
@@ -132,6 +134,7 @@ func (c *LocalCounter) newEntry(op *GlobalOp, shard uint8) *ringEntry {
 		e = new(ringEntry)
 	}
 	*e = ringEntry{spec: window.NewSpec(op.Window, c.sub, 0), owner: c, shard: shard}
+	e.ring.UseBuffer(&e.spec, e.buf[:])
 	return e
 }
 
@@ -156,7 +159,7 @@ func (c *LocalCounter) Len() int {
 func (c *LocalCounter) Evicted() uint64 { return c.evicted.Load() }
 
 func (c *LocalCounter) count(e *ringEntry, ms int64) float64 {
-	return e.ring.count(&e.spec, ms)
+	return e.ring.Count(&e.spec, ms)
 }
 
 // Counts implements SiteCounter.
@@ -243,7 +246,7 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 			}
 		}
 		b := e.spec.Bucket(ms)
-		e.ring.add(&e.spec, b, ops[i].N)
+		e.ring.Add(&e.spec, b, b, ops[i].N)
 		e.last = ms
 	}
 	return true, nil
@@ -296,83 +299,6 @@ func (c *LocalCounter) Sweep(now time.Time) int {
 	return n
 }
 
-// inlineSlots is how many buckets a localRing holds without a separate allocation: enough
+// inlineSlots is how many buckets a ringEntry holds without a separate allocation: enough
 // for the default 60 sub-buckets (window.NewSpec makes 62 slots).
 const inlineSlots = 64
-
-// localRing is window.Ring for the LocalCounter, which only ever adds hits in the clock's
-// own bucket: the same buckets and the same count (window's rule: whole buckets after the
-// one holding the window start, plus that one's fraction inside the window), with the
-// buckets kept inline when they fit, so that a decision reads the entry and its buckets
-// from adjacent cache lines instead of chasing a slice. window's tests state the rule;
-// TestLocalRingMatchesWindow checks that the two agree.
-type localRing struct {
-	head int64    // index of the newest bucket held; held buckets are (head−Slots, head]
-	c    []uint32 // c[i mod Slots] is bucket i's count; nil until the first add
-	buf  [inlineSlots]uint32
-}
-
-// add counts n hits in bucket idx, the clock's bucket (window.Ring.Add with now = idx, so
-// idx is never clamped and never older than the ring unless the clock went back).
-func (r *localRing) add(s *window.Spec, idx, n int64) {
-	L := int64(s.Slots)
-	if r.c == nil {
-		if s.Slots <= inlineSlots {
-			r.c = r.buf[:s.Slots]
-		} else {
-			r.c = make([]uint32, s.Slots)
-		}
-		r.head = idx
-	}
-	switch {
-	case idx > r.head:
-		if idx-r.head >= L {
-			clear(r.c)
-		} else {
-			for i := r.head + 1; i <= idx; i++ {
-				r.c[ringMod(i, L)] = 0
-			}
-		}
-		r.head = idx
-	case idx <= r.head-L:
-		return
-	}
-	p := &r.c[ringMod(idx, L)]
-	if v := uint64(*p) + uint64(n); v > math.MaxUint32 || n > math.MaxUint32 {
-		*p = math.MaxUint32
-	} else {
-		*p = uint32(v)
-	}
-}
-
-// count is window.Ring.Count.
-func (r *localRing) count(s *window.Spec, t int64) float64 {
-	i0, frac := s.Oldest(t)
-	if r.c == nil || r.head < i0 {
-		return 0
-	}
-	L := int64(s.Slots)
-	lo := max(i0, r.head-L+1)
-	start, n := ringMod(lo, L), r.head-lo+1
-	first := min(n, L-start)
-	var whole, oldest uint64
-	for _, v := range r.c[start : start+first] {
-		whole += uint64(v)
-	}
-	for _, v := range r.c[:n-first] {
-		whole += uint64(v)
-	}
-	if lo == i0 {
-		oldest = uint64(r.c[start])
-		whole -= oldest
-	}
-	return float64(whole) + float64(oldest)*frac
-}
-
-func ringMod(i, n int64) int64 {
-	m := i % n
-	if m < 0 {
-		m += n
-	}
-	return m
-}

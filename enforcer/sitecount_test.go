@@ -2,47 +2,9 @@ package enforcer
 
 import (
 	"context"
-	"math/rand/v2"
 	"testing"
 	"time"
-
-	"github.com/streamlimit/streamlimit/aggregator/window"
 )
-
-// TestLocalRingMatchesWindow checks that the LocalCounter's ring counts exactly like
-// package window's, for adds at the clock's bucket with a clock that mostly moves forward.
-func TestLocalRingMatchesWindow(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	for _, tc := range []struct {
-		w   time.Duration
-		sub int
-	}{{time.Minute, 60}, {time.Second, 60}, {7 * time.Second, 3}, {time.Hour, 100}, {50 * time.Millisecond, 60}} {
-		spec := window.NewSpec(tc.w, tc.sub, 0)
-		var want window.Ring
-		var got localRing
-		ms := int64(1_700_000_000_000)
-		for step := range 5000 {
-			switch rng.IntN(10) {
-			case 0:
-				ms += rng.Int64N(3 * spec.Window) // idle gap, possibly past the ring
-			case 1:
-				ms -= rng.Int64N(spec.Width * 2) // the clock went back a little
-			default:
-				ms += rng.Int64N(spec.Width)
-			}
-			b := spec.Bucket(ms)
-			n := rng.Int64N(5)
-			want.Add(&spec, b, b, n)
-			got.add(&spec, b, n)
-			for range 3 {
-				at := ms + rng.Int64N(2*spec.Window)
-				if w, g := want.Count(&spec, at), got.count(&spec, at); w != g {
-					t.Fatalf("window %v sub %d step %d at %d: count %v, window.Ring says %v", tc.w, tc.sub, step, at, g, w)
-				}
-			}
-		}
-	}
-}
 
 // TestLocalCounterHandlesSurviveEviction checks that a handle whose cached entry was
 // evicted or swept looks the key up again instead of counting into a dead entry.

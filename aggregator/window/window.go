@@ -95,6 +95,18 @@ type Ring struct {
 	c    []uint32 // c[i mod Slots] is bucket i's count
 }
 
+// UseBuffer makes the ring keep its buckets in buf, which must hold at least s.Slots
+// counts, instead of allocating them on the first Add: a caller that embeds the buffer
+// next to its other per-key data reads a count from adjacent memory instead of chasing a
+// pointer. Call it before the first Add; buf must not move or be shared.
+func (r *Ring) UseBuffer(s *Spec, buf []uint32) {
+	if r.c == nil && len(buf) >= s.Slots {
+		r.c = buf[:s.Slots]
+		clear(r.c)
+		r.head = math.MinInt64 / 2 // older than any bucket: the first Add starts afresh
+	}
+}
+
 // Add counts n hits in bucket idx. now is the bucket index of the aggregator's clock; idx
 // beyond now+Ahead is clamped there. It reports false, counting nothing, when idx is older
 // than every bucket the ring holds (such hits are outside any window the ring can still

@@ -187,3 +187,41 @@ func TestMemoryPerKey(t *testing.T) {
 		t.Fatalf("%.0f B per (key, site), budget %.0f", perSite, budget)
 	}
 }
+
+// TestRingUseBufferMatches: a ring keeping its buckets in a caller's buffer counts exactly
+// like one that allocates them, through idle gaps, a clock going back, and hits ahead.
+func TestRingUseBufferMatches(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, tc := range []struct {
+		w   time.Duration
+		sub int
+	}{{time.Minute, 60}, {time.Second, 60}, {7 * time.Second, 3}, {50 * time.Millisecond, 60}} {
+		spec := NewSpec(tc.w, tc.sub, time.Second)
+		var want, got Ring
+		buf := make([]uint32, spec.Slots)
+		got.UseBuffer(&spec, buf)
+		ms := int64(1_700_000_000_000)
+		for step := range 5000 {
+			switch rng.IntN(10) {
+			case 0:
+				ms += rng.Int64N(3 * spec.Window) // idle gap, possibly past the ring
+			case 1:
+				ms -= rng.Int64N(spec.Width * 2) // the clock went back a little
+			default:
+				ms += rng.Int64N(spec.Width)
+			}
+			now := spec.Bucket(ms)
+			idx := now + rng.Int64N(3) - 1
+			n := rng.Int64N(5)
+			if a, b := want.Add(&spec, now, idx, n), got.Add(&spec, now, idx, n); a != b {
+				t.Fatalf("step %d: Add %v vs %v", step, a, b)
+			}
+			for range 3 {
+				at := ms + rng.Int64N(2*spec.Window)
+				if w, g := want.Count(&spec, at), got.Count(&spec, at); w != g {
+					t.Fatalf("window %v sub %d step %d at %d: buffered ring %v, allocating ring %v", tc.w, tc.sub, step, at, g, w)
+				}
+			}
+		}
+	}
+}

@@ -247,6 +247,7 @@ func startTopology(t *testing.T, o topologyOptions) *topology {
 			}
 			if s.redis != nil {
 				cfg.RedisAddrs = []string{s.redis.addr()}
+				cfg.SiteEnforcers = s.enforcers
 			}
 			if o.customize != nil {
 				o.customize(&cfg)

@@ -77,6 +77,7 @@ The check API and the auth endpoint trust their callers: they bind loopback by d
 	f.StringVar(&c.RedisUsername, "redis-username", "", "Redis ACL user")
 	f.StringVar(&c.RedisPassword, "redis-password", "", "Redis password (prefer env STREAMLIMIT_REDIS_PASSWORD)")
 	ef.redisTLS.register(cmd, "redis")
+	f.IntVar(&c.SiteEnforcers, "site-enforcers", 1, "enforcers sharing --redis-addr; while Redis is down each keeps to 1/N of the site's limits")
 	f.DurationVar(&c.RedisTimeout, "redis-timeout", 5*time.Millisecond, "bound on each Redis call; past it, decide in process")
 	f.StringVar(&c.HTTPAddr, "http-listen", "127.0.0.1:8081", "address of the check API, auth endpoint and admin endpoints")
 	f.StringVar(&c.GRPCAddr, "grpc-listen", "127.0.0.1:8082", `address of the Envoy rate-limit gRPC service ("off" to disable)`)

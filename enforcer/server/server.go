@@ -83,6 +83,10 @@ type Config struct {
 	RedisTLS *tls.Config
 	// RedisTimeout bounds every Redis call on the request path. Default 5ms.
 	RedisTimeout time.Duration
+	// SiteEnforcers is the number of enforcers sharing the site's Redis. While Redis is
+	// unavailable each counts only itself, so each keeps to 1/SiteEnforcers of every site
+	// limit and of the site's part of every global limit. Default 1.
+	SiteEnforcers int
 
 	// HTTPAddr serves POST /v1/check, the nginx endpoint /v1/auth, /metrics, /healthz and
 	// /readyz. Default "127.0.0.1:8081" (loopback: the check API trusts its callers).
@@ -208,13 +212,15 @@ func New(cfg Config) (_ *Server, err error) {
 	if len(cfg.RedisAddrs) > 0 {
 		s.site, err = sitestore.New(sitestore.Config{
 			Addrs: cfg.RedisAddrs, Username: cfg.RedisUsername, Password: cfg.RedisPassword, TLS: cfg.RedisTLS,
-			Timeout: cfg.RedisTimeout, Fallback: s.local, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
+			Timeout: cfg.RedisTimeout, Fallback: s.local, FallbackShare: fallbackShare(cfg.SiteEnforcers),
+			Clock: cfg.Clock, Logger: s.log, Registerer: reg,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("enforcer: redis: %w", err)
 		}
 		lcfg.SiteStore = s.site
-		lcfg.Counter = sitestore.NewCounter(s.site, sitestore.CounterOptions{SubBuckets: cfg.SubBuckets, Fallback: s.counter})
+		lcfg.Counter = sitestore.NewCounter(s.site, sitestore.CounterOptions{SubBuckets: cfg.SubBuckets, Fallback: s.counter,
+			FallbackShare: fallbackShare(cfg.SiteEnforcers)})
 	}
 	if len(cfg.Brokers) > 0 {
 		s.snap, err = snapshot.New(snapshot.Config{
@@ -288,6 +294,14 @@ func (s *Server) registerMetrics(reg prometheus.Registerer) {
 			s.log.Warn("metric not registered", "err", err)
 		}
 	}
+}
+
+// fallbackShare is each enforcer's part of the site's limits while Redis is down.
+func fallbackShare(n int) float64 {
+	if n <= 1 {
+		return 1
+	}
+	return 1 / float64(n)
 }
 
 // Limiter returns the Server's Limiter, to embed it or to decide in tests.

@@ -23,6 +23,10 @@ type CounterOptions struct {
 	// (and the fallback's), or this site's exact count and the snapshot's count of this
 	// site are different measures. Default: 60.
 	SubBuckets int
+	// FallbackShare is the part of each cap this process may fill while Redis is
+	// unavailable and it counts only itself: 1/number of enforcers sharing the Redis.
+	// Default 1.
+	FallbackShare float64
 	// Fallback counts while Redis is unavailable. Its SubBuckets should equal SubBuckets.
 	// Default (nil): enforcer.NewLocalCounter with SubBuckets and default MaxKeys.
 	Fallback *enforcer.LocalCounter
@@ -64,6 +68,7 @@ type Counter struct {
 	s        *Store
 	sub      int
 	fallback *enforcer.LocalCounter
+	share    float64 // CounterOptions.FallbackShare
 	script   *redis.Script
 }
 
@@ -77,7 +82,10 @@ func NewCounter(s *Store, opts CounterOptions) *Counter {
 	if opts.Fallback == nil {
 		opts.Fallback = enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: opts.SubBuckets})
 	}
-	return &Counter{s: s, sub: opts.SubBuckets, fallback: opts.Fallback, script: redis.NewScript(counterSrc)}
+	if opts.FallbackShare <= 0 || opts.FallbackShare > 1 {
+		opts.FallbackShare = 1
+	}
+	return &Counter{s: s, sub: opts.SubBuckets, fallback: opts.Fallback, share: opts.FallbackShare, script: redis.NewScript(counterSrc)}
 }
 
 // Fallback returns the in-process counter that answers while Redis is unavailable.
@@ -187,9 +195,22 @@ func (c *Counter) Commit(ctx context.Context, now time.Time, ops []enforcer.Glob
 	var ok bool
 	if reason := c.call(ctx, keys, args, counts, &ok); reason != "" {
 		c.s.m.counterFB.WithLabelValues("commit", reason).Inc()
-		return c.fallback.Commit(ctx, now, ops, counts)
+		return c.fallbackCommit(ctx, now, ops, counts)
 	}
 	return ok, nil
+}
+
+// fallbackCommit commits in process, each cap scaled to this process's FallbackShare.
+func (c *Counter) fallbackCommit(ctx context.Context, now time.Time, ops []enforcer.GlobalOp, counts []float64) (bool, error) {
+	if c.share >= 1 {
+		return c.fallback.Commit(ctx, now, ops, counts)
+	}
+	var buf [8]enforcer.GlobalOp
+	scaled := append(buf[:0], ops...)
+	for i := range scaled {
+		scaled[i].Cap *= c.share
+	}
+	return c.fallback.Commit(ctx, now, scaled, counts)
 }
 
 const counterArgsPerOp = 10

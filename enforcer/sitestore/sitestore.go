@@ -121,6 +121,11 @@ type Config struct {
 	// ExpirySlack is added to every key's TTL beyond the time its state takes to become
 	// empty, to absorb clock skew between enforcers and Redis. Default: 1 s.
 	ExpirySlack time.Duration
+	// FallbackShare is the part of each site limit this process may use while Redis is
+	// unavailable, when every enforcer of the site counts only itself: 1/number of
+	// enforcers sharing the Redis, so that together they stay within the limit. Requests
+	// and Burst are scaled down (at least 1 each). Default 1.
+	FallbackShare float64
 	// Fallback decides requests while Redis is unavailable. Default (nil): a new
 	// algo.Store with default options.
 	Fallback *algo.Store
@@ -159,6 +164,8 @@ type Store struct {
 	timeout   time.Duration
 	slackMs   int64
 	fallback  *algo.Store
+	// fallbackShare is Config.FallbackShare, in (0, 1].
+	fallbackShare float64
 	breaker   *breaker.Breaker
 	log       *slog.Logger
 	script    *redis.Script
@@ -186,12 +193,15 @@ func New(cfg Config) (*Store, error) {
 	if cfg.Fallback == nil {
 		cfg.Fallback = algo.New(algo.Options{})
 	}
+	if cfg.FallbackShare <= 0 || cfg.FallbackShare > 1 {
+		cfg.FallbackShare = 1
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	s := &Store{
 		client: cfg.Client, prefix: cfg.KeyPrefix, tag: cfg.HashTag, timeout: cfg.Timeout,
-		slackMs: int64((cfg.ExpirySlack + time.Millisecond - 1) / time.Millisecond), fallback: cfg.Fallback,
+		slackMs: int64((cfg.ExpirySlack + time.Millisecond - 1) / time.Millisecond), fallback: cfg.Fallback, fallbackShare: cfg.FallbackShare,
 		log: cfg.Logger, script: redis.NewScript(scriptSrc),
 	}
 	m, err := newMetrics(cfg.Registerer)
@@ -246,7 +256,7 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 	}
 	if reason := s.usable(now, ops); reason != "" {
 		s.m.fallback.WithLabelValues(reason).Inc()
-		return s.fallback.AllowAll(now, ops, out), true
+		return s.fallbackAllowAll(now, ops, out), true
 	}
 	if s.cluster && len(ops) > 1 {
 		if groups := s.groups(ops); len(groups) > 1 {
@@ -256,9 +266,36 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 	st, reason := s.call(ctx, now, ops, true)
 	if reason != "" {
 		s.m.fallback.WithLabelValues(reason).Inc()
-		return s.fallback.AllowAll(now, ops, out), true
+		return s.fallbackAllowAll(now, ops, out), true
 	}
 	return s.fill(now, ops, st, out), false
+}
+
+// fallbackAllowAll decides in process, on this process's FallbackShare of each limit.
+func (s *Store) fallbackAllowAll(now time.Time, ops []algo.Op, out []algo.Decision) bool {
+	share := s.fallbackShare
+	if share >= 1 {
+		return s.fallback.AllowAll(now, ops, out)
+	}
+	var buf [8]algo.Op
+	scaled := append(buf[:0], ops...)
+	for i := range scaled {
+		scaled[i].Limit = scaleLimit(scaled[i].Limit, share)
+	}
+	return s.fallback.AllowAll(now, scaled, out)
+}
+
+// scaleLimit returns l with Requests and Burst multiplied by share, rounded down but at
+// least 1 where they were positive.
+func scaleLimit(l algo.Limit, share float64) algo.Limit {
+	scale := func(n int64) int64 {
+		if n <= 0 {
+			return n
+		}
+		return max(int64(float64(n)*share), 1)
+	}
+	l.Requests, l.Burst = scale(l.Requests), scale(l.Burst)
+	return l
 }
 
 // Peek decides op at now without taking anything, like algo.Store.Peek.
@@ -266,14 +303,21 @@ func (s *Store) Peek(ctx context.Context, now time.Time, op algo.Op) (d algo.Dec
 	ops := []algo.Op{op}
 	if reason := s.usable(now, ops); reason != "" {
 		s.m.fallback.WithLabelValues(reason).Inc()
-		return s.fallback.Peek(now, op), true
+		return s.fallbackPeek(now, op), true
 	}
 	st, reason := s.call(ctx, now, ops, false)
 	if reason != "" {
 		s.m.fallback.WithLabelValues(reason).Inc()
-		return s.fallback.Peek(now, op), true
+		return s.fallbackPeek(now, op), true
 	}
 	return decide(&op, now.UnixNano(), st[0], false), false
+}
+
+func (s *Store) fallbackPeek(now time.Time, op algo.Op) algo.Decision {
+	if s.fallbackShare < 1 {
+		op.Limit = scaleLimit(op.Limit, s.fallbackShare)
+	}
+	return s.fallback.Peek(now, op)
 }
 
 // fill computes the Decisions from the states the script reported, reproducing

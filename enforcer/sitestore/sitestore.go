@@ -166,10 +166,10 @@ type Store struct {
 	fallback  *algo.Store
 	// fallbackShare is Config.FallbackShare, in (0, 1].
 	fallbackShare float64
-	breaker   *breaker.Breaker
-	log       *slog.Logger
-	script    *redis.Script
-	m         *metrics
+	breaker       *breaker.Breaker
+	log           *slog.Logger
+	script        *redis.Script
+	m             *metrics
 }
 
 // New returns a Store. It does not contact Redis: a Redis that is down at start is

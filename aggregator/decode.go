@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"math"
 	"time"
+	"unicode/utf8"
 
 	"github.com/streamlimit/streamlimit/topics"
 )
@@ -35,7 +36,7 @@ func decodeFast(b []byte, h *hitRef) bool {
 		return false
 	}
 	h.key, h.site = b[:kl], b[kl:kl+sl]
-	if bytes.HasPrefix(h.key, []byte(topics.ReservedPrefix)) {
+	if bytes.HasPrefix(h.key, []byte(topics.ReservedPrefix)) || !utf8.Valid(h.key) || !utf8.Valid(h.site) {
 		return false
 	}
 	b = b[kl+sl:]

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -92,8 +93,8 @@ func (c Config) withDefaults() (Config, error) {
 	case c.Client != nil && len(c.Brokers) != 0:
 		return c, fmt.Errorf("%w: set only one of Brokers and Client", ErrBadConfig)
 	}
-	if c.Site == "" || len(c.Site) > topics.MaxSiteLen {
-		return c, fmt.Errorf("%w: Site must be 1..%d bytes, got %d", ErrBadConfig, topics.MaxSiteLen, len(c.Site))
+	if c.Site == "" || len(c.Site) > topics.MaxSiteLen || !utf8.ValidString(c.Site) {
+		return c, fmt.Errorf("%w: Site must be 1..%d bytes of UTF-8, got %q", ErrBadConfig, topics.MaxSiteLen, c.Site)
 	}
 	if c.Topic == "" {
 		c.Topic = topics.DefaultHitsTopic

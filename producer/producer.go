@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -216,15 +217,15 @@ func (p *Producer) Hit(key string, window time.Duration, n int) {
 // HitAt never blocks on Kafka and never performs I/O; it takes a per-shard mutex that is
 // only ever held for in-memory map and slice operations. Once the counter is known and
 // its bucket current, it does not allocate. Invalid input (empty key, key longer than
-// topics.MaxKeyLen or starting with topics.ReservedPrefix, window < 1 ms, n < 1) is
-// ignored and counted in invalid_hits_total. Hits that the memory bound cannot take, or
+// topics.MaxKeyLen, not valid UTF-8 or starting with topics.ReservedPrefix, window < 1 ms,
+// n < 1) is ignored and counted in invalid_hits_total. Hits that the memory bound cannot take, or
 // that arrive after Close, are dropped and counted in dropped_hits_total.
 func (p *Producer) HitAt(key string, window time.Duration, t time.Time, n int) {
 	w := int64(window / time.Millisecond)
 	h := maphash.String(p.seed, key)
 	s := &p.shards[h&(numShards-1)]
 	h ^= uint64(w) * 0x9e3779b97f4a7c15
-	if n < 1 || w < 1 || len(key) == 0 || len(key) > topics.MaxKeyLen || strings.HasPrefix(key, topics.ReservedPrefix) {
+	if n < 1 || w < 1 || len(key) == 0 || len(key) > topics.MaxKeyLen || strings.HasPrefix(key, topics.ReservedPrefix) || !utf8.ValidString(key) {
 		s.invalid.Add(1)
 		return
 	}

@@ -320,3 +320,25 @@ func TestAppendJSONStringEscapes(t *testing.T) {
 		t.Fatal("quote escaping")
 	}
 }
+
+// TestInvalidUTF8Rejected: keys and sites travel as JSON strings too, so bytes that are not
+// UTF-8 are rejected in both encodings (found by FuzzDecodeHit: such a binary hit could
+// not be re-encoded as JSON within the limits).
+func TestInvalidUTF8Rejected(t *testing.T) {
+	for _, h := range []Hit{
+		{Key: "k\xca", Site: "s", BucketStart: 1, Window: 1000, Count: 1},
+		{Key: "k", Site: "\xff", BucketStart: 1, Window: 1000, Count: 1},
+	} {
+		if _, err := h.MarshalBinary(); !errors.Is(err, ErrBadUTF8) {
+			t.Errorf("MarshalBinary(%q, %q): %v, want ErrBadUTF8", h.Key, h.Site, err)
+		}
+		b := mustHitBytes(t, len(h.Key), len(h.Site), h.Key, h.Site, 1, 1000, 1)
+		if _, err := DecodeHit(b); !errors.Is(err, ErrBadUTF8) || Reason(err) != "bad_utf8" {
+			t.Errorf("DecodeHit(%q): %v, want ErrBadUTF8", b, err)
+		}
+	}
+	c := Count{Key: "k\xca", Window: 1, Total: 1}
+	if _, err := c.MarshalBinary(); !errors.Is(err, ErrBadUTF8) {
+		t.Errorf("Count with invalid key: %v", err)
+	}
+}

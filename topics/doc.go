@@ -21,7 +21,8 @@
 //     default window applies; n defaults to 1. Unknown fields are ignored so that newer
 //     producers can add fields.
 //
-// Limits: key 1..1024 bytes and not starting with ReservedPrefix, site 1..128 bytes,
+// Limits: key 1..1024 bytes of valid UTF-8 and not starting with ReservedPrefix, site
+// 1..128 bytes of valid UTF-8,
 // count ≥ 1, window ≥ 1 ms when present. The aggregator also rejects a ts outside its clock
 // skew bound. A record that breaks any of these is rejected with an error that wraps one of
 // the Err* sentinels below; Reason maps it to a short metric label.

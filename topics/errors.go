@@ -16,6 +16,7 @@ var (
 	ErrEmptyKey       = errors.New("empty key")
 	ErrKeyTooLong     = errors.New("key too long")
 	ErrReservedKey    = errors.New("key uses the reserved prefix")
+	ErrBadUTF8        = errors.New("not valid UTF-8")
 	ErrEmptySite      = errors.New("empty site")
 	ErrSiteTooLong    = errors.New("site too long")
 	ErrBadCount       = errors.New("count out of range")
@@ -35,6 +36,7 @@ var reasons = []struct {
 	{ErrEmptyKey, "empty_key"},
 	{ErrKeyTooLong, "key_too_long"},
 	{ErrReservedKey, "reserved_key"},
+	{ErrBadUTF8, "bad_utf8"},
 	{ErrEmptySite, "empty_site"},
 	{ErrSiteTooLong, "site_too_long"},
 	{ErrBadCount, "bad_count"},

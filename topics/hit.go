@@ -80,6 +80,10 @@ func validateKey(k string) error {
 		return errorf(ErrKeyTooLong, "%d bytes, at most %d", len(k), MaxKeyLen)
 	case strings.HasPrefix(k, ReservedPrefix):
 		return errorf(ErrReservedKey, "%q", ReservedPrefix)
+	case !utf8.ValidString(k):
+		// Keys travel as JSON strings too (JSON hits, counts --json), which cannot carry
+		// other bytes; rules' counter keys percent-encode them.
+		return errorf(ErrBadUTF8, "key")
 	}
 	return nil
 }
@@ -90,6 +94,8 @@ func validateSite(s string) error {
 		return ErrEmptySite
 	case len(s) > MaxSiteLen:
 		return errorf(ErrSiteTooLong, "%d bytes, at most %d", len(s), MaxSiteLen)
+	case !utf8.ValidString(s):
+		return errorf(ErrBadUTF8, "site")
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 )
@@ -174,8 +175,9 @@ type Rule struct {
 // The value is the request's value, except at a wildcard level with share_threshold, where
 // it is the configured pattern (all matching values share one counter). In the domain,
 // keys and values the characters '%', '|', '=' and '#' are percent-encoded (%25, %7C, %3D,
-// %23), so distinct descriptors never share a key. The aggregator and the Kafka hit
-// records carry this string as is.
+// %23), so distinct descriptors never share a key, and so is every byte that is not part of
+// valid UTF-8, as the Kafka records require. The aggregator and the Kafka hit records carry
+// this string as is.
 func (r *Rule) AppendKey(dst []byte, entries []Entry, i int) []byte {
 	dst = appendEscaped(dst, r.Domain)
 	for j, e := range entries {
@@ -196,13 +198,26 @@ func (r *Rule) AppendKey(dst []byte, entries []Entry, i int) []byte {
 func (r *Rule) Key(entries []Entry, i int) string { return string(r.AppendKey(nil, entries, i)) }
 
 func appendEscaped(dst []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case '%', '|', '=', '#':
-			const hex = "0123456789ABCDEF"
+	const hex = "0123456789ABCDEF"
+	for i := 0; i < len(s); {
+		c := s[i]
+		switch {
+		case c == '%' || c == '|' || c == '=' || c == '#':
 			dst = append(dst, '%', hex[c>>4], hex[c&15])
-		default:
+			i++
+		case c < utf8.RuneSelf:
 			dst = append(dst, c)
+			i++
+		default:
+			// Counter keys must be valid UTF-8 (they travel as JSON strings too): bytes
+			// of an invalid sequence, which any request header can carry, are encoded.
+			if r, size := utf8.DecodeRuneInString(s[i:]); r == utf8.RuneError && size == 1 {
+				dst = append(dst, '%', hex[c>>4], hex[c&15])
+				i++
+			} else {
+				dst = append(dst, s[i:i+size]...)
+				i += size
+			}
 		}
 	}
 	return dst

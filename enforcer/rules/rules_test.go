@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 )
@@ -474,5 +475,19 @@ func BenchmarkMatchAppendKey(b *testing.B) {
 		for j := range r.Limits {
 			buf = r.AppendKey(buf[:0], desc, j)
 		}
+	}
+}
+
+// TestCounterKeyIsValidUTF8: a request value with bytes that are not UTF-8 (any HTTP
+// header can carry them) gives a valid UTF-8 counter key, distinct from the literal
+// percent sequence.
+func TestCounterKeyIsValidUTF8(t *testing.T) {
+	r := &Rule{Domain: "api", Levels: []Level{{Key: "user"}}, Limits: []Limit{{tag: "60s"}}}
+	bad := r.Key([]Entry{{Key: "user", Value: "a\xcab\xffé"}}, 0)
+	if !utf8.ValidString(bad) || bad != "api|user=a%CAb%FFé#60s" {
+		t.Fatalf("key %q", bad)
+	}
+	if lit := r.Key([]Entry{{Key: "user", Value: "a%CAb%FFé"}}, 0); lit == bad {
+		t.Fatalf("literal %q collides with the encoded bytes", lit)
 	}
 }

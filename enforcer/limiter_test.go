@@ -2,8 +2,6 @@ package enforcer
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -21,11 +19,7 @@ var t0 = time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
 
 func loadRules(t testing.TB, yaml string) *rules.Config {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "rules.yaml")
-	if err := os.WriteFile(p, []byte(yaml), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c, err := rules.LoadFile(p)
+	c, err := rules.Parse("rules.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,8 +2,6 @@ package headers
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -34,11 +32,7 @@ var t0 = time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
 
 func newLimiter(t testing.TB) (*enforcer.Limiter, *clock.Fake) {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "rules.yaml")
-	if err := os.WriteFile(p, []byte(testRules), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := rules.LoadFile(p)
+	cfg, err := rules.Parse("rules.yaml", []byte(testRules))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,6 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,11 +45,7 @@ var t0 = time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
 
 func newLimiter(t testing.TB) (*enforcer.Limiter, *clock.Fake) {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "rules.yaml")
-	if err := os.WriteFile(p, []byte(testRules), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	rc, err := rules.LoadFile(p)
+	rc, err := rules.Parse("rules.yaml", []byte(testRules))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"math"
 	"net"
-	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -46,11 +44,7 @@ descriptors:
 
 func loadRules(t testing.TB, yaml string) *rules.Config {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "rules.yaml")
-	if err := os.WriteFile(p, []byte(yaml), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c, err := rules.LoadFile(p)
+	c, err := rules.Parse("rules.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}

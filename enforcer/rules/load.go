@@ -57,6 +57,13 @@ func LoadFile(path string) (*Config, error) {
 	return build([]source{{path, data}})
 }
 
+// Parse loads one rules file's contents; name stands for the file in errors (e.g.
+// "demo.yaml:4:5: ..."). It is LoadFile for rules that do not live on disk: embedded
+// defaults, tests, configuration from elsewhere.
+func Parse(name string, data []byte) (*Config, error) {
+	return build([]source{{name, data}})
+}
+
 // LoadDir loads every *.yaml and *.yml file directly in dir (not in subdirectories, and not
 // dot files), one domain per file, as envoyproxy/ratelimit loads its runtime directory. Two
 // files with the same domain are an error. An empty directory gives an empty Config.

@@ -491,3 +491,16 @@ func TestCounterKeyIsValidUTF8(t *testing.T) {
 		t.Fatalf("literal %q collides with the encoded bytes", lit)
 	}
 }
+
+// TestParseNamesItsSource: Parse loads like LoadFile and names the given source in errors.
+func TestParseNamesItsSource(t *testing.T) {
+	c, err := Parse("embedded.yaml", []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3}\n"))
+	if err != nil || c.Match("api", []Entry{{Key: "user", Value: "1"}}) == nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	_, err = Parse("embedded.yaml", []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minutes, requests_per_unit: 3}\n"))
+	var re *Error
+	if !errors.As(err, &re) || re.File != "embedded.yaml" || re.Line != 4 {
+		t.Fatalf("Parse error %v, want one at embedded.yaml:4", err)
+	}
+}

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -135,19 +133,9 @@ type site struct {
 	lim     *enforcer.Limiter
 }
 
-// LoadRules parses RulesYAML. The rules package loads from files only, so it goes through
-// a temporary file.
+// LoadRules parses RulesYAML.
 func LoadRules() (*rules.Config, error) {
-	dir, err := os.MkdirTemp("", "streamlimit-demo-rules-")
-	if err != nil {
-		return nil, fmt.Errorf("demo: rules: %w", err)
-	}
-	defer os.RemoveAll(dir)
-	path := filepath.Join(dir, "demo.yaml")
-	if err := os.WriteFile(path, []byte(RulesYAML), 0o600); err != nil {
-		return nil, fmt.Errorf("demo: rules: %w", err)
-	}
-	cfg, err := rules.LoadFile(path)
+	cfg, err := rules.Parse("demo.yaml", []byte(RulesYAML))
 	if err != nil {
 		return nil, fmt.Errorf("demo: embedded rules: %w", err)
 	}

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
@@ -144,19 +142,9 @@ func rulesYAML(limit int64, w time.Duration) string {
 		domain, descKey, w.Milliseconds(), limit)
 }
 
-// LoadRules loads the simulation's rule through the real rules loader (which reads files:
-// the YAML goes through a temporary directory that is removed before returning).
+// LoadRules loads the simulation's rule through the real rules loader.
 func LoadRules(limit int64, w time.Duration) (*rules.Config, error) {
-	dir, err := os.MkdirTemp("", "streamlimit-sim-")
-	if err != nil {
-		return nil, fmt.Errorf("sim: rules: %w", err)
-	}
-	defer os.RemoveAll(dir)
-	p := filepath.Join(dir, "sim.yaml")
-	if err := os.WriteFile(p, []byte(rulesYAML(limit, w)), 0o600); err != nil {
-		return nil, fmt.Errorf("sim: rules: %w", err)
-	}
-	rc, err := rules.LoadFile(p)
+	rc, err := rules.Parse("sim.yaml", []byte(rulesYAML(limit, w)))
 	if err != nil {
 		return nil, fmt.Errorf("sim: rules: %w", err)
 	}

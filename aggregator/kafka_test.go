@@ -16,7 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/streamlimit/streamlimit/aggregator/window"
+	"github.com/streamlimit/streamlimit/window"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 	"github.com/streamlimit/streamlimit/topics"
 )

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamlimit/streamlimit/aggregator/window"
+	"github.com/streamlimit/streamlimit/window"
 	"github.com/streamlimit/streamlimit/topics"
 )
 

@@ -4,7 +4,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/streamlimit/streamlimit/aggregator/window"
+	"github.com/streamlimit/streamlimit/window"
 	"github.com/streamlimit/streamlimit/topics"
 )
 

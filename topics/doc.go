@@ -1,6 +1,7 @@
 // Package topics is streamlimit's Kafka contract: the names and configurations of the hits
 // and counts topics, the Hit, Count and Heartbeat records with their versioned binary and
-// JSON encodings, and EnsureTopics, which creates the topics or verifies existing ones.
+// JSON encodings. It has no Kafka client: package topicadmin creates and verifies the
+// topics.
 //
 // Every other package (producer, aggregator, enforcer, the CLI) and every non-Go service that
 // publishes hits or reads counts depends on what is written here, so a change to a record

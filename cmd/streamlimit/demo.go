@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/streamlimit/streamlimit/internal/demo"
+	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/demo"
 )
 
 func newDemoCmd() *cobra.Command {

@@ -14,8 +14,9 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/streamlimit/streamlimit/aggregator"
+	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/demo"
 	"github.com/streamlimit/streamlimit/enforcer/server"
-	"github.com/streamlimit/streamlimit/internal/demo"
+	"github.com/streamlimit/streamlimit/topicadmin"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -154,13 +155,13 @@ Ask the enforcer:
 	return g.Wait()
 }
 
-func ensureDevTopics(ctx context.Context, brokers []string, cfg topics.Config) (topics.EnsureResult, error) {
+func ensureDevTopics(ctx context.Context, brokers []string, cfg topics.Config) (topicadmin.EnsureResult, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
-		return topics.EnsureResult{}, fmt.Errorf("kafka client: %w", err)
+		return topicadmin.EnsureResult{}, fmt.Errorf("kafka client: %w", err)
 	}
 	defer cl.Close()
-	res, err := topics.EnsureTopics(ctx, kadm.NewClient(cl), cfg)
+	res, err := topicadmin.Ensure(ctx, kadm.NewClient(cl), cfg)
 	if err != nil {
 		return res, fmt.Errorf("topics: %w", err)
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/internal/countsview"
+	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/countsview"
 )
 
 func newRulesCmd() *cobra.Command {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/streamlimit/streamlimit/internal/sim"
+	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/sim"
 )
 
 // simFlags are the settings of the sim command and its compare subcommand.

@@ -13,7 +13,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kadm"
 
-	"github.com/streamlimit/streamlimit/internal/countsview"
+	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/countsview"
+	"github.com/streamlimit/streamlimit/topicadmin"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -57,7 +58,7 @@ reported with what it is and what it should be, and the command exits 1.`,
 			}
 			defer cl.Close()
 			ctx := cmd.Context()
-			res, err := topics.EnsureTopics(ctx, kadm.NewClient(cl), tf.cfg)
+			res, err := topicadmin.Ensure(ctx, kadm.NewClient(cl), tf.cfg)
 			out := cmd.OutOrStdout()
 			for _, t := range res.Created {
 				fmt.Fprintf(out, "created  %s\n", t)

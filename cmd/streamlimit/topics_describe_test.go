@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/topicadmin"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -42,7 +43,7 @@ func TestTopicsDescribeMatches(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	t.Cleanup(func() { _, _ = adm.DeleteTopics(context.Background(), cfg.HitsTopic, cfg.CountsTopic) })
-	if _, err := topics.EnsureTopics(ctx, adm, cfg); err != nil {
+	if _, err := topicadmin.Ensure(ctx, adm, cfg); err != nil {
 		t.Fatal(err)
 	}
 	ncfg, _ := cfg.Normalize()

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/streamlimit/streamlimit/aggregator/window"
+	"github.com/streamlimit/streamlimit/window"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/internal/breaker"
 	"github.com/streamlimit/streamlimit/internal/clock"

@@ -12,6 +12,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/topicadmin"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -70,7 +71,7 @@ func waitReady(t *testing.T, s *Snapshot) {
 	}
 }
 
-// countsTopic creates a compacted counts topic of 3 partitions with topics.EnsureTopics.
+// countsTopic creates a compacted counts topic of 3 partitions with topicadmin.Ensure.
 func countsTopic(t *testing.T) string {
 	t.Helper()
 	cfg := topics.Config{
@@ -80,7 +81,7 @@ func countsTopic(t *testing.T) string {
 	adm := testenv.AdminClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := topics.EnsureTopics(ctx, adm, cfg); err != nil {
+	if _, err := topicadmin.Ensure(ctx, adm, cfg); err != nil {
 		t.Fatalf("EnsureTopics: %v", err)
 	}
 	t.Cleanup(func() {

@@ -289,7 +289,7 @@ func AdminClient(t testing.TB) *kadm.Client {
 // defaults), waits until the broker reports it with leaders on every
 // partition, and deletes it in t.Cleanup. It returns the name. The test
 // broker runs with auto.create.topics.enable=false, as production should,
-// so tests create their topics explicitly (this or topics.EnsureTopics).
+// so tests create their topics explicitly (this or topicadmin.Ensure).
 func CreateTopic(t testing.TB, base string, partitions int32, configs map[string]*string) string {
 	t.Helper()
 	name := TopicName(t, base)

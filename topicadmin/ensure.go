@@ -1,4 +1,7 @@
-package topics
+// Package topicadmin creates and verifies streamlimit's Kafka topics with the admin API.
+// It is kept apart from package topics, the record contract, so that code which only
+// encodes or decodes records does not pull in a Kafka client.
+package topicadmin
 
 import (
 	"context"
@@ -7,10 +10,12 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/streamlimit/streamlimit/topics"
 )
 
 // MismatchError says that an existing topic differs from what streamlimit needs.
-// EnsureTopics never alters an existing topic; the operator fixes it.
+// Ensure never alters an existing topic; the operator fixes it.
 type MismatchError struct {
 	Topic   string
 	Setting string
@@ -23,21 +28,21 @@ func (e *MismatchError) Error() string {
 		e.Topic, e.Setting, e.Have, e.Want)
 }
 
-// EnsureResult says what EnsureTopics did with each topic.
+// EnsureResult says what Ensure did with each topic.
 type EnsureResult struct {
-	// Created lists the topics that EnsureTopics created.
+	// Created lists the topics that Ensure created.
 	Created []string
 	// Verified lists the existing topics that matched the configuration.
 	Verified []string
 }
 
-// EnsureTopics creates the hits and counts topics of cfg that do not exist yet, with the
+// Ensure creates the hits and counts topics of cfg that do not exist yet, with the
 // partitions and configs of cfg, and verifies those that exist: partition count and
 // cleanup.policy must match (counts must be compacted, hits must not be). Every mismatch is
 // reported as a *MismatchError (joined with errors.Join when there are several). Existing
 // topics are never altered. Safe to call concurrently from several processes: a topic that
 // another caller created in between is verified instead.
-func EnsureTopics(ctx context.Context, adm *kadm.Client, cfg Config) (EnsureResult, error) {
+func Ensure(ctx context.Context, adm *kadm.Client, cfg topics.Config) (EnsureResult, error) {
 	var res EnsureResult
 	cfg, err := cfg.Normalize()
 	if err != nil {

@@ -2,7 +2,7 @@
 // broker, and measures whether a global limit holds: the engine of `streamlimit demo`.
 //
 // Run starts franz-go's kfake broker (with log compaction running), creates the hits and
-// counts topics with topics.EnsureTopics, runs one aggregator and one enforcer per site
+// counts topics with topicadmin.Ensure, runs one aggregator and one enforcer per site
 // ("eu", "us", "ap", …), each enforcer with its own snapshot of the counts topic, its own
 // producer of hits and its own exact site counter, all sharing the rules in rules.yaml
 // (one global limit on the client descriptor). It then drives synthetic clients against

@@ -1,4 +1,4 @@
-package topics_test
+package topicadmin_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/topicadmin"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -47,7 +48,7 @@ func TestEnsureTopicsCreatesAndIsIdempotent(t *testing.T) {
 	adm := testenv.AdminClient(t)
 	cfg := testConfig(t)
 
-	res, err := topics.EnsureTopics(ctx, adm, cfg)
+	res, err := topicadmin.Ensure(ctx, adm, cfg)
 	if err != nil {
 		t.Fatalf("EnsureTopics: %v", err)
 	}
@@ -75,7 +76,7 @@ func TestEnsureTopicsCreatesAndIsIdempotent(t *testing.T) {
 		}
 	}
 
-	res, err = topics.EnsureTopics(ctx, adm, cfg)
+	res, err = topicadmin.Ensure(ctx, adm, cfg)
 	if err != nil {
 		t.Fatalf("second EnsureTopics: %v", err)
 	}
@@ -102,8 +103,8 @@ func TestEnsureTopicsRejectsMisconfiguredTopics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, err := topics.EnsureTopics(ctx, adm, cfg)
-	var mm *topics.MismatchError
+	_, err := topicadmin.Ensure(ctx, adm, cfg)
+	var mm *topicadmin.MismatchError
 	if !errors.As(err, &mm) {
 		t.Fatalf("EnsureTopics on misconfigured topics: %v, want a MismatchError", err)
 	}
@@ -136,7 +137,7 @@ func TestCountsTopicCompacts(t *testing.T) {
 	// the broker's log.cleaner.backoff.ms is set low by the test harness.
 	cfg.CountsSegment = 500 * time.Millisecond
 	cfg.CountsDeleteRetention = 500 * time.Millisecond
-	if _, err := topics.EnsureTopics(ctx, adm, cfg); err != nil {
+	if _, err := topicadmin.Ensure(ctx, adm, cfg); err != nil {
 		t.Fatal(err)
 	}
 	cl := testenv.KafkaClient(t, kgo.DefaultProduceTopic(cfg.CountsTopic))

@@ -21,6 +21,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/producer"
+	"github.com/streamlimit/streamlimit/topicadmin"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -290,7 +291,7 @@ func ensureTopics(ctx context.Context, brokers []string, cfg topics.Config) erro
 		return fmt.Errorf("demo: kafka client: %w", err)
 	}
 	defer cl.Close()
-	if _, err := topics.EnsureTopics(ctx, kadm.NewClient(cl), cfg); err != nil {
+	if _, err := topicadmin.Ensure(ctx, kadm.NewClient(cl), cfg); err != nil {
 		return fmt.Errorf("demo: create topics: %w", err)
 	}
 	return nil

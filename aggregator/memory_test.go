@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamlimit/streamlimit/window"
 	"github.com/streamlimit/streamlimit/topics"
+	"github.com/streamlimit/streamlimit/window"
 )
 
 func TestMemoryCountsLikeTheReference(t *testing.T) {

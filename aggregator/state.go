@@ -4,8 +4,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/streamlimit/streamlimit/window"
 	"github.com/streamlimit/streamlimit/topics"
+	"github.com/streamlimit/streamlimit/window"
 )
 
 // counterID names one counter: a (key, window) pair.

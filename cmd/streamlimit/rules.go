@@ -9,8 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/countsview"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
 )
 
 func newRulesCmd() *cobra.Command {

@@ -5,7 +5,7 @@ import "testing"
 var (
 	benchHit   = Hit{Key: "api|route=POST /articles|user=4242#60000", Site: "eu-1", BucketStart: 1763740000100, Window: 60000, Count: 17}
 	benchCount = Count{Key: "api|route=POST /articles|user=4242#60000", Window: 60000, AsOf: 1763740000123, Total: 118.5,
-		Sites: []SiteCount{{"ap", 10}, {"eu", 70.5}, {"us", 38}}}
+		Sites: []SiteCount{{Site: "ap", Count: 10}, {Site: "eu", Count: 70.5}, {Site: "us", Count: 38}}}
 )
 
 func BenchmarkHitEncode(b *testing.B) {

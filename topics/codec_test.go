@@ -45,8 +45,16 @@ func randHit(r *rand.Rand) Hit {
 		Site:        randString(r, 1, MaxSiteLen),
 		BucketStart: r.Int64N(1<<50) - 1<<40,
 		Window:      1 + r.Int64N(1<<40),
-		Count:       1 + r.Int64N(1<<62),
+		Count:       r.Int64N(1 << 62),
+		Denied:      max(r.Int64N(1<<62)-1<<61, 0), // half the hits deny nothing (version 1)
 	}
+}
+
+func fixCount(h Hit) Hit {
+	if h.Count+h.Denied == 0 {
+		h.Count = 1
+	}
+	return h
 }
 
 func randCount(r *rand.Rand) Count {
@@ -63,8 +71,9 @@ func randCount(r *rand.Rand) Count {
 			continue
 		}
 		seen[s] = true
-		c.Sites = append(c.Sites, SiteCount{Site: s, Count: math.Floor(r.Float64() * 1e6)})
+		c.Sites = append(c.Sites, SiteCount{Site: s, Count: math.Floor(r.Float64() * 1e6), Demand: r.Float64() * float64(r.IntN(2))})
 	}
+	c.SubBuckets = r.IntN(MaxSubBuckets + 1)
 	sortSites(c.Sites)
 	return c
 }
@@ -82,7 +91,10 @@ func sortSites(s []SiteCount) {
 func TestHitRoundTrip(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for i := range 5000 {
-		h := randHit(r)
+		h := fixCount(randHit(r))
+		if i%10 == 0 {
+			h = Hit{Key: SiteHeartbeatKey, Site: h.Site, BucketStart: h.BucketStart}
+		}
 		bin, err := h.MarshalBinary()
 		if err != nil {
 			t.Fatalf("#%d MarshalBinary(%+v): %v", i, h, err)
@@ -210,10 +222,10 @@ func mustHitBytes(t *testing.T, kl, sl int, k, s string, ts, w, n int64) []byte 
 }
 
 func TestCountDecodeErrors(t *testing.T) {
-	good := Count{Key: "k", Window: 60000, AsOf: 5, Total: 3, Sites: []SiteCount{{"a", 1}, {"b", 2}}}
+	good := Count{Key: "k", Window: 60000, AsOf: 5, Total: 3, Sites: []SiteCount{{Site: "a", Count: 1}, {Site: "b", Count: 2}}}
 	valid, _ := good.MarshalBinary()
 	unsorted := good
-	unsorted.Sites = []SiteCount{{"b", 2}, {"a", 1}}
+	unsorted.Sites = []SiteCount{{Site: "b", Count: 2}, {Site: "a", Count: 1}}
 	cases := []struct {
 		name string
 		in   []byte
@@ -253,7 +265,7 @@ func TestHeartbeat(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := DecodeHeartbeat(b)
-	if err != nil || got != hb {
+	if err != nil || !reflect.DeepEqual(got, hb) {
 		t.Fatalf("got %+v, %v", got, err)
 	}
 	key := HeartbeatKey("us.hits", 3)
@@ -340,5 +352,89 @@ func TestInvalidUTF8Rejected(t *testing.T) {
 	c := Count{Key: "k\xca", Window: 1, Total: 1}
 	if _, err := c.MarshalBinary(); !errors.Is(err, ErrBadUTF8) {
 		t.Errorf("Count with invalid key: %v", err)
+	}
+}
+
+// TestHitVersions pins the version byte: a hit that denies nothing is written as version 1,
+// which every aggregator reads; denials and site heartbeats need version 2.
+func TestHitVersions(t *testing.T) {
+	for _, c := range []struct {
+		h    Hit
+		want byte
+	}{
+		{Hit{Key: "k", Site: "eu", BucketStart: 1, Window: 1000, Count: 3}, hitVersion1},
+		{Hit{Key: "k", Site: "eu", BucketStart: 1, Window: 1000, Count: 3, Denied: 2}, hitVersion2},
+		{Hit{Key: "k", Site: "eu", BucketStart: 1, Window: 1000, Denied: 2}, hitVersion2},
+		{Hit{Key: SiteHeartbeatKey, Site: "eu", BucketStart: 1}, hitVersion2},
+	} {
+		b, err := c.h.MarshalBinary()
+		if err != nil || b[0] != c.want {
+			t.Fatalf("%+v: version %d, %v; want %d", c.h, b[0], err, c.want)
+		}
+	}
+	// A version 1 record cannot say "nothing admitted".
+	if _, err := DecodeHit(mustHitBytes(t, 1, 2, "k", "eu", 1, 1000, 0)); !errors.Is(err, ErrBadCount) {
+		t.Fatalf("v1 with count 0: %v", err)
+	}
+}
+
+func TestHitDeniedAndSiteHeartbeatJSON(t *testing.T) {
+	for in, want := range map[string]Hit{
+		`{"key":"k","site":"eu","ts":5,"w":1000,"n":2,"d":7}`: {Key: "k", Site: "eu", BucketStart: 5, Window: 1000, Count: 2, Denied: 7},
+		`{"key":"k","site":"eu","ts":5,"w":1000,"d":7}`:       {Key: "k", Site: "eu", BucketStart: 5, Window: 1000, Denied: 7},
+		`{"key":"k","site":"eu","ts":5}`:                      {Key: "k", Site: "eu", BucketStart: 5, Count: 1},
+		`{"key":"__streamlimit/alive","site":"eu","ts":5}`:    {Key: SiteHeartbeatKey, Site: "eu", BucketStart: 5},
+	} {
+		got, err := DecodeHit([]byte(in))
+		if err != nil || got != want {
+			t.Errorf("DecodeHit(%s) = %+v, %v; want %+v", in, got, err, want)
+		}
+	}
+	for in, wantErr := range map[string]error{
+		`{"key":"k","site":"eu","ts":5,"n":0}`:                   ErrBadCount,
+		`{"key":"k","site":"eu","ts":5,"n":1,"d":-1}`:            ErrBadCount,
+		`{"key":"__streamlimit/alive","site":"eu","ts":5,"n":1}`: ErrBadCount,
+		`{"key":"__streamlimit/alive","ts":5}`:                   ErrEmptySite,
+		`{"key":"__streamlimit/other","site":"eu","ts":5}`:       ErrReservedKey,
+	} {
+		if got, err := DecodeHit([]byte(in)); !errors.Is(err, wantErr) {
+			t.Errorf("DecodeHit(%s) = %+v, %v; want %v", in, got, err, wantErr)
+		}
+	}
+	if !(Hit{Key: SiteHeartbeatKey}).IsSiteHeartbeat() || (Hit{Key: "k"}).IsSiteHeartbeat() {
+		t.Fatal("IsSiteHeartbeat")
+	}
+}
+
+// TestCountVersion1 decodes a version 1 count, as older aggregators wrote it: no sub-bucket
+// count, no demand.
+func TestCountVersion1(t *testing.T) {
+	b := []byte{countVersion1, 1, 'k'}
+	b = appendUvarint(b, 60000)
+	b = appendVarint(b, 5)
+	b = append(b, 0, 0, 0, 0, 0, 0, 0x08, 0x40) // 3.0
+	b = appendUvarint(b, 1)
+	b = append(b, 2, 'e', 'u')
+	b = append(b, 0, 0, 0, 0, 0, 0, 0x08, 0x40)
+	got, err := DecodeCount(b)
+	want := Count{Key: "k", Window: 60000, AsOf: 5, Total: 3, Sites: []SiteCount{{Site: "eu", Count: 3}}}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %+v, %v; want %+v", got, err, want)
+	}
+	js := []byte(`{"key":"k","w":60000,"asof":5,"total":3,"sub":60,"sites":{"eu":3},"demand":{"us":1}}`)
+	if _, err := DecodeCount(js); !errors.Is(err, ErrBadSites) {
+		t.Fatalf("demand of a site without a count: %v", err)
+	}
+}
+
+func TestHeartbeatSites(t *testing.T) {
+	hb := Heartbeat{Instance: "a", Topic: "hits", Partition: 1, AsOf: 9, Sites: map[string]int64{"eu": 7, "us": 3}}
+	b, err := hb.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeHeartbeat(b)
+	if err != nil || !reflect.DeepEqual(got, hb) {
+		t.Fatalf("got %+v, %v (%s)", got, err, b)
 	}
 }

@@ -22,14 +22,25 @@ type Count struct {
 	// Total is the count in the window ending at AsOf, over all sites. It is fractional
 	// because the oldest sub-window is interpolated.
 	Total float64
+	// SubBuckets is the number of sub-window buckets the aggregator splits Window into (0:
+	// not stated, as in a version 1 record). Enforcers count their own site on the same
+	// grid and refuse counts made on another.
+	SubBuckets int
 	// Sites is the breakdown by site, sorted by Site, each site at most once.
 	Sites []SiteCount
 }
 
 // SiteCount is one site's part of a Count.
 type SiteCount struct {
-	Site  string
+	// Site names the site.
+	Site string
+	// Count is the site's admitted hits in the window.
 	Count float64
+	// Demand is the site's recent demand for the key: its requests, admitted or denied,
+	// each weighted by e^(−age/τ) at AsOf, where τ is the aggregator's demand time constant.
+	// Only ratios between sites mean anything: sites share a hot key's room in proportion
+	// to it. 0 in a version 1 record.
+	Demand float64
 }
 
 // Site returns the count of site s, or 0 when s has no entry.
@@ -55,6 +66,9 @@ func (c *Count) Validate() error {
 	if c.Window < 1 || uint64(c.Window) > maxMillis {
 		return errorf(ErrBadWindow, "window %d ms", c.Window)
 	}
+	if c.SubBuckets < 0 || c.SubBuckets > MaxSubBuckets {
+		return errorf(ErrBadWindow, "sub-buckets %d", c.SubBuckets)
+	}
 	if !validAmount(c.Total) {
 		return errorf(ErrBadCount, "total %v", c.Total)
 	}
@@ -62,8 +76,8 @@ func (c *Count) Validate() error {
 		if err := validateSite(s.Site); err != nil {
 			return err
 		}
-		if !validAmount(s.Count) {
-			return errorf(ErrBadCount, "site %q count %v", s.Site, s.Count)
+		if !validAmount(s.Count) || !validAmount(s.Demand) {
+			return errorf(ErrBadCount, "site %q count %v, demand %v", s.Site, s.Count, s.Demand)
 		}
 		if i > 0 && c.Sites[i-1].Site >= s.Site {
 			return errorf(ErrBadSites, "sites not sorted and unique at %q", s.Site)
@@ -72,32 +86,37 @@ func (c *Count) Validate() error {
 	return nil
 }
 
+// MaxSubBuckets is the largest sub-bucket count a count record may state.
+const MaxSubBuckets = 1 << 16
+
 func validAmount(f float64) bool { return f >= 0 && !math.IsInf(f, 0) && !math.IsNaN(f) }
 
-// AppendBinary appends the binary (version 1) encoding of c to dst, or fails if c is
+// AppendBinary appends the binary (version 2) encoding of c to dst, or fails if c is
 // invalid. It does not allocate when dst has room.
 func (c *Count) AppendBinary(dst []byte) ([]byte, error) {
 	if err := c.Validate(); err != nil {
 		return dst, err
 	}
-	dst = append(dst, countVersion1)
+	dst = append(dst, countVersion2)
 	dst = binary.AppendUvarint(dst, uint64(len(c.Key)))
 	dst = append(dst, c.Key...)
 	dst = binary.AppendUvarint(dst, uint64(c.Window))
 	dst = binary.AppendVarint(dst, c.AsOf)
+	dst = binary.AppendUvarint(dst, uint64(c.SubBuckets))
 	dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(c.Total))
 	dst = binary.AppendUvarint(dst, uint64(len(c.Sites)))
 	for _, s := range c.Sites {
 		dst = binary.AppendUvarint(dst, uint64(len(s.Site)))
 		dst = append(dst, s.Site...)
 		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(s.Count))
+		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(s.Demand))
 	}
 	return dst, nil
 }
 
 // MarshalBinary returns the binary encoding of c.
 func (c *Count) MarshalBinary() ([]byte, error) {
-	return c.AppendBinary(make([]byte, 0, 32+len(c.Key)+len(c.Sites)*16))
+	return c.AppendBinary(make([]byte, 0, 36+len(c.Key)+len(c.Sites)*24))
 }
 
 // AppendJSON appends the JSON encoding of c to dst, or fails if c is invalid.
@@ -113,7 +132,12 @@ func (c *Count) AppendJSON(dst []byte) ([]byte, error) {
 	dst = strconv.AppendInt(dst, c.AsOf, 10)
 	dst = append(dst, `,"total":`...)
 	dst = strconv.AppendFloat(dst, c.Total, 'g', -1, 64)
+	if c.SubBuckets != 0 {
+		dst = append(dst, `,"sub":`...)
+		dst = strconv.AppendInt(dst, int64(c.SubBuckets), 10)
+	}
 	dst = append(dst, `,"sites":{`...)
+	demand := false
 	for i, s := range c.Sites {
 		if i > 0 {
 			dst = append(dst, ',')
@@ -121,8 +145,22 @@ func (c *Count) AppendJSON(dst []byte) ([]byte, error) {
 		dst = appendJSONString(dst, s.Site)
 		dst = append(dst, ':')
 		dst = strconv.AppendFloat(dst, s.Count, 'g', -1, 64)
+		demand = demand || s.Demand != 0
 	}
-	return append(dst, '}', '}'), nil
+	dst = append(dst, '}')
+	if demand {
+		dst = append(dst, `,"demand":{`...)
+		for i, s := range c.Sites {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendJSONString(dst, s.Site)
+			dst = append(dst, ':')
+			dst = strconv.AppendFloat(dst, s.Demand, 'g', -1, 64)
+		}
+		dst = append(dst, '}')
+	}
+	return append(dst, '}'), nil
 }
 
 // MarshalJSON returns the JSON encoding of c.
@@ -146,8 +184,8 @@ func DecodeCount(b []byte) (Count, error) {
 		return Count{}, errorf(ErrTruncated, "empty value (a tombstone is not a count)")
 	}
 	switch b[0] {
-	case countVersion1:
-		return decodeCountBinary(b[1:])
+	case countVersion1, countVersion2:
+		return decodeCountBinary(b[1:], b[0])
 	case jsonStart:
 		return decodeCountJSON(b)
 	default:
@@ -155,7 +193,7 @@ func DecodeCount(b []byte) (Count, error) {
 	}
 }
 
-func decodeCountBinary(b []byte) (Count, error) {
+func decodeCountBinary(b []byte, version byte) (Count, error) {
 	r := reader{b: b}
 	kl := r.uvarint()
 	if r.err == nil && kl > MaxKeyLen {
@@ -164,19 +202,29 @@ func decodeCountBinary(b []byte) (Count, error) {
 	key := r.bytes(int(kl))
 	w := r.uvarint()
 	asof := r.varint()
+	var sub uint64
+	perSite := 9
+	if version == countVersion2 {
+		sub = r.uvarint()
+		perSite = 17
+	}
 	total := r.float64()
 	n := r.uvarint()
 	if r.err != nil {
 		return Count{}, r.err
 	}
-	// Each site takes at least 9 bytes, which bounds the allocation below by the input.
-	if n > uint64(len(r.b)/9) {
+	// Each site takes at least perSite bytes, which bounds the allocation below by the
+	// input.
+	if n > uint64(len(r.b)/perSite) {
 		return Count{}, errorf(ErrTruncated, "%d sites in %d bytes", n, len(r.b))
 	}
 	if w > maxMillis {
 		return Count{}, errorf(ErrBadWindow, "window %d ms", w)
 	}
-	c := Count{Key: string(key), Window: int64(w), AsOf: asof, Total: total}
+	if sub > MaxSubBuckets {
+		return Count{}, errorf(ErrBadWindow, "sub-buckets %d", sub)
+	}
+	c := Count{Key: string(key), Window: int64(w), AsOf: asof, Total: total, SubBuckets: int(sub)}
 	if n > 0 {
 		c.Sites = make([]SiteCount, n)
 	}
@@ -187,10 +235,14 @@ func decodeCountBinary(b []byte) (Count, error) {
 		}
 		site := r.bytes(int(sl))
 		v := r.float64()
+		var d float64
+		if version == countVersion2 {
+			d = r.float64()
+		}
 		if r.err != nil {
 			return Count{}, r.err
 		}
-		c.Sites[i] = SiteCount{Site: string(site), Count: v}
+		c.Sites[i] = SiteCount{Site: string(site), Count: v, Demand: d}
 	}
 	if len(r.b) != 0 {
 		return Count{}, errorf(ErrTrailingBytes, "%d bytes", len(r.b))
@@ -199,11 +251,13 @@ func decodeCountBinary(b []byte) (Count, error) {
 }
 
 type countJSON struct {
-	Key   *string            `json:"key"`
-	W     *int64             `json:"w"`
-	AsOf  *int64             `json:"asof"`
-	Total *float64           `json:"total"`
-	Sites map[string]float64 `json:"sites"`
+	Key    *string            `json:"key"`
+	W      *int64             `json:"w"`
+	AsOf   *int64             `json:"asof"`
+	Total  *float64           `json:"total"`
+	Sub    *int               `json:"sub"`
+	Sites  map[string]float64 `json:"sites"`
+	Demand map[string]float64 `json:"demand"`
 }
 
 func decodeCountJSON(b []byte) (Count, error) {
@@ -222,10 +276,18 @@ func decodeCountJSON(b []byte) (Count, error) {
 		return Count{}, errorf(ErrBadCount, `missing "total"`)
 	}
 	c := Count{Key: *j.Key, Window: *j.W, AsOf: *j.AsOf, Total: *j.Total}
+	if j.Sub != nil {
+		c.SubBuckets = *j.Sub
+	}
+	for s := range j.Demand {
+		if _, ok := j.Sites[s]; !ok {
+			return Count{}, errorf(ErrBadSites, "demand for site %q, which has no count", s)
+		}
+	}
 	if len(j.Sites) > 0 {
 		c.Sites = make([]SiteCount, 0, len(j.Sites))
 		for s, v := range j.Sites {
-			c.Sites = append(c.Sites, SiteCount{Site: s, Count: v})
+			c.Sites = append(c.Sites, SiteCount{Site: s, Count: v, Demand: j.Demand[s]})
 		}
 		slices.SortFunc(c.Sites, func(a, b SiteCount) int { return strings.Compare(a.Site, b.Site) })
 	}

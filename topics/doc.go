@@ -12,32 +12,57 @@
 // The record key is the counter key; the value is a Hit in one of two encodings, told apart
 // by the first byte:
 //
-//   - Binary, written by streamlimit's producer. Byte 0 is the version (1). Then, as
-//     unsigned varints: key length, site length; then the key bytes and the site bytes;
-//     then a signed varint bucket start (unix milliseconds), an unsigned varint window
-//     (milliseconds, ≥ 1) and an unsigned varint count (≥ 1). Nothing may follow.
+//   - Binary, written by streamlimit's producer. Byte 0 is the version. Then, as unsigned
+//     varints: key length, site length; then the key bytes and the site bytes; then a
+//     signed varint bucket start (unix milliseconds), an unsigned varint window
+//     (milliseconds, ≥ 1) and an unsigned varint count. Version 1 ends there and its count
+//     is ≥ 1. Version 2 adds an unsigned varint denied count (requests refused at the site
+//     in that bucket); count and denied may each be 0 but not both. Nothing may follow.
+//     The producer writes version 1 whenever denied is 0, so older aggregators keep
+//     reading the hits that count.
 //   - JSON, first byte '{', for any producer in any language:
 //     {"key":"api:POST /articles|user=42","site":"eu-1","ts":1763740000123,"w":60000,"n":1}
 //     key, site and ts are required; w (window in ms) may be left out and the aggregator's
-//     default window applies; n defaults to 1. Unknown fields are ignored so that newer
-//     producers can add fields.
+//     default window applies; n defaults to 1 (0 when only "d" is given); "d" is the
+//     optional denied count. Unknown fields are ignored so that newer producers can add
+//     fields.
 //
 // Limits: key 1..1024 bytes of valid UTF-8 and not starting with ReservedPrefix, site
-// 1..128 bytes of valid UTF-8,
-// count ≥ 1, window ≥ 1 ms when present. The aggregator also rejects a ts outside its clock
-// skew bound. A record that breaks any of these is rejected with an error that wraps one of
-// the Err* sentinels below; Reason maps it to a short metric label.
+// 1..128 bytes of valid UTF-8, count and denied ≥ 0 with count + denied ≥ 1, window ≥ 1 ms
+// when present. The aggregator also rejects a ts outside its clock skew bound. A record that
+// breaks any of these is rejected with an error that wraps one of the Err* sentinels below;
+// Reason maps it to a short metric label.
+//
+// Denied requests count toward nothing; they tell the other sites where a key is in demand,
+// so that a site where a client has just arrived gets its share of the client's room
+// (package enforcer).
+//
+// # Site heartbeats (in the hits topics)
+//
+// A hit whose key is SiteHeartbeatKey ("__streamlimit/alive") carries no hits: it says that
+// its site is alive and has handed to Kafka every hit of its buckets that started before its
+// ts. The producer writes one to every partition of its hits topic about twice a second
+// (binary version 2 with window 0 and counts 0; JSON {"key":"__streamlimit/alive",
+// "site":"eu-1","ts":1763740000000}). Replication carries them like any hit, so each data
+// center's aggregator knows, per site, how far its view of that site reaches, and publishes
+// it in its heartbeats (Heartbeat.Sites). A site that stops sending them is, after a bound,
+// no longer taken for idle by enforcers.
 //
 // # Count records (topic "counts", compacted)
 //
 // The record key is the counter key; a null value (tombstone) means the count fell to zero.
-// Binary v1: version byte 1, unsigned varint key length, key, unsigned varint window (ms),
-// signed varint as-of (unix ms), total as 8 bytes IEEE-754 little endian, unsigned varint
-// number of sites, then per site an unsigned varint length, the site and its count as 8 bytes
-// IEEE-754 little endian. Sites are sorted by name and unique. JSON:
-// {"key":"...","w":60000,"asof":1763740000123,"total":6.5,"sites":{"eu-1":3.5,"us-1":3}}.
-// Counts are fractional because the sliding-window estimate interpolates the oldest
-// sub-window.
+// Binary version 2: version byte 2, unsigned varint key length, key, unsigned varint window
+// (ms), signed varint as-of (unix ms), unsigned varint sub-bucket count (the aggregator's
+// split of the window, 0 when unstated), total as 8 bytes IEEE-754 little endian, unsigned
+// varint number of sites, then per site an unsigned varint length, the site, its count and
+// its demand, each as 8 bytes IEEE-754 little endian. Sites are sorted by name and unique.
+// Version 1 (still decoded) has no sub-bucket count and no demand. JSON:
+// {"key":"...","w":60000,"asof":1763740000123,"total":6.5,"sub":60,"sites":{"eu-1":3.5,"us-1":3},"demand":{"eu-1":2.1,"us-1":0.4}}
+// ("sub" and "demand" may be absent). Counts are fractional because the sliding-window
+// estimate interpolates the oldest sub-window. A site's count is its window as of the last
+// time the aggregator heard from it, which for a live site is a few hundred milliseconds
+// before as-of. Demand is the site's requests, admitted or denied, each weighted by
+// e^(−age/τ); only the ratios between sites carry meaning.
 //
 // # Heartbeats
 //

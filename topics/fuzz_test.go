@@ -58,7 +58,7 @@ func FuzzDecodeHit(f *testing.F) {
 
 // FuzzDecodeCount is FuzzDecodeHit for count records.
 func FuzzDecodeCount(f *testing.F) {
-	c := Count{Key: "api|user=42#60s", Window: 60000, AsOf: 1763740000123, Total: 6.5, Sites: []SiteCount{{"eu", 3.5}, {"us", 3}}}
+	c := Count{Key: "api|user=42#60s", Window: 60000, AsOf: 1763740000123, Total: 6.5, Sites: []SiteCount{{Site: "eu", Count: 3.5}, {Site: "us", Count: 3}}}
 	b, _ := c.MarshalBinary()
 	f.Add(b)
 	j, _ := c.MarshalJSON()

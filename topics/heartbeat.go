@@ -43,6 +43,12 @@ type Heartbeat struct {
 	// Replaying is true while the aggregator rebuilds the partition's state after an
 	// assignment and publishes no counts for it.
 	Replaying bool `json:"replaying,omitempty"`
+	// Sites holds, for every site heard from on this partition, the time (unix ms, the
+	// site's clock) up to which the aggregator has counted that site's hits here: the
+	// latest site heartbeat (Hit.IsSiteHeartbeat) or hit bucket it consumed. A site whose
+	// time falls behind is one whose hits have stopped arriving — a cut link, a stopped
+	// replicator, a data center down — and readers must not take its silence for idleness.
+	Sites map[string]int64 `json:"sites,omitempty"`
 }
 
 // AsOfTime returns AsOf as a time.Time.

@@ -28,12 +28,25 @@ const (
 
 const (
 	hitVersion1   byte = 1
+	hitVersion2   byte = 2
 	countVersion1 byte = 1
+	countVersion2 byte = 2
 	jsonStart     byte = '{'
 )
 
+// SiteHeartbeatKey is the key of the site heartbeat, the one hit record whose key is
+// reserved: it carries no hits, only the news that Site is alive and has handed every hit
+// of its buckets before BucketStart to Kafka (in that partition; a producer writes one to
+// every partition of its hits topic). Replication carries it like any hit, so every data
+// center's aggregator learns how recent its view of each site is; see Hit.IsSiteHeartbeat.
+const SiteHeartbeatKey = ReservedPrefix + "alive"
+
 // Hit says that Key was hit Count times at Site during the bucket starting at BucketStart,
-// toward a window of Window milliseconds. A (Key, Window) pair is one counter.
+// toward a window of Window milliseconds, and that Denied more requests for it were refused
+// there. A (Key, Window) pair is one counter. Only Count counts toward the limit; Count +
+// Denied is the site's demand for the key, which sites use to share a hot key's room.
+//
+// A hit whose Key is SiteHeartbeatKey is a site heartbeat instead (IsSiteHeartbeat).
 type Hit struct {
 	// Key is the counter key, 1..MaxKeyLen bytes.
 	Key string
@@ -44,9 +57,15 @@ type Hit struct {
 	// Window is the length of the window the hit counts toward, in milliseconds. Zero means
 	// "the aggregator's default" and is only produced by a JSON record without "w".
 	Window int64
-	// Count is the number of hits, at least 1.
+	// Count is the number of admitted hits, ≥ 0.
 	Count int64
+	// Denied is the number of requests refused at Site in the bucket, ≥ 0. Count + Denied
+	// is at least 1, except in a site heartbeat, where both are 0.
+	Denied int64
 }
+
+// IsSiteHeartbeat reports whether h is a site heartbeat rather than hits of a counter.
+func (h Hit) IsSiteHeartbeat() bool { return h.Key == SiteHeartbeatKey }
 
 // BucketTime returns BucketStart as a time.Time.
 func (h Hit) BucketTime() time.Time { return time.UnixMilli(h.BucketStart) }
@@ -57,6 +76,15 @@ func (h Hit) WindowDuration() time.Duration { return time.Duration(h.Window) * t
 // Validate reports whether h obeys the record limits. A zero Window is accepted (it means
 // the aggregator's default).
 func (h Hit) Validate() error {
+	if h.IsSiteHeartbeat() {
+		if err := validateSite(h.Site); err != nil {
+			return err
+		}
+		if h.Window != 0 || h.Count != 0 || h.Denied != 0 {
+			return errorf(ErrBadCount, "site heartbeat with window %d, count %d, denied %d", h.Window, h.Count, h.Denied)
+		}
+		return nil
+	}
 	if err := validateKey(h.Key); err != nil {
 		return err
 	}
@@ -66,8 +94,8 @@ func (h Hit) Validate() error {
 	if h.Window < 0 {
 		return errorf(ErrBadWindow, "window %d ms", h.Window)
 	}
-	if h.Count < 1 {
-		return errorf(ErrBadCount, "count %d", h.Count)
+	if h.Count < 0 || h.Denied < 0 || h.Count > math.MaxInt64-h.Denied || h.Count+h.Denied < 1 {
+		return errorf(ErrBadCount, "count %d, denied %d", h.Count, h.Denied)
 	}
 	return nil
 }
@@ -100,16 +128,23 @@ func validateSite(s string) error {
 	return nil
 }
 
-// AppendBinary appends the binary (version 1) encoding of h to dst. It fails, appending
-// nothing, if h is invalid or has no window. It does not allocate when dst has room.
+// AppendBinary appends the binary encoding of h to dst: version 1 when h has no Denied
+// requests and is not a site heartbeat (what every aggregator reads), version 2 otherwise.
+// It fails, appending nothing, if h is invalid or (but for a site heartbeat) has no window.
+// It does not allocate when dst has room.
 func (h Hit) AppendBinary(dst []byte) ([]byte, error) {
 	if err := h.Validate(); err != nil {
 		return dst, err
 	}
-	if h.Window < 1 {
+	if h.Window < 1 && !h.IsSiteHeartbeat() {
 		return dst, errorf(ErrBadWindow, "binary hits need a window, got %d ms", h.Window)
 	}
-	dst = append(dst, hitVersion1)
+	v2 := h.Denied != 0 || h.IsSiteHeartbeat()
+	if v2 {
+		dst = append(dst, hitVersion2)
+	} else {
+		dst = append(dst, hitVersion1)
+	}
 	dst = binary.AppendUvarint(dst, uint64(len(h.Key)))
 	dst = binary.AppendUvarint(dst, uint64(len(h.Site)))
 	dst = append(dst, h.Key...)
@@ -117,6 +152,9 @@ func (h Hit) AppendBinary(dst []byte) ([]byte, error) {
 	dst = binary.AppendVarint(dst, h.BucketStart)
 	dst = binary.AppendUvarint(dst, uint64(h.Window))
 	dst = binary.AppendUvarint(dst, uint64(h.Count))
+	if v2 {
+		dst = binary.AppendUvarint(dst, uint64(h.Denied))
+	}
 	return dst, nil
 }
 
@@ -125,7 +163,8 @@ func (h Hit) MarshalBinary() ([]byte, error) {
 	return h.AppendBinary(make([]byte, 0, 16+len(h.Key)+len(h.Site)))
 }
 
-// AppendJSON appends the JSON encoding of h to dst; Window is left out when zero.
+// AppendJSON appends the JSON encoding of h to dst; Window is left out when zero, Denied
+// when zero, and a site heartbeat is written as {"key":…,"site":…,"ts":…}.
 func (h Hit) AppendJSON(dst []byte) ([]byte, error) {
 	if err := h.Validate(); err != nil {
 		return dst, err
@@ -136,12 +175,19 @@ func (h Hit) AppendJSON(dst []byte) ([]byte, error) {
 	dst = appendJSONString(dst, h.Site)
 	dst = append(dst, `,"ts":`...)
 	dst = strconv.AppendInt(dst, h.BucketStart, 10)
+	if h.IsSiteHeartbeat() {
+		return append(dst, '}'), nil
+	}
 	if h.Window != 0 {
 		dst = append(dst, `,"w":`...)
 		dst = strconv.AppendInt(dst, h.Window, 10)
 	}
 	dst = append(dst, `,"n":`...)
 	dst = strconv.AppendInt(dst, h.Count, 10)
+	if h.Denied != 0 {
+		dst = append(dst, `,"d":`...)
+		dst = strconv.AppendInt(dst, h.Denied, 10)
+	}
 	return append(dst, '}'), nil
 }
 
@@ -166,8 +212,8 @@ func DecodeHit(b []byte) (Hit, error) {
 		return Hit{}, errorf(ErrTruncated, "empty value")
 	}
 	switch b[0] {
-	case hitVersion1:
-		return decodeHitBinary(b[1:])
+	case hitVersion1, hitVersion2:
+		return decodeHitBinary(b[1:], b[0])
 	case jsonStart:
 		return decodeHitJSON(b)
 	default:
@@ -175,7 +221,7 @@ func DecodeHit(b []byte) (Hit, error) {
 	}
 }
 
-func decodeHitBinary(b []byte) (Hit, error) {
+func decodeHitBinary(b []byte, version byte) (Hit, error) {
 	var r reader
 	r.b = b
 	kl := r.uvarint()
@@ -198,19 +244,23 @@ func decodeHitBinary(b []byte) (Hit, error) {
 	h.BucketStart = r.varint()
 	w := r.uvarint()
 	n := r.uvarint()
+	var d uint64
+	if version == hitVersion2 {
+		d = r.uvarint()
+	}
 	if r.err != nil {
 		return Hit{}, r.err
 	}
 	if len(r.b) != 0 {
 		return Hit{}, errorf(ErrTrailingBytes, "%d bytes", len(r.b))
 	}
-	if w < 1 || w > maxMillis {
+	if (w < 1 && !h.IsSiteHeartbeat()) || w > maxMillis {
 		return Hit{}, errorf(ErrBadWindow, "window %d ms", w)
 	}
-	if n < 1 || n > maxCount {
-		return Hit{}, errorf(ErrBadCount, "count %d", n)
+	if (version == hitVersion1 && n < 1) || n > maxCount || d > maxCount {
+		return Hit{}, errorf(ErrBadCount, "count %d, denied %d", n, d)
 	}
-	h.Window, h.Count = int64(w), int64(n)
+	h.Window, h.Count, h.Denied = int64(w), int64(n), int64(d)
 	return h, h.Validate()
 }
 
@@ -226,6 +276,7 @@ type hitJSON struct {
 	TS   *int64  `json:"ts"`
 	W    *int64  `json:"w"`
 	N    *int64  `json:"n"`
+	D    *int64  `json:"d"`
 }
 
 func decodeHitJSON(b []byte) (Hit, error) {
@@ -242,6 +293,13 @@ func decodeHitJSON(b []byte) (Hit, error) {
 		return Hit{}, errorf(ErrBadTime, `missing "ts"`)
 	}
 	h := Hit{Key: *j.Key, Site: *j.Site, BucketStart: *j.TS, Count: 1}
+	if h.IsSiteHeartbeat() {
+		if j.W != nil || j.N != nil || j.D != nil {
+			return Hit{}, errorf(ErrBadCount, "a site heartbeat has no w, n or d")
+		}
+		h.Count = 0
+		return h, h.Validate()
+	}
 	if j.W != nil {
 		if *j.W < 1 || uint64(*j.W) > maxMillis {
 			return Hit{}, errorf(ErrBadWindow, "w %d ms", *j.W)
@@ -250,6 +308,14 @@ func decodeHitJSON(b []byte) (Hit, error) {
 	}
 	if j.N != nil {
 		h.Count = *j.N
+	}
+	if j.D != nil {
+		h.Denied = *j.D
+		if j.N == nil {
+			// "n" defaults to 1 only for a record that reports hits; a record with "d"
+			// alone reports refused requests.
+			h.Count = 0
+		}
 	}
 	return h, h.Validate()
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
+	"github.com/streamlimit/streamlimit/window"
 )
 
 // Header names the aggregator puts on records it copies.
@@ -47,8 +48,21 @@ type Config struct {
 	// DeadLetterTopic, when set, receives a copy of every skipped hit record with a
 	// HeaderReason header. Default "" (no copies).
 	DeadLetterTopic string
-	// SubBuckets is the number of sub-window buckets per window. Default 60.
+	// SubBuckets is the number of sub-window buckets per window. Default
+	// window.DefaultSubBuckets; enforcers refuse counts made with another number.
 	SubBuckets int
+	// DemandTimeConstant is τ of the sites' demand (topics.SiteCount.Demand): a request
+	// weighs e^(−age/τ). It sets how fast the sites' shares of a hot key's room follow a
+	// client that moves between data centers. Default 1s.
+	DemandTimeConstant time.Duration
+	// SiteForget is how long after the last site heartbeat of a site (on a partition) the
+	// aggregator forgets it. Until then a silent site's count stays as it was when last
+	// heard from, and its heartbeat time stays in this aggregator's heartbeats, so that
+	// enforcers keep assuming it spends its share; after it, the site is taken for gone
+	// (a decommissioned data center) and its hits leave the window as time passes. A
+	// partition between data centers that lasts longer than SiteForget is no longer
+	// bounded. Default 15m.
+	SiteForget time.Duration
 	// EmitInterval is the least time between two counts published for one counter, and the
 	// period of the emission loop. Default 100ms.
 	EmitInterval time.Duration
@@ -106,7 +120,7 @@ func (c Config) normalize() (Config, error) {
 		c.CountsTopic = topics.DefaultCountsTopic
 	}
 	if c.SubBuckets == 0 {
-		c.SubBuckets = 60
+		c.SubBuckets = window.DefaultSubBuckets
 	}
 	if c.MaxEmitPerSecond == 0 {
 		c.MaxEmitPerSecond = 50000
@@ -121,6 +135,8 @@ func (c Config) normalize() (Config, error) {
 	def(&c.DefaultWindow, time.Minute)
 	def(&c.MaxWindow, time.Hour)
 	def(&c.MetadataMaxAge, 10*time.Second)
+	def(&c.DemandTimeConstant, time.Second)
+	def(&c.SiteForget, 15*time.Minute)
 	c.Clock = clock.Or(c.Clock)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -145,7 +161,8 @@ func (c Config) normalize() (Config, error) {
 			c.SubBuckets, c.MaxEmitPerSecond, c.MaxKeys))
 	}
 	for name, d := range map[string]time.Duration{"EmitInterval": c.EmitInterval, "HeartbeatInterval": c.HeartbeatInterval,
-		"Lateness": c.Lateness, "MaxClockSkew": c.MaxClockSkew, "DefaultWindow": c.DefaultWindow, "MaxWindow": c.MaxWindow} {
+		"Lateness": c.Lateness, "MaxClockSkew": c.MaxClockSkew, "DefaultWindow": c.DefaultWindow, "MaxWindow": c.MaxWindow,
+		"DemandTimeConstant": c.DemandTimeConstant, "SiteForget": c.SiteForget} {
 		if d < time.Millisecond {
 			errs = append(errs, fmt.Errorf("aggregator: %s %v must be at least 1ms", name, d))
 		}
@@ -429,7 +446,11 @@ func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps 
 			a.bad(ctx, cl, topics.Reason(err), r, err)
 			return
 		}
-		h = hitRef{key: []byte(slow.Key), site: []byte(slow.Site), bucketStart: slow.BucketStart, window: slow.Window, count: slow.Count}
+		if slow.IsSiteHeartbeat() {
+			a.siteHeartbeat(ctx, cl, now, ps, r, slow)
+			return
+		}
+		h = hitRef{key: []byte(slow.Key), site: []byte(slow.Site), bucketStart: slow.BucketStart, window: slow.Window, count: slow.Count, denied: slow.Denied}
 	}
 	if reason := a.cfg.checkHit(now, &h, r.Timestamp); reason != "" {
 		if reason != ReasonTooOld || !ps.replaying { // during replay, old hits are expected, not bad
@@ -453,6 +474,33 @@ func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps 
 	case duplicate:
 		a.m.duplicates.Inc()
 	}
+}
+
+// siteHeartbeat records that the heartbeat's site was heard from on the record's partition
+// up to its time. Heartbeats are not re-routed: producers write one to every partition.
+func (a *Aggregator) siteHeartbeat(ctx context.Context, cl *kgo.Client, now int64, ps *partState, r *kgo.Record, h topics.Hit) {
+	if reason := a.cfg.checkSiteHeartbeat(now, h.BucketStart, r.Timestamp); reason != "" {
+		if reason != ReasonTooOld || !ps.replaying {
+			a.bad(ctx, cl, reason, r, nil)
+		}
+		return
+	}
+	a.m.siteHeartbeats.Inc()
+	a.st.heardFrom(r.Partition, h.Site, h.BucketStart)
+}
+
+// checkSiteHeartbeat returns the bad_records_total reason for which a site heartbeat of
+// time ts must be skipped at now (ms), or "": the same clock-skew bound as hits, and no
+// older than SiteForget.
+func (c *Config) checkSiteHeartbeat(now, ts int64, recordTime time.Time) string {
+	skew := c.MaxClockSkew.Milliseconds()
+	switch {
+	case ts > now+skew || (!recordTime.IsZero() && ts > recordTime.UnixMilli()+skew):
+		return ReasonTooFarFuture
+	case ts+c.SiteForget.Milliseconds() < now:
+		return ReasonTooOld
+	}
+	return ""
 }
 
 // checkHit defaults h's window and returns the bad_records_total reason for which the hit
@@ -479,6 +527,8 @@ func (c *Config) checkHit(now int64, h *hitRef, recordTime time.Time) string {
 func (c *Config) stateConfig() stateConfig {
 	return stateConfig{
 		subBuckets:   c.SubBuckets,
+		tau:          c.DemandTimeConstant.Milliseconds(),
+		siteForget:   c.SiteForget.Milliseconds(),
 		maxSkew:      c.MaxClockSkew,
 		maxKeys:      c.MaxKeys,
 		emitInterval: c.EmitInterval.Milliseconds(),
@@ -590,7 +640,7 @@ func (a *Aggregator) heartbeatLoop(ctx context.Context, cl *kgo.Client) {
 				continue
 			}
 			hbs = append(hbs, topics.Heartbeat{Instance: a.cfg.InstanceID, Topic: k.topic, Partition: k.part,
-				AsOf: now, Offset: ps.next, HighWatermark: ps.hwm, Replaying: ps.replaying})
+				AsOf: now, Offset: ps.next, HighWatermark: ps.hwm, Replaying: ps.replaying, Sites: a.st.heardMap(k.part, now)})
 		}
 		n := a.countsParts
 		a.st.pruneSeen(now)

@@ -12,8 +12,13 @@ import (
 // MemoryConfig configures a Memory. Every zero field takes the default written in its
 // comment, which is the same as the field of the same name in Config.
 type MemoryConfig struct {
-	// SubBuckets is the number of sub-window buckets per window. Default 60.
+	// SubBuckets is the number of sub-window buckets per window. Default
+	// window.DefaultSubBuckets.
 	SubBuckets int
+	// DemandTimeConstant is τ of the sites' demand. Default 1s.
+	DemandTimeConstant time.Duration
+	// SiteForget is how long a silent site is remembered. Default 15m.
+	SiteForget time.Duration
 	// EmitInterval is the least time between two counts emitted for one counter. Default
 	// 100ms. Memory has no loop: the caller calls Emit, normally every EmitInterval.
 	EmitInterval time.Duration
@@ -103,18 +108,20 @@ func NewMemory(cfg MemoryConfig) (*Memory, error) {
 	}
 	full := Config{
 		// normalize requires a broker; Memory never connects, so any name will do.
-		Brokers:           []string{"in-memory"},
-		SubBuckets:        cfg.SubBuckets,
-		EmitInterval:      cfg.EmitInterval,
-		MaxEmitPerSecond:  cfg.MaxEmitPerSecond,
-		HeartbeatInterval: cfg.HeartbeatInterval,
-		Lateness:          cfg.Lateness,
-		MaxClockSkew:      cfg.MaxClockSkew,
-		MaxKeys:           cfg.MaxKeys,
-		DefaultWindow:     cfg.DefaultWindow,
-		MaxWindow:         cfg.MaxWindow,
-		InstanceID:        cfg.InstanceID,
-		Registerer:        cfg.Registerer,
+		Brokers:            []string{"in-memory"},
+		SubBuckets:         cfg.SubBuckets,
+		DemandTimeConstant: cfg.DemandTimeConstant,
+		SiteForget:         cfg.SiteForget,
+		EmitInterval:       cfg.EmitInterval,
+		MaxEmitPerSecond:   cfg.MaxEmitPerSecond,
+		HeartbeatInterval:  cfg.HeartbeatInterval,
+		Lateness:           cfg.Lateness,
+		MaxClockSkew:       cfg.MaxClockSkew,
+		MaxKeys:            cfg.MaxKeys,
+		DefaultWindow:      cfg.DefaultWindow,
+		MaxWindow:          cfg.MaxWindow,
+		InstanceID:         cfg.InstanceID,
+		Registerer:         cfg.Registerer,
 	}
 	full, err := full.normalize()
 	if err != nil {
@@ -142,8 +149,18 @@ func (m *Memory) Add(now time.Time, h topics.Hit) error {
 		m.m.bad.WithLabelValues(topics.Reason(err)).Inc()
 		return &BadHitError{Reason: topics.Reason(err), Err: err}
 	}
-	ref := hitRef{key: []byte(h.Key), site: []byte(h.Site), bucketStart: h.BucketStart, window: h.Window, count: h.Count}
 	ms := now.UnixMilli()
+	if h.IsSiteHeartbeat() {
+		if reason := m.cfg.checkSiteHeartbeat(ms, h.BucketStart, time.Time{}); reason != "" {
+			m.m.bad.WithLabelValues(reason).Inc()
+			return &BadHitError{Reason: reason}
+		}
+		m.m.recordsIn.Inc()
+		m.m.siteHeartbeats.Inc()
+		m.st.heardFrom(m.src.Partition, h.Site, h.BucketStart)
+		return nil
+	}
+	ref := hitRef{key: []byte(h.Key), site: []byte(h.Site), bucketStart: h.BucketStart, window: h.Window, count: h.Count, denied: h.Denied}
 	if reason := m.cfg.checkHit(ms, &ref, time.Time{}); reason != "" {
 		m.m.bad.WithLabelValues(reason).Inc()
 		return &BadHitError{Reason: reason}
@@ -187,6 +204,7 @@ func (m *Memory) Emit(now time.Time) []Emission {
 		m.hbDone, m.lastHB = true, ms
 		hb := m.src
 		hb.AsOf, hb.Offset, hb.HighWatermark = ms, m.added, m.added
+		hb.Sites = m.st.heardMap(m.src.Partition, ms)
 		if v, err := hb.MarshalBinary(); err == nil {
 			m.m.heartbeats.Inc()
 			out = append(out, Emission{Key: []byte(topics.HeartbeatKey(hb.Topic, hb.Partition)), Value: v})

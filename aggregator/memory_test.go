@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -84,5 +85,104 @@ func TestMemoryRejectsLikeKafkaPath(t *testing.T) {
 	}
 	if _, err := NewMemory(MemoryConfig{EmitInterval: time.Microsecond}); err == nil {
 		t.Fatal("EmitInterval 1µs accepted")
+	}
+}
+
+// emitted decodes the counts and the heartbeat of one Emit.
+func emitted(t *testing.T, out []Emission) (map[string]topics.Count, *topics.Heartbeat) {
+	t.Helper()
+	cs := map[string]topics.Count{}
+	var hb *topics.Heartbeat
+	for _, e := range out {
+		switch {
+		case topics.IsHeartbeatKey(e.Key):
+			h, err := topics.DecodeHeartbeat(e.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hb = &h
+		case e.Value != nil:
+			c, err := topics.DecodeCount(e.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs[c.Key] = c
+		}
+	}
+	return cs, hb
+}
+
+// A site that sends site heartbeats is counted as of the last one: when its heartbeats stop
+// (a cut link), its hits do not seem to leave the window, as those of a site without
+// heartbeats do; its heartbeat time is published; after SiteForget it is forgotten.
+func TestMemorySiteFreshness(t *testing.T) {
+	m, err := NewMemory(MemoryConfig{SiteForget: time.Minute, HeartbeatInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ms := t0.UnixMilli()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(m.Add(t0, topics.Hit{Key: "k", Site: "eu", BucketStart: ms, Window: 10_000, Count: 6}))
+	must(m.Add(t0, topics.Hit{Key: "k", Site: "us", BucketStart: ms, Window: 10_000, Count: 4}))
+	must(m.Add(t0.Add(2*time.Second), topics.Hit{Key: topics.SiteHeartbeatKey, Site: "us", BucketStart: ms + 2000}))
+	// 10.1 s later eu's hits (no heartbeats: counted at now) have left; us's have not,
+	// because us was last heard from at +2 s.
+	cs, hb := emitted(t, m.Emit(t0.Add(10_100*time.Millisecond)))
+	c := cs["k"]
+	if c.Site("eu") != 0 || c.Site("us") != 4 || c.Total != 4 || c.SubBuckets != window.DefaultSubBuckets {
+		t.Fatalf("count %+v", c)
+	}
+	if hb == nil || hb.Sites["us"] != ms+2000 || len(hb.Sites) != 1 {
+		t.Fatalf("heartbeat %+v", hb)
+	}
+	// Past SiteForget, us is taken for gone: its hits leave, the key is tombstoned.
+	out := m.Emit(t0.Add(63 * time.Second))
+	if _, hb := emitted(t, out); hb == nil || len(hb.Sites) != 0 {
+		t.Fatalf("heartbeat after SiteForget: %+v", hb)
+	}
+	if m.Keys() != 0 {
+		t.Fatalf("keys %d after the forgotten site's hits left", m.Keys())
+	}
+	// A heartbeat older than SiteForget or far ahead is bad.
+	for _, ts := range []int64{ms, ms + 200_000} {
+		var bad *BadHitError
+		if err := m.Add(t0.Add(70*time.Second), topics.Hit{Key: topics.SiteHeartbeatKey, Site: "us", BucketStart: ts}); !errors.As(err, &bad) {
+			t.Fatalf("heartbeat at %d: %v", ts, err)
+		}
+	}
+}
+
+// Denied requests publish demand, not counts: a site whose requests were all denied is
+// listed with count 0 and its demand.
+func TestMemoryDemand(t *testing.T) {
+	m, err := NewMemory(MemoryConfig{DemandTimeConstant: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ms := t0.UnixMilli()
+	if err := m.Add(t0, topics.Hit{Key: "k", Site: "eu", BucketStart: ms, Window: 60_000, Count: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Add(t0, topics.Hit{Key: "k", Site: "us", BucketStart: ms + 1000, Window: 60_000, Denied: 5}); err != nil {
+		t.Fatal(err)
+	}
+	cs, _ := emitted(t, m.Emit(t0.Add(2*time.Second)))
+	c := cs["k"]
+	if c.Total != 10 || len(c.Sites) != 2 || c.Sites[1].Site != "us" || c.Sites[1].Count != 0 {
+		t.Fatalf("count %+v", c)
+	}
+	eu, us := c.Sites[0].Demand, c.Sites[1].Demand
+	if want := 10 * math.Exp(-2); math.Abs(eu-want) > 1e-9 {
+		t.Fatalf("eu demand %v, want %v", eu, want)
+	}
+	if want := 5 * math.Exp(-1); math.Abs(us-want) > 1e-9 {
+		t.Fatalf("us demand %v, want %v", us, want)
 	}
 }

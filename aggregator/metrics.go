@@ -33,6 +33,8 @@ type metrics struct {
 	duplicates prometheus.Counter
 	refused    prometheus.Counter
 	heartbeats prometheus.Counter
+	// siteHeartbeats counts the site heartbeats consumed from the hits topics.
+	siteHeartbeats prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -60,6 +62,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Re-routed hits skipped because a copy with the same origin was already counted."}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "refused_keys_total",
 			Help: "Hits dropped because MaxKeys counters (or dedupe entries) were already held."}),
+		siteHeartbeats: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "site_heartbeats_total",
+			Help: "Site heartbeats consumed from the hits topics (each says a site was alive up to its time)."}),
 		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "heartbeats_total",
 			Help: "Heartbeat records published."}),
 	}
@@ -68,7 +72,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.lag, m.keys, m.recordsIn, m.countsOut, m.tombstones, m.emitDur,
-			m.bad, m.replayDur, m.rerouted, m.duplicates, m.refused, m.heartbeats} {
+			m.bad, m.replayDur, m.rerouted, m.duplicates, m.refused, m.heartbeats, m.siteHeartbeats} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("aggregator: register metrics: %w", err)
 			}

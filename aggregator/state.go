@@ -44,6 +44,8 @@ const (
 // stateConfig is the part of Config the pure state needs.
 type stateConfig struct {
 	subBuckets   int
+	tau          int64 // ms, the demand time constant
+	siteForget   int64 // ms
 	maxSkew      time.Duration
 	maxKeys      int
 	emitInterval int64 // ms
@@ -67,6 +69,9 @@ type state struct {
 	// paused slots publish nothing (replaying, or between revocation and re-assignment).
 	paused map[int32]bool
 	sites  map[string]string // interned site names (bounded by maxInternedSites)
+	// heard holds, per slot, the time each site was last heard from there (its latest site
+	// heartbeat), unix ms of the site's clock. Sites are few: one entry per site per slot.
+	heard map[int32]map[string]int64
 }
 
 const maxInternedSites = 4096
@@ -79,6 +84,54 @@ func newState(cfg stateConfig) *state {
 		seen:   map[int32]map[string]int64{},
 		paused: map[int32]bool{},
 		sites:  map[string]string{},
+		heard:  map[int32]map[string]int64{},
+	}
+}
+
+// heardFrom records a site heartbeat of site at ts (ms) on slot.
+func (s *state) heardFrom(slot int32, site string, ts int64) {
+	m := s.heard[slot]
+	if m == nil {
+		m = map[string]int64{}
+		s.heard[slot] = m
+	}
+	if prev, ok := m[site]; ok && prev >= ts {
+		return
+	}
+	if _, ok := m[site]; !ok && len(m) >= maxInternedSites {
+		return
+	}
+	m[s.intern([]byte(site))] = ts
+}
+
+// heardMap returns a copy of slot's heard times as of now, forgetting sites silent for
+// longer than siteForget, or nil when there are none.
+func (s *state) heardMap(slot int32, now int64) map[string]int64 {
+	m := s.heard[slot]
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]int64, len(m))
+	for site, ts := range m {
+		if ts+s.cfg.siteForget < now {
+			delete(m, site)
+			continue
+		}
+		out[site] = ts
+	}
+	return out
+}
+
+// heardAt returns a lookup of slot's heard times for window.Counter's per-site instants;
+// a site silent for longer than siteForget is counted at now.
+func (s *state) heardAt(slot int32, now int64) func(string) (int64, bool) {
+	m := s.heard[slot]
+	return func(site string) (int64, bool) {
+		ts, ok := m[site]
+		if !ok || ts+s.cfg.siteForget < now {
+			return 0, false
+		}
+		return ts, true
 	}
 }
 
@@ -87,6 +140,7 @@ func (s *state) spec(w int64) *window.Spec {
 		return sp
 	}
 	sp := window.NewSpec(time.Duration(w)*time.Millisecond, s.cfg.subBuckets, s.cfg.maxSkew)
+	sp.Tau = s.cfg.tau
 	if len(s.specs) < s.cfg.maxSpecs {
 		s.specs[w] = &sp
 	}
@@ -107,13 +161,14 @@ func (s *state) intern(site []byte) string {
 // add counts hit h (window already defaulted) from slot at aggregator time now (ms).
 // origin is non-empty for a re-routed hit; expiry is when its dedupe entry may go.
 func (s *state) add(now int64, slot int32, h *topics.Hit, origin string, expiry int64) addResult {
-	return s.addRaw(now, slot, hitRef{key: []byte(h.Key), site: []byte(h.Site), bucketStart: h.BucketStart, window: h.Window, count: h.Count}, origin, expiry)
+	return s.addRaw(now, slot, hitRef{key: []byte(h.Key), site: []byte(h.Site), bucketStart: h.BucketStart, window: h.Window, count: h.Count, denied: h.Denied}, origin, expiry)
 }
 
 // hitRef is a decoded hit whose key and site still point into the record.
 type hitRef struct {
 	key, site                  []byte
 	bucketStart, window, count int64
+	denied                     int64
 	hash                       uint32 // murmur2(key), valid when hashed
 	hashed                     bool
 }
@@ -153,7 +208,7 @@ func (s *state) addRaw(now int64, slot int32, h hitRef, origin string, expiry in
 		s.m[h.hash] = e
 		s.list = append(s.list, e)
 	}
-	if !e.c.AddSite(e.spec, now, h.site, s.intern, h.bucketStart, h.count) {
+	if !e.c.AddSite(e.spec, now, h.site, s.intern, h.bucketStart, h.count, h.denied) {
 		return outsideRing
 	}
 	e.dirty = true
@@ -260,7 +315,7 @@ func (s *state) collect(now int64, budget int, cands []candidate, out []emission
 		if !(e.dirty && now >= e.lastEmitAt+s.cfg.emitInterval) && now < e.nextEval {
 			continue
 		}
-		total, zero := e.c.Total(e.spec, now)
+		total, zero := e.c.SumAt(e.spec, now, s.heardAt(e.slot, now))
 		if zero {
 			if !e.emitted {
 				s.remove(e) // nothing published: forget silently
@@ -302,8 +357,8 @@ func (s *state) collect(now int64, budget int, cands []candidate, out []emission
 			s.remove(e)
 			continue
 		}
-		cnt := &topics.Count{Key: e.id.key, Window: e.id.window, AsOf: now}
-		cnt.Sites, cnt.Total = e.c.AppendSites(make([]topics.SiteCount, 0, e.c.Sites()), e.spec, now)
+		cnt := &topics.Count{Key: e.id.key, Window: e.id.window, AsOf: now, SubBuckets: s.cfg.subBuckets}
+		cnt.Sites, cnt.Total, _ = e.c.AppendSitesAt(make([]topics.SiteCount, 0, e.c.Sites()), e.spec, now, s.heardAt(e.slot, now))
 		out = append(out, emission{key: e.id.key, slot: e.slot, count: cnt})
 		e.dirty, e.emitted = false, true
 		e.lastEmitted, e.lastEmitAt = c.total, now

@@ -1,7 +1,8 @@
-// Package window is the aggregator's pure in-memory state: per counter and per site, a ring
-// of sub-window buckets, and the sliding-window-counter rule that turns the ring into a count
-// at any instant. It knows nothing of Kafka; the aggregator feeds it hits and asks it for
-// counts, and tests compare it with Reference, a brute-force statement of the same rule.
+// Package window is the sliding-window counting rule that producer, aggregator and enforcer
+// share: per counter and per site, a ring of sub-window buckets, and the rule that turns the
+// ring into a count at any instant. It knows nothing of Kafka; the aggregator feeds it hits
+// and asks it for counts, the enforcer counts its own site with the same rings, and tests
+// compare it with Reference, a brute-force statement of the same rule.
 //
 // # The rule
 //
@@ -17,10 +18,21 @@
 // bucket ahead of t that a slightly fast producer clock stamped); the oldest bucket, which
 // the sliding window (t−W, t] only partly covers, counts by the fraction of it still inside,
 // as if its hits were spread evenly over it. This is the sliding-window counter of the
-// Criteo article (seed 003) with N sub-windows instead of two: at 00:01:43 with one-minute
+// classic two-window counter with N sub-windows instead of two: at 00:01:43 with one-minute
 // buckets it is the current minute plus 17/60 of the previous one. The fraction is in (0, 1],
 // so a count is zero exactly when no hit lies in bucket i₀ or later, and then it stays zero
 // until a new hit arrives.
+//
+// Hard counting (Ring.CountHard) takes the oldest bucket whole until it has wholly left the
+// window: it never counts less than the hits in (t−W, t], so a site that admits against it
+// never admits more than the limit in any window, at the price of up to one bucket's hits.
+//
+// # Demand
+//
+// Beside its ring, each site of a counter keeps its demand (Decay): every request for the
+// key at that site, admitted or denied, weighted by e^(−age/τ). Sites share a hot key's
+// room in proportion to it, so that a site where a client has just arrived gets the room
+// the client left behind elsewhere within a few τ.
 //
 // # Bounds
 //
@@ -41,6 +53,23 @@ import (
 	"github.com/streamlimit/streamlimit/topics"
 )
 
+// DefaultSubBuckets is the number of sub-window buckets a window is split into unless
+// configured otherwise, the same for the producer's bucket boundaries, the aggregator's
+// rings and the enforcer's own-site counters. Count records state the number their
+// aggregator used, and enforcers refuse counts made on another grid.
+const DefaultSubBuckets = 60
+
+// Width returns the sub-bucket width b of a window of w split into n sub-buckets (n < 1
+// means DefaultSubBuckets), in milliseconds: ceil(W / n), at least 1. The producer cuts its
+// coalescing buckets at multiples of it, so that every hit record lies in one sub-bucket.
+func Width(w time.Duration, n int) int64 {
+	if n < 1 {
+		n = DefaultSubBuckets
+	}
+	wm := max(w.Milliseconds(), 1)
+	return max((wm+int64(n)-1)/int64(n), 1)
+}
+
 // Spec is the bucket layout of one window length. Specs are immutable and shared by every
 // counter with that window.
 type Spec struct {
@@ -53,6 +82,9 @@ type Spec struct {
 	Ahead int64
 	// Slots is the ring length: ceil(Window/Width) + 1 + Ahead.
 	Slots int
+	// Tau is the time constant of the sites' demand (Decay), in milliseconds; 0 means
+	// Width.
+	Tau int64
 }
 
 // NewSpec returns the layout for a window of w split into n sub-buckets (n < 1 means 1),
@@ -61,7 +93,7 @@ type Spec struct {
 func NewSpec(w time.Duration, n int, maxSkew time.Duration) Spec {
 	wm := max(w.Milliseconds(), 1)
 	n = max(n, 1)
-	width := max((wm+int64(n)-1)/int64(n), 1)
+	width := Width(w, n)
 	ahead := min(maxSkew.Milliseconds(), wm/4)
 	aheadBuckets := max((ahead+width-1)/width, 1)
 	inWindow := (wm + width - 1) / width
@@ -173,6 +205,60 @@ func (r *Ring) Count(s *Spec, t int64) float64 {
 	return combine(whole, oldest, frac)
 }
 
+// CountHard returns the ring's count at instant t with the oldest bucket taken whole: the
+// hits of every bucket that still overlaps the window (t−W, t]. It is never less than the
+// exact number of hits in the window.
+func (r *Ring) CountHard(s *Spec, t int64) float64 {
+	i0, _ := s.Oldest(t)
+	whole, oldest := r.parts(s, i0)
+	return float64(whole + oldest)
+}
+
+// FallsTo returns the earliest instant t' ≥ t (unix ms) at which the ring's count, by the
+// package's rule (hard: CountHard), is at most target if no hit is added, and false when
+// that never happens before the ring's newest bucket has left the window (only a target
+// below zero). Retry-After comes from it: hits leave the window when their bucket does,
+// not evenly spread over it.
+func (r *Ring) FallsTo(s *Spec, t int64, target float64, hard bool) (int64, bool) {
+	count := func(at int64) float64 {
+		if hard {
+			return r.CountHard(s, at)
+		}
+		return r.Count(s, at)
+	}
+	if count(t) <= target {
+		return t, true
+	}
+	if r.c == nil || target < 0 {
+		return 0, false
+	}
+	i0, _ := s.Oldest(t)
+	for k := i0; k <= r.head; k++ {
+		// While bucket k is the oldest, at t' in [k·b+W, (k+1)·b+W), the count is
+		// whole_k + c_k × frac with frac falling from 1 toward 0 (hard: whole_k + c_k).
+		start := max(k*s.Width+s.Window, t)
+		end := (k+1)*s.Width + s.Window // bucket k has wholly left at end
+		whole, oldest := r.parts(s, k)
+		w, o := float64(whole), float64(oldest)
+		if !hard && o > 0 && w < target+1e-9 {
+			// Solve w + o × ((k+1)b − (t'−W))/b ≤ target for the smallest t'.
+			f := (target - w) / o
+			at := end - int64(math.Floor(f*float64(s.Width)))
+			at = max(at, start)
+			for at < end && count(at) > target {
+				at++
+			}
+			if at < end {
+				return at, true
+			}
+		}
+		if count(end) <= target {
+			return end, true
+		}
+	}
+	return 0, false
+}
+
 func combine(whole, oldest uint64, frac float64) float64 {
 	return float64(whole) + float64(oldest)*frac
 }
@@ -185,36 +271,93 @@ func mod(i, n int64) int64 {
 	return m
 }
 
-// Counter is the state of one (key, window) counter: one Ring per site, sorted by site.
-// The zero Counter is empty. A Counter is not safe for concurrent use.
+// Decay is a site's demand for a counter: the sum of its requests, each weighted by
+// e^(−age/τ). The zero Decay is no demand. Only ratios between sites' demands are used, so
+// the weights need no normalising; they underflow to 0 for a site silent for several
+// hundred τ, which then counts as having no demand.
+type Decay struct {
+	v  float64 // value at instant at
+	at int64   // ms
+}
+
+// Add adds n requests made at instant t (ms) with time constant tau (ms).
+func (d *Decay) Add(t int64, n int64, tau int64) {
+	if n <= 0 {
+		return
+	}
+	switch {
+	case d.v == 0:
+		d.v, d.at = float64(n), t
+	case t >= d.at:
+		d.v = d.v*math.Exp(-float64(t-d.at)/float64(tau)) + float64(n)
+		d.at = t
+	default: // a late record
+		d.v += float64(n) * math.Exp(-float64(d.at-t)/float64(tau))
+	}
+}
+
+// At returns the demand at instant t (ms) with time constant tau (ms).
+func (d Decay) At(t int64, tau int64) float64 {
+	if d.v == 0 || t <= d.at {
+		return d.v
+	}
+	return d.v * math.Exp(-float64(t-d.at)/float64(tau))
+}
+
+// tau returns s.Tau, or the bucket width when unset.
+func (s *Spec) tau() int64 {
+	if s.Tau > 0 {
+		return s.Tau
+	}
+	return s.Width
+}
+
+// Counter is the state of one (key, window) counter: one Ring and one Decay per site,
+// sorted by site. The zero Counter is empty. A Counter is not safe for concurrent use.
 type Counter struct {
 	sites []siteRing
 }
 
 type siteRing struct {
-	site string
+	site   string
+	demand Decay
 	Ring
 }
 
 // Add counts n hits at site in the bucket holding bucketStart; nowMs is the aggregator's
-// clock. See Ring.Add.
+// clock. See Ring.Add. The hits also add to the site's demand.
 func (c *Counter) Add(s *Spec, nowMs int64, site string, bucketStart, n int64) bool {
+	return c.AddDenied(s, nowMs, site, bucketStart, n, 0)
+}
+
+// AddDenied is Add for n admitted hits and denied refused requests: only n counts toward
+// the window, n + denied toward the site's demand. It reports false, counting nothing,
+// when n > 0 and the bucket is older than every bucket the ring holds.
+func (c *Counter) AddDenied(s *Spec, nowMs int64, site string, bucketStart, n, denied int64) bool {
 	i, ok := slices.BinarySearchFunc(c.sites, site, func(e siteRing, t string) int { return strings.Compare(e.site, t) })
 	if !ok {
 		c.sites = slices.Insert(c.sites, i, siteRing{site: site})
 	}
-	return c.sites[i].Add(s, s.Bucket(nowMs), s.Bucket(bucketStart), n)
+	return c.sites[i].add(s, nowMs, bucketStart, n, denied)
 }
 
-// AddSite is Add for a site given as bytes, as decoded from a record: it does not allocate
-// unless the site is new to the counter, and then stores intern(site).
-func (c *Counter) AddSite(s *Spec, nowMs int64, site []byte, intern func([]byte) string, bucketStart, n int64) bool {
+func (r *siteRing) add(s *Spec, nowMs, bucketStart, n, denied int64) bool {
+	if n > 0 && !r.Add(s, s.Bucket(nowMs), s.Bucket(bucketStart), n) {
+		return false
+	}
+	r.demand.Add(bucketStart, n+denied, s.tau())
+	return true
+}
+
+// AddSite is AddDenied for a site given as bytes, as decoded from a record: it does not
+// allocate unless the site is new to the counter, and then stores intern(site).
+func (c *Counter) AddSite(s *Spec, nowMs int64, site []byte, intern func([]byte) string, bucketStart, n, denied int64) bool {
 	for k := range c.sites {
 		if c.sites[k].site == string(site) {
-			return c.sites[k].Add(s, s.Bucket(nowMs), s.Bucket(bucketStart), n)
+			return c.sites[k].add(s, nowMs, bucketStart, n, denied)
 		}
 	}
-	return c.Add(s, nowMs, intern(site), bucketStart, n)
+	return c.AddDenied(s, nowMs, intern(site), bucketStart, n, denied)
 }
 
 // Sites returns the number of sites the counter has seen.
@@ -247,11 +390,64 @@ func (c *Counter) AppendSites(dst []topics.SiteCount, s *Spec, t int64) ([]topic
 		}
 		whole += w
 		oldest += o
-		dst = append(dst, topics.SiteCount{Site: c.sites[k].site, Count: combine(w, o, frac)})
+		dst = append(dst, topics.SiteCount{Site: c.sites[k].site, Count: combine(w, o, frac), Demand: c.sites[k].demand.At(t, s.tau())})
 	}
 	return dst, combine(whole, oldest, frac)
 }
 
+// AppendSitesAt is AppendSites with each site counted at its own instant: at(site) when it
+// reports true and is before t, else t. The aggregator counts a site whose hits have stopped
+// arriving as of the last time it heard from it, so that its hits do not seem to leave the
+// window while its newer ones cannot be seen. Demand is taken at t. A site is listed when
+// its count is not zero or its demand is at least DemandFloor, so that a site whose requests
+// were all denied still shows its demand. It returns dst, the total and whether no site was
+// listed (the counter has nothing left to say and can be forgotten).
+func (c *Counter) AppendSitesAt(dst []topics.SiteCount, s *Spec, t int64, at func(site string) (int64, bool)) ([]topics.SiteCount, float64, bool) {
+	var total float64
+	zero := true
+	for k := range c.sites {
+		v, d, ok := c.sites[k].at(s, t, at)
+		if !ok {
+			continue
+		}
+		zero = false
+		total += v
+		dst = append(dst, topics.SiteCount{Site: c.sites[k].site, Count: v, Demand: d})
+	}
+	return dst, total, zero
+}
+
+// SumAt returns the total and emptiness of AppendSitesAt without building the breakdown.
+func (c *Counter) SumAt(s *Spec, t int64, at func(site string) (int64, bool)) (float64, bool) {
+	var total float64
+	zero := true
+	for k := range c.sites {
+		v, _, ok := c.sites[k].at(s, t, at)
+		if ok {
+			zero = false
+			total += v
+		}
+	}
+	return total, zero
+}
+
+// DemandFloor is the demand below which a site with no hits in the window is left out of a
+// counter's breakdown: a hundredth of one request.
+const DemandFloor = 0.01
+
+func (sr *siteRing) at(s *Spec, t int64, at func(site string) (int64, bool)) (count, demand float64, listed bool) {
+	ts := t
+	if a, ok := at(sr.site); ok && a < t {
+		ts = a
+	}
+	i0, frac := s.Oldest(ts)
+	w, o := sr.parts(s, i0)
+	demand = sr.demand.At(t, s.tau())
+	if w == 0 && o == 0 && demand < DemandFloor {
+		return 0, 0, false
+	}
+	return combine(w, o, frac), demand, true
+}
 // Reference is the brute-force statement of the rule: given every hit of one counter (with
 // BucketStart in unix ms), it returns the count at instant t over all sites and per site
 // (sites with a zero count left out). It ignores the ring's clamping of far-future hits.

@@ -225,3 +225,160 @@ func TestRingUseBufferMatches(t *testing.T) {
 		}
 	}
 }
+
+func TestWidth(t *testing.T) {
+	for _, c := range []struct {
+		w    time.Duration
+		n    int
+		want int64
+	}{
+		{time.Minute, 60, 1000},
+		{10 * time.Second, 60, 167},
+		{time.Millisecond, 60, 1},
+		{time.Hour, 0, 60000}, // 0: DefaultSubBuckets
+	} {
+		if got := Width(c.w, c.n); got != c.want {
+			t.Errorf("Width(%v, %d) = %d, want %d", c.w, c.n, got, c.want)
+		}
+		if c.n > 0 && NewSpec(c.w, c.n, 0).Width != Width(c.w, c.n) {
+			t.Errorf("NewSpec(%v, %d).Width disagrees with Width", c.w, c.n)
+		}
+	}
+}
+
+// exactIn counts the hits in (t−W, t] of a list of (ms, n) hits.
+func exactIn(hits [][2]int64, w, t int64) float64 {
+	var c int64
+	for _, h := range hits {
+		if h[0] > t-w && h[0] <= t {
+			c += h[1]
+		}
+	}
+	return float64(c)
+}
+
+// TestCountHardNeverUnder: hard counting never counts fewer hits than lie in the window,
+// whatever their spread inside the buckets, and never more than the window's plus one
+// bucket's.
+func TestCountHardNeverUnder(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for trial := range 200 {
+		s := NewSpec(time.Duration(1+r.IntN(20))*time.Second, 1+r.IntN(60), 0)
+		base := int64(1_000_000_000)
+		var ring Ring
+		var hits [][2]int64
+		at := base
+		for range 300 {
+			at += r.Int64N(s.Width * 2)
+			n := 1 + r.Int64N(5)
+			ring.Add(&s, s.Bucket(at), s.Bucket(at), n)
+			hits = append(hits, [2]int64{at, n})
+		}
+		for q := at; q <= at+s.Window+s.Width; q += 1 + r.Int64N(s.Width) { // after the last hit: no bucket ahead
+			exact := exactIn(hits, s.Window, q)
+			hard := ring.CountHard(&s, q)
+			if hard < exact {
+				t.Fatalf("trial %d: CountHard(%d) = %v < exact %v", trial, q, hard, exact)
+			}
+			i0, _ := s.Oldest(q)
+			bucket := exactIn(hits, s.Width, (i0+1)*s.Width-1)
+			if hard > exact+bucket {
+				t.Fatalf("trial %d: CountHard(%d) = %v > exact %v + oldest bucket %v", trial, q, hard, exact, bucket)
+			}
+		}
+	}
+}
+
+// TestFallsTo checks FallsTo against a scan, millisecond by millisecond, of the count it
+// inverts: the answer is the first instant at which the count is at most the target.
+func TestFallsTo(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for trial := range 300 {
+		s := NewSpec(time.Duration(1+r.IntN(3))*time.Second, 1+r.IntN(30), 0)
+		base := int64(2_000_000_000)
+		var ring Ring
+		at := base
+		for range 1 + r.IntN(40) {
+			at += r.Int64N(s.Width)
+			ring.Add(&s, s.Bucket(at), s.Bucket(at), 1+r.Int64N(4))
+		}
+		hard := trial%2 == 0
+		count := ring.Count
+		if hard {
+			count = ring.CountHard
+		}
+		from := at - r.Int64N(s.Window)
+		target := math.Floor(count(&s, from) * r.Float64())
+		got, ok := ring.FallsTo(&s, from, target, hard)
+		want := from
+		for count(&s, want) > target {
+			want++
+		}
+		if !ok || got != want {
+			t.Fatalf("trial %d (hard %v): FallsTo(%d, %v) = %d, %v; the count first reaches it at %d", trial, hard, from-base, target, got-base, ok, want-base)
+		}
+	}
+	var empty Ring
+	s := NewSpec(time.Second, 10, 0)
+	if got, ok := empty.FallsTo(&s, 5, 0, false); !ok || got != 5 {
+		t.Fatalf("empty ring: %d, %v", got, ok)
+	}
+	if _, ok := empty.FallsTo(&s, 5, -1, false); ok {
+		t.Fatal("a negative target was reached")
+	}
+}
+
+func TestDecay(t *testing.T) {
+	var d Decay
+	d.Add(1000, 4, 100)
+	d.Add(1100, 2, 100) // 4/e + 2
+	if got, want := d.At(1100, 100), 4/math.E+2; math.Abs(got-want) > 1e-9 {
+		t.Fatalf("At = %v, want %v", got, want)
+	}
+	if got, want := d.At(1200, 100), (4/math.E+2)/math.E; math.Abs(got-want) > 1e-9 {
+		t.Fatalf("At later = %v, want %v", got, want)
+	}
+	d.Add(1000, 1, 100) // late: weighted by its age at 1100
+	if got, want := d.At(1100, 100), 4/math.E+2+1/math.E; math.Abs(got-want) > 1e-9 {
+		t.Fatalf("late add: %v, want %v", got, want)
+	}
+	// Two sites that stop at the same time keep their ratio however long they are idle.
+	var a, b Decay
+	a.Add(0, 3, 50)
+	b.Add(0, 1, 50)
+	if r := a.At(10_000, 50) / b.At(10_000, 50); math.Abs(r-3) > 1e-6 {
+		t.Fatalf("ratio after idling: %v", r)
+	}
+}
+
+// TestAppendSitesAt: a site counted as of the last time it was heard from keeps the hits
+// that would otherwise seem to leave the window; a site with only denied requests is
+// listed with its demand.
+func TestAppendSitesAt(t *testing.T) {
+	s := NewSpec(10*time.Second, 10, 0)
+	s.Tau = 1000
+	var c Counter
+	c.AddDenied(&s, 1000, "eu", 1000, 5, 0)
+	c.AddDenied(&s, 1000, "us", 1000, 5, 0)
+	c.AddDenied(&s, 9000, "ap", 9000, 0, 3)
+	heard := map[string]int64{"us": 2000}
+	at := func(site string) (int64, bool) { v, ok := heard[site]; return v, ok }
+	got, total, zero := c.AppendSitesAt(nil, &s, 11_500, at)
+	// At 11.5 s the bucket [1 s, 2 s) is half out: eu counts 2.5; us, last heard at 2 s,
+	// still counts 5; ap has no hits but 3 denied requests 2.5 s ago.
+	want := []topics.SiteCount{{Site: "ap", Count: 0, Demand: 3 * math.Exp(-2.5)}, {Site: "eu", Count: 2.5, Demand: 5 * math.Exp(-10.5)}, {Site: "us", Count: 5, Demand: 5 * math.Exp(-10.5)}}
+	if zero || math.Abs(total-7.5) > 1e-9 || len(got) != 3 {
+		t.Fatalf("got %+v, total %v, zero %v", got, total, zero)
+	}
+	for i := range want {
+		if got[i].Site != want[i].Site || math.Abs(got[i].Count-want[i].Count) > 1e-9 || math.Abs(got[i].Demand-want[i].Demand) > 1e-9 {
+			t.Fatalf("site %d: got %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	if sum, z := c.SumAt(&s, 11_500, at); sum != total || z {
+		t.Fatalf("SumAt = %v, %v", sum, z)
+	}
+	if _, z := c.SumAt(&s, 60_000, func(string) (int64, bool) { return 0, false }); !z {
+		t.Fatal("a counter with nothing left in the window and no demand is not empty")
+	}
+}

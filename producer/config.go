@@ -12,6 +12,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
+	"github.com/streamlimit/streamlimit/window"
 )
 
 // Defaults for the zero fields of Config.
@@ -21,6 +22,8 @@ const (
 	DefaultMaxBufferedKeys    = 100_000
 	DefaultMaxInFlightRecords = 10_000
 	DefaultIdleTimeout        = time.Minute
+	// DefaultSiteHeartbeatInterval is Config.SiteHeartbeatInterval when zero.
+	DefaultSiteHeartbeatInterval = 500 * time.Millisecond
 )
 
 // ErrBadConfig is wrapped by every configuration error New returns.
@@ -54,6 +57,17 @@ type Config struct {
 	// multiples of BucketWidth since the Unix epoch on the Producer's clock. It must be a
 	// whole number of milliseconds. Default DefaultBucketWidth (100 ms).
 	BucketWidth time.Duration
+	// SubBuckets is the number of sub-window buckets the aggregators split windows into.
+	// Buckets are cut at the sub-bucket boundaries of each hit's window so that a record
+	// never straddles two sub-buckets. Default window.DefaultSubBuckets.
+	SubBuckets int
+	// SiteHeartbeatInterval is the period of the site heartbeats (topics.SiteHeartbeatKey)
+	// the background flush writes to every partition of Topic, by which every data center's
+	// aggregators and enforcers know that this site is alive and how recent their view of it
+	// is. Negative: none (then other data centers cannot tell this site's silence from a
+	// cut link). Heartbeats need the Producer's own client (Brokers): with Client set none
+	// are sent. Default DefaultSiteHeartbeatInterval (500 ms).
+	SiteHeartbeatInterval time.Duration
 	// FlushInterval is the period of the background flush, which hands every finished
 	// bucket to Kafka. Default DefaultFlushInterval (50 ms). A negative value disables the
 	// background flush: hits then leave only through Flush and Close (for tests and
@@ -107,6 +121,15 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.FlushInterval == 0 {
 		c.FlushInterval = DefaultFlushInterval
+	}
+	if c.SubBuckets == 0 {
+		c.SubBuckets = window.DefaultSubBuckets
+	}
+	if c.SubBuckets < 0 {
+		return c, fmt.Errorf("%w: SubBuckets %d < 0", ErrBadConfig, c.SubBuckets)
+	}
+	if c.SiteHeartbeatInterval == 0 {
+		c.SiteHeartbeatInterval = DefaultSiteHeartbeatInterval
 	}
 	if c.MaxBufferedKeys == 0 {
 		c.MaxBufferedKeys = DefaultMaxBufferedKeys

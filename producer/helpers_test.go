@@ -23,6 +23,11 @@ type consumed struct {
 	records int
 	hits    []topics.Hit
 	parts   []int32 // partition of each hit, parallel to hits
+	// siteHeartbeats are the site heartbeats found, by partition; they are not in the
+	// fields above.
+	siteHeartbeats map[int32][]topics.Hit
+	// seq is every record, site heartbeats included, by partition in offset order.
+	seq map[int32][]topics.Hit
 }
 
 // readTopic reads every record of topic from the start up to its end offsets as of the
@@ -73,13 +78,24 @@ func readTopic(t testing.TB, brokers []string, topic string, opts ...kgo.Opt) co
 			if string(r.Key) != h.Key {
 				t.Fatalf("record key %q, hit key %q", r.Key, h.Key)
 			}
+			if end, ok := want[r.Partition]; ok && r.Offset+1 >= end {
+				delete(want, r.Partition)
+			}
+			if out.seq == nil {
+				out.seq = map[int32][]topics.Hit{}
+			}
+			out.seq[r.Partition] = append(out.seq[r.Partition], h)
+			if h.IsSiteHeartbeat() {
+				if out.siteHeartbeats == nil {
+					out.siteHeartbeats = map[int32][]topics.Hit{}
+				}
+				out.siteHeartbeats[r.Partition] = append(out.siteHeartbeats[r.Partition], h)
+				return
+			}
 			out.records++
 			out.hits = append(out.hits, h)
 			out.parts = append(out.parts, r.Partition)
 			out.counts[counter{h.Key, h.Window}] += h.Count
-			if end, ok := want[r.Partition]; ok && r.Offset+1 >= end {
-				delete(want, r.Partition)
-			}
 		})
 	}
 	return out

@@ -329,3 +329,51 @@ func TestBrokerComesBack(t *testing.T) {
 	t.Logf("before the broker came back: %d hits kept (%d unsent, %d in flight); %d records in all",
 		kept.UnsentHits+kept.InFlightHits, kept.UnsentHits, kept.InFlightHits, got.records)
 }
+
+// Site heartbeats reach every partition, and each promises what it says: on its partition,
+// no hit record that follows it starts before its time.
+func TestSiteHeartbeatsOnEveryPartition(t *testing.T) {
+	const partitions = 4
+	brokers := testenv.Brokers(t)
+	topic := testenv.CreateTopic(t, "hits", partitions, nil)
+	p, err := New(Config{Brokers: brokers, Topic: topic, Site: "eu-1", FlushInterval: 5 * time.Millisecond,
+		BucketWidth: 10 * time.Millisecond, SiteHeartbeatInterval: 50 * time.Millisecond, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Second)
+	for i := 0; time.Now().Before(deadline); i++ {
+		p.Hit(fmt.Sprintf("k%d", i%64), time.Minute, 1)
+		if i%64 == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := readTopic(t, brokers, topic)
+	for part := range int32(partitions) {
+		hbs := got.siteHeartbeats[part]
+		if len(hbs) < 5 {
+			t.Fatalf("partition %d got %d site heartbeats in 1 s at 50 ms", part, len(hbs))
+		}
+		var last int64 = -1
+		for _, h := range got.seq[part] {
+			if h.IsSiteHeartbeat() {
+				if h.Site != "eu-1" || h.BucketStart < last {
+					t.Fatalf("partition %d: heartbeat %+v after %d", part, h, last)
+				}
+				last = h.BucketStart
+				continue
+			}
+			if h.BucketStart < last {
+				t.Fatalf("partition %d: hit %+v after a heartbeat at %d", part, h, last)
+			}
+		}
+	}
+	if st := p.Stats(); st.SiteHeartbeatsOut < 5*partitions {
+		t.Fatalf("stats %+v", st)
+	}
+}

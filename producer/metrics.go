@@ -18,6 +18,9 @@ type Stats struct {
 	InvalidHits int64
 	// RecordsOut is the number of records Kafka acknowledged (records_out_total).
 	RecordsOut int64
+	// SiteHeartbeatsOut is the number of site heartbeats Kafka acknowledged
+	// (site_heartbeats_out_total).
+	SiteHeartbeatsOut int64
 	// BytesOut is the key plus value bytes of those records (bytes_out_total).
 	BytesOut int64
 	// BufferedKeys is the number of (key, window, bucket) slots held against
@@ -46,6 +49,7 @@ func (p *Producer) Stats() Stats {
 		s.InvalidHits += sh.invalid.Load()
 	}
 	s.RecordsOut = p.recordsOut.Load()
+	s.SiteHeartbeatsOut = p.heartbeatsOut.Load()
 	s.BytesOut = p.bytesOut.Load()
 	s.BufferedKeys = p.buffered.Load()
 	s.UnsentHits = p.unsentHits.Load()
@@ -84,6 +88,7 @@ func newMetrics(p *Producer, reg prometheus.Registerer) (*metrics, error) {
 		counter("dropped_hits_total", "Hits dropped because the buffer bound was full or the producer closed (sum of n).", func(s Stats) int64 { return s.DroppedHits }),
 		counter("invalid_hits_total", "Hit calls ignored for invalid key, window or n.", func(s Stats) int64 { return s.InvalidHits }),
 		counter("records_out_total", "Hit records acknowledged by Kafka.", func(s Stats) int64 { return s.RecordsOut }),
+		counter("site_heartbeats_out_total", "Site heartbeats acknowledged by Kafka.", func(s Stats) int64 { return s.SiteHeartbeatsOut }),
 		counter("bytes_out_total", "Key plus value bytes of acknowledged records.", func(s Stats) int64 { return s.BytesOut }),
 		gauge("buffered_keys", "(key, window, bucket) slots held against MaxBufferedKeys.", func(s Stats) int64 { return s.BufferedKeys }),
 		gauge("unsent_hits", "Hits Kafka could not take yet, kept for a retry.", func(s Stats) int64 { return s.UnsentHits }),

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/streamlimit/streamlimit/topics"
+	"github.com/streamlimit/streamlimit/window"
 )
 
 // ErrClosed is returned by Flush and Close once Close has been called.
@@ -51,7 +52,9 @@ type counterKey struct {
 type entry struct {
 	ck     counterKey
 	bucket int64 // start of the bucket n counts toward, unix ms
+	end    int64 // end of that bucket, unix ms
 	n      int64 // hits in bucket not yet drained
+	d      int64 // denied requests in bucket not yet drained
 	dirty  bool  // on the shard's dirty list
 }
 
@@ -59,8 +62,11 @@ type entry struct {
 type record struct {
 	ck     counterKey
 	bucket int64
-	n      int64
+	n, d   int64
 }
+
+// counts is a merged (hits, denied) pair waiting for Kafka.
+type counts struct{ n, d int64 }
 
 type recordKey struct {
 	ck     counterKey
@@ -115,6 +121,9 @@ type Producer struct {
 	maxKeys   int64
 	seed      maphash.Seed
 	shards    [numShards]shard
+	parts     partitioner // the client's partitioner when the Producer built the client
+
+	hbNext int64 // unix ms of the next site heartbeat, guarded by flushMu
 
 	buffered atomic.Int64 // entries + pending + unsent records; ≤ maxKeys
 	closed   atomic.Bool
@@ -126,17 +135,18 @@ type Producer struct {
 	lastLog     time.Time  // last produce-failure log, guarded by flushMu
 
 	unsentMu   sync.Mutex
-	unsent     map[recordKey]int64 // counts Kafka could not take yet, merged
+	unsent     map[recordKey]counts // counts Kafka could not take yet, merged
 	unsentHits atomic.Int64
 
-	maxInflight  int64
-	inflightRecs atomic.Int64
-	inflightHits atomic.Int64
-	recordsOut   atomic.Int64
-	bytesOut     atomic.Int64
-	produceErrs  atomic.Int64
-	lastErr      atomic.Pointer[error]
-	flushes      atomic.Int64
+	maxInflight   int64
+	inflightRecs  atomic.Int64
+	inflightHits  atomic.Int64
+	recordsOut    atomic.Int64
+	heartbeatsOut atomic.Int64
+	bytesOut      atomic.Int64
+	produceErrs   atomic.Int64
+	lastErr       atomic.Pointer[error]
+	flushes       atomic.Int64
 
 	metrics *metrics
 	stop    chan struct{}
@@ -157,7 +167,7 @@ func New(cfg Config) (*Producer, error) {
 		idleMs:  cfg.IdleTimeout.Milliseconds(),
 		maxKeys: int64(cfg.MaxBufferedKeys),
 		seed:    maphash.MakeSeed(),
-		unsent:  make(map[recordKey]int64),
+		unsent:  make(map[recordKey]counts),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -172,13 +182,17 @@ func New(cfg Config) (*Producer, error) {
 		}
 	} else {
 		p.maxInflight = int64(cfg.MaxInFlightRecords)
+		p.parts.inner = kgo.StickyKeyPartitioner(nil)
 		opts := append([]kgo.Opt{
 			kgo.SeedBrokers(cfg.Brokers...),
 			// StickyKeyPartitioner(nil) is documented to place keyed records exactly as
 			// Java does (before and after 3.3): murmur2, high bit masked, mod the
 			// partition count. Non-Go producers can match it (librdkafka:
 			// partitioner=murmur2_random).
-			kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+			//
+			// The wrapper sends site heartbeats to the partition they name, and learns the
+			// partition count from every record it places.
+			kgo.RecordPartitioner(&p.parts),
 			kgo.MaxBufferedRecords(cfg.MaxInFlightRecords),
 		}, cfg.KafkaOpts...)
 		p.cl, err = kgo.NewClient(opts...)
@@ -212,7 +226,9 @@ func (p *Producer) Hit(key string, window time.Duration, n int) {
 
 // HitAt records n hits of key, toward a window of length window (whole milliseconds; the
 // rest is truncated), in the bucket that contains t. The (key, window) pair is one counter:
-// hits with different windows are counted apart.
+// hits with different windows are counted apart. A bucket is BucketWidth long, cut short at
+// the sub-bucket boundaries of the window (window.Width with SubBuckets), so that every
+// record the aggregator receives lies in one of its sub-buckets.
 //
 // HitAt never blocks on Kafka and never performs I/O; it takes a per-shard mutex that is
 // only ever held for in-memory map and slice operations. Once the counter is known and
@@ -221,7 +237,27 @@ func (p *Producer) Hit(key string, window time.Duration, n int) {
 // n < 1) is ignored and counted in invalid_hits_total. Hits that the memory bound cannot take, or
 // that arrive after Close, are dropped and counted in dropped_hits_total.
 func (p *Producer) HitAt(key string, window time.Duration, t time.Time, n int) {
-	w := int64(window / time.Millisecond)
+	p.add(key, window, t, int64(n), 0)
+}
+
+// Denied records n requests for key, toward a window of length window, that were refused at
+// this site at the Producer's clock's current time. It is DeniedAt(key, window,
+// cfg.Clock.Now(), n).
+func (p *Producer) Denied(key string, window time.Duration, n int) {
+	p.DeniedAt(key, window, p.cfg.Clock.Now(), n)
+}
+
+// DeniedAt records n refused requests for key in the bucket that contains t. They count
+// toward no limit: they are the site's demand for the key, from which sites share a hot
+// key's room (a site where a client has just arrived has demand before it has hits). It is
+// coalesced with the hits of the same bucket and behaves as HitAt otherwise.
+func (p *Producer) DeniedAt(key string, window time.Duration, t time.Time, n int) {
+	p.add(key, window, t, 0, int64(n))
+}
+
+func (p *Producer) add(key string, wd time.Duration, t time.Time, n64, d64 int64) {
+	w := int64(wd / time.Millisecond)
+	n := n64 + d64
 	h := maphash.String(p.seed, key)
 	s := &p.shards[h&(numShards-1)]
 	h ^= uint64(w) * 0x9e3779b97f4a7c15
@@ -231,8 +267,12 @@ func (p *Producer) HitAt(key string, window time.Duration, t time.Time, n int) {
 	}
 	ms := t.UnixMilli()
 	b := ms - floorMod(ms, p.widthMs)
+	end := b + p.widthMs
+	if sub := window.Width(time.Duration(w)*time.Millisecond, p.cfg.SubBuckets); sub%p.widthMs != 0 {
+		sb := ms - floorMod(ms, sub)
+		b, end = max(b, sb), min(end, sb+sub)
+	}
 	ck := counterKey{key: key, window: w}
-	n64 := int64(n)
 
 	s.mu.Lock()
 	if p.closed.Load() {
@@ -247,10 +287,10 @@ func (p *Producer) HitAt(key string, window time.Duration, t time.Time, n int) {
 			s.mu.Unlock()
 			return
 		}
-		e = &entry{ck: ck, bucket: b}
+		e = &entry{ck: ck, bucket: b, end: end}
 		s.put(h, e)
 	} else if e.bucket != b {
-		if e.n > 0 {
+		if e.n > 0 || e.d > 0 {
 			// The counter moved to a new bucket before its old one was drained: park
 			// the old count so the entry can take the new bucket.
 			if !p.reserve() {
@@ -258,12 +298,13 @@ func (p *Producer) HitAt(key string, window time.Duration, t time.Time, n int) {
 				s.mu.Unlock()
 				return
 			}
-			s.pending = append(s.pending, record{ck: e.ck, bucket: e.bucket, n: e.n})
-			e.n = 0
+			s.pending = append(s.pending, record{ck: e.ck, bucket: e.bucket, n: e.n, d: e.d})
+			e.n, e.d = 0, 0
 		}
-		e.bucket = b
+		e.bucket, e.end = b, end
 	}
 	e.n += n64
+	e.d += d64
 	if !e.dirty {
 		e.dirty = true
 		s.dirty = append(s.dirty, e)
@@ -330,18 +371,21 @@ func (p *Producer) flush(all bool) {
 	room := p.maxInflight - p.inflightRecs.Load()
 	// Older counts first: what Kafka could not take before, as much as fits.
 	p.unsentMu.Lock()
-	for rk, n := range p.unsent {
+	for rk, c := range p.unsent {
 		if int64(len(batch)) >= room {
 			break
 		}
-		batch = append(batch, record{ck: rk.ck, bucket: rk.bucket, n: n})
+		batch = append(batch, record{ck: rk.ck, bucket: rk.bucket, n: c.n, d: c.d})
 		delete(p.unsent, rk)
-		p.unsentHits.Add(-n)
+		p.unsentHits.Add(-c.n)
 		p.buffered.Add(-1)
 	}
 	p.unsentMu.Unlock()
 
 	var released int64
+	// watermark is the start of the oldest bucket still held back: every hit of an
+	// earlier bucket is in this flush's batch or was handed to Kafka before.
+	watermark := nowMs
 	for i := range p.shards {
 		s := &p.shards[i]
 		s.mu.Lock()
@@ -351,19 +395,20 @@ func (p *Producer) flush(all bool) {
 		s.pending = s.pending[:0]
 		keep := s.dirty[:0]
 		for _, e := range s.dirty {
-			if !all && e.bucket+p.widthMs > nowMs {
+			if !all && e.end > nowMs {
 				keep = append(keep, e)
+				watermark = min(watermark, e.bucket)
 				continue
 			}
-			batch = append(batch, record{ck: e.ck, bucket: e.bucket, n: e.n})
-			e.n = 0
+			batch = append(batch, record{ck: e.ck, bucket: e.bucket, n: e.n, d: e.d})
+			e.n, e.d = 0, 0
 			e.dirty = false
 		}
 		clear(s.dirty[len(keep):])
 		s.dirty = keep
 		if pressure || i == p.sweepNext {
 			evict := func(e *entry) bool {
-				return !e.dirty && (pressure || nowMs-e.bucket-p.widthMs >= p.idleMs)
+				return !e.dirty && (pressure || nowMs-e.end >= p.idleMs)
 			}
 			for h, e := range s.m {
 				if evict(e) {
@@ -393,6 +438,9 @@ func (p *Producer) flush(all bool) {
 	}
 	clear(batch)
 	p.batch = batch[:0]
+	if !all {
+		p.siteHeartbeat(nowMs, watermark)
+	}
 
 	if p.metrics != nil {
 		p.metrics.flushSeconds.Observe(p.cfg.Clock.Now().Sub(start).Seconds())
@@ -413,7 +461,7 @@ func (p *Producer) flush(all bool) {
 
 // send hands r to the Kafka client.
 func (p *Producer) send(r record) {
-	h := topics.Hit{Key: r.ck.key, Site: p.cfg.Site, BucketStart: r.bucket, Window: r.ck.window, Count: r.n}
+	h := topics.Hit{Key: r.ck.key, Site: p.cfg.Site, BucketStart: r.bucket, Window: r.ck.window, Count: r.n, Denied: r.d}
 	buf := make([]byte, 0, 2*len(r.ck.key)+len(p.cfg.Site)+32)
 	buf = append(buf, r.ck.key...)
 	buf, err := h.AppendBinary(buf)
@@ -448,13 +496,14 @@ func (p *Producer) keepUnsent(r record) {
 	rk := recordKey{ck: r.ck, bucket: r.bucket}
 	p.unsentMu.Lock()
 	defer p.unsentMu.Unlock()
-	if _, ok := p.unsent[rk]; !ok {
-		if !p.reserve() {
-			p.shards[0].dropped.Add(r.n)
-			return
-		}
+	c, ok := p.unsent[rk]
+	if !ok && !p.reserve() {
+		p.shards[0].dropped.Add(r.n)
+		return
 	}
-	p.unsent[rk] += r.n
+	c.n += r.n
+	c.d += r.d
+	p.unsent[rk] = c
 	p.unsentHits.Add(r.n)
 }
 

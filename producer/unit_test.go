@@ -181,7 +181,7 @@ func TestBackgroundFlushFinishedBucketsAndEviction(t *testing.T) {
 	for range 10 { // 10 buckets, 5 flushes per bucket
 		for range 5 {
 			for range 20 {
-				p.Hit("a", time.Second, 1)
+				p.Hit("a", 6*time.Second, 1) // sub-buckets of 100 ms: one per bucket
 			}
 			p.flush(false)
 			clk.Advance(20 * time.Millisecond)
@@ -202,7 +202,7 @@ func TestBackgroundFlushFinishedBucketsAndEviction(t *testing.T) {
 		t.Fatalf("idle counter not evicted: %+v", st)
 	}
 	got := readTopic(t, c.ListenAddrs(), "hits")
-	if got.records != 10 || got.counts[counter{"a", 1000}] != 1000 {
+	if got.records != 10 || got.counts[counter{"a", 6000}] != 1000 {
 		t.Fatalf("read %d records, counts %v", got.records, got.counts)
 	}
 }
@@ -227,5 +227,68 @@ func TestHitDoesNotAllocate(t *testing.T) {
 		i++
 	}); a != 0 {
 		t.Fatalf("Hit allocates %v times per call", a)
+	}
+}
+
+// Buckets are cut at the sub-bucket boundaries of the hit's window, so that every record
+// lies in one sub-bucket of the aggregator: a 1 s window has 17 ms sub-buckets, and 100 ms
+// of hits every millisecond make one record per piece of the 100 ms bucket that a
+// sub-bucket boundary cuts.
+func TestBucketsCutAtSubBuckets(t *testing.T) {
+	c := newFake(t, 1, "hits")
+	clk := clock.NewFake(time.UnixMilli(1_000_000))
+	p, err := New(Config{Brokers: c.ListenAddrs(), Site: "eu", Clock: clk, FlushInterval: -1, Logger: discard, SiteHeartbeatInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(context.Background())
+	cells := map[[2]int64]bool{}
+	for ms := int64(1_000_000); ms < 1_000_100; ms++ {
+		clk.Set(time.UnixMilli(ms))
+		p.Hit("a", time.Second, 1)
+		cells[[2]int64{ms / 100, ms / 17}] = true
+	}
+	clk.Advance(time.Second)
+	p.flush(false)
+	if err := p.cl.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got := readTopic(t, c.ListenAddrs(), "hits")
+	if got.records != len(cells) || got.counts[counter{"a", 1000}] != 100 {
+		t.Fatalf("%d records, counts %v; want %d records", got.records, got.counts, len(cells))
+	}
+	for _, h := range got.hits {
+		// The record's start and the last millisecond of its piece are in one sub-bucket.
+		if h.BucketStart/17 != (h.BucketStart+h.Count-1)/17 {
+			t.Fatalf("record %+v straddles a sub-bucket boundary", h)
+		}
+	}
+}
+
+// Denied requests travel in the same records as hits, as a version 2 hit, and count toward
+// nothing but demand.
+func TestDenied(t *testing.T) {
+	c := newFake(t, 1, "hits")
+	clk := clock.NewFake(time.UnixMilli(1_000_000))
+	p, err := New(Config{Brokers: c.ListenAddrs(), Site: "eu", Clock: clk, FlushInterval: -1, Logger: discard, SiteHeartbeatInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(context.Background())
+	p.Hit("a", 6*time.Second, 2)
+	p.Denied("a", 6*time.Second, 5)
+	p.Denied("b", 6*time.Second, 1)
+	clk.Advance(time.Second)
+	p.flush(false)
+	if err := p.cl.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got := readTopic(t, c.ListenAddrs(), "hits")
+	byKey := map[string]topics.Hit{}
+	for _, h := range got.hits {
+		byKey[h.Key] = h
+	}
+	if a, b := byKey["a"], byKey["b"]; got.records != 2 || a.Count != 2 || a.Denied != 5 || b.Count != 0 || b.Denied != 1 {
+		t.Fatalf("records %+v", got.hits)
 	}
 }

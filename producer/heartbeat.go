@@ -1,0 +1,77 @@
+package producer
+
+import (
+	"context"
+	"sync/atomic"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// partitioner places records as kgo.StickyKeyPartitioner(nil) does (murmur2 of the key,
+// Java's placement), except site heartbeats, which go to the partition set in
+// Record.Partition. Every record it places tells it the topic's partition count, which the
+// heartbeats need.
+type partitioner struct {
+	inner kgo.Partitioner
+	n     atomic.Int32 // partitions of the hits topic, 0 until a record was placed
+}
+
+func (p *partitioner) ForTopic(t string) kgo.TopicPartitioner {
+	return &topicPartitioner{inner: p.inner.ForTopic(t), parent: p}
+}
+
+type topicPartitioner struct {
+	inner  kgo.TopicPartitioner
+	parent *partitioner
+}
+
+func (t *topicPartitioner) RequiresConsistency(r *kgo.Record) bool {
+	return isSiteHeartbeat(r) || t.inner.RequiresConsistency(r)
+}
+
+func (t *topicPartitioner) Partition(r *kgo.Record, n int) int {
+	t.parent.n.Store(int32(n))
+	if isSiteHeartbeat(r) {
+		return int(r.Partition) % n
+	}
+	return t.inner.Partition(r, n)
+}
+
+func isSiteHeartbeat(r *kgo.Record) bool { return string(r.Key) == topics.SiteHeartbeatKey }
+
+// siteHeartbeat sends, when due, a site heartbeat stamped watermark (unix ms) to every
+// partition of the hits topic: each partition's records before it hold every hit of this
+// Producer's buckets that started before watermark, since kgo keeps a partition's records
+// in order. It sends nothing while counts wait for Kafka to take them (the heartbeat would
+// claim hits that are not there), before the partition count is known (then it sends one, to
+// partition 0, to learn it), or when heartbeats are off. The caller holds flushMu.
+func (p *Producer) siteHeartbeat(nowMs, watermark int64) {
+	if p.cfg.SiteHeartbeatInterval < 0 || !p.ownClient || nowMs < p.hbNext {
+		return
+	}
+	p.unsentMu.Lock()
+	waiting := len(p.unsent)
+	p.unsentMu.Unlock()
+	if waiting > 0 {
+		return
+	}
+	p.hbNext = nowMs + p.cfg.SiteHeartbeatInterval.Milliseconds()
+	h := topics.Hit{Key: topics.SiteHeartbeatKey, Site: p.cfg.Site, BucketStart: watermark}
+	v, err := h.MarshalBinary()
+	if err != nil {
+		// Unreachable: New validated the site.
+		p.cfg.Logger.Error("producer: encoding a site heartbeat", "err", err)
+		return
+	}
+	n := max(p.parts.n.Load(), 1)
+	for i := range n {
+		r := &kgo.Record{Topic: p.cfg.Topic, Key: []byte(topics.SiteHeartbeatKey), Value: v, Partition: i}
+		p.cl.TryProduce(context.Background(), r, func(_ *kgo.Record, err error) {
+			if err == nil {
+				p.heartbeatsOut.Add(1)
+			}
+		})
+	}
+}

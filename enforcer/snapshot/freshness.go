@@ -55,18 +55,76 @@ func (s *Snapshot) applyHeartbeat(key, value []byte) error {
 	return nil
 }
 
+// SiteTimes is how far the snapshot's view of each site reaches, from the aggregators'
+// heartbeats: for every site some source lists, the earliest of the times up to which the
+// sources say they have counted its hits (topics.Heartbeat.Sites), in unix milliseconds of
+// the site's clock. A site whose time falls behind is one whose hits have stopped arriving
+// here — a cut link, a stopped replicator, a data center down, or the site itself gone —
+// and it is no longer known to be idle: the enforcer then assumes it spends its share. A
+// SiteTimes is immutable.
+type SiteTimes struct {
+	sites []SiteTime // sorted by Site
+}
+
+// SiteTime is one site's entry in SiteTimes.
+type SiteTime struct {
+	Site string
+	// Heard is the time up to which this site's hits have been counted, unix ms.
+	Heard int64
+}
+
+// Sites returns every site with a time, sorted by name. Read only.
+func (t *SiteTimes) Sites() []SiteTime {
+	if t == nil {
+		return nil
+	}
+	return t.sites
+}
+
+// Heard returns the time up to which site's hits have been counted, and whether any
+// source lists the site.
+func (t *SiteTimes) Heard(site string) (int64, bool) {
+	if t == nil {
+		return 0, false
+	}
+	i, ok := slices.BinarySearchFunc(t.sites, site, func(e SiteTime, s string) int { return strings.Compare(e.Site, s) })
+	if !ok {
+		return 0, false
+	}
+	return t.sites[i].Heard, true
+}
+
+// SiteTimes returns the current per-site freshness (nil before any heartbeat that lists a
+// site). It does not allocate and takes no lock.
+func (s *Snapshot) SiteTimes() *SiteTimes { return s.sites.Load() }
+
 // recomputeLocked refreshes the summary that StaleAt reads. Sources are few (one per hits
 // partition per data center), so a full pass per heartbeat is cheap.
 func (s *Snapshot) recomputeLocked() {
 	oldest, replaying := int64(noHeartbeat), false
+	heard := map[string]int64{}
 	for _, h := range s.sources {
 		if oldest == noHeartbeat || h.AsOf < oldest {
 			oldest = h.AsOf
 		}
 		replaying = replaying || h.Replaying
+		for site, ms := range h.Sites {
+			if prev, ok := heard[site]; !ok || ms < prev {
+				heard[site] = ms
+			}
+		}
 	}
 	s.oldestMs.Store(oldest)
 	s.replaying.Store(replaying)
+	var st *SiteTimes
+	if len(heard) > 0 {
+		st = &SiteTimes{sites: make([]SiteTime, 0, len(heard))}
+		for site, ms := range heard {
+			st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms})
+		}
+		slices.SortFunc(st.sites, func(a, b SiteTime) int { return strings.Compare(a.Site, b.Site) })
+	}
+	s.sites.Store(st)
 }
 
 // AgeAt returns how old the snapshot's counts may be at now: now minus the oldest of the

@@ -25,6 +25,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
+	"github.com/streamlimit/streamlimit/window"
 )
 
 // Defaults of Config.
@@ -48,6 +49,10 @@ var (
 	// ErrFull: a count for a new key arrived while the snapshot held MaxKeys keys; it was
 	// refused (counted in refused_keys_total, not in bad_records_total).
 	ErrFull = errors.New("snapshot full")
+	// ErrSubBuckets: the count was made on another sub-bucket grid than Config.SubBuckets
+	// (reason "sub_buckets"): the aggregator and the enforcers are configured differently,
+	// and the own-site count the enforcer subtracts would not match the one it replaces.
+	ErrSubBuckets = errors.New("count made with another number of sub-buckets")
 )
 
 // Config configures a Snapshot. Every field has a usable zero value, written in its comment,
@@ -72,6 +77,10 @@ type Config struct {
 	// MaxStaleness is how old the oldest source's latest heartbeat may be before Stale
 	// reports true. Default DefaultMaxStaleness (10 s).
 	MaxStaleness time.Duration
+	// SubBuckets is the number of sub-buckets the enforcer counts its own site with; a
+	// count that states another is refused (ErrSubBuckets) and logged at error level.
+	// Default window.DefaultSubBuckets.
+	SubBuckets int
 	// SweepInterval is how often Run removes idle entries (see Sweep). Default
 	// DefaultSweepInterval (10 s).
 	SweepInterval time.Duration
@@ -96,6 +105,9 @@ func (c Config) normalize() (Config, error) {
 	}
 	if c.SweepInterval == 0 {
 		c.SweepInterval = DefaultSweepInterval
+	}
+	if c.SubBuckets == 0 {
+		c.SubBuckets = window.DefaultSubBuckets
 	}
 	c.Clock = clock.Or(c.Clock)
 	if c.Logger == nil {
@@ -189,6 +201,12 @@ type Snapshot struct {
 
 	srcMu   sync.Mutex
 	sources map[string]topics.Heartbeat // by heartbeat key
+	// sites is the per-site freshness the sources' heartbeats give, rebuilt at each
+	// heartbeat (see SiteTimes).
+	sites atomic.Pointer[SiteTimes]
+	// lastMismatchLog is when ErrSubBuckets was last logged (unix ns), to log it once a
+	// minute.
+	lastMismatchLog atomic.Int64
 
 	internMu sync.Mutex
 	intern   map[string]string
@@ -295,6 +313,13 @@ func (s *Snapshot) Apply(key, value []byte) error {
 		s.met.bad("key_mismatch")
 		return fmt.Errorf("snapshot: %w: record key %q, value key %q", ErrKeyMismatch, truncate(key), truncate([]byte(c.Key)))
 	}
+	if c.SubBuckets != 0 && c.SubBuckets != s.cfg.SubBuckets {
+		s.met.bad("sub_buckets")
+		err := fmt.Errorf("snapshot: %w: key %q counted with %d, this enforcer uses %d: configure the aggregators and enforcers alike (--sub-buckets)",
+			ErrSubBuckets, truncate(key), c.SubBuckets, s.cfg.SubBuckets)
+		s.logMismatch(err)
+		return err
+	}
 	for i := range c.Sites {
 		c.Sites[i].Site = s.internSite(c.Sites[i].Site)
 	}
@@ -369,6 +394,16 @@ func (s *Snapshot) Sweep(now time.Time) int {
 	})
 	s.met.evicted.Add(float64(removed))
 	return removed
+}
+
+// logMismatch logs a sub-bucket mismatch at error level, at most once a minute: it means
+// every count is refused and global limits are decided on local shares only.
+func (s *Snapshot) logMismatch(err error) {
+	now := time.Now().UnixNano()
+	if last := s.lastMismatchLog.Load(); now-last < int64(time.Minute) || !s.lastMismatchLog.CompareAndSwap(last, now) {
+		return
+	}
+	s.cfg.Logger.Error("counts refused: sub-bucket grids differ", "err", err)
 }
 
 func truncate(b []byte) string {

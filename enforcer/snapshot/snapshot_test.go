@@ -455,3 +455,59 @@ func TestConfig(t *testing.T) {
 		t.Fatal("second registration succeeded")
 	}
 }
+
+// Each site's time is the earliest any source gives it: a site is only as fresh as its
+// most lagging partition.
+func TestSiteTimes(t *testing.T) {
+	f := newFixture(t, Config{})
+	if f.s.SiteTimes() != nil {
+		t.Fatal("site times before any heartbeat")
+	}
+	for p, sites := range []map[string]int64{{"eu": 100, "us": 90}, {"eu": 95}, {"us": 200, "ap": 7}} {
+		hb := topics.Heartbeat{Instance: "a", Topic: "hits", Partition: int32(p), AsOf: 300, Sites: sites}
+		v, err := hb.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.apply(t, topics.HeartbeatKey("hits", int32(p)), v)
+	}
+	st := f.s.SiteTimes()
+	want := []SiteTime{{"ap", 7}, {"eu", 95}, {"us", 90}}
+	if got := st.Sites(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("sites %v, want %v", got, want)
+	}
+	if ms, ok := st.Heard("eu"); !ok || ms != 95 {
+		t.Fatalf("Heard(eu) = %d, %v", ms, ok)
+	}
+	if _, ok := st.Heard("xx"); ok {
+		t.Fatal("Heard of an unknown site")
+	}
+	// A tombstone retires a source and its sites.
+	f.apply(t, topics.HeartbeatKey("hits", 2), nil)
+	if _, ok := f.s.SiteTimes().Heard("ap"); ok {
+		t.Fatal("ap still listed after its only source was retired")
+	}
+}
+
+// A count made on another sub-bucket grid is refused and counted; one that states none
+// (version 1) or the same is applied.
+func TestSubBucketMismatch(t *testing.T) {
+	f := newFixture(t, Config{SubBuckets: 60})
+	for _, c := range []struct {
+		sub int
+		ok  bool
+	}{{0, true}, {60, true}, {30, false}} {
+		v, err := (&topics.Count{Key: "k", Window: 60000, AsOf: t0.UnixMilli(), Total: 1, SubBuckets: c.sub,
+			Sites: []topics.SiteCount{{Site: "eu", Count: 1}}}).MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = f.s.Apply([]byte("k"), v)
+		if c.ok != (err == nil) || (!c.ok && !errors.Is(err, ErrSubBuckets)) {
+			t.Fatalf("sub-buckets %d: %v", c.sub, err)
+		}
+	}
+	if got := f.metric(t, "streamlimit_snapshot_bad_records_total", "reason", "sub_buckets"); got != 1 {
+		t.Fatalf("bad_records_total{sub_buckets} = %v", got)
+	}
+}

@@ -398,9 +398,10 @@ func (c *Counter) AppendSites(dst []topics.SiteCount, s *Spec, t int64) ([]topic
 // AppendSitesAt is AppendSites with each site counted at its own instant: at(site) when it
 // reports true and is before t, else t. The aggregator counts a site whose hits have stopped
 // arriving as of the last time it heard from it, so that its hits do not seem to leave the
-// window while its newer ones cannot be seen. Demand is taken at t. A site is listed when
-// its count is not zero or its demand is at least DemandFloor, so that a site whose requests
-// were all denied still shows its demand. It returns dst, the total and whether no site was
+// window while its newer ones cannot be seen; its demand is taken at the same instant, so
+// that its share of a hot key's room does not fade while it cannot be heard. A site is
+// listed when its count is not zero or its demand is at least DemandFloor, so that a site
+// whose requests were all denied still shows its demand. It returns dst, the total and whether no site was
 // listed (the counter has nothing left to say and can be forgotten).
 func (c *Counter) AppendSitesAt(dst []topics.SiteCount, s *Spec, t int64, at func(site string) (int64, bool)) ([]topics.SiteCount, float64, bool) {
 	var total float64
@@ -442,12 +443,13 @@ func (sr *siteRing) at(s *Spec, t int64, at func(site string) (int64, bool)) (co
 	}
 	i0, frac := s.Oldest(ts)
 	w, o := sr.parts(s, i0)
-	demand = sr.demand.At(t, s.tau())
+	demand = sr.demand.At(ts, s.tau())
 	if w == 0 && o == 0 && demand < DemandFloor {
 		return 0, 0, false
 	}
 	return combine(w, o, frac), demand, true
 }
+
 // Reference is the brute-force statement of the rule: given every hit of one counter (with
 // BucketStart in unix ms), it returns the count at instant t over all sites and per site
 // (sites with a zero count left out). It ignores the ring's clamping of far-future hits.

@@ -365,8 +365,9 @@ func TestAppendSitesAt(t *testing.T) {
 	at := func(site string) (int64, bool) { v, ok := heard[site]; return v, ok }
 	got, total, zero := c.AppendSitesAt(nil, &s, 11_500, at)
 	// At 11.5 s the bucket [1 s, 2 s) is half out: eu counts 2.5; us, last heard at 2 s,
-	// still counts 5; ap has no hits but 3 denied requests 2.5 s ago.
-	want := []topics.SiteCount{{Site: "ap", Count: 0, Demand: 3 * math.Exp(-2.5)}, {Site: "eu", Count: 2.5, Demand: 5 * math.Exp(-10.5)}, {Site: "us", Count: 5, Demand: 5 * math.Exp(-10.5)}}
+	// still counts 5 and its demand is as of then; ap has no hits but 3 denied requests
+	// 2.5 s ago.
+	want := []topics.SiteCount{{Site: "ap", Count: 0, Demand: 3 * math.Exp(-2.5)}, {Site: "eu", Count: 2.5, Demand: 5 * math.Exp(-10.5)}, {Site: "us", Count: 5, Demand: 5 * math.Exp(-1)}}
 	if zero || math.Abs(total-7.5) > 1e-9 || len(got) != 3 {
 		t.Fatalf("got %+v, total %v, zero %v", got, total, zero)
 	}

@@ -142,4 +142,5 @@ descriptors:
 
 type discardPublisher struct{}
 
-func (discardPublisher) Hit(string, time.Duration, int) {}
+func (discardPublisher) Hit(string, time.Duration, int)    {}
+func (discardPublisher) Denied(string, time.Duration, int) {}

@@ -45,10 +45,6 @@ type keyHandle struct {
 	ver     uint64
 	entry   snapshot.Entry
 	known   bool
-	// The entry's sharedCap for allowance capAllow (capAllow 0: not computed).
-	capAllow float64
-	capVal   float64
-	capOK    bool
 
 	// ringMem is memory for the key's first LocalCounter entry, claimed by ringUsed, so
 	// that the entry shares cache lines with the handle. It is last so that the fields

@@ -16,12 +16,15 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/window"
 )
 
-// Publisher publishes the admitted hits of global limits to the hits topic. It must never
-// block. *producer.Producer implements it.
+// Publisher publishes the admitted hits of global limits to the hits topic, and the
+// requests this site denied (its demand, by which sites share a hot key's room). It must
+// never block. *producer.Producer implements it.
 type Publisher interface {
 	Hit(key string, window time.Duration, n int)
+	Denied(key string, window time.Duration, n int)
 }
 
 // SiteStore decides site-scope limits for all enforcers of one site. It never fails: when
@@ -49,7 +52,11 @@ type Config struct {
 	// SiteStore decides site-scope limits. Default: nil, and site-scope limits are
 	// decided in Local, as if the site were this process.
 	SiteStore SiteStore
-	// Counter is this site's exact count of global keys. Default: a new LocalCounter.
+	// SubBuckets is the number of sub-buckets windows are split into, as the aggregators
+	// split them. Default window.DefaultSubBuckets.
+	SubBuckets int
+	// Counter is this site's exact count of global keys. Default: a new LocalCounter with
+	// SubBuckets.
 	// Several enforcers of one site must share one, in Redis (sitestore.NewCounter), for
 	// invariant 3 to hold.
 	Counter SiteCounter
@@ -59,22 +66,29 @@ type Config struct {
 	// Publisher receives every admitted hit of a global limit. Default nil: hits are not
 	// published (a single-site setup, or tests).
 	Publisher Publisher
-	// HotHorizon is added to the pipeline lag when judging whether a global key is hot:
-	// a key is hot when the room left in the snapshot is less than its recent rate times
-	// (lag + HotHorizon). Default 1s.
-	HotHorizon time.Duration
-	// HotFraction also makes a key hot when less than this fraction of its limit is left
-	// in the snapshot, whatever its rate: a client that just started to exceed its limit at
-	// several sites has a recent rate that understates its demand. Default 1: every key
-	// with traffic in the snapshot is shared by the sites' recent fractions (the accuracy
-	// simulation, docs/accuracy.md, shows that bursts overshoot with anything less).
-	HotFraction float64
-	// MinShare is the smallest share of a hot key's room a site may spend, so that a site
-	// with no recent traffic is not starved. Default 0.05.
+	// MinShare is the smallest share of a hot key's room a fresh site may hold, so that a
+	// site the snapshot does not show yet — where a client has just arrived — is not shut
+	// out for the pipeline's lag. Default DefaultMinShare.
 	MinShare float64
 	// DefaultShare is a site's share of a global limit for a key the snapshot has never
-	// shown, used when the snapshot is stale. Set it to 1/number of sites. Default 1.
+	// shown, and the share a silent site is assumed to spend (see SiteStaleAfter). Default
+	// 0: 1/the number of sites the snapshot's heartbeats list (1 without a snapshot).
 	DefaultShare float64
+	// ShareDamping holds back part of a hot key's room: a fresh site whose share of the
+	// room is f may spend f / (1 + ShareDamping × (1 − f)) of it until the next count. The
+	// counts lag the sites' admissions by the pipeline's lag and the shares move with
+	// demand between two counts, so a site can have spent a larger share than the next
+	// count gives it while the room that count hands the others is partly spent already;
+	// the held-back part absorbs that. Near 0 spends the whole room (more over-admission in
+	// bursts), 1 holds back the most (more under-admission near the limit); negative turns
+	// damping off. Default DefaultShareDamping, chosen with the accuracy simulation
+	// (docs/accuracy.md).
+	ShareDamping float64
+	// SiteStaleAfter is how long a site may go unheard (its site heartbeats, through the
+	// aggregators' heartbeats) before it is assumed to spend its share of every global
+	// limit: its hits may be cut off from here (a partition between data centers), and its
+	// silence is not idleness. Default DefaultSiteStaleAfter.
+	SiteStaleAfter time.Duration
 	// RecoveryHold is how long, after the snapshot was last stale, a global limit stays
 	// capped at this site's share as well as by the snapshot (bounded by the limit's
 	// window): right after Kafka or the aggregator comes back, hits published during the
@@ -94,6 +108,7 @@ type Config struct {
 // multiple goroutines; DecideInto does not allocate once its keys are known.
 type Limiter struct {
 	cfg     Config
+	share   sharing
 	keys    keyCache
 	metrics *metrics
 	scratch sync.Pool // *scratch
@@ -102,6 +117,18 @@ type Limiter struct {
 	// stale (0: never), for Config.RecoveryHold.
 	lastStale atomic.Int64
 }
+
+// Defaults of Config.
+const (
+	// DefaultMinShare is Config.MinShare when zero.
+	DefaultMinShare = 0.05
+	// DefaultSiteStaleAfter is Config.SiteStaleAfter when zero: about three times the
+	// freshness age of a healthy pipeline (site heartbeats every 500 ms, aggregator
+	// heartbeats every 500 ms, replication and emission in between).
+	DefaultSiteStaleAfter = 3 * time.Second
+	// DefaultShareDamping is Config.ShareDamping when zero.
+	DefaultShareDamping = 0.6
+)
 
 // New returns a Limiter.
 func New(cfg Config) (*Limiter, error) {
@@ -114,20 +141,28 @@ func New(cfg Config) (*Limiter, error) {
 	if cfg.Local == nil {
 		cfg.Local = algo.New(algo.Options{})
 	}
+	if cfg.SubBuckets <= 0 {
+		cfg.SubBuckets = window.DefaultSubBuckets
+	}
 	if cfg.Counter == nil {
-		cfg.Counter = NewLocalCounter(LocalCounterOptions{})
-	}
-	if cfg.HotHorizon <= 0 {
-		cfg.HotHorizon = time.Second
-	}
-	if cfg.HotFraction <= 0 {
-		cfg.HotFraction = 1
+		cfg.Counter = NewLocalCounter(LocalCounterOptions{SubBuckets: cfg.SubBuckets})
 	}
 	if cfg.MinShare <= 0 {
-		cfg.MinShare = 0.05
+		cfg.MinShare = DefaultMinShare
 	}
-	if cfg.DefaultShare <= 0 || cfg.DefaultShare > 1 {
-		cfg.DefaultShare = 1
+	if cfg.DefaultShare < 0 || cfg.DefaultShare > 1 {
+		return nil, fmt.Errorf("enforcer: DefaultShare %v is not in [0, 1]", cfg.DefaultShare)
+	}
+	if cfg.SiteStaleAfter <= 0 {
+		cfg.SiteStaleAfter = DefaultSiteStaleAfter
+	}
+	switch {
+	case cfg.ShareDamping == 0:
+		cfg.ShareDamping = DefaultShareDamping
+	case cfg.ShareDamping < 0:
+		cfg.ShareDamping = 0
+	case cfg.ShareDamping > 1:
+		return nil, fmt.Errorf("enforcer: ShareDamping %v is above 1", cfg.ShareDamping)
 	}
 	if cfg.RecoveryHold <= 0 {
 		cfg.RecoveryHold = 30 * time.Second
@@ -140,7 +175,8 @@ func New(cfg Config) (*Limiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
-	l := &Limiter{cfg: cfg, metrics: m}
+	l := &Limiter{cfg: cfg, metrics: m,
+		share: sharing{site: cfg.Site, minShare: cfg.MinShare, defaultShare: cfg.DefaultShare, siteStale: cfg.SiteStaleAfter, damping: cfg.ShareDamping}}
 	l.keys.init(1 << 20)
 	l.scratch.New = func() any { return new(scratch) }
 	return l, nil
@@ -242,7 +278,7 @@ func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
 			ref := opRef{desc: d, limit: lim, key: h.key, h: h, shadow: r.ShadowMode}
 			switch lim.Scope {
 			case rules.Global:
-				s.globOps = append(s.globOps, GlobalOp{Key: ref.key, Window: lim.Window, N: n, h: h})
+				s.globOps = append(s.globOps, GlobalOp{Key: ref.key, Window: lim.Window, N: n, Hard: lim.Hard, h: h})
 				s.globRefs = append(s.globRefs, ref)
 			case rules.Site:
 				op := algo.Op{Key: ref.key, Algorithm: lim.Algorithm, Limit: lim.Algo(), N: n}
@@ -287,7 +323,7 @@ func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
 			clear(s.globCount)
 		}
 		for i := range s.globOps {
-			s.globOut[i] = l.decideGlobal(&s.globOps[i], s.globRefs[i].limit, s.globCount[i], s.globTotal[i])
+			s.globOut[i] = l.decideGlobal(now, &s.globOps[i], s.globRefs[i].limit, s.globCount[i], s.globTotal[i])
 			if !s.globOut[i].Allowed && !s.globRefs[i].shadow {
 				admitted = false
 			}
@@ -321,6 +357,14 @@ func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
 	}
 	if admitted {
 		l.commitShadow(ctx, now, s)
+	} else if l.cfg.Publisher != nil {
+		// The request's global keys were in demand here: publish it, so that the sites
+		// share the keys' room toward where their clients are now.
+		for i := range s.globOps {
+			if !s.globRefs[i].shadow {
+				l.cfg.Publisher.Denied(s.globOps[i].Key, s.globOps[i].Window, int(n))
+			}
+		}
 	}
 
 	// 3. Report: per descriptor, the limit that denied, else the one with least room.
@@ -481,230 +525,114 @@ func (l *Limiter) report(res *Result, refs []opRef, out []algo.Decision, stale [
 }
 
 // globalCap computes one global limit's cap on this site's count (for Commit) from the
-// snapshot. It also returns the key's total over all sites in the snapshot, and whether
-// the limit is decided on a local share because the snapshot is stale.
-func (l *Limiter) globalCap(now time.Time, op *GlobalOp, lim *rules.Limit) (capLocal, total float64, stale bool) {
+// snapshot, with the key's total over all sites in the snapshot, and whether the decision
+// is a fallback: the snapshot is stale and the limit is decided on a local share, or a
+// remote site is silent and assumed to spend its share.
+func (l *Limiter) globalCap(now time.Time, op *GlobalOp, lim *rules.Limit) (capLocal, total float64, fallback bool) {
 	allowance := float64(lim.Algo().Allowance())
+	sn := l.cfg.Snapshot
+	if sn == nil {
+		return dither(allowance*l.share.staleShare(nil, false, nil), op.Key, now.Unix()), 0, true
+	}
+	stale := sn.StaleAt(now)
+	if stale {
+		// Written at most once a millisecond: every decision reads it, and a store per
+		// decision would bounce its cache line between cores while stale.
+		if ns := now.UnixNano(); ns-l.lastStale.Load() > int64(time.Millisecond) {
+			l.lastStale.Store(ns)
+		}
+	}
 	var (
 		e     snapshot.Entry
 		known bool
 	)
-	// cached reports that the key's sharedCap for allowance is cached in the handle.
-	var (
-		cachedCap float64
-		cachedOK  bool
-		cached    bool
-	)
-	stale = true
-	if sn := l.cfg.Snapshot; sn != nil {
-		stale = sn.StaleAt(now)
-		if stale {
-			// Written at most once a millisecond: every decision reads it, and a store per
-			// decision would bounce its cache line between cores while stale.
-			if ns := now.UnixNano(); ns-l.lastStale.Load() > int64(time.Millisecond) {
-				l.lastStale.Store(ns)
-			}
-		}
-		if h := op.h; h != nil {
-			e, known, cachedCap, cachedOK, cached = l.snapEntry(sn, h, allowance)
-		} else {
-			e, known = sn.Get(op.Key)
-		}
-		// A count for another window is another counter; one whose window has passed since
-		// its as-of time describes hits that are gone (the aggregator tombstones such keys,
-		// but not while no instance owns them).
-		if known && (e.Window != op.Window || e.Expired(now)) {
-			known = false
-		}
+	if h := op.h; h != nil {
+		e, known = l.snapEntry(sn, h)
+	} else {
+		e, known = sn.Get(op.Key)
 	}
-	switch {
-	case stale:
-		capLocal = allowance * l.staleShare(&e, known)
-	case known:
-		remote := e.Remote()
-		capLocal = allowance - remote
-		room := allowance - e.Total
-		lag := max(now.Sub(e.AsOfTime()), 0)
-		rate := e.Total / e.Window.Seconds()
-		if room < rate*(lag+l.cfg.HotHorizon).Seconds() || room < l.cfg.HotFraction*allowance {
-			c, ok := cachedCap, cachedOK
-			if !cached {
-				c, ok = l.sharedCap(op.Key, &e, room, allowance)
-			}
-			if ok {
-				// Already rounded together with the other sites (whole, so dither keeps it).
-				capLocal = c
-			} else {
-				share := max(e.Share(), l.cfg.MinShare)
-				capLocal = min(capLocal, e.Mine+share*max(room, 0))
-			}
-		}
-	default:
-		// A key the fresh snapshot does not show is new, or was idle for a whole window.
-		// Every site sees it so until its first hits come back through the pipeline, and
-		// would each admit the whole limit: spend only this site's default share until then.
-		capLocal = allowance * l.cfg.DefaultShare
+	// A count for another window is another counter; one whose window has passed since its
+	// as-of time describes hits that are gone (the aggregator tombstones such keys, but
+	// not while no instance owns them).
+	if known && (e.Window != op.Window || e.Expired(now)) {
+		known = false
 	}
-	if !stale {
-		if last := l.lastStale.Load(); last != 0 && now.UnixNano()-last < int64(min(op.Window, l.cfg.RecoveryHold)) {
-			// Recovering from an outage: the fresh counts may still miss hits published
-			// during it; each site also keeps to its share, which sum to the limit.
-			capLocal = min(capLocal, allowance*l.staleShare(&e, known))
-		}
-	}
-	// Round the same way for every request until the snapshot changes: rounding each
-	// request anew would, under heavy demand, round up almost surely (one request admitted
-	// at the higher cap is enough), which is rounding up, not dithering.
+	st := sn.SiteTimes()
 	salt := now.Unix()
 	if known {
 		salt = e.AsOf
-	}
-	capLocal = dither(capLocal, op.Key, salt)
-	if known {
 		total = e.Total
 	}
-	return capLocal, total, stale
-}
-
-// staleShare is this site's share of a global limit when the snapshot cannot be trusted:
-// its last known fraction of the key's traffic (at least MinShare), or DefaultShare for a
-// key never seen.
-func (l *Limiter) staleShare(e *snapshot.Entry, known bool) float64 {
-	if known && e.Total > 0 {
-		return max(e.Share(), l.cfg.MinShare)
+	if stale {
+		return dither(allowance*l.share.staleShare(&e, known, st), op.Key, salt), total, true
 	}
-	return l.cfg.DefaultShare
+	capLocal, fallback = l.share.capFor(now, op.Key, allowance, &e, known, st)
+	if last := l.lastStale.Load(); last != 0 && now.UnixNano()-last < int64(min(op.Window, l.cfg.RecoveryHold)) {
+		// Recovering from an outage: the fresh counts may still miss hits published
+		// during it; each site also keeps to its share, which sum to the limit.
+		capLocal = min(capLocal, dither(allowance*l.share.staleShare(&e, known, st), op.Key, salt))
+	}
+	return capLocal, total, fallback
 }
 
 // snapEntry returns the snapshot's entry for h's key, from h's cache while the snapshot
-// has not changed since it was filled, and the entry's sharedCap for allowance when cached
-// (then cached is true). The cache saves the snapshot's map lookup and the walk over the
-// entry's per-site breakdown, two cache misses per decision. A stale result is never
-// returned: Version is read before Get, so an Apply racing with the refresh makes the next
-// decision refresh again.
-func (l *Limiter) snapEntry(sn *snapshot.Snapshot, h *keyHandle, allowance float64) (e snapshot.Entry, known bool, capVal float64, capOK, cached bool) {
+// has not changed since it was filled. The cache saves the snapshot's map lookup, a cache
+// miss per decision. A stale result is never returned: Version is read before Get, so an
+// Apply racing with the refresh makes the next decision refresh again.
+func (l *Limiter) snapEntry(sn *snapshot.Snapshot, h *keyHandle) (snapshot.Entry, bool) {
 	v := sn.Version()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.snapSet || h.snapFor != sn || h.ver != v {
 		h.entry, h.known = sn.Get(h.key)
 		h.snapSet, h.snapFor, h.ver = true, sn, v
-		h.capAllow = 0
 	}
-	if h.known && h.entry.Total > 0 && h.capAllow != allowance {
-		// sharedCap depends only on the entry, the allowance and the Limiter's fixed
-		// configuration, not on the time.
-		h.capVal, h.capOK = l.sharedCap(h.key, &h.entry, allowance-h.entry.Total, allowance)
-		h.capAllow = allowance
-	}
-	return h.entry, h.known, h.capVal, h.capOK, h.known && h.entry.Total > 0 && h.capAllow == allowance
-}
-
-// shareSmoothing is the weight, in limits, of the prior that every site has
-// DefaultShare of a key's traffic: a site's share of a hot key's room is
-// (count + k·DefaultShare) / (total + k) with k = shareSmoothing × allowance. Raw
-// fractions count/total swing from one snapshot to the next when the window holds few hits
-// (the start of a burst), and a site that spent a large share under one snapshot still
-// holds it, unseen by the others, when the next one hands the room to another site. The
-// accuracy simulation (docs/accuracy.md) chose 1: bursty 10× at 3 sites, 200 ms, worst
-// window 1.17 → 1.11 of the limit.
-const shareSmoothing = 1
-
-// sharedCap is a hot key's cap when this site appears in the snapshot's breakdown: every
-// site s of the breakdown may hold its count there plus its share of the room,
-// count_s + share_s × room with share_s as in shareSmoothing (at least MinShare), where
-// room = allowance − total may be negative (the window is over the limit; each site then
-// gives back its share of the excess instead of keeping all it holds, which would keep the
-// window over the limit for good). The fractional caps are rounded together, by systematic
-// sampling with one random offset u drawn from the key and the snapshot's as-of time: site
-// s gets floor(C_s + c_s + u) − floor(C_s + u), where C_s sums the caps of the sites before
-// it in the breakdown's order. Every site computes the same C_s and u from the same record,
-// so each cap is rounded up with probability equal to its fraction (the room is spent in
-// expectation), and yet the rounded caps add up to the rounded sum: rounding never admits
-// more than the limit, as independent rounding of N caps could by up to N−1. It reports
-// false when this site is not in the breakdown (it then has no count to keep).
-func (l *Limiter) sharedCap(key string, e *snapshot.Entry, room, allowance float64) (float64, bool) {
-	if e.Total <= 0 {
-		return 0, false
-	}
-	var before, mine float64
-	found := false
-	k := shareSmoothing * allowance
-	for _, sc := range e.Sites {
-		c := sc.Count + max((sc.Count+k*l.cfg.DefaultShare)/(e.Total+k), l.cfg.MinShare)*room
-		if sc.Site == l.cfg.Site {
-			mine, found = c, true
-			break
-		}
-		before += c
-	}
-	if !found {
-		return 0, false
-	}
-	u := unitHash(key, e.AsOf)
-	return math.Floor(before+mine+u) - math.Floor(before+u), true
+	return h.entry, h.known
 }
 
 // decideGlobal decides one global limit given this site's count before the request and
 // the key's snapshot total.
-func (l *Limiter) decideGlobal(op *GlobalOp, lim *rules.Limit, local, total float64) algo.Decision {
+func (l *Limiter) decideGlobal(now time.Time, op *GlobalOp, lim *rules.Limit, local, total float64) algo.Decision {
 	allowance := lim.Algo().Allowance()
 	used := local + float64(op.N)
 	d := algo.Decision{Allowed: used <= op.Cap, Limit: allowance, ResetAfter: op.Window}
 	if d.Allowed {
 		d.Remaining = int64(math.Floor(op.Cap - used))
 	} else {
-		d.RetryAfter = globalRetry(op, float64(allowance), local, max(total, local))
+		d.RetryAfter = l.globalRetry(now, op, float64(allowance), local, max(total, local))
 	}
 	return d
 }
 
-// globalRetry estimates how long until this site's count falls enough for op to fit,
-// assuming the window's hits (total, over all sites) are spread evenly over it.
-func globalRetry(op *GlobalOp, allowance, local, total float64) time.Duration {
+// globalRetry returns how long until op would fit if nothing else changed: when this
+// site's own hits leave the window far enough for its count plus N to be within its cap,
+// from the buckets of its counter when it can read them (hits leave when their bucket does,
+// not evenly). When this site's count alone cannot make room (the other sites hold the
+// limit), it estimates from the key's total as if its hits were spread evenly, at least
+// one sub-bucket. A request larger than the limit never fits (algo.Never).
+func (l *Limiter) globalRetry(now time.Time, op *GlobalOp, allowance, local, total float64) time.Duration {
 	if float64(op.N) > allowance {
 		return algo.Never
 	}
+	target := op.Cap - float64(op.N)
+	if r, ok := l.cfg.Counter.(retryCounter); ok && target >= 0 {
+		if d, ok := r.fallsTo(now, op, target); ok {
+			return max(d, time.Millisecond)
+		}
+	}
+	sub := op.Window / time.Duration(l.cfg.SubBuckets)
 	excess := local + float64(op.N) - op.Cap
 	if total <= 0 || excess <= 0 {
-		return op.Window / 60
+		return sub
 	}
 	d := time.Duration(excess / total * float64(op.Window))
-	return min(max(d, op.Window/60, time.Millisecond), op.Window)
+	return min(max(d, sub, time.Millisecond), op.Window)
 }
 
-// dither rounds a fractional cap up or down at random, up with probability equal to its
-// fraction. Counts are whole, so a cap of 33.4 would otherwise admit 33: with N sites each
-// rounding its share of the room down, up to N−1 requests of every window would never be
-// admitted. The randomness is a hash of the key and salt (the snapshot's as-of time), so
-// that simulations with a virtual clock stay reproducible and no shared random source is
-// touched.
-func dither(c float64, key string, salt int64) float64 {
-	whole := math.Floor(c)
-	frac := c - whole
-	if frac == 0 {
-		return c
-	}
-	if unitHash(key, salt) < frac {
-		return whole + 1
-	}
-	return whole
-}
-
-// unitHash maps (key, salt) to [0, 1), the same on every site.
-func unitHash(key string, salt int64) float64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(key); i++ {
-		h = (h ^ uint64(key[i])) * 1099511628211
-	}
-	h ^= uint64(salt)
-	// splitmix64 finaliser
-	h ^= h >> 30
-	h *= 0xbf58476d1ce4e5b9
-	h ^= h >> 27
-	h *= 0x94d049bb133111eb
-	h ^= h >> 31
-	return float64(h>>11) / (1 << 53)
+// retryCounter is a SiteCounter that can tell when its count of a key will have fallen to a
+// target if nothing is added (LocalCounter can; a remote store need not).
+type retryCounter interface {
+	fallsTo(now time.Time, op *GlobalOp, target float64) (time.Duration, bool)
 }
 
 func anyShadow(refs []opRef) bool {

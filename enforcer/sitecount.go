@@ -21,6 +21,9 @@ type GlobalOp struct {
 	N int64
 	// Cap is the most this site's count may reach with N added (Commit).
 	Cap float64
+	// Hard counts the oldest sub-bucket whole until it has left the window
+	// (window.Ring.CountHard), so that this site never admits more than Cap in any window.
+	Hard bool
 
 	h *keyHandle // set by the Limiter: lets a LocalCounter skip its map lookup
 }
@@ -43,7 +46,7 @@ type SiteCounter interface {
 // LocalCounterOptions configures a LocalCounter.
 type LocalCounterOptions struct {
 	// SubBuckets is the number of sub-buckets per window; it should equal the
-	// aggregator's. Default 60.
+	// aggregator's. Default window.DefaultSubBuckets.
 	SubBuckets int
 	// MaxKeys bounds the counters held; idle counters (zero count) are dropped first, then
 	// the least recently used of a sample. Default 1<<20.
@@ -76,15 +79,16 @@ type ringEntry struct {
 	// keyHandle still pointing at it looks the key up again.
 	dead bool
 	ring window.Ring
-	// buf holds the ring's buckets when they fit (the default 60 sub-buckets make 62
-	// slots), so that a decision reads the entry and its buckets from adjacent cache lines.
+	// buf holds the ring's buckets and their spans when they fit (the default 60
+	// sub-buckets make 62 slots), so that a decision reads the entry and its buckets from
+	// adjacent cache lines.
 	buf [inlineSlots]uint32
 }
 
 // NewLocalCounter returns an empty LocalCounter.
 func NewLocalCounter(opts LocalCounterOptions) *LocalCounter {
 	if opts.SubBuckets <= 0 {
-		opts.SubBuckets = 60
+		opts.SubBuckets = window.DefaultSubBuckets
 	}
 	if opts.MaxKeys <= 0 {
 		opts.MaxKeys = 1 << 20
@@ -134,7 +138,7 @@ func (c *LocalCounter) newEntry(op *GlobalOp, shard uint8) *ringEntry {
 		e = new(ringEntry)
 	}
 	*e = ringEntry{spec: window.NewSpec(op.Window, c.sub, 0), owner: c, shard: shard}
-	e.ring.UseBuffer(&e.spec, e.buf[:])
+	e.ring.UseSpans(&e.spec, e.buf[:])
 	return e
 }
 
@@ -158,8 +162,28 @@ func (c *LocalCounter) Len() int {
 // Evicted returns how many counters were dropped to keep within MaxKeys.
 func (c *LocalCounter) Evicted() uint64 { return c.evicted.Load() }
 
-func (c *LocalCounter) count(e *ringEntry, ms int64) float64 {
-	return e.ring.Count(&e.spec, ms)
+// mode is how op's own-site count treats the oldest sub-bucket: whole for a hard limit,
+// else by the span of its hits (the times of this site's own hits are known exactly, so
+// a burst that filled part of a sub-bucket leaves the window when it does).
+func (c *LocalCounter) mode(op *GlobalOp) window.Mode {
+	if op.Hard {
+		return window.Hard
+	}
+	return window.Span
+}
+
+// fallsTo implements retryCounter: how long until op's count falls to target.
+func (c *LocalCounter) fallsTo(now time.Time, op *GlobalOp, target float64) (time.Duration, bool) {
+	ms := now.UnixMilli()
+	sh := &c.shards[c.shardFor(op)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := c.lookup(sh, op)
+	if e == nil || e.spec.Window != op.Window.Milliseconds() {
+		return 0, target >= 0
+	}
+	at, ok := e.ring.FallsTo(&e.spec, ms, target, c.mode(op))
+	return time.Duration(at-ms) * time.Millisecond, ok
 }
 
 // Counts implements SiteCounter.
@@ -169,7 +193,7 @@ func (c *LocalCounter) Counts(_ context.Context, now time.Time, ops []GlobalOp, 
 		sh := &c.shards[c.shardFor(&ops[i])]
 		sh.mu.Lock()
 		if e := c.lookup(sh, &ops[i]); e != nil && e.spec.Window == ops[i].Window.Milliseconds() {
-			out[i] = c.count(e, ms)
+			out[i] = e.ring.CountMode(&e.spec, ms, c.mode(&ops[i]))
 		} else {
 			out[i] = 0
 		}
@@ -209,7 +233,7 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 		entries = append(entries, e)
 		var cur float64
 		if e != nil {
-			cur = c.count(e, ms)
+			cur = e.ring.CountMode(&e.spec, ms, c.mode(&ops[i]))
 		}
 		if counts != nil {
 			counts[i] = cur
@@ -245,8 +269,7 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 				ops[i].h.ring.Store(e)
 			}
 		}
-		b := e.spec.Bucket(ms)
-		e.ring.Add(&e.spec, b, b, ops[i].N)
+		e.ring.AddAt(&e.spec, e.spec.Bucket(ms), ms, ops[i].N)
 		e.last = ms
 	}
 	return true, nil
@@ -299,6 +322,6 @@ func (c *LocalCounter) Sweep(now time.Time) int {
 	return n
 }
 
-// inlineSlots is how many buckets a ringEntry holds without a separate allocation: enough
-// for the default 60 sub-buckets (window.NewSpec makes 62 slots).
-const inlineSlots = 64
+// inlineSlots is how many buckets and spans a ringEntry holds without a separate
+// allocation: enough for the default 60 sub-buckets (window.NewSpec makes 62 slots).
+const inlineSlots = 128

@@ -123,8 +123,39 @@ func floorDiv(a, b int64) int64 {
 // buckets on first use. Bucket counts are uint32 and saturate at math.MaxUint32 hits per
 // (key, site, bucket). A Ring is not safe for concurrent use.
 type Ring struct {
-	head int64    // index of the newest bucket held; held buckets are (head−Slots, head]
-	c    []uint32 // c[i mod Slots] is bucket i's count
+	head int64 // index of the newest bucket held; held buckets are (head−Slots, head]
+	// c[i mod Slots] is bucket i's count. With spans (UseSpans), c[Slots + i mod Slots] is
+	// its span: the offsets of its first and last hit within the bucket, in 1/65535ths of
+	// its width (first in the high 16 bits). Counted with spans, the oldest bucket's hits
+	// are taken as spread over their span rather than over the whole bucket (CountSpan).
+	c []uint32
+}
+
+// spans returns the ring's spans, or nil.
+func (r *Ring) spans(s *Spec) []uint32 {
+	if len(r.c) < 2*s.Slots {
+		return nil
+	}
+	return r.c[s.Slots : 2*s.Slots]
+}
+
+// fullSpan is the span of a bucket whose hits' times are not known: the whole bucket.
+const fullSpan = 0xffff
+
+// UseSpans makes the ring record the span of each bucket's hits, so that CountSpan can use
+// them, keeping counts and spans in buf when it holds 2 × s.Slots values (else allocating
+// them). Call it before the first Add, instead of UseBuffer; buf must not move or be shared.
+func (r *Ring) UseSpans(s *Spec, buf []uint32) {
+	if r.c != nil {
+		return
+	}
+	if len(buf) >= 2*s.Slots {
+		r.c = buf[:2*s.Slots]
+		clear(r.c)
+	} else {
+		r.c = make([]uint32, 2*s.Slots)
+	}
+	r.head = math.MinInt64 / 2 // older than any bucket: the first Add starts afresh
 }
 
 // UseBuffer makes the ring keep its buckets in buf, which must hold at least s.Slots
@@ -155,7 +186,7 @@ func (r *Ring) Add(s *Spec, now, idx int64, n int64) bool {
 	switch {
 	case idx > r.head:
 		if idx-r.head >= L {
-			clear(r.c)
+			clear(r.c[:L])
 		} else {
 			for i := r.head + 1; i <= idx; i++ {
 				r.c[mod(i, L)] = 0
@@ -165,6 +196,9 @@ func (r *Ring) Add(s *Spec, now, idx int64, n int64) bool {
 	case idx <= r.head-L:
 		return false
 	}
+	if sp := r.spans(s); sp != nil {
+		widen(r.c[mod(idx, L)], &sp[mod(idx, L)], 0, fullSpan)
+	}
 	p := &r.c[mod(idx, L)]
 	if v := uint64(*p) + uint64(n); v > math.MaxUint32 || n > math.MaxUint32 {
 		*p = math.MaxUint32
@@ -172,6 +206,44 @@ func (r *Ring) Add(s *Spec, now, idx int64, n int64) bool {
 		*p = uint32(v)
 	}
 	return true
+}
+
+// AddAt counts n hits made at instant ms (unix ms; now is the bucket index of the clock),
+// recording their time in the bucket's span when the ring has spans. It is Add otherwise.
+func (r *Ring) AddAt(s *Spec, now, ms, n int64) bool {
+	idx := s.Bucket(ms)
+	if r.spans(s) == nil || idx > now+s.Ahead || n <= 0 {
+		return r.Add(s, now, idx, n)
+	}
+	// Add without spans, then set the span from the hit's offset: afresh when the bucket
+	// was empty, else widened.
+	c := r.c
+	r.c = c[:s.Slots]
+	ok := r.Add(s, now, idx, n)
+	r.c = c[:2*s.Slots]
+	if !ok {
+		return false
+	}
+	off := uint32((ms - idx*s.Width) * fullSpan / s.Width)
+	i := mod(idx, int64(s.Slots))
+	sp := r.spans(s)
+	if int64(r.c[i]) == n {
+		sp[i] = off<<16 | off
+	} else {
+		widen(r.c[i], &sp[i], off, off)
+	}
+	return true
+}
+
+// widen extends span *sp of a bucket of count c to cover [lo, hi]; an empty bucket takes
+// it as it is.
+func widen(c uint32, sp *uint32, lo, hi uint32) {
+	if c == 0 {
+		*sp = lo<<16 | hi
+		return
+	}
+	f, l := *sp>>16, *sp&0xffff
+	*sp = min(f, lo)<<16 | max(l, hi)
 }
 
 // parts returns the whole-bucket sum (buckets after i0) and the count of bucket i0.
@@ -205,6 +277,40 @@ func (r *Ring) Count(s *Spec, t int64) float64 {
 	return combine(whole, oldest, frac)
 }
 
+// CountSpan returns the ring's count at instant t with the oldest bucket's hits taken as
+// spread evenly over their span instead of the whole bucket: all of them while the window
+// starts before the first, none once it starts at or after the last. It is Count for a ring
+// without spans. A burst that filled only part of a bucket leaves the window when it does,
+// not spread over the bucket.
+func (r *Ring) CountSpan(s *Spec, t int64) float64 {
+	if r.spans(s) == nil {
+		return r.Count(s, t)
+	}
+	i0, _ := s.Oldest(t)
+	whole, oldest := r.parts(s, i0)
+	return float64(whole) + float64(oldest)*r.spanFrac(s, i0, t)
+}
+
+// spanFrac is the fraction of bucket i0's hits still in the window starting at t−W, by its
+// span.
+func (r *Ring) spanFrac(s *Spec, i0, t int64) float64 {
+	if r.c == nil || i0 <= r.head-int64(s.Slots) || i0 > r.head {
+		return 1
+	}
+	sp := r.spans(s)[mod(i0, int64(s.Slots))]
+	start := float64(i0 * s.Width)
+	first := start + float64(sp>>16)*float64(s.Width)/fullSpan
+	last := start + float64(sp&0xffff)*float64(s.Width)/fullSpan
+	ws := float64(t - s.Window)
+	switch {
+	case ws < first:
+		return 1
+	case ws >= last:
+		return 0
+	}
+	return (last - ws) / (last - first)
+}
+
 // CountHard returns the ring's count at instant t with the oldest bucket taken whole: the
 // hits of every bucket that still overlaps the window (t−W, t]. It is never less than the
 // exact number of hits in the window.
@@ -214,18 +320,38 @@ func (r *Ring) CountHard(s *Spec, t int64) float64 {
 	return float64(whole + oldest)
 }
 
-// FallsTo returns the earliest instant t' ≥ t (unix ms) at which the ring's count, by the
-// package's rule (hard: CountHard), is at most target if no hit is added, and false when
-// that never happens before the ring's newest bucket has left the window (only a target
-// below zero). Retry-After comes from it: hits leave the window when their bucket does,
-// not evenly spread over it.
-func (r *Ring) FallsTo(s *Spec, t int64, target float64, hard bool) (int64, bool) {
-	count := func(at int64) float64 {
-		if hard {
-			return r.CountHard(s, at)
-		}
-		return r.Count(s, at)
+// Mode is how a count treats the oldest bucket of the window, the one the window's start
+// cuts.
+type Mode uint8
+
+const (
+	// Interpolate counts the oldest bucket by the fraction of it inside the window (Count):
+	// the aggregator's rule.
+	Interpolate Mode = iota
+	// Span counts it by the fraction of its hits' span inside the window (CountSpan).
+	Span
+	// Hard counts it whole until it has left the window (CountHard): never less than the
+	// hits in the window.
+	Hard
+)
+
+// CountMode returns the count at t by mode.
+func (r *Ring) CountMode(s *Spec, t int64, mode Mode) float64 {
+	switch mode {
+	case Hard:
+		return r.CountHard(s, t)
+	case Span:
+		return r.CountSpan(s, t)
 	}
+	return r.Count(s, t)
+}
+
+// FallsTo returns the earliest instant t' ≥ t (unix ms) at which the ring's count by mode
+// is at most target if no hit is added, and false when that never happens (only a target
+// below zero). Retry-After comes from it: hits leave the window when their bucket (or their
+// span) does, not evenly spread over the window.
+func (r *Ring) FallsTo(s *Spec, t int64, target float64, mode Mode) (int64, bool) {
+	count := func(at int64) float64 { return r.CountMode(s, at, mode) }
 	if count(t) <= target {
 		return t, true
 	}
@@ -235,20 +361,27 @@ func (r *Ring) FallsTo(s *Spec, t int64, target float64, hard bool) (int64, bool
 	i0, _ := s.Oldest(t)
 	for k := i0; k <= r.head; k++ {
 		// While bucket k is the oldest, at t' in [k·b+W, (k+1)·b+W), the count is
-		// whole_k + c_k × frac with frac falling from 1 toward 0 (hard: whole_k + c_k).
+		// whole_k plus the part of c_k still inside, falling from c_k (hard: staying c_k).
 		start := max(k*s.Width+s.Window, t)
 		end := (k+1)*s.Width + s.Window // bucket k has wholly left at end
 		whole, oldest := r.parts(s, k)
 		w, o := float64(whole), float64(oldest)
-		if !hard && o > 0 && w < target+1e-9 {
-			// Solve w + o × ((k+1)b − (t'−W))/b ≤ target for the smallest t'.
+		if mode != Hard && o > 0 && w < target+1e-9 {
+			// The fraction of c_k that may stay inside, and the instant it is reached.
 			f := (target - w) / o
-			at := end - int64(math.Floor(f*float64(s.Width)))
-			at = max(at, start)
-			for at < end && count(at) > target {
+			from, to := float64(k*s.Width), float64((k+1)*s.Width)
+			if sps := r.spans(s); mode == Span && sps != nil {
+				sp := sps[mod(k, int64(s.Slots))]
+				from, to = from+float64(sp>>16)*float64(s.Width)/fullSpan, from+float64(sp&0xffff)*float64(s.Width)/fullSpan
+			}
+			at := max(int64(math.Ceil(to-f*(to-from)))+s.Window-1, start)
+			for range 3 { // the solution is exact up to rounding to the millisecond
+				if at >= end || count(at) <= target {
+					break
+				}
 				at++
 			}
-			if at < end {
+			if at < end && count(at) <= target {
 				return at, true
 			}
 		}

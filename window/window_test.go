@@ -290,41 +290,75 @@ func TestCountHardNeverUnder(t *testing.T) {
 }
 
 // TestFallsTo checks FallsTo against a scan, millisecond by millisecond, of the count it
-// inverts: the answer is the first instant at which the count is at most the target.
+// inverts, in every mode: the answer is the first instant at which the count is at most the
+// target.
 func TestFallsTo(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
-	for trial := range 300 {
+	for trial := range 600 {
 		s := NewSpec(time.Duration(1+r.IntN(3))*time.Second, 1+r.IntN(30), 0)
 		base := int64(2_000_000_000)
 		var ring Ring
+		mode := Mode(trial % 3)
+		if mode == Span {
+			ring.UseSpans(&s, nil)
+		}
 		at := base
 		for range 1 + r.IntN(40) {
 			at += r.Int64N(s.Width)
-			ring.Add(&s, s.Bucket(at), s.Bucket(at), 1+r.Int64N(4))
+			ring.AddAt(&s, s.Bucket(at), at, 1+r.Int64N(4))
 		}
-		hard := trial%2 == 0
-		count := ring.Count
-		if hard {
-			count = ring.CountHard
-		}
+		count := func(q int64) float64 { return ring.CountMode(&s, q, mode) }
 		from := at - r.Int64N(s.Window)
-		target := math.Floor(count(&s, from) * r.Float64())
-		got, ok := ring.FallsTo(&s, from, target, hard)
+		target := math.Floor(count(from) * r.Float64())
+		got, ok := ring.FallsTo(&s, from, target, mode)
 		want := from
-		for count(&s, want) > target {
+		for count(want) > target {
 			want++
 		}
 		if !ok || got != want {
-			t.Fatalf("trial %d (hard %v): FallsTo(%d, %v) = %d, %v; the count first reaches it at %d", trial, hard, from-base, target, got-base, ok, want-base)
+			t.Fatalf("trial %d (mode %d): FallsTo(%d, %v) = %d, %v; the count first reaches it at %d", trial, mode, from-base, target, got-base, ok, want-base)
 		}
 	}
 	var empty Ring
 	s := NewSpec(time.Second, 10, 0)
-	if got, ok := empty.FallsTo(&s, 5, 0, false); !ok || got != 5 {
+	if got, ok := empty.FallsTo(&s, 5, 0, Interpolate); !ok || got != 5 {
 		t.Fatalf("empty ring: %d, %v", got, ok)
 	}
-	if _, ok := empty.FallsTo(&s, 5, -1, false); ok {
+	if _, ok := empty.FallsTo(&s, 5, -1, Interpolate); ok {
 		t.Fatal("a negative target was reached")
+	}
+}
+
+// With spans, a bucket whose hits all came at one instant is counted exactly, and a burst
+// that filled part of a bucket leaves the window as its hits do; without spans the same
+// ring spreads it over the bucket.
+func TestCountSpan(t *testing.T) {
+	s := NewSpec(10*time.Second, 10, 0) // 1 s buckets
+	base := int64(1_000_000_000)        // a bucket boundary
+	var withSpans, plain Ring
+	withSpans.UseSpans(&s, nil)
+	var hits [][2]int64
+	for ms := base + 600; ms < base+800; ms += 10 { // 20 hits in [600, 800) ms of the bucket
+		withSpans.AddAt(&s, s.Bucket(ms), ms, 1)
+		plain.AddAt(&s, s.Bucket(ms), ms, 1)
+		hits = append(hits, [2]int64{ms, 1})
+	}
+	withSpans.AddAt(&s, s.Bucket(base+1500), base+1500, 5) // one instant in the next bucket
+	plain.AddAt(&s, s.Bucket(base+1500), base+1500, 5)
+	hits = append(hits, [2]int64{base + 1500, 5})
+	var worstSpan, worstPlain float64
+	for q := base + 10_000; q <= base+11_600; q++ {
+		exact := exactIn(hits, s.Window, q)
+		worstSpan = max(worstSpan, math.Abs(withSpans.CountSpan(&s, q)-exact))
+		worstPlain = max(worstPlain, math.Abs(plain.CountSpan(&s, q)-exact))
+		if q >= base+11_000 && withSpans.CountSpan(&s, q) != exact {
+			t.Fatalf("at +%d ms: span count %v, exact %v (the 5 hits came at one instant)", q-base, withSpans.CountSpan(&s, q), exact)
+		}
+	}
+	// The burst's hits are 10 ms apart: evenly spread over their span, the span count is
+	// off by at most one hit; the plain count by up to 12 (it spreads them over 1 s).
+	if worstSpan > 1 || worstPlain < 10 {
+		t.Fatalf("worst error: with spans %v, without %v", worstSpan, worstPlain)
 	}
 }
 

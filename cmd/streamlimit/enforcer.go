@@ -10,9 +10,11 @@ import (
 	"github.com/spf13/cobra"
 	"gopkg.in/yaml.v3"
 
+	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/topics"
+	"github.com/streamlimit/streamlimit/window"
 )
 
 // enforcerFlags are the settings of `streamlimit enforcer`.
@@ -70,8 +72,9 @@ The check API and the auth endpoint trust their callers: they bind loopback by d
 	f.StringVar(&c.HitsTopic, "hits-topic", topics.DefaultHitsTopic, "topic this site's hits are published to")
 	f.StringVar(&c.CountsTopic, "counts-topic", topics.DefaultCountsTopic, "compacted counts topic to follow")
 	f.DurationVar(&c.MaxStaleness, "max-staleness", 10*time.Second, "age of the aggregator's heartbeats past which global limits use local shares")
-	f.Float64Var(&c.DefaultShare, "default-share", 1, "this site's share of a global limit for unseen keys while counts are stale (1/number of sites)")
-	f.IntVar(&c.SubBuckets, "sub-buckets", 60, "sub-window buckets per window (must equal the aggregator's)")
+	f.Float64Var(&c.DefaultShare, "default-share", 0, "this site's share of a global limit for keys never seen, and the share a silent site is assumed to spend (0: 1/the number of sites heard from)")
+	f.DurationVar(&c.SiteStaleAfter, "site-stale-after", enforcer.DefaultSiteStaleAfter, "how long a remote site may go unheard before it is assumed to spend its share of every global limit")
+	f.IntVar(&c.SubBuckets, "sub-buckets", window.DefaultSubBuckets, "sub-window buckets per window (must equal the aggregator's)")
 	f.IntVar(&c.MaxKeys, "max-keys", 1<<20, "bound on keys held per structure (local counters, site counts, snapshot); idle keys go first")
 	f.StringSliceVar(&c.RedisAddrs, "redis-addr", nil, "the site's Redis (several: Cluster); default none: site counts in process")
 	f.StringVar(&c.RedisUsername, "redis-username", "", "Redis ACL user")

@@ -448,7 +448,7 @@ func (p *parser) limitList(seq *yaml.Node, field string, r *Rule) {
 }
 
 var limitFields = []string{"unit", "requests_per_unit", "name", "replaces", "unlimited",
-	"window", "algorithm", "scope", "soft_percent", "burst"}
+	"window", "algorithm", "scope", "soft_percent", "burst", "hard"}
 
 // units are envoyproxy/ratelimit's units, with its lengths for month and year.
 var units = []struct {
@@ -474,8 +474,8 @@ func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limi
 	l.Line = m.Line
 	l.Algorithm, l.Scope = DefaultAlgorithm, DefaultScope
 	var (
-		unitNode, rpuNode, windowNode, algNode, scopeNode, burstNode, unlimitedNode *yaml.Node
-		window                                                                      time.Duration
+		unitNode, rpuNode, windowNode, algNode, scopeNode, burstNode, unlimitedNode, hardNode *yaml.Node
+		window                                                                                time.Duration
 	)
 	p.fields(m, prefix, limitFields, func(key string, k, v *yaml.Node) {
 		f := prefix + key
@@ -544,6 +544,9 @@ func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limi
 				}
 				l.SoftPercent = int(n)
 			}
+		case "hard":
+			hardNode = v
+			l.Hard = p.boolean(v, f)
 		case "burst":
 			burstNode = v
 			if n, ok := p.integer(v, f); ok {
@@ -595,6 +598,9 @@ func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limi
 			at = m
 		}
 		p.errorf(at, prefix+"algorithm", "%s is not available in global scope (global limits use sliding_window; set scope: local or site)", l.Algorithm)
+	}
+	if hardNode != nil && l.Hard && l.Scope != Global {
+		p.errorf(hardNode, prefix+"hard", "applies to global limits (local and site limits count exactly with sliding_log, or by whole windows with fixed_window)")
 	}
 	if burstNode != nil && l.Algorithm != algo.TokenBucket && l.Algorithm != algo.LeakyBucket && l.Algorithm != algo.GCRA {
 		p.errorf(burstNode, prefix+"burst", "applies only to token_bucket, leaky_bucket and gcra, not %s", l.Algorithm)

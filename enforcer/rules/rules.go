@@ -94,6 +94,11 @@ type Limit struct {
 	// Burst is the bucket capacity of token_bucket, leaky_bucket and gcra; 0 means
 	// Requests.
 	Burst int64
+	// Hard makes a global limit count its own site's oldest sub-bucket whole until it has
+	// left the window, so that one site never admits more than the limit in any window
+	// (for limits that must never be exceeded: one-time passwords, payments), at the price
+	// of up to one sub-bucket's requests.
+	Hard bool
 	// Line is where the limit is defined in Rule.File.
 	Line int
 

@@ -59,20 +59,22 @@ type Config struct {
 	// fall back to local shares. Default 10s.
 	MaxStaleness time.Duration
 	// DefaultShare is this site's share of a global limit for keys the snapshot never
-	// showed, used while the snapshot is stale. Default 1 (set 1/number of sites).
+	// showed, and the share a silent site is assumed to spend. Default 0: 1/the number of
+	// sites the aggregators' heartbeats list (see enforcer.Config).
 	DefaultShare float64
+	// SiteStaleAfter is how long a remote site may go unheard before it is assumed to
+	// spend its share of every global limit. Default enforcer.DefaultSiteStaleAfter.
+	SiteStaleAfter time.Duration
 	// SubBuckets of the site's own sliding-window counts; must equal the aggregator's.
-	// Default 60.
+	// Default window.DefaultSubBuckets.
 	SubBuckets int
 	// MaxKeys bounds each per-key structure of the enforcer: local counters, this site's
 	// global counts and the snapshot. Idle keys are dropped first; evictions are counted.
 	// Default 1,048,576 (the snapshot: 1,000,000).
 	MaxKeys int
-	// HotHorizon, HotFraction and MinShare tune the global decision for hot keys; see
-	// enforcer.Config. Defaults: enforcer's.
-	HotHorizon  time.Duration
-	HotFraction float64
-	MinShare    float64
+	// MinShare tunes the global decision for hot keys; see enforcer.Config. Default: the
+	// enforcer's.
+	MinShare float64
 
 	// RedisAddrs are the site's Redis (several: Cluster). Default none: site-scope limits
 	// and this site's global counts are kept in process.
@@ -197,17 +199,17 @@ func New(cfg Config) (_ *Server, err error) {
 	s.local = algo.New(algo.Options{MaxKeys: cfg.MaxKeys})
 	s.counter = enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: cfg.SubBuckets, MaxKeys: cfg.MaxKeys})
 	lcfg := enforcer.Config{
-		Rules:        s.reloader.Current,
-		Site:         cfg.Site,
-		Local:        s.local,
-		Counter:      s.counter,
-		DefaultShare: cfg.DefaultShare,
-		HotHorizon:   cfg.HotHorizon,
-		HotFraction:  cfg.HotFraction,
-		MinShare:     cfg.MinShare,
-		Clock:        cfg.Clock,
-		Logger:       s.log,
-		Registerer:   reg,
+		Rules:          s.reloader.Current,
+		Site:           cfg.Site,
+		Local:          s.local,
+		Counter:        s.counter,
+		DefaultShare:   cfg.DefaultShare,
+		SiteStaleAfter: cfg.SiteStaleAfter,
+		SubBuckets:     cfg.SubBuckets,
+		MinShare:       cfg.MinShare,
+		Clock:          cfg.Clock,
+		Logger:         s.log,
+		Registerer:     reg,
 	}
 	if len(cfg.RedisAddrs) > 0 {
 		s.site, err = sitestore.New(sitestore.Config{
@@ -225,14 +227,14 @@ func New(cfg Config) (_ *Server, err error) {
 	if len(cfg.Brokers) > 0 {
 		s.snap, err = snapshot.New(snapshot.Config{
 			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.CountsTopic, Site: cfg.Site,
-			MaxStaleness: cfg.MaxStaleness, MaxKeys: cfg.MaxKeys, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
+			MaxStaleness: cfg.MaxStaleness, MaxKeys: cfg.MaxKeys, SubBuckets: cfg.SubBuckets, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("enforcer: snapshot: %w", err)
 		}
 		s.prod, err = producer.New(producer.Config{
 			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.HitsTopic, Site: cfg.Site,
-			Clock: cfg.Clock, Logger: s.log, Registerer: reg,
+			SubBuckets: cfg.SubBuckets, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("enforcer: producer: %w", err)

@@ -324,6 +324,7 @@ func (s *Snapshot) Apply(key, value []byte) error {
 		c.Sites[i].Site = s.internSite(c.Sites[i].Site)
 	}
 	e := &Entry{Total: c.Total, Mine: c.Site(s.cfg.Site), Window: c.WindowDuration(), AsOf: c.AsOf, Sites: c.Sites}
+
 	if err := s.set(c.Key, e); err != nil {
 		return err
 	}

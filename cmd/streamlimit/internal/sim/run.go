@@ -14,14 +14,15 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
+	"github.com/streamlimit/streamlimit/window"
 )
 
 // Tuning is the enforcer's hot-key settings under test (enforcer.Config fields of the same
 // names). Zero fields take the enforcer's defaults.
 type Tuning struct {
-	HotHorizon  time.Duration
-	HotFraction float64
-	MinShare    float64
+	MinShare       float64
+	SiteStaleAfter time.Duration
+	ShareDamping   float64
 }
 
 // Config is one simulation run. Every zero field takes the default written in its comment.
@@ -156,7 +157,7 @@ type pubRec struct {
 	key    string
 	window int64 // ms
 	bucket int64 // ms
-	n      int64
+	n, d   int64
 }
 
 // publisher models producer.Producer: it coalesces the hits of each (key, window, bucket)
@@ -164,29 +165,47 @@ type pubRec struct {
 // producer's background flush does. It implements enforcer.Publisher.
 type publisher struct {
 	clk     clock.Clock
+	sub     int
 	widthMs int64
 	pending []pubRec
 }
 
-func (p *publisher) Hit(key string, window time.Duration, n int) {
+func (p *publisher) Hit(key string, window time.Duration, n int) { p.add(key, window, int64(n), 0) }
+
+func (p *publisher) Denied(key string, window time.Duration, n int) { p.add(key, window, 0, int64(n)) }
+
+func (p *publisher) add(key string, wd time.Duration, n, d int64) {
 	ms := p.clk.Now().UnixMilli()
 	b := ms - ms%p.widthMs
-	w := window.Milliseconds()
+	w := wd.Milliseconds()
+	if sub := window.Width(wd, p.sub); sub%p.widthMs != 0 {
+		b = max(b, ms-ms%sub)
+	}
 	for i := range p.pending {
 		r := &p.pending[i]
 		if r.key == key && r.window == w && r.bucket == b {
-			r.n += int64(n)
+			r.n += n
+			r.d += d
 			return
 		}
 	}
-	p.pending = append(p.pending, pubRec{key: key, window: w, bucket: b, n: int64(n)})
+	p.pending = append(p.pending, pubRec{key: key, window: w, bucket: b, n: n, d: d})
+}
+
+// end returns the end of r's bucket: the producer bucket, cut at the sub-bucket boundary.
+func (p *publisher) end(r pubRec) int64 {
+	e := r.bucket - r.bucket%p.widthMs + p.widthMs
+	if sub := window.Width(time.Duration(r.window)*time.Millisecond, p.sub); sub%p.widthMs != 0 {
+		e = min(e, r.bucket-r.bucket%sub+sub)
+	}
+	return e
 }
 
 // flush removes and returns the finished buckets at nowMs, in the order they were opened.
 func (p *publisher) flush(nowMs int64, dst []pubRec) []pubRec {
 	keep := p.pending[:0]
 	for _, r := range p.pending {
-		if r.bucket+p.widthMs <= nowMs {
+		if p.end(r) <= nowMs {
 			dst = append(dst, r)
 		} else {
 			keep = append(keep, r)
@@ -261,10 +280,10 @@ func run(ctx context.Context, cfg Config, rc *rules.Config) (Result, error) {
 			return Result{}, err
 		}
 		s.ctr = enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: cfg.SubBuckets})
-		s.pub = &publisher{clk: clk, widthMs: cfg.ProducerBucket.Milliseconds()}
+		s.pub = &publisher{clk: clk, sub: cfg.SubBuckets, widthMs: cfg.ProducerBucket.Milliseconds()}
 		s.lim, err = enforcer.New(enforcer.Config{
 			Rules: enforcer.StaticRules(rc), Site: s.name, Counter: s.ctr, Snapshot: s.snap, Publisher: s.pub, Clock: clk,
-			HotHorizon: cfg.Tuning.HotHorizon, HotFraction: cfg.Tuning.HotFraction, MinShare: cfg.Tuning.MinShare,
+			MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter, SubBuckets: cfg.SubBuckets, ShareDamping: cfg.Tuning.ShareDamping,
 			DefaultShare: 1 / float64(cfg.Sites),
 		})
 		if err != nil {
@@ -303,7 +322,7 @@ func run(ctx context.Context, cfg Config, rc *rules.Config) (Result, error) {
 			for _, s := range sites {
 				recs = s.pub.flush(startMs+t, recs[:0])
 				for _, r := range recs {
-					hitQ = append(hitQ, hitMsg{at: t + hitLag, hit: topics.Hit{Key: r.key, Site: s.name, BucketStart: r.bucket, Window: r.window, Count: r.n}})
+					hitQ = append(hitQ, hitMsg{at: t + hitLag, hit: topics.Hit{Key: r.key, Site: s.name, BucketStart: r.bucket, Window: r.window, Count: r.n, Denied: r.d}})
 				}
 			}
 		}

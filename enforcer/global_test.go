@@ -444,7 +444,7 @@ func TestGlobalHardNeverOverOnOneSite(t *testing.T) {
 	}
 	lo := 0
 	for i, at := range admitted {
-		for admitted[lo].Add(10 * time.Second).Compare(at) <= 0 {
+		for admitted[lo].Add(10*time.Second).Compare(at) <= 0 {
 			lo++
 		}
 		if n := i - lo + 1; n > 5 {

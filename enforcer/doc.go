@@ -9,29 +9,53 @@
 //   - scope site: shared by all enforcers of one site through a SiteStore (package
 //     sitestore: Lua scripts in a data center's Redis, falling back to process-local
 //     counting when Redis fails);
-//   - scope global: across all sites. The Limiter estimates the key's use as
-//     used = (snapshot.total − snapshot.site[me]) + local_exact (DESIGN invariant 3): the
-//     other sites' part from the snapshot of the counts topic (package snapshot), late by
-//     the pipeline lag; its own site's part exact and immediate from a SiteCounter. Every
-//     admitted hit of a global limit is published through a Publisher (package producer)
-//     so that the aggregator counts it for everybody else.
+//   - scope global: across all sites. The Limiter estimates the key's use from the
+//     snapshot of the counts topic (package snapshot), which holds every site's count as
+//     the aggregator last saw it, late by the pipeline's lag, and from this site's own
+//     exact count (a SiteCounter: in process, or in the data center's Redis), immediate.
+//     Every admitted hit of a global limit, and every denied request, is published
+//     through a Publisher (package producer) so that the aggregator counts it for
+//     everybody else.
 //
-// # Global limits when a key is hot
+// # Global limits
 //
-// Sites that cannot yet see each other's latest hits would each spend the whole remaining
-// room. So when the room left in the snapshot (limit − total) is small against the key's
-// recent rate over the pipeline lag plus Config.HotHorizon, or below Config.HotFraction of
-// the limit (by default always), a site may hold only its count in the snapshot plus its
-// share of that room: its fraction of the key's traffic in the snapshot's per-site
-// breakdown, smoothed toward Config.DefaultShare, at least Config.MinShare. The room may be
-// negative, and then each site gives back its share of the excess. Summed over the sites,
-// the caps spend the room once; they are rounded to whole requests together (systematic
-// sampling with an offset every site draws alike from the key and the snapshot's as-of
-// time), so that rounding up at several sites never admits more than the limit.
+// Sites that cannot yet see each other's latest hits would each spend all the room a count
+// shows. So a site may hold only its count plus its share of the room: with L the limit
+// and c_s each site's count in the snapshot, the room is L − Σ c_s (negative when the
+// window is over the limit, and then each site gives back its share of the excess), and
+// this site's cap on its own exact count is c_me + f_me × room. The shares f_s follow
+// demand — each site's requests, admitted or denied, weighted by e^(−age/τ), which the
+// aggregator publishes with the counts — so that the room goes where the client is now: a
+// client that moves from one data center to another takes its room with it within a
+// pipeline lag and τ. Every fresh site gets at least Config.MinShare, so that a site the
+// snapshot does not show yet (where the client has just arrived) is not shut out while its
+// demand travels. Config.ShareDamping holds back part of each share, which absorbs the
+// room two consecutive counts hand out twice when shares move between them. The caps are
+// rounded to whole requests together, with one random offset every site draws alike from
+// the key and the count's as-of time, so that rounding never admits more than the limit.
+//
+// A key the snapshot does not show (new, or idle for a whole window) may start at every
+// site at once: each site spends only Config.DefaultShare of the limit (by default one
+// over the number of sites heard from) until its count comes back.
+//
+// A site not heard from within Config.SiteStaleAfter (its site heartbeats, carried by
+// replication like its hits, no longer reach this data center's aggregator: a cut link, a
+// stopped replicator) may be spending without our seeing it. It is never taken for idle:
+// it is assumed to hold at least its default share of the limit, never less than its
+// count when last heard from (the aggregator keeps that count, frozen, instead of letting
+// its hits leave the window). During a partition every side thus keeps to L minus what it
+// assumes of the others, and together they stay within the limit when the default shares
+// add up to one.
+//
+// This site's own count treats the window's oldest sub-bucket by the span of its hits
+// (their exact times are known here), so that a burst that filled part of a sub-bucket
+// leaves the window when it does. A limit with hard: true counts that sub-bucket whole
+// until it has left, so that one site never admits more than the limit in any window.
+// docs/accuracy.md measures all of this against an exact global limiter.
 //
 // # Degradation
 //
-// When the snapshot is stale (no aggregator heartbeat for Config.MaxStaleness, or an
+// When the snapshot is stale (no aggregator heartbeat for MaxStaleness, or an
 // aggregator is replaying), a global limit becomes a local one of limit × share, where
 // share is the site's last known share of the key (at least MinShare) or
 // Config.DefaultShare for keys it never saw. When a SiteStore falls back because Redis

@@ -183,14 +183,15 @@ type Aggregator struct {
 
 	admin *kadm.Client // on the group client; set by onAssigned, which precedes adjust
 
-	mu          sync.Mutex
-	st          *state
-	parts       map[tp]*partState
-	nparts      map[string]int32 // partition count of each hits topic
-	countsParts int32
-	joined      bool
-	running     bool
-	sessionErrs int // group session failures since the last assignment
+	mu              sync.Mutex
+	st              *state
+	parts           map[tp]*partState
+	nparts          map[string]int32 // partition count of each hits topic
+	countsParts     int32
+	joined          bool
+	running         bool
+	sessionErrs     int   // group session failures since the last assignment
+	lastConflictLog int64 // ms of the last site-conflict log, guarded by mu
 }
 
 type tp struct {
@@ -487,6 +488,19 @@ func (a *Aggregator) siteHeartbeat(ctx context.Context, cl *kgo.Client, now int6
 	}
 	a.m.siteHeartbeats.Inc()
 	a.st.heardFrom(r.Partition, h.Site, h.BucketStart)
+	a.st.sawInstance(now, h.Site, h.Instance, h.Counter)
+}
+
+// reportConflicts sets the site_conflicts gauge and logs each conflicting site at error
+// level, at most once a minute. The caller holds a.mu.
+func (a *Aggregator) reportConflicts(now int64, sites []string) {
+	a.m.siteConflicts.Set(float64(len(sites)))
+	if len(sites) == 0 || now-a.lastConflictLog < 60_000 {
+		return
+	}
+	a.lastConflictLog = now
+	a.log.Error("several instances announce one site but count it apart (at least one in its own process): each admits the site's whole share; give each its own --site, or share the site's Redis",
+		"sites", sites)
 }
 
 // checkSiteHeartbeat returns the bad_records_total reason for which a site heartbeat of
@@ -635,12 +649,15 @@ func (a *Aggregator) heartbeatLoop(ctx context.Context, cl *kgo.Client) {
 		now := a.cfg.Clock.Now().UnixMilli()
 		hbs = hbs[:0]
 		a.mu.Lock()
+		conflicts := a.st.conflicts(now)
+		a.reportConflicts(now, conflicts)
 		for k, ps := range a.parts {
 			if ps.suspended || ps.fresh {
 				continue
 			}
 			hbs = append(hbs, topics.Heartbeat{Instance: a.cfg.InstanceID, Topic: k.topic, Partition: k.part,
-				AsOf: now, Offset: ps.next, HighWatermark: ps.hwm, Replaying: ps.replaying, Sites: a.st.heardMap(k.part, now)})
+				AsOf: now, Offset: ps.next, HighWatermark: ps.hwm, Replaying: ps.replaying, Sites: a.st.heardMap(k.part, now),
+				Conflicts: conflicts})
 		}
 		n := a.countsParts
 		a.st.pruneSeen(now)

@@ -158,6 +158,7 @@ func (m *Memory) Add(now time.Time, h topics.Hit) error {
 		m.m.recordsIn.Inc()
 		m.m.siteHeartbeats.Inc()
 		m.st.heardFrom(m.src.Partition, h.Site, h.BucketStart)
+		m.st.sawInstance(ms, h.Site, h.Instance, h.Counter)
 		return nil
 	}
 	ref := hitRef{key: []byte(h.Key), site: []byte(h.Site), bucketStart: h.BucketStart, window: h.Window, count: h.Count, denied: h.Denied}
@@ -205,6 +206,8 @@ func (m *Memory) Emit(now time.Time) []Emission {
 		hb := m.src
 		hb.AsOf, hb.Offset, hb.HighWatermark = ms, m.added, m.added
 		hb.Sites = m.st.heardMap(m.src.Partition, ms)
+		hb.Conflicts = m.st.conflicts(ms)
+		m.m.siteConflicts.Set(float64(len(hb.Conflicts)))
 		if v, err := hb.MarshalBinary(); err == nil {
 			m.m.heartbeats.Inc()
 			out = append(out, Emission{Key: []byte(topics.HeartbeatKey(hb.Topic, hb.Partition)), Value: v})

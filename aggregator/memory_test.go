@@ -186,3 +186,32 @@ func TestMemoryDemand(t *testing.T) {
 		t.Fatalf("us demand %v, want %v", us, want)
 	}
 }
+
+// Two live instances of one site counting apart, one in its own process, are reported in
+// the heartbeats; instances sharing one Redis are not; an instance gone quiet is forgotten.
+func TestMemorySiteConflicts(t *testing.T) {
+	m, err := NewMemory(MemoryConfig{HeartbeatInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	hb := func(at time.Time, site, inst, counter string) {
+		t.Helper()
+		if err := m.Add(at, topics.Hit{Key: topics.SiteHeartbeatKey, Site: site, BucketStart: at.UnixMilli(), Instance: inst, Counter: counter}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hb(t0, "eu", "a", "process:a")
+	hb(t0, "eu", "b", "process:b")
+	hb(t0, "us", "c", "redis:r1")
+	hb(t0, "us", "d", "redis:r1")
+	_, got := emitted(t, m.Emit(t0.Add(time.Second)))
+	if got == nil || len(got.Conflicts) != 1 || got.Conflicts[0] != "eu" {
+		t.Fatalf("heartbeat %+v, want conflicts [eu]", got)
+	}
+	// b stops: 11 s later only a is live.
+	hb(t0.Add(11*time.Second), "eu", "a", "process:a")
+	if _, got = emitted(t, m.Emit(t0.Add(11*time.Second))); got == nil || len(got.Conflicts) != 0 {
+		t.Fatalf("heartbeat %+v after b went quiet, want no conflicts", got)
+	}
+}

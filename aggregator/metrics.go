@@ -35,6 +35,8 @@ type metrics struct {
 	heartbeats prometheus.Counter
 	// siteHeartbeats counts the site heartbeats consumed from the hits topics.
 	siteHeartbeats prometheus.Counter
+	// siteConflicts is the number of sites announced by instances that count apart.
+	siteConflicts prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -62,6 +64,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Re-routed hits skipped because a copy with the same origin was already counted."}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "refused_keys_total",
 			Help: "Hits dropped because MaxKeys counters (or dedupe entries) were already held."}),
+		siteConflicts: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "site_conflicts",
+			Help: "Sites that two or more live instances announce while counting apart (at least one in its own process)."}),
 		siteHeartbeats: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "site_heartbeats_total",
 			Help: "Site heartbeats consumed from the hits topics (each says a site was alive up to its time)."}),
 		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "heartbeats_total",
@@ -72,7 +76,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.lag, m.keys, m.recordsIn, m.countsOut, m.tombstones, m.emitDur,
-			m.bad, m.replayDur, m.rerouted, m.duplicates, m.refused, m.heartbeats, m.siteHeartbeats} {
+			m.bad, m.replayDur, m.rerouted, m.duplicates, m.refused, m.heartbeats, m.siteHeartbeats, m.siteConflicts} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("aggregator: register metrics: %w", err)
 			}

@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/streamlimit/streamlimit/topics"
@@ -72,7 +73,22 @@ type state struct {
 	// heard holds, per slot, the time each site was last heard from there (its latest site
 	// heartbeat), unix ms of the site's clock. Sites are few: one entry per site per slot.
 	heard map[int32]map[string]int64
+	// instances holds, per site, the producer instances heard from and what each counts
+	// its site with, to find two instances of one site that count apart.
+	instances map[string]map[string]instanceSeen
 }
+
+// instanceSeen is one producer instance's latest site heartbeat.
+type instanceSeen struct {
+	counter string
+	at      int64 // ms, the aggregator's clock
+}
+
+// instanceWindow is how long an instance counts as live after its last heartbeat.
+const instanceWindow = 10_000 // ms
+
+// maxInstancesPerSite bounds instances per site; beyond it new ones are not tracked.
+const maxInstancesPerSite = 1024
 
 const maxInternedSites = 4096
 
@@ -85,7 +101,58 @@ func newState(cfg stateConfig) *state {
 		paused: map[int32]bool{},
 		sites:  map[string]string{},
 		heard:  map[int32]map[string]int64{},
+
+		instances: map[string]map[string]instanceSeen{},
 	}
+}
+
+// sawInstance records that instance of site counts with counter, at now (ms).
+func (s *state) sawInstance(now int64, site, instance, counter string) {
+	if instance == "" || counter == "" {
+		return
+	}
+	m := s.instances[site]
+	if m == nil {
+		if len(s.instances) >= maxInternedSites {
+			return
+		}
+		m = map[string]instanceSeen{}
+		s.instances[s.intern([]byte(site))] = m
+	}
+	if _, ok := m[instance]; !ok && len(m) >= maxInstancesPerSite {
+		return
+	}
+	m[instance] = instanceSeen{counter: counter, at: now}
+}
+
+// conflicts returns the sites, sorted, that have two or more live instances counting
+// apart, at least one of them in its own process ("process:…"), and forgets instances
+// silent for longer than instanceWindow.
+func (s *state) conflicts(now int64) []string {
+	var out []string
+	for site, m := range s.instances {
+		first, apart, process := "", false, false
+		for inst, seen := range m {
+			if now-seen.at > instanceWindow {
+				delete(m, inst)
+				continue
+			}
+			if first == "" {
+				first = seen.counter
+			} else if seen.counter != first {
+				apart = true
+			}
+			process = process || strings.HasPrefix(seen.counter, "process:")
+		}
+		if len(m) == 0 {
+			delete(s.instances, site)
+		}
+		if apart && process {
+			out = append(out, site)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // heardFrom records a site heartbeat of site at ts (ms) on slot.

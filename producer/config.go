@@ -1,9 +1,11 @@
 package producer
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 	"unicode/utf8"
 
@@ -57,6 +59,16 @@ type Config struct {
 	// multiples of BucketWidth since the Unix epoch on the Producer's clock. It must be a
 	// whole number of milliseconds. Default DefaultBucketWidth (100 ms).
 	BucketWidth time.Duration
+	// Instance names this producer in its site heartbeats. Default
+	// "<hostname>-<pid>-<random>".
+	Instance string
+	// Counter says, in the site heartbeats, what holds this site's exact count:
+	// "process:<instance>" when the site is this process, "redis:<address>" for a data
+	// center's Redis shared by its enforcers. The aggregators report a site announced by
+	// instances that count apart, at least one in its own process: two processes that were
+	// given one --site but no shared Redis each admit the site's whole share. Default ""
+	// (not stated: nothing is checked).
+	Counter string
 	// SubBuckets is the number of sub-window buckets the aggregators split windows into.
 	// Buckets are cut at the sub-bucket boundaries of each hit's window so that a record
 	// never straddles two sub-buckets. Default window.DefaultSubBuckets.
@@ -130,6 +142,15 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.SiteHeartbeatInterval == 0 {
 		c.SiteHeartbeatInterval = DefaultSiteHeartbeatInterval
+	}
+	if c.Instance == "" {
+		host, _ := os.Hostname()
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		c.Instance = fmt.Sprintf("%s-%d-%x", host, os.Getpid(), b)
+	}
+	if len(c.Instance) > topics.MaxSiteLen || len(c.Counter) > topics.MaxSiteLen || !utf8.ValidString(c.Instance) || !utf8.ValidString(c.Counter) {
+		return c, fmt.Errorf("%w: Instance and Counter must be at most %d bytes of UTF-8", ErrBadConfig, topics.MaxSiteLen)
 	}
 	if c.MaxBufferedKeys == 0 {
 		c.MaxBufferedKeys = DefaultMaxBufferedKeys

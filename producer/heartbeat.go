@@ -58,7 +58,7 @@ func (p *Producer) siteHeartbeat(nowMs, watermark int64) {
 		return
 	}
 	p.hbNext = nowMs + p.cfg.SiteHeartbeatInterval.Milliseconds()
-	h := topics.Hit{Key: topics.SiteHeartbeatKey, Site: p.cfg.Site, BucketStart: watermark}
+	h := topics.Hit{Key: topics.SiteHeartbeatKey, Site: p.cfg.Site, BucketStart: watermark, Instance: p.cfg.Instance, Counter: p.cfg.Counter}
 	v, err := h.MarshalBinary()
 	if err != nil {
 		// Unreachable: New validated the site.

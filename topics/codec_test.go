@@ -94,6 +94,9 @@ func TestHitRoundTrip(t *testing.T) {
 		h := fixCount(randHit(r))
 		if i%10 == 0 {
 			h = Hit{Key: SiteHeartbeatKey, Site: h.Site, BucketStart: h.BucketStart}
+			if i%20 == 0 {
+				h.Instance, h.Counter = randString(r, 0, MaxSiteLen), randString(r, 0, MaxSiteLen)
+			}
 		}
 		bin, err := h.MarshalBinary()
 		if err != nil {
@@ -380,10 +383,11 @@ func TestHitVersions(t *testing.T) {
 
 func TestHitDeniedAndSiteHeartbeatJSON(t *testing.T) {
 	for in, want := range map[string]Hit{
-		`{"key":"k","site":"eu","ts":5,"w":1000,"n":2,"d":7}`: {Key: "k", Site: "eu", BucketStart: 5, Window: 1000, Count: 2, Denied: 7},
-		`{"key":"k","site":"eu","ts":5,"w":1000,"d":7}`:       {Key: "k", Site: "eu", BucketStart: 5, Window: 1000, Denied: 7},
-		`{"key":"k","site":"eu","ts":5}`:                      {Key: "k", Site: "eu", BucketStart: 5, Count: 1},
-		`{"key":"__streamlimit/alive","site":"eu","ts":5}`:    {Key: SiteHeartbeatKey, Site: "eu", BucketStart: 5},
+		`{"key":"k","site":"eu","ts":5,"w":1000,"n":2,"d":7}`:                                     {Key: "k", Site: "eu", BucketStart: 5, Window: 1000, Count: 2, Denied: 7},
+		`{"key":"k","site":"eu","ts":5,"w":1000,"d":7}`:                                           {Key: "k", Site: "eu", BucketStart: 5, Window: 1000, Denied: 7},
+		`{"key":"k","site":"eu","ts":5}`:                                                          {Key: "k", Site: "eu", BucketStart: 5, Count: 1},
+		`{"key":"__streamlimit/alive","site":"eu","ts":5}`:                                        {Key: SiteHeartbeatKey, Site: "eu", BucketStart: 5},
+		`{"key":"__streamlimit/alive","site":"eu","ts":5,"instance":"i1","counter":"process:i1"}`: {Key: SiteHeartbeatKey, Site: "eu", BucketStart: 5, Instance: "i1", Counter: "process:i1"},
 	} {
 		got, err := DecodeHit([]byte(in))
 		if err != nil || got != want {

@@ -49,6 +49,10 @@ type Heartbeat struct {
 	// time falls behind is one whose hits have stopped arriving — a cut link, a stopped
 	// replicator, a data center down — and readers must not take its silence for idleness.
 	Sites map[string]int64 `json:"sites,omitempty"`
+	// Conflicts lists the sites that two or more live producer instances announce while
+	// counting apart (at least one of them in its own process): each would admit the
+	// site's whole share. It is the same in every heartbeat of one aggregator instance.
+	Conflicts []string `json:"conflicts,omitempty"`
 }
 
 // AsOfTime returns AsOf as a time.Time.

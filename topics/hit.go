@@ -62,6 +62,13 @@ type Hit struct {
 	// Denied is the number of requests refused at Site in the bucket, ≥ 0. Count + Denied
 	// is at least 1, except in a site heartbeat, where both are 0.
 	Denied int64
+	// Instance and Counter are set in site heartbeats only (each ≤ MaxSiteLen bytes,
+	// optional): the producer instance that wrote it, and what holds the site's exact
+	// count ("process:<instance>" for a site that is one process, "redis:<address>" for a
+	// data center's Redis). Two instances of one site that count apart (one of them in its
+	// own process) are a misconfiguration the aggregator reports: they would each admit
+	// the site's whole share.
+	Instance, Counter string
 }
 
 // IsSiteHeartbeat reports whether h is a site heartbeat rather than hits of a counter.
@@ -83,7 +90,15 @@ func (h Hit) Validate() error {
 		if h.Window != 0 || h.Count != 0 || h.Denied != 0 {
 			return errorf(ErrBadCount, "site heartbeat with window %d, count %d, denied %d", h.Window, h.Count, h.Denied)
 		}
+		for _, v := range []string{h.Instance, h.Counter} {
+			if len(v) > MaxSiteLen || !utf8.ValidString(v) {
+				return errorf(ErrSiteTooLong, "site heartbeat instance or counter of %d bytes (at most %d of UTF-8)", len(v), MaxSiteLen)
+			}
+		}
 		return nil
+	}
+	if h.Instance != "" || h.Counter != "" {
+		return errorf(ErrBadCount, "instance and counter belong to site heartbeats")
 	}
 	if err := validateKey(h.Key); err != nil {
 		return err
@@ -155,6 +170,12 @@ func (h Hit) AppendBinary(dst []byte) ([]byte, error) {
 	if v2 {
 		dst = binary.AppendUvarint(dst, uint64(h.Denied))
 	}
+	if h.IsSiteHeartbeat() {
+		dst = binary.AppendUvarint(dst, uint64(len(h.Instance)))
+		dst = append(dst, h.Instance...)
+		dst = binary.AppendUvarint(dst, uint64(len(h.Counter)))
+		dst = append(dst, h.Counter...)
+	}
 	return dst, nil
 }
 
@@ -176,6 +197,14 @@ func (h Hit) AppendJSON(dst []byte) ([]byte, error) {
 	dst = append(dst, `,"ts":`...)
 	dst = strconv.AppendInt(dst, h.BucketStart, 10)
 	if h.IsSiteHeartbeat() {
+		if h.Instance != "" {
+			dst = append(dst, `,"instance":`...)
+			dst = appendJSONString(dst, h.Instance)
+		}
+		if h.Counter != "" {
+			dst = append(dst, `,"counter":`...)
+			dst = appendJSONString(dst, h.Counter)
+		}
 		return append(dst, '}'), nil
 	}
 	if h.Window != 0 {
@@ -248,6 +277,15 @@ func decodeHitBinary(b []byte, version byte) (Hit, error) {
 	if version == hitVersion2 {
 		d = r.uvarint()
 	}
+	if h.IsSiteHeartbeat() && r.err == nil && len(r.b) > 0 {
+		for _, f := range []*string{&h.Instance, &h.Counter} {
+			l := r.uvarint()
+			if r.err == nil && l > MaxSiteLen {
+				return Hit{}, errorf(ErrSiteTooLong, "site heartbeat field of %d bytes", l)
+			}
+			*f = string(r.bytes(int(l)))
+		}
+	}
 	if r.err != nil {
 		return Hit{}, r.err
 	}
@@ -277,6 +315,9 @@ type hitJSON struct {
 	W    *int64  `json:"w"`
 	N    *int64  `json:"n"`
 	D    *int64  `json:"d"`
+	// Site heartbeats only.
+	Instance string `json:"instance"`
+	Counter  string `json:"counter"`
 }
 
 func decodeHitJSON(b []byte) (Hit, error) {
@@ -297,7 +338,7 @@ func decodeHitJSON(b []byte) (Hit, error) {
 		if j.W != nil || j.N != nil || j.D != nil {
 			return Hit{}, errorf(ErrBadCount, "a site heartbeat has no w, n or d")
 		}
-		h.Count = 0
+		h.Count, h.Instance, h.Counter = 0, j.Instance, j.Counter
 		return h, h.Validate()
 	}
 	if j.W != nil {

@@ -8,6 +8,7 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -15,6 +16,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -170,6 +173,8 @@ type Server struct {
 	lim      *enforcer.Limiter
 	mw       *httplimit.Middleware
 	rls      *rls.Server
+	// instance names this process in its site heartbeats.
+	instance string
 
 	httpLn, grpcLn, proxyLn net.Listener
 
@@ -184,7 +189,7 @@ func New(cfg Config) (_ *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger}
+	s := &Server{cfg: cfg, log: cfg.Logger, instance: instanceID()}
 	defer func() {
 		if err != nil {
 			s.closeAll()
@@ -232,8 +237,15 @@ func New(cfg Config) (_ *Server, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("enforcer: snapshot: %w", err)
 		}
+		// The site heartbeats say what counts this site, so that the aggregators can
+		// report two processes given one --site without a shared Redis.
+		counter := "process:" + s.instance
+		if len(cfg.RedisAddrs) > 0 {
+			counter = "redis:" + strings.Join(cfg.RedisAddrs, ",")
+		}
 		s.prod, err = producer.New(producer.Config{
 			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.HitsTopic, Site: cfg.Site,
+			Instance: s.instance, Counter: counter,
 			SubBuckets: cfg.SubBuckets, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
 		})
 		if err != nil {
@@ -498,4 +510,12 @@ func (s *Server) closeAll() {
 	if s.site != nil {
 		_ = s.site.Close()
 	}
+}
+
+// instanceID names this process: "<hostname>-<pid>-<random>".
+func instanceID() string {
+	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%x", host, os.Getpid(), b)
 }

@@ -116,6 +116,16 @@ func (s *Snapshot) recomputeLocked() {
 	}
 	s.oldestMs.Store(oldest)
 	s.replaying.Store(replaying)
+	conflicts := map[string]bool{}
+	for _, h := range s.sources {
+		for _, site := range h.Conflicts {
+			conflicts[site] = true
+		}
+	}
+	s.met.siteConflicts.Set(float64(len(conflicts)))
+	if conflicts[s.cfg.Site] && s.cfg.Site != "" {
+		s.logConflict()
+	}
 	var st *SiteTimes
 	if len(heard) > 0 {
 		st = &SiteTimes{sites: make([]SiteTime, 0, len(heard))}
@@ -176,4 +186,15 @@ func (s *Snapshot) Sources(now time.Time) []Source {
 		return int(a.Partition) - int(b.Partition)
 	})
 	return out
+}
+
+// logConflict logs, at most once a minute, that this enforcer's own site is announced by
+// instances that count it apart.
+func (s *Snapshot) logConflict() {
+	now := time.Now().UnixNano()
+	if last := s.lastConflictLog.Load(); now-last < int64(time.Minute) || !s.lastConflictLog.CompareAndSwap(last, now) {
+		return
+	}
+	s.cfg.Logger.Error("another instance announces this site but counts it apart: each admits the site's whole share of every global limit; give each instance its own --site, or share the site's Redis",
+		"site", s.cfg.Site)
 }

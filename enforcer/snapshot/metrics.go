@@ -23,6 +23,9 @@ type metrics struct {
 	evicted    prometheus.Counter
 	refused    prometheus.Counter
 	ready      prometheus.Gauge
+	// siteConflicts is the number of sites the aggregators report announced by instances
+	// that count apart.
+	siteConflicts prometheus.Gauge
 }
 
 func (m *metrics) bad(reason string) { m.badVec.WithLabelValues(reason).Inc() }
@@ -44,15 +47,20 @@ func newMetrics(s *Snapshot, reg prometheus.Registerer) (*metrics, error) {
 		evicted: counter("evicted_total", "Entries removed by the idle sweep because their window had passed."),
 		refused: counter("refused_keys_total", "Counts for new keys refused because the snapshot held MaxKeys keys."),
 		ready:   prometheus.NewGauge(prometheus.GaugeOpts(opts("ready", "1 once the snapshot has caught up with the counts topic, else 0."))),
+		siteConflicts: prometheus.NewGauge(prometheus.GaugeOpts(opts("site_conflicts",
+			"Sites the aggregators report announced by several instances that count apart."))),
 	}
-	for _, r := range append(topics.Reasons(), "key_mismatch") {
+	for _, r := range append(topics.Reasons(), "key_mismatch", "sub_buckets") {
 		m.badVec.WithLabelValues(r)
 	}
 	if reg == nil {
 		return m, nil
 	}
 	cs := []prometheus.Collector{
-		m.applied, m.tombstones, m.heartbeats, m.ignored, m.badVec, m.evicted, m.refused, m.ready,
+		m.applied, m.tombstones, m.heartbeats, m.ignored, m.badVec, m.evicted, m.refused, m.ready, m.siteConflicts,
+		&siteCollector{s: s, age: prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "site_age_seconds"),
+			"How old the snapshot's view of each site is: now minus the time up to which its hits have been counted (a silent site's age grows).",
+			[]string{"site"}, nil)},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("keys", "Counter keys held.")),
 			func() float64 { return float64(s.Len()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("age_seconds",
@@ -109,5 +117,20 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, src.Age.Seconds(), src.Topic, p)
 		ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(src.Lag), src.Topic, p)
 		ch <- prometheus.MustNewConstMetric(c.replay, prometheus.GaugeValue, b2f(src.Replaying), src.Topic, p)
+	}
+}
+
+// siteCollector reports each site's freshness age at scrape time.
+type siteCollector struct {
+	s   *Snapshot
+	age *prometheus.Desc
+}
+
+func (c *siteCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.age }
+
+func (c *siteCollector) Collect(ch chan<- prometheus.Metric) {
+	now := c.s.cfg.Clock.Now().UnixMilli()
+	for _, st := range c.s.SiteTimes().Sites() {
+		ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, float64(now-st.Heard)/1000, st.Site)
 	}
 }

@@ -205,8 +205,9 @@ type Snapshot struct {
 	// heartbeat (see SiteTimes).
 	sites atomic.Pointer[SiteTimes]
 	// lastMismatchLog is when ErrSubBuckets was last logged (unix ns), to log it once a
-	// minute.
+	// minute; lastConflictLog likewise for a conflict on this site.
 	lastMismatchLog atomic.Int64
+	lastConflictLog atomic.Int64
 
 	internMu sync.Mutex
 	intern   map[string]string

@@ -3,7 +3,9 @@ package snapshot
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -509,5 +511,24 @@ func TestSubBucketMismatch(t *testing.T) {
 	}
 	if got := f.metric(t, "streamlimit_snapshot_bad_records_total", "reason", "sub_buckets"); got != 1 {
 		t.Fatalf("bad_records_total{sub_buckets} = %v", got)
+	}
+}
+
+// A heartbeat that reports this enforcer's own site in conflict sets the gauge and logs at
+// error level.
+func TestSiteConflictReported(t *testing.T) {
+	var logs strings.Builder
+	f := newFixture(t, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	hb := topics.Heartbeat{Instance: "a", Topic: "hits", Partition: 0, AsOf: t0.UnixMilli(), Conflicts: []string{"eu"}}
+	v, err := hb.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.apply(t, topics.HeartbeatKey("hits", 0), v)
+	if got := f.metric(t, "streamlimit_snapshot_site_conflicts"); got != 1 {
+		t.Fatalf("site_conflicts = %v", got)
+	}
+	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "site=eu") {
+		t.Fatalf("no error logged: %q", logs.String())
 	}
 }

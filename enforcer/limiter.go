@@ -219,6 +219,7 @@ type scratch struct {
 	globOut   []algo.Decision
 	globStale []bool
 	globTotal []float64 // the key's total over all sites in the snapshot
+	shadowN   []int64 // commitAlgo's saved costs of shadow ops
 	oneOp     [1]algo.Op
 	oneOut    [1]algo.Decision
 	oneGlob   [1]GlobalOp
@@ -345,12 +346,12 @@ func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
 	// request's non-shadow limits of its scope.
 	siteFellBack := false
 	if admitted && len(s.siteOps) > 0 {
-		ok, fb := l.commitAlgo(ctx, now, s.siteOps, s.siteRefs, s.siteOut, true)
+		ok, fb := l.commitAlgo(ctx, now, s, s.siteOps, s.siteRefs, s.siteOut, true)
 		siteFellBack = fb
 		admitted = ok
 	}
 	if admitted && len(s.localOps) > 0 {
-		admitted, _ = l.commitAlgo(ctx, now, s.localOps, s.localRefs, s.localOut, false)
+		admitted, _ = l.commitAlgo(ctx, now, s, s.localOps, s.localRefs, s.localOut, false)
 	}
 	if admitted && len(s.globOps) > 0 && !fused {
 		admitted = l.commitGlobal(ctx, now, s, n)
@@ -392,12 +393,13 @@ func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
 
 // commitAlgo takes the non-shadow ops of one scope atomically. Shadow ops are left for
 // commitShadow.
-func (l *Limiter) commitAlgo(ctx context.Context, now time.Time, ops []algo.Op, refs []opRef, out []algo.Decision, site bool) (ok, fellBack bool) {
+func (l *Limiter) commitAlgo(ctx context.Context, now time.Time, s *scratch, ops []algo.Op, refs []opRef, out []algo.Decision, site bool) (ok, fellBack bool) {
 	// Shadow ops must not make the atomic step fail; take them out by asking for 0.
-	var shadowN [64]int64
+	s.shadowN = grow(s.shadowN, len(ops))
+	shadowN := s.shadowN
 	shadowed := false
 	for i := range ops {
-		if refs[i].shadow && i < len(shadowN) {
+		if refs[i].shadow {
 			shadowN[i], ops[i].N = ops[i].N, 0
 			shadowed = true
 		}
@@ -412,7 +414,7 @@ func (l *Limiter) commitAlgo(ctx context.Context, now time.Time, ops []algo.Op, 
 	}
 	if shadowed {
 		for i := range ops {
-			if refs[i].shadow && i < len(shadowN) {
+			if refs[i].shadow {
 				ops[i].N = shadowN[i]
 			}
 		}

@@ -2,6 +2,8 @@ package enforcer
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -148,5 +150,32 @@ func TestUnmatchedDescriptorIsNotLimited(t *testing.T) {
 	res = l.Decide(context.Background(), Request{Domain: "nope", Descriptors: [][]rules.Entry{desc("user", "1")}})
 	if res.Code != CodeOK || res.Statuses[0].Rule != nil {
 		t.Fatalf("unknown domain: %+v", res)
+	}
+}
+
+// A request with more than 64 limits, the last of them a shadow limit already over: the
+// shadow limit must not deny, however many limits come before it.
+func TestShadowModeNeverDeniesPast64Limits(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("domain: many\ndescriptors:\n")
+	for i := range 70 {
+		fmt.Fprintf(&b, "  - key: k%d\n    rate_limit: {unit: minute, requests_per_unit: 100, scope: local}\n", i)
+	}
+	b.WriteString("  - key: shadow\n    shadow_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1, scope: local}\n")
+	l, _ := newLimiter(t, b.String(), nil)
+	var req Request
+	req.Domain = "many"
+	for i := range 70 {
+		req.Descriptors = append(req.Descriptors, desc(fmt.Sprintf("k%d", i), "x"))
+	}
+	req.Descriptors = append(req.Descriptors, desc("shadow", "x"))
+	for i := range 3 {
+		res := l.Decide(context.Background(), req)
+		if res.Code != CodeOK {
+			t.Fatalf("request %d denied by a shadow limit: %+v", i, res.Statuses[70])
+		}
+		if i > 0 && !res.Statuses[70].Shadow {
+			t.Fatalf("request %d: the shadow limit is over but not reported: %+v", i, res.Statuses[70])
+		}
 	}
 }

@@ -232,25 +232,41 @@ func (s *scratch) reset() {
 	s.globOps, s.globRefs = s.globOps[:0], s.globRefs[:0]
 }
 
-// DecideInto decides req and writes the result to res, reusing res.Statuses' capacity.
+// DecideInto decides req and writes the result to res, reusing res.Statuses' capacity. It is
+// DecideAt at the Limiter's clock's time.
+func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
+	l.DecideAt(ctx, l.cfg.Clock.Now(), req, res)
+}
+
+// DecideAt decides req at instant now and writes the result to res, reusing res.Statuses'
+// capacity; like rate.Limiter's AllowN, it is for callers that own the clock. now should
+// not go backwards between calls on the same keys.
 //
 // Each descriptor is matched against the rules of req.Domain (most specific first, as in
 // envoyproxy/ratelimit); limits replaced by another matched limit's replaces are not in
 // force. The request is admitted only if every limit in force of every non-shadow rule
 // admits it; then each takes req.Hits, and each global limit's hits are published. A denied
-// request takes nothing. Errors of Redis or Kafka never reach the caller (see the package
-// documentation on degradation); ctx bounds the SiteStore call.
-func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
+// request takes nothing, and its global keys are published as denied (demand). Errors of
+// Redis or Kafka never reach the caller (see the package documentation on degradation);
+// ctx bounds the SiteStore call.
+func (l *Limiter) DecideAt(ctx context.Context, now time.Time, req Request, res *Result) {
 	n := req.Hits
 	if n <= 0 {
 		n = 1
 	}
-	now := l.cfg.Clock.Now()
-	cfg := l.cfg.Rules()
 	s := l.scratch.Get().(*scratch)
 	defer l.scratch.Put(s)
 	s.reset()
+	l.match(req, res, s, n)
+	admitted, fused := l.check(ctx, now, s, n)
+	admitted, siteFellBack := l.commit(ctx, now, s, n, admitted, fused)
+	l.finish(req, res, s, admitted, siteFellBack)
+}
 
+// match finds each descriptor's rule and collects the operations of the limits in force,
+// by scope, into s; res gets one Status per descriptor.
+func (l *Limiter) match(req Request, res *Result, s *scratch, n int64) {
+	cfg := l.cfg.Rules()
 	res.Code = CodeOK
 	res.Statuses = res.Statuses[:0]
 	for _, entries := range req.Descriptors {
@@ -262,8 +278,6 @@ func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
 		res.Statuses = append(res.Statuses, Status{Code: CodeOK, Rule: r})
 	}
 	s.active = rules.Active(s.matched, s.active)
-
-	// Collect the operations, by scope.
 	for d, r := range s.matched {
 		if r == nil || r.Unlimited {
 			continue
@@ -277,20 +291,14 @@ func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
 			s.buf = r.AppendKey(s.buf[:0], entries, j)
 			h := l.keys.handle(s.buf)
 			ref := opRef{desc: d, limit: lim, key: h.key, h: h, shadow: r.ShadowMode}
-			switch lim.Scope {
-			case rules.Global:
+			switch {
+			case lim.Scope == rules.Global:
 				s.globOps = append(s.globOps, GlobalOp{Key: ref.key, Window: lim.Window, N: n, Hard: lim.Hard, h: h})
 				s.globRefs = append(s.globRefs, ref)
-			case rules.Site:
-				op := algo.Op{Key: ref.key, Algorithm: lim.Algorithm, Limit: lim.Algo(), N: n}
-				if l.cfg.SiteStore == nil {
-					s.localOps = append(s.localOps, op)
-					s.localRefs = append(s.localRefs, ref)
-				} else {
-					s.siteOps = append(s.siteOps, op)
-					s.siteRefs = append(s.siteRefs, ref)
-				}
-			default:
+			case lim.Scope == rules.Site && l.cfg.SiteStore != nil:
+				s.siteOps = append(s.siteOps, algo.Op{Key: ref.key, Algorithm: lim.Algorithm, Limit: lim.Algo(), N: n})
+				s.siteRefs = append(s.siteRefs, ref)
+			default: // local, or site scope decided in process when there is no SiteStore
 				s.localOps = append(s.localOps, algo.Op{Key: ref.key, Algorithm: lim.Algorithm, Limit: lim.Algo(), N: n})
 				s.localRefs = append(s.localRefs, ref)
 			}
@@ -302,11 +310,14 @@ func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
 	s.globCount = growF(s.globCount, len(s.globOps))
 	s.globStale = growB(s.globStale, len(s.globOps))
 	s.globTotal = growF(s.globTotal, len(s.globOps))
+}
 
-	// 1. Check: global limits against the snapshot, local limits with Peek. A request with
-	// only global limits and no shadow rule is checked and taken in one Commit instead.
-	admitted := true
-	fused := len(s.globOps) > 0 && len(s.localOps) == 0 && len(s.siteOps) == 0 && !anyShadow(s.globRefs)
+// check decides every limit without taking anything: global limits against the snapshot,
+// local ones with Peek. A request with only global limits and no shadow rule is checked and
+// taken in one Commit instead (fused), and its hits published.
+func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64) (admitted, fused bool) {
+	admitted = true
+	fused = len(s.globOps) > 0 && len(s.localOps) == 0 && len(s.siteOps) == 0 && !anyShadow(s.globRefs)
 	if len(s.globOps) > 0 {
 		for i := range s.globOps {
 			s.globOps[i].Cap, s.globTotal[i], s.globStale[i] = l.globalCap(now, &s.globOps[i], s.globRefs[i].limit)
@@ -341,14 +352,15 @@ func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
 			admitted = false
 		}
 	}
+	return admitted, fused
+}
 
-	// 2. Commit, in the order site (one remote call), local, global, each atomic over the
-	// request's non-shadow limits of its scope.
-	siteFellBack := false
+// commit takes the request's limits when it was admitted, in the order site (one remote
+// call), local, global, each atomic over the request's non-shadow limits of its scope, then
+// the shadow limits; a denied request publishes its global keys as denied.
+func (l *Limiter) commit(ctx context.Context, now time.Time, s *scratch, n int64, admitted, fused bool) (ok, siteFellBack bool) {
 	if admitted && len(s.siteOps) > 0 {
-		ok, fb := l.commitAlgo(ctx, now, s, s.siteOps, s.siteRefs, s.siteOut, true)
-		siteFellBack = fb
-		admitted = ok
+		admitted, siteFellBack = l.commitAlgo(ctx, now, s, s.siteOps, s.siteRefs, s.siteOut, true)
 	}
 	if admitted && len(s.localOps) > 0 {
 		admitted, _ = l.commitAlgo(ctx, now, s, s.localOps, s.localRefs, s.localOut, false)
@@ -367,8 +379,12 @@ func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
 			}
 		}
 	}
+	return admitted, siteFellBack
+}
 
-	// 3. Report: per descriptor, the limit that denied, else the one with least room.
+// finish reports, per descriptor, the limit that denied, else the one with least room, and
+// the overall code, and counts the decision in the metrics.
+func (l *Limiter) finish(req Request, res *Result, s *scratch, admitted, siteFellBack bool) {
 	l.report(res, s.localRefs, s.localOut, nil)
 	l.report(res, s.siteRefs, s.siteOut, nil)
 	l.report(res, s.globRefs, s.globOut, s.globStale)
@@ -378,8 +394,7 @@ func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
 		}
 	}
 	for i := range res.Statuses {
-		st := &res.Statuses[i]
-		if st.Code == CodeOverLimit {
+		if res.Statuses[i].Code == CodeOverLimit {
 			res.Code = CodeOverLimit
 		}
 	}

@@ -179,3 +179,31 @@ func TestShadowModeNeverDeniesPast64Limits(t *testing.T) {
 		}
 	}
 }
+
+// DecideAt decides at the caller's instant, not the Limiter's clock: a limit of 3 per
+// minute admits 3 at t, denies the 4th at t+59 s, and admits again at t+61 s, while the
+// Limiter's own clock never moves.
+func TestDecideAt(t *testing.T) {
+	l, clk := newLimiter(t, localRules, nil)
+	req := Request{Domain: "api", Descriptors: [][]rules.Entry{desc("user", "1")}}
+	ctx := context.Background()
+	var res Result
+	at := func(d time.Duration) Code {
+		l.DecideAt(ctx, t0.Add(d), req, &res)
+		return res.Code
+	}
+	for i := range 3 {
+		if got := at(time.Duration(i) * time.Second); got != CodeOK {
+			t.Fatalf("request %d: %v", i, got)
+		}
+	}
+	if got := at(59 * time.Second); got != CodeOverLimit {
+		t.Fatalf("at +59 s: %v, want OVER_LIMIT", got)
+	}
+	if got := at(121 * time.Second); got != CodeOK {
+		t.Fatalf("at +121 s: %v, want OK", got)
+	}
+	if !clk.Now().Equal(t0) {
+		t.Fatalf("the Limiter's clock moved to %v", clk.Now())
+	}
+}

@@ -219,7 +219,7 @@ type scratch struct {
 	globOut   []algo.Decision
 	globStale []bool
 	globTotal []float64 // the key's total over all sites in the snapshot
-	shadowN   []int64 // commitAlgo's saved costs of shadow ops
+	shadowN   []int64   // commitAlgo's saved costs of shadow ops
 	oneOp     [1]algo.Op
 	oneOut    [1]algo.Decision
 	oneGlob   [1]GlobalOp

@@ -136,31 +136,27 @@ func (c *Count) AppendJSON(dst []byte) ([]byte, error) {
 		dst = append(dst, `,"sub":`...)
 		dst = strconv.AppendInt(dst, int64(c.SubBuckets), 10)
 	}
-	dst = append(dst, `,"sites":{`...)
-	demand := false
-	for i, s := range c.Sites {
+	dst = append(dst, `,"sites":`...)
+	dst = appendSiteMap(dst, c.Sites, func(s SiteCount) float64 { return s.Count })
+	if slices.ContainsFunc(c.Sites, func(s SiteCount) bool { return s.Demand != 0 }) {
+		dst = append(dst, `,"demand":`...)
+		dst = appendSiteMap(dst, c.Sites, func(s SiteCount) float64 { return s.Demand })
+	}
+	return append(dst, '}'), nil
+}
+
+// appendSiteMap appends a JSON object of site → value(site).
+func appendSiteMap(dst []byte, sites []SiteCount, value func(SiteCount) float64) []byte {
+	dst = append(dst, '{')
+	for i, s := range sites {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
 		dst = appendJSONString(dst, s.Site)
 		dst = append(dst, ':')
-		dst = strconv.AppendFloat(dst, s.Count, 'g', -1, 64)
-		demand = demand || s.Demand != 0
+		dst = strconv.AppendFloat(dst, value(s), 'g', -1, 64)
 	}
-	dst = append(dst, '}')
-	if demand {
-		dst = append(dst, `,"demand":{`...)
-		for i, s := range c.Sites {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			dst = appendJSONString(dst, s.Site)
-			dst = append(dst, ':')
-			dst = strconv.AppendFloat(dst, s.Demand, 'g', -1, 64)
-		}
-		dst = append(dst, '}')
-	}
-	return append(dst, '}'), nil
+	return append(dst, '}')
 }
 
 // MarshalJSON returns the JSON encoding of c.

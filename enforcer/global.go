@@ -161,6 +161,23 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 	return dst
 }
 
+// staleBits returns which sites of st are stale at now (bit i for st.Sites()[i]), and
+// false when there are too many sites for the bits.
+func (g *sharing) staleBits(now time.Time, st *snapshot.SiteTimes) (uint64, bool) {
+	sites := st.Sites()
+	if len(sites) > 64 {
+		return 0, false
+	}
+	limit := now.UnixMilli() - g.siteStale.Milliseconds()
+	var bits uint64
+	for i := range sites {
+		if sites[i].Heard < limit && sites[i].Site != g.site {
+			bits |= 1 << uint(i)
+		}
+	}
+	return bits, true
+}
+
 // staleShare is this site's share of a global limit when the snapshot cannot be trusted
 // at all (no aggregator heartbeat for MaxStaleness): its last known fraction of the key's
 // count (at least MinShare), or DefaultShare (by default 1/number of sites) for a key never

@@ -45,6 +45,8 @@ type keyHandle struct {
 	ver     uint64
 	entry   snapshot.Entry
 	known   bool
+	// cc is the key's last global cap (see Limiter.cachedCap).
+	cc capCache
 
 	// ringMem is memory for the key's first LocalCounter entry, claimed by ringUsed, so
 	// that the entry shares cache lines with the handle. It is last so that the fields

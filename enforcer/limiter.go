@@ -559,37 +559,96 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, lim *rules.Limit) (capL
 			l.lastStale.Store(ns)
 		}
 	}
+	st := sn.SiteTimes()
 	var (
 		e     snapshot.Entry
 		known bool
 	)
-	if h := op.h; h != nil {
-		e, known = l.snapEntry(sn, h)
+	if h := op.h; h != nil && !stale {
+		capLocal, total, fallback, e, known, _ = l.cachedCap(now, op, h, sn, st, allowance)
 	} else {
-		e, known = sn.Get(op.Key)
+		if h != nil {
+			e, known = l.snapEntry(sn, h)
+		} else {
+			e, known = sn.Get(op.Key)
+		}
+		known = known && usable(&e, op, now)
+		if known {
+			total = e.Total
+		}
+		if stale {
+			return dither(allowance*l.share.staleShare(&e, known, st), op.Key, salt(&e, known, now)), total, true
+		}
+		capLocal, fallback = l.share.capFor(now, op.Key, allowance, &e, known, st)
 	}
-	// A count for another window is another counter; one whose window has passed since its
-	// as-of time describes hits that are gone (the aggregator tombstones such keys, but
-	// not while no instance owns them).
-	if known && (e.Window != op.Window || e.Expired(now)) {
-		known = false
-	}
-	st := sn.SiteTimes()
-	salt := now.Unix()
-	if known {
-		salt = e.AsOf
-		total = e.Total
-	}
-	if stale {
-		return dither(allowance*l.share.staleShare(&e, known, st), op.Key, salt), total, true
-	}
-	capLocal, fallback = l.share.capFor(now, op.Key, allowance, &e, known, st)
 	if last := l.lastStale.Load(); last != 0 && now.UnixNano()-last < int64(min(op.Window, l.cfg.RecoveryHold)) {
 		// Recovering from an outage: the fresh counts may still miss hits published
 		// during it; each site also keeps to its share, which sum to the limit.
-		capLocal = min(capLocal, dither(allowance*l.share.staleShare(&e, known, st), op.Key, salt))
+		capLocal = min(capLocal, dither(allowance*l.share.staleShare(&e, known, st), op.Key, salt(&e, known, now)))
 	}
 	return capLocal, total, fallback
+}
+
+// usable reports whether snapshot entry e counts op's counter at now: a count for another
+// window is another counter, and one whose window has passed since its as-of time
+// describes hits that are gone (the aggregator tombstones such keys, but not while no
+// instance owns them).
+func usable(e *snapshot.Entry, op *GlobalOp, now time.Time) bool {
+	return e.Window == op.Window && !e.Expired(now)
+}
+
+// salt is what rounds a cap: the count's as-of time, else the second.
+func salt(e *snapshot.Entry, known bool, now time.Time) int64 {
+	if known {
+		return e.AsOf
+	}
+	return now.Unix()
+}
+
+// capKey is everything a global cap depends on besides the Limiter's fixed settings.
+type capKey struct {
+	ver   uint64              // the snapshot's Version when the entry was read
+	sites *snapshot.SiteTimes // the site freshness in force
+	stale uint64              // which of sites' sites are stale (bit i: Sites()[i])
+	allow float64
+	known bool
+	salt  int64
+}
+
+// capCache is a key's last global cap and what it was computed from.
+type capCache struct {
+	key      capKey
+	set      bool
+	cap      float64
+	fallback bool
+}
+
+// cachedCap is the cap of a fresh snapshot's key through its handle: the entry from the
+// handle's cache while the snapshot has not changed, and the cap itself while nothing it
+// depends on has (the entry, the site freshness, which sites are stale, the allowance, the
+// rounding salt). A hot key's decision then costs a few comparisons instead of the whole
+// share computation. ok is false when the caller must return cap, total and fallback as
+// they are (never, for now: kept for symmetry with the stale path).
+func (l *Limiter) cachedCap(now time.Time, op *GlobalOp, h *keyHandle, sn *snapshot.Snapshot, st *snapshot.SiteTimes, allowance float64) (capLocal, total float64, fallback bool, e snapshot.Entry, known, ok bool) {
+	v := sn.Version()
+	bits, cacheable := l.share.staleBits(now, st)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.snapSet || h.snapFor != sn || h.ver != v {
+		h.entry, h.known = sn.Get(h.key)
+		h.snapSet, h.snapFor, h.ver = true, sn, v
+	}
+	e, known = h.entry, h.known && usable(&h.entry, op, now)
+	if known {
+		total = e.Total
+	}
+	k := capKey{ver: v, sites: st, stale: bits, allow: allowance, known: known, salt: salt(&e, known, now)}
+	if cacheable && h.cc.set && h.cc.key == k {
+		return h.cc.cap, total, h.cc.fallback, e, known, true
+	}
+	capLocal, fallback = l.share.capFor(now, op.Key, allowance, &e, known, st)
+	h.cc = capCache{key: k, set: cacheable, cap: capLocal, fallback: fallback}
+	return capLocal, total, fallback, e, known, true
 }
 
 // snapEntry returns the snapshot's entry for h's key, from h's cache while the snapshot

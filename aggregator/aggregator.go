@@ -56,12 +56,11 @@ type Config struct {
 	// client that moves between data centers. Default 1s.
 	DemandTimeConstant time.Duration
 	// SiteForget is how long after the last site heartbeat of a site (on a partition) the
-	// aggregator forgets it. Until then a silent site's count stays as it was when last
-	// heard from, and its heartbeat time stays in this aggregator's heartbeats, so that
-	// enforcers keep assuming it spends its share; after it, the site is taken for gone
-	// (a decommissioned data center) and its hits leave the window as time passes. A
-	// partition between data centers that lasts longer than SiteForget is no longer
-	// bounded. Default 15m.
+	// aggregator forgets it. Until then the site's heartbeat time stays in this
+	// aggregator's heartbeats, ever older, so that enforcers keep assuming it spends its
+	// share of every global limit; after it, the site is taken for gone (a decommissioned
+	// data center). A partition between data centers that lasts longer than SiteForget is
+	// no longer bounded. Default 15m.
 	SiteForget time.Duration
 	// EmitInterval is the least time between two counts published for one counter, and the
 	// period of the emission loop. Default 100ms.

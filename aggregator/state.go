@@ -189,18 +189,11 @@ func (s *state) heardMap(slot int32, now int64) map[string]int64 {
 	return out
 }
 
-// heardAt returns a lookup of slot's heard times for window.Counter's per-site instants;
-// a site silent for longer than siteForget is counted at now.
-func (s *state) heardAt(slot int32, now int64) func(string) (int64, bool) {
-	m := s.heard[slot]
-	return func(site string) (int64, bool) {
-		ts, ok := m[site]
-		if !ok || ts+s.cfg.siteForget < now {
-			return 0, false
-		}
-		return ts, true
-	}
-}
+// countNow counts every site at the emission's instant. A site's count is not frozen at
+// the last time it was heard from: heartbeat jitter would then make the sites' counts
+// disagree by up to a heartbeat period of hits, and shares flip with that noise; a silent
+// site is instead taken care of by the enforcers, which assume it spends its share.
+func countNow(string) (int64, bool) { return 0, false }
 
 func (s *state) spec(w int64) *window.Spec {
 	if sp, ok := s.specs[w]; ok {
@@ -382,7 +375,7 @@ func (s *state) collect(now int64, budget int, cands []candidate, out []emission
 		if !(e.dirty && now >= e.lastEmitAt+s.cfg.emitInterval) && now < e.nextEval {
 			continue
 		}
-		total, zero := e.c.SumAt(e.spec, now, s.heardAt(e.slot, now))
+		total, zero := e.c.SumAt(e.spec, now, countNow)
 		if zero {
 			if !e.emitted {
 				s.remove(e) // nothing published: forget silently
@@ -425,7 +418,7 @@ func (s *state) collect(now int64, budget int, cands []candidate, out []emission
 			continue
 		}
 		cnt := &topics.Count{Key: e.id.key, Window: e.id.window, AsOf: now, SubBuckets: s.cfg.subBuckets}
-		cnt.Sites, cnt.Total, _ = e.c.AppendSitesAt(make([]topics.SiteCount, 0, e.c.Sites()), e.spec, now, s.heardAt(e.slot, now))
+		cnt.Sites, cnt.Total, _ = e.c.AppendSitesAt(make([]topics.SiteCount, 0, e.c.Sites()), e.spec, now, countNow)
 		out = append(out, emission{key: e.id.key, slot: e.slot, count: cnt})
 		e.dirty, e.emitted = false, true
 		e.lastEmitted, e.lastEmitAt = c.total, now

@@ -42,8 +42,7 @@
 // replication like its hits, no longer reach this data center's aggregator: a cut link, a
 // stopped replicator) may be spending without our seeing it. It is never taken for idle:
 // it is assumed to hold at least its default share of the limit, never less than its
-// count when last heard from (the aggregator keeps that count, frozen, instead of letting
-// its hits leave the window). During a partition every side thus keeps to L minus what it
+// count in the snapshot. During a partition every side thus keeps to L minus what it
 // assumes of the others, and together they stay within the limit when the default shares
 // add up to one.
 //

@@ -36,9 +36,10 @@ type sharing struct {
 
 // capFor returns the most this site's own count of a global counter may reach (request
 // included) under allowance, from the snapshot entry e (known: the snapshot has one) and the
-// per-site freshness st, at now. It also reports whether a site the entry or st lists was
-// taken as stale.
-func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapshot.Entry, known bool, st *snapshot.SiteTimes) (capLocal float64, anyStale bool) {
+// per-site freshness st, at now; newKey says that this site saw no count for the key within
+// the last NewKeyHold. It also reports whether a site the entry or st lists was taken as
+// stale.
+func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapshot.Entry, known, newKey bool, st *snapshot.SiteTimes) (capLocal float64, anyStale bool) {
 	var buf [maxSites]siteView
 	sites := g.view(buf[:0], now, e, known, st)
 	def := g.defaultShare
@@ -51,12 +52,29 @@ func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapsh
 	if !known {
 		// A key the fresh snapshot does not show is new, or was idle for a whole window.
 		// Every site sees it so until its first hits come back through the pipeline, and
-		// would each admit the whole limit: spend only this site's default share until then.
-		return dither(allowance*def, key, now.Unix()), anyStale
+		// would each admit the whole limit: spend only this site's default share until then,
+		// rounded together with the other sites' (the salt is the second).
+		var before float64
+		u := unitHash(key, now.Unix())
+		for i := range sites {
+			c := allowance * def
+			if sites[i].site == g.site {
+				return math.Floor(before+c+u) - math.Floor(before+u), anyStale
+			}
+			before += c
+		}
+	}
+	if newKey {
+		// The key has only just shown in the snapshot: the sites may still hold the default
+		// shares they were allowed while it was unknown, which its first counts do not show
+		// yet.
+		for i := range sites {
+			sites[i].count = max(sites[i].count, allowance*def)
+		}
 	}
 	// Each site holds its count; a site not heard from within SiteStaleAfter may be
 	// spending while its hits cannot reach us (a cut link), so it is assumed to hold at
-	// least its default share of the limit, never less than it held when last heard from.
+	// least its default share of the limit, never less than its count in the snapshot.
 	for i := range sites {
 		s := &sites[i]
 		s.hold = s.count

@@ -47,6 +47,8 @@ type keyHandle struct {
 	known   bool
 	// cc is the key's last global cap (see Limiter.cachedCap).
 	cc capCache
+	// unknownAt is when a decision last found no count for the key (unix ns).
+	unknownAt int64
 
 	// ringMem is memory for the key's first LocalCounter entry, claimed by ringUsed, so
 	// that the entry shares cache lines with the handle. It is last so that the fields

@@ -84,6 +84,11 @@ type Config struct {
 	// damping off. Default DefaultShareDamping, chosen with the accuracy simulation
 	// (docs/accuracy.md).
 	ShareDamping float64
+	// NewKeyHold is how long after a key was last unknown to this site every site is
+	// assumed to hold at least its default share of it: the sites spent their default
+	// shares while it was unknown, and its first counts may not show that yet. Default
+	// DefaultNewKeyHold; negative: none.
+	NewKeyHold time.Duration
 	// SiteStaleAfter is how long a site may go unheard (its site heartbeats, through the
 	// aggregators' heartbeats) before it is assumed to spend its share of every global
 	// limit: its hits may be cut off from here (a partition between data centers), and its
@@ -126,6 +131,8 @@ const (
 	// freshness age of a healthy pipeline (site heartbeats every 500 ms, aggregator
 	// heartbeats every 500 ms, replication and emission in between).
 	DefaultSiteStaleAfter = 3 * time.Second
+	// DefaultNewKeyHold is Config.NewKeyHold when zero: a few pipeline lags.
+	DefaultNewKeyHold = time.Second
 	// DefaultShareDamping is Config.ShareDamping when zero.
 	DefaultShareDamping = 0.6
 )
@@ -155,6 +162,9 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	if cfg.SiteStaleAfter <= 0 {
 		cfg.SiteStaleAfter = DefaultSiteStaleAfter
+	}
+	if cfg.NewKeyHold == 0 {
+		cfg.NewKeyHold = DefaultNewKeyHold
 	}
 	switch {
 	case cfg.ShareDamping == 0:
@@ -199,6 +209,11 @@ type opRef struct {
 	key    string
 	h      *keyHandle
 	shadow bool
+	// allow is the limit's allowance for this request when it is not the limit's own: an
+	// elastic limit's current value, or a pool's share for the request's priority.
+	allow int64
+	// pooled is set for a pool's operation.
+	pooled bool
 }
 
 // scratch is the per-call working memory, pooled so that decisions do not allocate.
@@ -291,17 +306,13 @@ func (l *Limiter) match(req Request, res *Result, s *scratch, n int64) {
 			s.buf = r.AppendKey(s.buf[:0], entries, j)
 			h := l.keys.handle(s.buf)
 			ref := opRef{desc: d, limit: lim, key: h.key, h: h, shadow: r.ShadowMode}
-			switch {
-			case lim.Scope == rules.Global:
-				s.globOps = append(s.globOps, GlobalOp{Key: ref.key, Window: lim.Window, N: n, Hard: lim.Hard, h: h})
-				s.globRefs = append(s.globRefs, ref)
-			case lim.Scope == rules.Site && l.cfg.SiteStore != nil:
-				s.siteOps = append(s.siteOps, algo.Op{Key: ref.key, Algorithm: lim.Algorithm, Limit: lim.Algo(), N: n})
-				s.siteRefs = append(s.siteRefs, ref)
-			default: // local, or site scope decided in process when there is no SiteStore
-				s.localOps = append(s.localOps, algo.Op{Key: ref.key, Algorithm: lim.Algorithm, Limit: lim.Algo(), N: n})
-				s.localRefs = append(s.localRefs, ref)
+			if lim.Pool != nil {
+				if lim.Elastic != nil {
+					ref.allow = l.elastic(lim)
+				}
+				l.addPool(s, lim.Pool, d, n)
 			}
+			l.addOp(s, ref, n)
 		}
 	}
 	s.localOut = grow(s.localOut, len(s.localOps))
@@ -312,6 +323,77 @@ func (l *Limiter) match(req Request, res *Result, s *scratch, n int64) {
 	s.globTotal = growF(s.globTotal, len(s.globOps))
 }
 
+// addOp adds the operation of ref to s, by scope.
+func (l *Limiter) addOp(s *scratch, ref opRef, n int64) {
+	lim := ref.limit
+	switch {
+	case lim.Scope == rules.Global:
+		s.globOps = append(s.globOps, GlobalOp{Key: ref.key, Window: lim.Window, N: n, Hard: lim.Hard, h: ref.h})
+		s.globRefs = append(s.globRefs, ref)
+	case lim.Scope == rules.Site && l.cfg.SiteStore != nil:
+		s.siteOps = append(s.siteOps, algo.Op{Key: ref.key, Algorithm: lim.Algorithm, Limit: ref.algoLimit(), N: n})
+		s.siteRefs = append(s.siteRefs, ref)
+	default: // local, or site scope decided in process when there is no SiteStore
+		s.localOps = append(s.localOps, algo.Op{Key: ref.key, Algorithm: lim.Algorithm, Limit: ref.algoLimit(), N: n})
+		s.localRefs = append(s.localRefs, ref)
+	}
+}
+
+// algoLimit is ref's limit in the form package algo takes, with ref's allowance.
+func (ref *opRef) algoLimit() algo.Limit {
+	a := ref.limit.Algo()
+	if ref.allow > 0 {
+		a.Requests = ref.allow
+	}
+	return a
+}
+
+// allowance is ref's limit's allowance for this request (soft raise included).
+func (ref *opRef) allowance() int64 {
+	if ref.pooled {
+		return ref.allow
+	}
+	return ref.algoLimit().Allowance()
+}
+
+// addPool adds, once per request, the operation of pool: the request takes one from it
+// too, and is refused when requests of its priority have filled their part. The priority
+// is the most generous that a matched rule of the request names (a request none of whose
+// rules names one may fill the whole pool).
+func (l *Limiter) addPool(s *scratch, pl *rules.Pool, desc int, n int64) {
+	for i := range s.globRefs {
+		if s.globRefs[i].pooled && s.globRefs[i].key == pl.Key {
+			return
+		}
+	}
+	fill := -1
+	for _, r := range s.matched {
+		if r != nil && r.Priority != "" {
+			fill = max(fill, pl.Fill(r.Priority))
+		}
+	}
+	if fill < 0 {
+		fill = 100
+	}
+	allow := pl.Limit.Algo().Allowance() * int64(fill) / 100
+	s.buf = append(s.buf[:0], pl.Key...)
+	h := l.keys.handle(s.buf)
+	s.globOps = append(s.globOps, GlobalOp{Key: h.key, Window: pl.Limit.Window, N: n, h: h})
+	s.globRefs = append(s.globRefs, opRef{desc: desc, limit: &pl.Limit, key: h.key, h: h, allow: allow, pooled: true})
+}
+
+// elastic returns an elastic limit's allowance now: from its base up to Elastic.Max while
+// its pool, as the snapshot shows it across all sites, has room.
+func (l *Limiter) elastic(lim *rules.Limit) int64 {
+	used := 0.0
+	if sn := l.cfg.Snapshot; sn != nil {
+		if e, ok := sn.Get(lim.Pool.Key); ok && e.Window == lim.Pool.Limit.Window {
+			used = e.Total / float64(max(lim.Pool.Limit.Algo().Allowance(), 1))
+		}
+	}
+	return lim.Elastic.Requests(lim.Requests, used)
+}
+
 // check decides every limit without taking anything: global limits against the snapshot,
 // local ones with Peek. A request with only global limits and no shadow rule is checked and
 // taken in one Commit instead (fused), and its hits published.
@@ -320,7 +402,7 @@ func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64)
 	fused = len(s.globOps) > 0 && len(s.localOps) == 0 && len(s.siteOps) == 0 && !anyShadow(s.globRefs)
 	if len(s.globOps) > 0 {
 		for i := range s.globOps {
-			s.globOps[i].Cap, s.globTotal[i], s.globStale[i] = l.globalCap(now, &s.globOps[i], s.globRefs[i].limit)
+			s.globOps[i].Cap, s.globTotal[i], s.globStale[i] = l.globalCap(now, &s.globOps[i], s.globRefs[i].allowance())
 		}
 		var err error
 		if fused {
@@ -335,7 +417,7 @@ func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64)
 			clear(s.globCount)
 		}
 		for i := range s.globOps {
-			s.globOut[i] = l.decideGlobal(now, &s.globOps[i], s.globRefs[i].limit, s.globCount[i], s.globTotal[i])
+			s.globOut[i] = l.decideGlobal(now, &s.globOps[i], s.globRefs[i].allowance(), s.globCount[i], s.globTotal[i])
 			if !s.globOut[i].Allowed && !s.globRefs[i].shadow {
 				admitted = false
 			}
@@ -545,8 +627,8 @@ func (l *Limiter) report(res *Result, refs []opRef, out []algo.Decision, stale [
 // snapshot, with the key's total over all sites in the snapshot, and whether the decision
 // is a fallback: the snapshot is stale and the limit is decided on a local share, or a
 // remote site is silent and assumed to spend its share.
-func (l *Limiter) globalCap(now time.Time, op *GlobalOp, lim *rules.Limit) (capLocal, total float64, fallback bool) {
-	allowance := float64(lim.Algo().Allowance())
+func (l *Limiter) globalCap(now time.Time, op *GlobalOp, allow int64) (capLocal, total float64, fallback bool) {
+	allowance := float64(allow)
 	sn := l.cfg.Snapshot
 	if sn == nil {
 		return dither(allowance*l.share.staleShare(nil, false, nil), op.Key, now.Unix()), 0, true
@@ -579,7 +661,7 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, lim *rules.Limit) (capL
 		if stale {
 			return dither(allowance*l.share.staleShare(&e, known, st), op.Key, salt(&e, known, now)), total, true
 		}
-		capLocal, fallback = l.share.capFor(now, op.Key, allowance, &e, known, st)
+		capLocal, fallback = l.share.capFor(now, op.Key, allowance, &e, known, false, st)
 	}
 	if last := l.lastStale.Load(); last != 0 && now.UnixNano()-last < int64(min(op.Window, l.cfg.RecoveryHold)) {
 		// Recovering from an outage: the fresh counts may still miss hits published
@@ -607,12 +689,13 @@ func salt(e *snapshot.Entry, known bool, now time.Time) int64 {
 
 // capKey is everything a global cap depends on besides the Limiter's fixed settings.
 type capKey struct {
-	ver   uint64              // the snapshot's Version when the entry was read
-	sites *snapshot.SiteTimes // the site freshness in force
-	stale uint64              // which of sites' sites are stale (bit i: Sites()[i])
-	allow float64
-	known bool
-	salt  int64
+	ver    uint64              // the snapshot's Version when the entry was read
+	sites  *snapshot.SiteTimes // the site freshness in force
+	stale  uint64              // which of sites' sites are stale (bit i: Sites()[i])
+	allow  float64
+	known  bool
+	newKey bool
+	salt   int64
 }
 
 // capCache is a key's last global cap and what it was computed from.
@@ -641,12 +724,15 @@ func (l *Limiter) cachedCap(now time.Time, op *GlobalOp, h *keyHandle, sn *snaps
 	e, known = h.entry, h.known && usable(&h.entry, op, now)
 	if known {
 		total = e.Total
+	} else {
+		h.unknownAt = now.UnixNano()
 	}
-	k := capKey{ver: v, sites: st, stale: bits, allow: allowance, known: known, salt: salt(&e, known, now)}
+	newKey := known && now.UnixNano()-h.unknownAt < int64(l.cfg.NewKeyHold)
+	k := capKey{ver: v, sites: st, stale: bits, allow: allowance, known: known, newKey: newKey, salt: salt(&e, known, now)}
 	if cacheable && h.cc.set && h.cc.key == k {
 		return h.cc.cap, total, h.cc.fallback, e, known, true
 	}
-	capLocal, fallback = l.share.capFor(now, op.Key, allowance, &e, known, st)
+	capLocal, fallback = l.share.capFor(now, op.Key, allowance, &e, known, newKey, st)
 	h.cc = capCache{key: k, set: cacheable, cap: capLocal, fallback: fallback}
 	return capLocal, total, fallback, e, known, true
 }
@@ -668,8 +754,7 @@ func (l *Limiter) snapEntry(sn *snapshot.Snapshot, h *keyHandle) (snapshot.Entry
 
 // decideGlobal decides one global limit given this site's count before the request and
 // the key's snapshot total.
-func (l *Limiter) decideGlobal(now time.Time, op *GlobalOp, lim *rules.Limit, local, total float64) algo.Decision {
-	allowance := lim.Algo().Allowance()
+func (l *Limiter) decideGlobal(now time.Time, op *GlobalOp, allowance int64, local, total float64) algo.Decision {
 	used := local + float64(op.N)
 	d := algo.Decision{Allowed: used <= op.Cap, Limit: allowance, ResetAfter: op.Window}
 	if d.Allowed {

@@ -59,10 +59,8 @@
 // Version 1 (still decoded) has no sub-bucket count and no demand. JSON:
 // {"key":"...","w":60000,"asof":1763740000123,"total":6.5,"sub":60,"sites":{"eu-1":3.5,"us-1":3},"demand":{"eu-1":2.1,"us-1":0.4}}
 // ("sub" and "demand" may be absent). Counts are fractional because the sliding-window
-// estimate interpolates the oldest sub-window. A site's count is its window as of the last
-// time the aggregator heard from it, which for a live site is a few hundred milliseconds
-// before as-of. Demand is the site's requests, admitted or denied, each weighted by
-// e^(−age/τ); only the ratios between sites carry meaning.
+// estimate interpolates the oldest sub-window. Demand is the site's requests, admitted or
+// denied, each weighted by e^(−age/τ); only the ratios between sites carry meaning.
 //
 // # Heartbeats
 //

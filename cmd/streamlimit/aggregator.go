@@ -10,6 +10,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/aggregator"
 	"github.com/streamlimit/streamlimit/topics"
+	"github.com/streamlimit/streamlimit/window"
 )
 
 func newAggregatorCmd() *cobra.Command {
@@ -77,7 +78,7 @@ as the hits topics have partitions; they share the work through the group.`,
 	f.StringVar(&cfg.CountsTopic, "counts-topic", topics.DefaultCountsTopic, "compacted counts topic")
 	f.StringVar(&cfg.Group, "group", "streamlimit-aggregator", "consumer group")
 	f.StringVar(&cfg.DeadLetterTopic, "dead-letter-topic", "", "copy skipped hit records here (default: none)")
-	f.IntVar(&cfg.SubBuckets, "sub-buckets", 60, "sub-window buckets per window (enforcers must use the same)")
+	f.IntVar(&cfg.SubBuckets, "sub-buckets", window.DefaultSubBuckets, "sub-window buckets per window (enforcers must use the same)")
 	f.DurationVar(&cfg.EmitInterval, "emit-interval", 100*time.Millisecond, "least time between two counts of one key")
 	f.IntVar(&cfg.MaxEmitPerSecond, "max-emit-per-second", 50000, "cap on count records per second")
 	f.DurationVar(&cfg.Lateness, "lateness", 5*time.Second, "how late a hit may arrive and still count")

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/sim"
+	"github.com/streamlimit/streamlimit/window"
 )
 
 // simFlags are the settings of the sim command and its compare subcommand.
@@ -77,7 +78,7 @@ although that count was below it (percent of the steady-state requests).`,
 	fs.StringVar(&f.lags, "lags", "0,50ms,200ms,1s", "comma-separated pipeline lags")
 	fs.StringVar(&f.loads, "loads", "2,10", "comma-separated offered loads, as multiples of the limit")
 	fs.IntVar(&f.light, "light", 0, "light clients (0.3 × limit each) that should never be denied")
-	fs.IntVar(&f.subBuckets, "sub-buckets", 60, "sub-buckets per window of the aggregator and the site counters")
+	fs.IntVar(&f.subBuckets, "sub-buckets", window.DefaultSubBuckets, "sub-buckets per window of the aggregator and the site counters")
 	fs.Float64Var(&f.tuning.MinShare, "min-share", 0, "enforcer MinShare (0: the enforcer's default)")
 	fs.DurationVar(&f.tuning.SiteStaleAfter, "site-stale-after", 0, "enforcer SiteStaleAfter (0: the enforcer's default)")
 	fs.Float64Var(&f.tuning.ShareDamping, "share-damping", 0, "enforcer ShareDamping (0: the enforcer's default)")
@@ -209,7 +210,7 @@ counter) and the exact sliding-window log (enforcer/algo). Columns are defined a
 	fs := cmd.Flags()
 	fs.StringVar(&f.compareScenario, "scenario", "bursty", "traffic shape (uniform, bursty, skewed, ramp)")
 	fs.Float64Var(&f.compareLoad, "load", 5, "offered load, as a multiple of the limit")
-	fs.IntVar(&f.compareSubBuckets, "sub-buckets", 60, "sub-buckets per window of the sub-window counter")
+	fs.IntVar(&f.compareSubBuckets, "sub-buckets", window.DefaultSubBuckets, "sub-buckets per window of the sub-window counter")
 	return cmd
 }
 

@@ -256,8 +256,8 @@ func (p *parser) file1(data []byte) (*domain, *yaml.Node) {
 	}
 	root := doc.Content[0]
 	d := &domain{file: p.file, root: newNode()}
-	var domNode, descs *yaml.Node
-	p.fields(root, "", []string{"domain", "descriptors"}, func(key string, k, v *yaml.Node) {
+	var domNode, descs, pools *yaml.Node
+	p.fields(root, "", []string{"domain", "descriptors", "pools"}, func(key string, k, v *yaml.Node) {
 		switch key {
 		case "domain":
 			if s, ok := p.str(v, "domain"); ok {
@@ -269,16 +269,24 @@ func (p *parser) file1(data []byte) (*domain, *yaml.Node) {
 			domNode = v
 		case "descriptors":
 			descs = v
+		case "pools":
+			pools = v
 		}
 	})
 	if root.Kind != yaml.MappingNode {
 		return nil, nil
+	}
+	if pools != nil {
+		p.pools(pools, d)
 	}
 	if domNode == nil {
 		p.errorf(root, "domain", "missing")
 	}
 	if descs != nil {
 		p.descriptors(descs, d.root, d, nil, "descriptors")
+	}
+	if len(p.errs) == 0 {
+		p.resolvePools(d)
 	}
 	if len(p.errs) > 0 || d.name == "" {
 		return nil, nil
@@ -289,7 +297,7 @@ func (p *parser) file1(data []byte) (*domain, *yaml.Node) {
 func newNode() *node { return &node{exact: make(map[Entry]*node)} }
 
 var descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode",
-	"quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata"}
+	"quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "priority"}
 
 func (p *parser) descriptors(seq *yaml.Node, parent *node, d *domain, path []Level, field string) {
 	if seq.Kind != yaml.SequenceNode {
@@ -338,6 +346,8 @@ func (p *parser) descriptor(m *yaml.Node, parent *node, d *domain, path []Level,
 			share, shareNode = p.boolean(v, prefix+key), v
 		case "metadata":
 			// Free-form in envoyproxy/ratelimit; accepted and ignored.
+		case "priority":
+			lv.Priority, _ = p.str(v, prefix+key)
 		}
 	})
 	if m.Kind != yaml.MappingNode {
@@ -377,7 +387,7 @@ func (p *parser) descriptor(m *yaml.Node, parent *node, d *domain, path []Level,
 
 	if rl != nil || rls != nil {
 		r := &Rule{Domain: d.name, File: p.file, Line: keyNode.Line, Levels: path,
-			ShadowMode: shadow, QuotaMode: quota, DetailedMetric: detail, ValueToMetric: valueToMetric}
+			ShadowMode: shadow, QuotaMode: quota, DetailedMetric: detail, ValueToMetric: valueToMetric, Priority: nearestPriority(path)}
 		r.ID = ruleID(d.name, path)
 		switch {
 		case rl != nil && rls != nil:
@@ -397,6 +407,16 @@ func (p *parser) descriptor(m *yaml.Node, parent *node, d *domain, path []Level,
 	if children != nil {
 		p.descriptors(children, n, d, path, prefix+"descriptors")
 	}
+}
+
+// nearestPriority returns the priority of the deepest level of path that has one.
+func nearestPriority(path []Level) string {
+	for i := len(path) - 1; i >= 0; i-- {
+		if path[i].Priority != "" {
+			return path[i].Priority
+		}
+	}
+	return ""
 }
 
 func describe(e Entry) string {
@@ -448,7 +468,7 @@ func (p *parser) limitList(seq *yaml.Node, field string, r *Rule) {
 }
 
 var limitFields = []string{"unit", "requests_per_unit", "name", "replaces", "unlimited",
-	"window", "algorithm", "scope", "soft_percent", "burst", "hard"}
+	"window", "algorithm", "scope", "soft_percent", "burst", "hard", "pool", "elastic"}
 
 // units are envoyproxy/ratelimit's units, with its lengths for month and year.
 var units = []struct {
@@ -547,6 +567,10 @@ func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limi
 		case "hard":
 			hardNode = v
 			l.Hard = p.boolean(v, f)
+		case "pool":
+			l.pool, _ = p.str(v, f)
+		case "elastic":
+			l.Elastic = p.elastic(v, f)
 		case "burst":
 			burstNode = v
 			if n, ok := p.integer(v, f); ok {

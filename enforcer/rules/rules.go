@@ -99,10 +99,16 @@ type Limit struct {
 	// (for limits that must never be exceeded: one-time passwords, payments), at the price
 	// of up to one sub-bucket's requests.
 	Hard bool
+	// Pool is the pool every request this limit admits also counts toward (pool: NAME),
+	// or nil.
+	Pool *Pool
+	// Elastic lets the limit rise above Requests while Pool has room, or is nil.
+	Elastic *Elastic
 	// Line is where the limit is defined in Rule.File.
 	Line int
 
-	tag string // window part of the counter key, e.g. "60s"
+	tag  string // window part of the counter key, e.g. "60s"
+	pool string // pool: as written, resolved into Pool once the domain is parsed
 }
 
 // Algo returns the limit in the form package algo takes.
@@ -137,6 +143,9 @@ type Level struct {
 	// ShareThreshold (share_threshold) makes all values matching a wildcard share one
 	// counter, keyed by the pattern, instead of one counter per value.
 	ShareThreshold bool
+	// Priority is the descriptor's priority:, which the rules at and below it take (the
+	// nearest one wins).
+	Priority string
 }
 
 // Rule is a descriptor of the configuration that carries limits (or unlimited).
@@ -159,6 +168,10 @@ type Rule struct {
 	Unlimited bool
 	// ShadowMode decides and reports but never denies.
 	ShadowMode bool
+	// Priority (priority on the descriptor or the nearest one above it) names the share of
+	// its pools the rule's requests may fill (Pool.Priorities): near a pool's capacity,
+	// lower priorities are refused first. "" fills all.
+	Priority string
 	// QuotaMode, DetailedMetric and ValueToMetric are envoyproxy/ratelimit's flags of the
 	// same names, carried for the enforcer and its metrics.
 	QuotaMode      bool
@@ -235,9 +248,10 @@ type Config struct {
 }
 
 type domain struct {
-	name string
-	file string
-	root *node
+	name  string
+	file  string
+	root  *node
+	pools map[string]*Pool
 }
 
 // node is one level of a domain's descriptor tree.

@@ -269,7 +269,7 @@ func TestBrokenFiles(t *testing.T) {
 		{"nodomain", "descriptors:\n  - key: k\n", `nodomain.yaml:1:1: domain: missing`},
 		{"empty", "", `empty.yaml: domain: missing (the file is empty)`},
 		{"unknownfield", "domain: d\ndescriptors:\n  - key: k\n    rate_limt:\n      unit: second\n",
-			`unknownfield.yaml:4:5: descriptors[0].rate_limt: unknown field (want one of key, value, rate_limit, rate_limits, descriptors, shadow_mode, quota_mode, detailed_metric, value_to_metric, share_threshold, metadata)`},
+			`unknownfield.yaml:4:5: descriptors[0].rate_limt: unknown field (want one of key, value, rate_limit, rate_limits, descriptors, shadow_mode, quota_mode, detailed_metric, value_to_metric, share_threshold, metadata, priority)`},
 		{"negative", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
 			`negative.yaml:4:51: descriptors[0].rate_limit.requests_per_unit: -1 < 0`},
 		{"zerowindow", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {window: 0s, requests_per_unit: 1}\n",

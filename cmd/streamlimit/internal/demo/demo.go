@@ -304,6 +304,7 @@ func newSite(name string, brokers []string, rcfg *rules.Config, opts Options, lo
 		Topic:        topics.DefaultCountsTopic,
 		Site:         name,
 		MaxStaleness: maxStaleness,
+		SubBuckets:   subBuckets,
 		Logger:       log,
 	})
 	if err != nil {
@@ -315,6 +316,7 @@ func newSite(name string, brokers []string, rcfg *rules.Config, opts Options, lo
 		Site:          name,
 		BucketWidth:   bucketWidth,
 		FlushInterval: flushInterval,
+		SubBuckets:    subBuckets,
 		Logger:        log,
 	})
 	if err != nil {
@@ -328,6 +330,7 @@ func newSite(name string, brokers []string, rcfg *rules.Config, opts Options, lo
 		Snapshot:     snap,
 		Publisher:    prod,
 		DefaultShare: 1 / float64(opts.Sites),
+		SubBuckets:   subBuckets,
 		Logger:       log,
 	})
 	if err != nil {

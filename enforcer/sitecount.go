@@ -51,6 +51,11 @@ type LocalCounterOptions struct {
 	// MaxKeys bounds the counters held; idle counters (zero count) are dropped first, then
 	// the least recently used of a sample. Default 1<<20.
 	MaxKeys int
+	// Interpolate counts the window's oldest sub-bucket by the fraction of it inside the
+	// window, as the aggregator does, instead of by the span of its hits (the default, more
+	// exact for a site that knows its own hits' times). A hard limit counts it whole either
+	// way.
+	Interpolate bool
 }
 
 // LocalCounter is the in-process SiteCounter, for a site that is one process. It holds a
@@ -58,6 +63,7 @@ type LocalCounterOptions struct {
 // and Commit do not allocate.
 type LocalCounter struct {
 	sub         int
+	interpolate bool
 	maxPerShard int
 	seed        maphash.Seed
 	shards      [64]countShard
@@ -93,7 +99,7 @@ func NewLocalCounter(opts LocalCounterOptions) *LocalCounter {
 	if opts.MaxKeys <= 0 {
 		opts.MaxKeys = 1 << 20
 	}
-	c := &LocalCounter{sub: opts.SubBuckets, maxPerShard: max(opts.MaxKeys/64, 1), seed: maphash.MakeSeed()}
+	c := &LocalCounter{sub: opts.SubBuckets, interpolate: opts.Interpolate, maxPerShard: max(opts.MaxKeys/64, 1), seed: maphash.MakeSeed()}
 	for i := range c.shards {
 		c.shards[i].m = make(map[string]*ringEntry)
 	}
@@ -166,8 +172,11 @@ func (c *LocalCounter) Evicted() uint64 { return c.evicted.Load() }
 // else by the span of its hits (the times of this site's own hits are known exactly, so
 // a burst that filled part of a sub-bucket leaves the window when it does).
 func (c *LocalCounter) mode(op *GlobalOp) window.Mode {
-	if op.Hard {
+	switch {
+	case op.Hard:
 		return window.Hard
+	case c.interpolate:
+		return window.Interpolate
 	}
 	return window.Span
 }

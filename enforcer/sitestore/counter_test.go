@@ -36,7 +36,8 @@ func TestCounterMatchesLocalCounter(t *testing.T) {
 			// The slack keeps Redis's real-time TTLs out of this fake-time comparison.
 			s := newStore(t, client, testenv.KeyPrefix(t), func(c *Config) { c.ExpirySlack = time.Hour })
 			rc := NewCounter(s, CounterOptions{SubBuckets: sub})
-			lc := enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: sub})
+			// The Redis counter interpolates the oldest sub-bucket, as the aggregator does.
+			lc := enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: sub, Interpolate: true})
 			rng := rand.New(rand.NewPCG(uint64(sub), 7))
 			clk := clock.NewFake(t0)
 			ctx := context.Background()

@@ -500,3 +500,27 @@ func TestGlobalRetryAfterIsWhenTheWindowFrees(t *testing.T) {
 		}
 	}
 }
+
+// A global token bucket of 10 per second with a burst of 20 is counted as at most 20 in
+// any 2 s: a burst of 20 at once, then about 10 a second.
+func TestGlobalTokenBucket(t *testing.T) {
+	l, clk := newLimiter(t, "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 20, algorithm: token_bucket}\n", nil)
+	if got := admitN(l, req42, 50); got != 20 {
+		t.Fatalf("burst: admitted %d, want 20", got)
+	}
+	res := l.Decide(context.Background(), req42)
+	if st := res.Statuses[0]; st.Requests != 20 || st.Window != 2*time.Second || st.RetryAfter <= 0 {
+		t.Fatalf("denied status %+v, want 20 per 2s and a Retry-After", st)
+	}
+	// Once the burst has left its 2 s, ten seconds at 20 requests a second: about 10 a
+	// second get through.
+	clk.Advance(2 * time.Second)
+	admitted := 0
+	for range 200 {
+		clk.Advance(50 * time.Millisecond)
+		admitted += admitN(l, req42, 1)
+	}
+	if admitted < 90 || admitted > 110 {
+		t.Fatalf("admitted %d in 10 s at 10/s, want about 100", admitted)
+	}
+}

@@ -328,7 +328,7 @@ func (l *Limiter) addOp(s *scratch, ref opRef, n int64) {
 	lim := ref.limit
 	switch {
 	case lim.Scope == rules.Global:
-		s.globOps = append(s.globOps, GlobalOp{Key: ref.key, Window: lim.Window, N: n, Hard: lim.Hard, h: ref.h})
+		s.globOps = append(s.globOps, GlobalOp{Key: ref.key, Window: lim.CountWindow(), N: n, Hard: lim.Hard, h: ref.h})
 		s.globRefs = append(s.globRefs, ref)
 	case lim.Scope == rules.Site && l.cfg.SiteStore != nil:
 		s.siteOps = append(s.siteOps, algo.Op{Key: ref.key, Algorithm: lim.Algorithm, Limit: ref.algoLimit(), N: n})
@@ -348,12 +348,16 @@ func (ref *opRef) algoLimit() algo.Limit {
 	return a
 }
 
-// allowance is ref's limit's allowance for this request (soft raise included).
+// allowance is ref's limit's allowance for this request (soft raise included): for a
+// global limit, the count it may reach in its CountWindow.
 func (ref *opRef) allowance() int64 {
-	if ref.pooled {
+	switch {
+	case ref.pooled:
 		return ref.allow
+	case ref.allow > 0:
+		return ref.algoLimit().Allowance()
 	}
-	return ref.algoLimit().Allowance()
+	return ref.limit.GlobalAllowance()
 }
 
 // addPool adds, once per request, the operation of pool: the request takes one from it
@@ -608,6 +612,9 @@ func (l *Limiter) report(res *Result, refs []opRef, out []algo.Decision, stale [
 		if replace {
 			st.Limit, st.Key = ref.limit, ref.key
 			st.Requests, st.Window = d.Limit, ref.limit.Window
+			if ref.limit.Scope == rules.Global {
+				st.Window = ref.limit.CountWindow()
+			}
 			st.Remaining, st.ResetAfter = d.Remaining, d.ResetAfter
 			st.RetryAfter = 0
 			if denied {

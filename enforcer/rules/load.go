@@ -613,7 +613,7 @@ func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limi
 	if l.Window <= 0 && windowNode != nil && len(p.errs) == nerr {
 		p.errorf(windowNode, prefix+"window", "must be positive")
 	}
-	if l.Scope == Global && l.Algorithm != algo.SlidingWindow {
+	if l.Scope == Global && l.Algorithm != algo.SlidingWindow && l.Algorithm != algo.TokenBucket && l.Algorithm != algo.GCRA {
 		at := algNode
 		if at == nil {
 			at = scopeNode
@@ -621,7 +621,7 @@ func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limi
 		if at == nil {
 			at = m
 		}
-		p.errorf(at, prefix+"algorithm", "%s is not available in global scope (global limits use sliding_window; set scope: local or site)", l.Algorithm)
+		p.errorf(at, prefix+"algorithm", "%s is not available in global scope (global limits use sliding_window, token_bucket or gcra; set scope: local or site)", l.Algorithm)
 	}
 	if hardNode != nil && l.Hard && l.Scope != Global {
 		p.errorf(hardNode, prefix+"hard", "applies to global limits (local and site limits count exactly with sliding_log, or by whole windows with fixed_window)")
@@ -634,7 +634,7 @@ func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limi
 			p.errorf(m, strings.TrimSuffix(prefix, "."), "%v", err)
 		}
 	}
-	l.tag = windowTag(l.Window)
+	l.tag = windowTag(l.CountWindow())
 	return l, false, len(p.errs) == nerr
 }
 

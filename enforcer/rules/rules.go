@@ -20,6 +20,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/internal/exact"
 )
 
 // Scope says which enforcers share a limit's count.
@@ -114,6 +115,32 @@ type Limit struct {
 // Algo returns the limit in the form package algo takes.
 func (l *Limit) Algo() algo.Limit {
 	return algo.Limit{Requests: l.Requests, Window: l.Window, Burst: l.Burst, SoftPercent: l.SoftPercent}
+}
+
+// CountWindow is the sliding window a global limit is counted over, and GlobalAllowance
+// the count it may reach in it. For sliding_window they are Window and the allowance. A
+// global token_bucket or gcra of Requests per Window with capacity Burst is counted as a
+// sliding window of Burst × Window / Requests holding at most Burst (soft raise included):
+// bursts of the bucket's size are admitted, and in the long run no more than Requests per
+// Window, as the bucket refills — here as its oldest requests leave the short window. It
+// never admits more than the bucket in any interval, and may admit less (a full bucket
+// that has just refilled allows Burst at once plus the refill of the following interval).
+func (l *Limit) CountWindow() time.Duration {
+	if l.Scope == Global && (l.Algorithm == algo.TokenBucket || l.Algorithm == algo.GCRA) && l.Requests > 0 {
+		a := l.Algo()
+		if q, _, ok := exact.MulDiv(uint64(a.Capacity()), uint64(l.Window), uint64(a.Allowance())); ok && q > 0 && q < 1<<62 {
+			return time.Duration(q)
+		}
+	}
+	return l.Window
+}
+
+// GlobalAllowance is the count a global limit may reach in its CountWindow.
+func (l *Limit) GlobalAllowance() int64 {
+	if l.Scope == Global && (l.Algorithm == algo.TokenBucket || l.Algorithm == algo.GCRA) && l.Requests > 0 {
+		return l.Algo().Capacity()
+	}
+	return l.Algo().Allowance()
 }
 
 // WindowTag is the window as it appears in counter keys: whole seconds as "60s", else

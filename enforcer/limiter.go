@@ -100,6 +100,12 @@ type Config struct {
 	// outage are still being delivered and counted, so the first fresh counts are low, and
 	// every site would spend the room they seem to leave. Default 30s.
 	RecoveryHold time.Duration
+	// MaxWaiters bounds the requests Await keeps waiting at once. Default
+	// DefaultMaxWaiters.
+	MaxWaiters int
+	// Sleep is how Await waits: until d has passed or ctx is done. Default algo.Sleep, a
+	// real timer; simulations pass one that advances their clock.
+	Sleep func(ctx context.Context, d time.Duration) error
 	// Clock defaults to the wall clock.
 	Clock clock.Clock
 	// Logger defaults to a logger that discards.
@@ -121,6 +127,8 @@ type Limiter struct {
 	// lastStale is the unix-nanosecond time of the latest decision that found the snapshot
 	// stale (0: never), for Config.RecoveryHold.
 	lastStale atomic.Int64
+	// waiters counts the requests Await keeps waiting.
+	waiters atomic.Int64
 }
 
 // Defaults of Config.
@@ -176,6 +184,12 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	if cfg.RecoveryHold <= 0 {
 		cfg.RecoveryHold = 30 * time.Second
+	}
+	if cfg.MaxWaiters <= 0 {
+		cfg.MaxWaiters = DefaultMaxWaiters
+	}
+	if cfg.Sleep == nil {
+		cfg.Sleep = algo.Sleep
 	}
 	cfg.Clock = clock.Or(cfg.Clock)
 	if cfg.Logger == nil {

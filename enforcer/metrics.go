@@ -14,6 +14,11 @@ type metrics struct {
 	decisions *prometheus.CounterVec
 	shadow    *prometheus.CounterVec
 	fallback  *prometheus.CounterVec
+	// waiting, waited and awaited measure Limiter.Await: requests waiting now, how long
+	// they waited, and how their waits ended.
+	waiting prometheus.Gauge
+	waited  prometheus.Histogram
+	awaited *prometheus.CounterVec
 
 	// Resolving a labelled child costs a hash of the labels; the children are cached per
 	// (domain, rule) so that the hot path only increments. The cache is copied on write
@@ -75,9 +80,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Decisions made by a fallback: reason redis (site store down) or stale (snapshot too old).",
 		}, []string{"reason"}),
 	}
+	m.waiting = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: "waiting_requests",
+		Help: "Requests waiting for room instead of being refused (Await)."})
+	m.waited = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: "wait_seconds",
+		Help: "How long requests that waited for room waited.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)})
+	m.awaited = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: "waits_total",
+		Help: "Waits for room by outcome: admitted, gave_up (room not due within the delay), canceled (the client went away), queue_full."},
+		[]string{"outcome"})
 	m.cache.Store(&map[decisionKey]*ruleCounters{})
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.decisions, m.shadow, m.fallback} {
+		for _, c := range []prometheus.Collector{m.decisions, m.shadow, m.fallback, m.waiting, m.waited, m.awaited} {
 			if err := reg.Register(c); err != nil {
 				var are prometheus.AlreadyRegisteredError
 				if !errors.As(err, &are) {

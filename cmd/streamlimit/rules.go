@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 
@@ -79,10 +80,17 @@ type limitRow struct {
 	Replaces    []string      `json:"replaces,omitempty"`
 	SoftPercent int           `json:"soft_percent,omitempty"`
 	Burst       int64         `json:"burst,omitempty"`
-	Unlimited   bool          `json:"unlimited,omitempty"`
-	Shadow      bool          `json:"shadow,omitempty"`
-	Unreachable bool          `json:"unreachable,omitempty"`
-	rule        *rules.Rule   // nil when unreachable
+	Hard        bool          `json:"hard,omitempty"`
+	Pool        string        `json:"pool,omitempty"`
+	ElasticMax  int64         `json:"elastic_max,omitempty"`
+	ElasticTill int           `json:"elastic_until,omitempty"`
+	Priority    string        `json:"priority,omitempty"`
+	// Priorities is set on a pool's row: the percentage of it each priority may fill.
+	Priorities  map[string]int `json:"priorities,omitempty"`
+	Unlimited   bool           `json:"unlimited,omitempty"`
+	Shadow      bool           `json:"shadow,omitempty"`
+	Unreachable bool           `json:"unreachable,omitempty"`
+	rule        *rules.Rule    // nil when unreachable
 }
 
 // listLimits enumerates the limits of cfg in file and line order, each matched back to
@@ -96,6 +104,14 @@ func listLimits(cfg *rules.Config) ([]limitRow, error) {
 			path[i] = rules.Entry{Key: l.Key, Value: l.Value}
 		}
 		rows = append(rows, rowsOf(cfg, r.Domain, r.File, r.Line, path)...)
+	}
+	for _, d := range cfg.Domains() {
+		for _, pl := range cfg.Pools(d) {
+			l := &pl.Limit
+			rows = append(rows, limitRow{Domain: d, Descriptor: "pool " + pl.Name, File: pl.File, Line: pl.Line,
+				Requests: &l.Requests, WindowMs: l.Window.Milliseconds(), Window: l.Window.String(), Unit: l.Unit,
+				Algorithm: l.Algorithm.String(), Scope: l.Scope.String(), SoftPercent: l.SoftPercent, Priorities: pl.Priorities})
+		}
 	}
 	return rows, nil
 }
@@ -131,6 +147,14 @@ func rowsOf(cfg *rules.Config, domain, file string, line int, path []rules.Entry
 		row.Replaces = l.Replaces
 		row.SoftPercent = l.SoftPercent
 		row.Burst = l.Burst
+		row.Hard = l.Hard
+		if l.Pool != nil {
+			row.Pool = l.Pool.Name
+		}
+		if l.Elastic != nil {
+			row.ElasticMax, row.ElasticTill = l.Elastic.Max, l.Elastic.Until
+		}
+		row.Priority = r.Priority
 		if l.Line > 0 {
 			row.Line = l.Line
 		}
@@ -213,6 +237,25 @@ func flags(r limitRow) string {
 	}
 	if len(r.Replaces) > 0 {
 		f = append(f, "replaces="+strings.Join(r.Replaces, ","))
+	}
+	if r.Hard {
+		f = append(f, "hard")
+	}
+	if r.Pool != "" {
+		f = append(f, "pool="+r.Pool)
+	}
+	if r.ElasticMax > 0 {
+		f = append(f, fmt.Sprintf("elastic to %d below %d%% of the pool", r.ElasticMax, r.ElasticTill))
+	}
+	if r.Priority != "" {
+		f = append(f, "priority="+r.Priority)
+	}
+	if len(r.Priorities) > 0 {
+		names := slices.Sorted(maps.Keys(r.Priorities))
+		slices.SortStableFunc(names, func(a, b string) int { return r.Priorities[b] - r.Priorities[a] })
+		for _, n := range names {
+			f = append(f, fmt.Sprintf("%s fills %d%%", n, r.Priorities[n]))
+		}
 	}
 	if r.rule != nil && slices.ContainsFunc(r.rule.Levels, func(l rules.Level) bool { return l.ShareThreshold }) {
 		f = append(f, "shared wildcard")

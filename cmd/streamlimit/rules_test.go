@@ -106,3 +106,23 @@ func TestRulesCheckBroken(t *testing.T) {
 		}
 	}
 }
+
+// rules check lists pools, their priorities, and each limit's pool, elastic range,
+// priority and hard flag.
+func TestRulesCheckPools(t *testing.T) {
+	out, _, err := runSplit(t, "rules", "check", filepath.Join("testdata", "rules", "pools"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"pool=all, elastic to 300 below 50% of the pool, priority=paid",
+		"pool=all, priority=free",
+		"pool all",
+		"paid fills 100%, free fills 90%, batch fills 80%",
+		"ok: 3 limits in 1 domain",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in:\n%s", want, out)
+		}
+	}
+}

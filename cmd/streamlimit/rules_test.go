@@ -84,7 +84,7 @@ func TestRulesCheckBroken(t *testing.T) {
 		{broken, []string{
 			"2 errors:",
 			broken + `/bad.yaml:5:13: descriptors[0].rate_limit.unit: unknown unit "minutes"`,
-			broken + `/bad.yaml:8:65: descriptors[1].rate_limit.algorithm: gcra is not available in global scope`,
+			broken + `/bad.yaml:8:65: descriptors[1].rate_limit.algorithm: leaky_bucket is not available in global scope`,
 		}},
 		{filepath.Join(broken, "bad.yaml"), []string{broken + "/bad.yaml:5:13: "}},
 		{filepath.Join("testdata", "rules", "dupdomain"), []string{`dupdomain/b.yaml:1:9: domain: duplicate domain "other" (also in testdata/rules/dupdomain/a.yaml)`}},

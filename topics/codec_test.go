@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -440,5 +441,44 @@ func TestHeartbeatSites(t *testing.T) {
 	got, err := DecodeHeartbeat(b)
 	if err != nil || !reflect.DeepEqual(got, hb) {
 		t.Fatalf("got %+v, %v (%s)", got, err, b)
+	}
+}
+
+// TestREADMERecordExamples decodes every JSON record example of the README (the ```json
+// blocks of its Records section): a hit, a site heartbeat or a count, each must decode as
+// the record it shows, so that the README cannot drift from the codecs.
+func TestREADMERecordExamples(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, records, ok := strings.Cut(string(b), "\n## Records\n")
+	if !ok {
+		t.Fatal("README has no Records section")
+	}
+	records, _, _ = strings.Cut(records, "\n## ")
+	n := 0
+	for _, block := range strings.Split(records, "```json\n")[1:] {
+		body, _, _ := strings.Cut(block, "```")
+		body = strings.TrimSpace(body)
+		n++
+		switch {
+		case strings.Contains(body, `"asof"`):
+			c, err := DecodeCount([]byte(body))
+			if err != nil || c.SubBuckets == 0 || len(c.Sites) == 0 || c.Sites[0].Demand == 0 {
+				t.Errorf("README count example %q: %+v, %v", body, c, err)
+			}
+		default:
+			h, err := DecodeHit([]byte(body))
+			if err != nil {
+				t.Errorf("README hit example %q: %v", body, err)
+			}
+			if strings.Contains(body, SiteHeartbeatKey) != h.IsSiteHeartbeat() || (h.IsSiteHeartbeat() && (h.Instance == "" || h.Counter == "")) {
+				t.Errorf("README example %q decoded as %+v", body, h)
+			}
+		}
+	}
+	if n != 3 {
+		t.Fatalf("found %d JSON record examples in the README's Records section, want 3 (hit, site heartbeat, count)", n)
 	}
 }

@@ -73,10 +73,15 @@ type Config struct {
 	// background flush: hits then leave only through Flush and Close (for tests and
 	// simulations driven by a fake clock).
 	FlushInterval time.Duration
-	// MaxBufferedKeys bounds the (key, window, bucket) counts the Producer holds outside
-	// Kafka's client: known counters, finished buckets waiting for a flush, and counts
-	// that Kafka could not take yet. A hit that would need one more is dropped and counted
-	// in dropped_hits_total. Default DefaultMaxBufferedKeys (100 000).
+	// MaxBufferedKeys bounds the counters the Producer holds (known (key, window) pairs)
+	// plus the counts Kafka could not take yet. When it is full, a new counter takes the
+	// place of an idle one — nothing pending, not hit in its last two buckets if possible,
+	// the least hit first — so that a flood of new keys evicts its own keys, never the
+	// hits of keys that carry traffic; only when every held counter has hits not yet
+	// handed to Kafka is the new counter's hit dropped (dropped_hits_total{reason="no_room"}).
+	// Finished buckets waiting for the next flush are not held against it (an entry parks
+	// at most one per bucket boundary between two flushes), so a held counter's hits are
+	// never dropped for room. Default DefaultMaxBufferedKeys (100 000).
 	MaxBufferedKeys int
 	// MaxInFlightRecords bounds the records handed to the Kafka client and not yet
 	// acknowledged (kgo.MaxBufferedRecords of the client built from Brokers). When it is
@@ -85,9 +90,8 @@ type Config struct {
 	// MaxBufferedRecords applies instead.
 	MaxInFlightRecords int
 	// IdleTimeout is how long a counter with no hits stays known (keeping later hits on it
-	// allocation-free) before it is evicted. Under memory pressure (hits dropped since the
-	// last flush) every counter with nothing pending is evicted regardless. Default
-	// DefaultIdleTimeout (1 min).
+	// allocation-free) before it is evicted; idle counters also make room for new ones
+	// when MaxBufferedKeys is reached. Default DefaultIdleTimeout (1 min).
 	IdleTimeout time.Duration
 	// Clock gives the time of Hit and the age of counters. Default clock.Real{}.
 	Clock clock.Clock

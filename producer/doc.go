@@ -38,14 +38,22 @@
 // Records are handed to the franz-go client with TryProduce, which never blocks: at most
 // Config.MaxInFlightRecords records are in the client at once. What does not fit, and what
 // the client fails, is kept in the Producer merged per (key, window, bucket), so memory
-// grows with distinct counters and buckets, not with hits. Everything the Producer holds —
-// known counters, finished buckets and unsent counts — counts against
-// Config.MaxBufferedKeys; past it, new hits are dropped and counted, never queued. Known
-// counters idle for Config.IdleTimeout are evicted, and all idle counters are evicted while
-// hits are being dropped. When Kafka comes back, the client's buffered records are
-// delivered by its own retries and the kept counts by the next flushes. The client
-// produces idempotently and fails a record only when the broker has not written it, so a
-// retried count is never delivered twice.
+// grows with distinct counters and buckets, not with hits. Known counters and unsent counts
+// count against Config.MaxBufferedKeys. When it is full, a new counter evicts an idle one
+// (nothing pending; not recently hit and least hit first), so a flood of new keys evicts its
+// own keys and the hits of keys that carry traffic are never dropped; only when every held
+// counter has hits not yet handed to Kafka is a new counter's hit dropped, and only when
+// Kafka has not taken counts and the buffer is full are those dropped. Every drop is counted
+// by reason (dropped_hits_total{reason}: no_room, kafka_backlog, closed) and logged at info
+// level, at most every 10 s, with the reason. Known counters idle for Config.IdleTimeout
+// are evicted. When Kafka comes back, the client's buffered records are delivered by its
+// own retries and the kept counts by the next flushes. The client produces idempotently and
+// fails a record only when the broker has not written it, so a retried count is never
+// delivered twice.
+//
+// Counts never overflow: a bucket's hits and denials beyond math.MaxInt64 together become
+// several records (consumers add them up), and the running totals behind the metrics
+// saturate.
 //
 // # Partitioning
 //
@@ -58,6 +66,6 @@
 // # Metrics
 //
 // On Config.Registerer, namespace "streamlimit", subsystem "producer": hits_in_total,
-// dropped_hits_total, invalid_hits_total, records_out_total, bytes_out_total,
+// dropped_hits_total{reason}, invalid_hits_total, records_out_total, bytes_out_total,
 // buffered_keys, unsent_hits, in_flight_records and flush_duration_seconds.
 package producer

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -586,17 +587,26 @@ func (p *Producer) flush(all bool) {
 			}
 		}
 		s.mu.Unlock()
+		if i%8 == 7 {
+			// Let the requests in: on a server with one core (GOMAXPROCS 1) a flush of
+			// thousands of records would otherwise hold it for milliseconds, the p99 of
+			// every call waiting behind it.
+			runtime.Gosched()
+		}
 	}
 	p.sweepNext = (p.sweepNext + 1) % numShards
 	p.buffered.Add(-released)
 	p.noIdle.Store(false) // the drained counters are idle now
 
-	for _, r := range batch {
+	for i, r := range batch {
 		if room > 0 {
 			p.send(r)
 			room--
 		} else {
 			p.keepUnsent(r)
+		}
+		if i%256 == 255 {
+			runtime.Gosched()
 		}
 	}
 	clear(batch)

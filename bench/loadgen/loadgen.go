@@ -167,9 +167,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 
 	type local struct {
-		lats                   []time.Duration
-		calls, admitted, errs  int64
-		firstErr               error
+		lats                  []time.Duration
+		calls, admitted, errs int64
+		firstErr              error
 		keyCalls, keyAdmitted []int64
 	}
 	var (

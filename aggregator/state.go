@@ -14,21 +14,23 @@ type counterID struct {
 	window int64 // ms
 }
 
-// entry is the aggregator's bookkeeping around one counter's window state.
+// entry is the aggregator's bookkeeping around one counter's window state. Its fields are
+// ordered to pack into 128 bytes (a size class) on 64-bit machines.
 type entry struct {
 	id   counterID
 	spec *window.Spec
 	c    window.Counter
-	slot int32  // partition number the key's hits come from
-	hash uint32 // murmur2(key): its bucket in state.m
-	idx  int    // position in state.list
 	next *entry // the next counter whose key has the same hash (another window, or a collision)
 
-	dirty       bool    // hits were added since the last emission
-	emitted     bool    // a non-zero count has been published (so zero needs a tombstone)
 	lastEmitted float64 // total last published
 	lastEmitAt  int64   // ms
 	nextEval    int64   // ms: re-evaluate for decay no later than this
+
+	slot    int32  // partition number the key's hits come from
+	hash    uint32 // murmur2(key): its bucket in state.m
+	idx     int32  // position in state.list
+	dirty   bool   // hits were added since the last emission
+	emitted bool   // a non-zero count has been published (so zero needs a tombstone)
 }
 
 // addResult says what state.add did with a hit.
@@ -75,6 +77,10 @@ type state struct {
 }
 
 const maxInternedSites = 4096
+
+// aheadBuckets is how many sub-buckets ahead of the aggregator's clock a counter's rings
+// keep room for: with 60 sub-buckets a ring has 64 slots, 256 bytes, one size class.
+const aheadBuckets = 3
 
 func newState(cfg stateConfig) *state {
 	return &state{
@@ -139,7 +145,13 @@ func (s *state) spec(w int64) *window.Spec {
 	if sp, ok := s.specs[w]; ok {
 		return sp
 	}
-	sp := window.NewSpec(time.Duration(w)*time.Millisecond, s.cfg.subBuckets, s.cfg.maxSkew)
+	// The rings keep room for hits stamped at most aheadBuckets sub-buckets ahead of the
+	// aggregator's clock (MaxClockSkew still bounds what is accepted; a hit further ahead
+	// is counted in the furthest bucket the ring holds): every bucket of room costs 4
+	// bytes per (key, site), and producers' clocks are not seconds apart.
+	width := window.Width(time.Duration(w)*time.Millisecond, s.cfg.subBuckets)
+	skew := min(s.cfg.maxSkew, time.Duration(aheadBuckets*width)*time.Millisecond)
+	sp := window.NewSpec(time.Duration(w)*time.Millisecond, s.cfg.subBuckets, skew)
 	sp.Tau = s.cfg.tau
 	if len(s.specs) < s.cfg.maxSpecs {
 		s.specs[w] = &sp
@@ -203,7 +215,7 @@ func (s *state) addRaw(now int64, slot int32, h hitRef, origin string, expiry in
 		if len(s.list) >= s.cfg.maxKeys {
 			return refusedKey
 		}
-		e = &entry{id: counterID{string(h.key), h.window}, spec: s.spec(h.window), slot: slot, hash: h.hash, idx: len(s.list)}
+		e = &entry{id: counterID{string(h.key), h.window}, spec: s.spec(h.window), slot: slot, hash: h.hash, idx: int32(len(s.list))}
 		e.next = s.m[h.hash]
 		s.m[h.hash] = e
 		s.list = append(s.list, e)

@@ -292,7 +292,9 @@ func (d *Decay) Add(t int64, n int64, tau int64) {
 	switch {
 	case d.v == 0:
 		d.v, d.at = float64(n), t
-	case t >= d.at:
+	case t == d.at: // the common case of one bucket's records: e^0 is 1, skip the exponential
+		d.v += float64(n)
+	case t > d.at:
 		d.v = d.v*math.Exp(-float64(t-d.at)/float64(tau)) + float64(n)
 		d.at = t
 	default: // a late record

@@ -67,6 +67,10 @@ const (
 	numDropReasons
 )
 
+// flushLag is how long after a bucket's end the background flush drains it: enough for
+// the hits decided at its last instant to have been recorded.
+const flushLag = time.Millisecond
+
 // evictSample is how many held counters a new counter looks at to find an idle one to
 // evict when the bound is full.
 const evictSample = 32
@@ -242,6 +246,9 @@ func New(cfg Config) (*Producer, error) {
 			// partition count from every record it places.
 			kgo.RecordPartitioner(&p.parts),
 			kgo.MaxBufferedRecords(cfg.MaxInFlightRecords),
+			// A flush hands over its records within a millisecond or two: lingering
+			// longer (kgo's default is 10 ms) would only delay them.
+			kgo.ProducerLinger(2 * time.Millisecond),
 		}, cfg.KafkaOpts...)
 		p.cl, err = kgo.NewClient(opts...)
 		if err != nil {
@@ -508,10 +515,22 @@ func (p *Producer) reserve() bool {
 	}
 }
 
-// loop is the background flush.
+// loop is the background flush. Its ticks fall just after multiples of FlushInterval on
+// the Producer's clock, the instants at which buckets end when FlushInterval divides
+// BucketWidth (the defaults: 50 ms and 100 ms), so that a finished bucket leaves within a
+// millisecond or two of its end instead of waiting up to a whole interval for the next
+// tick.
 func (p *Producer) loop() {
 	defer close(p.done)
-	t := time.NewTicker(p.cfg.FlushInterval)
+	d := p.cfg.FlushInterval
+	wait := d - time.Duration(floorMod(p.cfg.Clock.Now().UnixNano(), int64(d))) + flushLag
+	select {
+	case <-p.stop:
+		return
+	case <-time.After(wait):
+		p.flush(false)
+	}
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {

@@ -23,6 +23,15 @@ import (
 	"github.com/streamlimit/streamlimit/topics"
 )
 
+// propagationRules is one global rule, the production case, with a limit high enough that
+// every sample is admitted.
+const propagationRules = `
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {name: per-minute, unit: minute, requests_per_unit: 1000000000}
+`
+
 // propagationSamples is the number of fresh keys, one hit each, timed per run.
 const propagationSamples = 400
 
@@ -60,7 +69,7 @@ func BenchmarkPropagation(b *testing.B) {
 	hits := testenv.CreateTopic(b, "hits", 4, tc.HitsConfigs())
 	counts := testenv.CreateTopic(b, "counts", 4, tc.CountsConfigs())
 	rulesPath := filepath.Join(b.TempDir(), "rules.yaml")
-	if err := os.WriteFile(rulesPath, []byte(servingRules), 0o644); err != nil {
+	if err := os.WriteFile(rulesPath, []byte(propagationRules), 0o644); err != nil {
 		b.Fatal(err)
 	}
 	rcfg, err := rules.LoadFile(rulesPath)

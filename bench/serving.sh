@@ -86,6 +86,7 @@ fi
 start() {
   local name=$1 api=$2 out="$work/$1.out"
   : >"$out"
+  h="" g=""
   case $name in
     null)
       GOMAXPROCS=1 $pin_server "$work/nullserver" -http 127.0.0.1:0 -grpc 127.0.0.1:0 >"$out" 2>&1 &
@@ -107,7 +108,7 @@ start() {
       RUNTIME_ROOT="$work/envoy" RUNTIME_SUBDIRECTORY=. RUNTIME_WATCH_ROOT=false \
         USE_STATSD=false LOG_LEVEL=warn REDIS_SOCKET_TYPE=tcp REDIS_URL="$STREAMLIMIT_REDIS_ADDR" \
         GRPC_HOST=127.0.0.1 GRPC_PORT=$port HOST=127.0.0.1 PORT=$((port + 1)) DEBUG_HOST=127.0.0.1 DEBUG_PORT=$((port + 2)) \
-        GOMAXPROCS=1 $pin_server "$envoy" >"$out" 2>&1 &
+        GOMAXPROCS=1 $pin_server "$envoy" >>"$out" 2>&1 &
       spid=$!
       echo "ADDR - 127.0.0.1:$port" >>"$out"
       ;;
@@ -134,7 +135,7 @@ start() {
     if (exec 3<>"/dev/tcp/${addr%:*}/${addr##*:}") 2>/dev/null; then return 0; fi
     sleep 0.05
   done
-  log "$name: $addr never accepted a connection"
+  log "$name: $addr never accepted a connection: $(tail -5 "$out")"
   return 1
 }
 

@@ -18,7 +18,8 @@ import (
 // Defaults for the zero fields of Config.
 const (
 	DefaultBucketWidth        = 100 * time.Millisecond
-	DefaultFlushInterval      = 50 * time.Millisecond
+	DefaultFlushInterval      = 10 * time.Millisecond
+	DefaultFlushSpread        = 20 * time.Millisecond
 	DefaultMaxBufferedKeys    = 100_000
 	DefaultMaxInFlightRecords = 10_000
 	DefaultIdleTimeout        = time.Minute
@@ -69,10 +70,20 @@ type Config struct {
 	// are sent. Default DefaultSiteHeartbeatInterval (500 ms).
 	SiteHeartbeatInterval time.Duration
 	// FlushInterval is the period of the background flush, which hands every finished
-	// bucket to Kafka. Default DefaultFlushInterval (50 ms). A negative value disables the
-	// background flush: hits then leave only through Flush and Close (for tests and
-	// simulations driven by a fake clock).
+	// bucket to Kafka. Its ticks fall just after multiples of FlushInterval, so with a
+	// FlushInterval that divides BucketWidth a bucket leaves at its end plus its shard's
+	// part of FlushSpread. Default DefaultFlushInterval (5 ms: a tick costs a pass over
+	// the counters holding hits, microseconds). A negative value disables the background
+	// flush: hits then leave only through Flush and Close (for tests and simulations
+	// driven by a fake clock).
 	FlushInterval time.Duration
+	// FlushSpread spreads the hand-off of buckets that end together (every counter's
+	// buckets end at the same multiples of BucketWidth) over this long after their end,
+	// by shard of the key, so that the Kafka client encodes and acknowledges them in
+	// several small batches instead of one burst that would hold a busy server's core
+	// for milliseconds. It adds FlushSpread/2 to the mean delay of a hit. Zero means
+	// DefaultFlushSpread (20 ms); negative means none.
+	FlushSpread time.Duration
 	// MaxBufferedKeys bounds the counters the Producer holds (known (key, window) pairs)
 	// plus the counts Kafka could not take yet. When it is full, a new counter takes the
 	// place of an idle one — nothing pending, not hit in its last two buckets if possible,
@@ -125,6 +136,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.FlushInterval == 0 {
 		c.FlushInterval = DefaultFlushInterval
+	}
+	switch {
+	case c.FlushSpread == 0:
+		c.FlushSpread = DefaultFlushSpread
+	case c.FlushSpread < 0:
+		c.FlushSpread = 0
 	}
 	if c.SubBuckets == 0 {
 		c.SubBuckets = window.DefaultSubBuckets

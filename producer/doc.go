@@ -7,12 +7,15 @@
 // on one client (3/min and 10/h) are separate counters — and per time bucket: the bucket of
 // a hit at time t starts at t truncated to a multiple of Config.BucketWidth (default
 // 100 ms) since the Unix epoch, on the Producer's clock. A background flush every
-// Config.FlushInterval (default 50 ms) turns each finished bucket's count into one
-// topics.Hit record (binary encoding, record key = counter key, Site = Config.Site,
-// BucketStart in unix ms, Window in ms, Count ≥ 1), so Kafka traffic grows with the number
-// of active counters, not with requests: at most one record per counter per bucket while
-// Kafka keeps up (about 10 records/s for a counter hit at any rate, with the defaults).
-// A hit reaches Kafka at most BucketWidth + FlushInterval (plus Kafka's own latency) after
+// Config.FlushInterval (default 10 ms, ticking just after bucket ends) turns each finished
+// bucket's count into one topics.Hit record (binary encoding, record key = counter key,
+// Site = Config.Site, BucketStart in unix ms, Window in ms, Count ≥ 1), so Kafka traffic
+// grows with the number of active counters, not with requests: at most one record per
+// counter per bucket while Kafka keeps up (about 10 records/s for a counter hit at any
+// rate, with the defaults). Buckets that end together are handed to Kafka over
+// Config.FlushSpread (default 20 ms), by shard, so that a busy server's core never spends
+// milliseconds on one burst of records. A hit reaches Kafka at most BucketWidth +
+// FlushSpread + FlushInterval (plus Kafka's own latency) after
 // it is recorded. Flush and Close also send the current, unfinished buckets; hits that
 // arrive in such a bucket afterwards become a second record for it, which consumers add up.
 //

@@ -164,6 +164,7 @@ type Producer struct {
 	cl        *kgo.Client
 	ownClient bool
 	widthMs   int64
+	spreadMs  int64
 	idleMs    int64
 	maxKeys   int64
 	seed      maphash.Seed
@@ -213,14 +214,15 @@ func New(cfg Config) (*Producer, error) {
 		return nil, err
 	}
 	p := &Producer{
-		cfg:     cfg,
-		widthMs: cfg.BucketWidth.Milliseconds(),
-		idleMs:  cfg.IdleTimeout.Milliseconds(),
-		maxKeys: int64(cfg.MaxBufferedKeys),
-		seed:    maphash.MakeSeed(),
-		unsent:  make(map[recordKey]counts),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
+		cfg:      cfg,
+		widthMs:  cfg.BucketWidth.Milliseconds(),
+		spreadMs: cfg.FlushSpread.Milliseconds(),
+		idleMs:   cfg.IdleTimeout.Milliseconds(),
+		maxKeys:  int64(cfg.MaxBufferedKeys),
+		seed:     maphash.MakeSeed(),
+		unsent:   make(map[recordKey]counts),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
 	}
 	for i := range p.shards {
 		p.shards[i].m = make(map[uint64]*entry)
@@ -528,7 +530,7 @@ func (p *Producer) loop() {
 	case <-p.stop:
 		return
 	case <-time.After(wait):
-		p.flush(false)
+		p.drain(false, true)
 	}
 	t := time.NewTicker(d)
 	defer t.Stop()
@@ -537,7 +539,7 @@ func (p *Producer) loop() {
 		case <-p.stop:
 			return
 		case <-t.C:
-			p.flush(false)
+			p.drain(false, true)
 		}
 	}
 }
@@ -546,7 +548,15 @@ func (p *Producer) loop() {
 // acknowledgements. With all false, only finished buckets (those whose end is not after
 // the clock's now) are drained, so that a bucket normally becomes exactly one record;
 // with all true, the current buckets go too.
-func (p *Producer) flush(all bool) {
+func (p *Producer) flush(all bool) { p.drain(all, false) }
+
+// drain is flush; with spread, shard i's finished buckets are held back until
+// i·FlushSpread/numShards after their end, so that the records of buckets that end
+// together (every counter's, at each multiple of BucketWidth) reach the Kafka client in
+// several smaller hand-offs over FlushSpread instead of one burst: on a server with one
+// core, the burst of encoding and acknowledging thousands of records at once held the
+// core for milliseconds, and every call waiting behind it showed in the p99.
+func (p *Producer) drain(all, spread bool) {
 	p.flushMu.Lock()
 	defer p.flushMu.Unlock()
 	start := p.cfg.Clock.Now()
@@ -579,8 +589,12 @@ func (p *Producer) flush(all bool) {
 		clear(s.pending)
 		s.pending = s.pending[:0]
 		keep := s.dirty[:0]
+		due := nowMs
+		if spread {
+			due -= p.spreadMs * int64(i) / numShards
+		}
 		for _, e := range s.dirty {
-			if !all && e.end > nowMs {
+			if !all && e.end > due {
 				keep = append(keep, e)
 				watermark = min(watermark, e.bucket)
 				continue

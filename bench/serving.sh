@@ -6,6 +6,9 @@
 #   streamlimit        streamlimit enforcer --no-kafka, one global rule
 #   streamlimit-kafka  streamlimit enforcer, same rule, its producer publishing every
 #                      admitted hit to the real broker (needs STREAMLIMIT_KAFKA_BROKERS)
+#   streamlimit-redis  streamlimit enforcer --no-kafka with the site's Redis
+#                      (STREAMLIMIT_REDIS_ADDR): for site-scope rules (SERVING_RULES); not
+#                      in the default list
 #   envoy-ratelimit    envoyproxy/ratelimit with Redis, gRPC only: set
 #                      STREAMLIMIT_BENCH_ENVOY_RATELIMIT to its binary (built by you from
 #                      its source; nothing of it is in this repository) and
@@ -20,7 +23,16 @@
 #
 # Environment (defaults): SERVING_ROUNDS (3), SERVING_DURATION (10s), SERVING_CALLERS
 # (32), SERVING_CONNS (4), SERVING_KEYS (10000), SERVING_APIS ("grpc http"),
-# SERVING_SERVERS ("null streamlimit streamlimit-kafka envoy-ratelimit"), GO (go).
+# SERVING_SERVERS ("null streamlimit streamlimit-kafka envoy-ratelimit"), SERVING_RULES
+# (a rules file for the streamlimit rows, domain "api", descriptor "user"; default one
+# global rule high enough to admit everything), SERVING_LOADGEN_FLAGS (more loadgen flags,
+# e.g. "-rate-per-key 100" for a paced hot-key table with SERVING_KEYS=10),
+# SERVING_WARMUP (2s of unpaced calls on the same keys before each run; 0 for none, as a
+# table of limited keys wants), GO (go).
+# A hot-key table of a site rule:
+#
+#   SERVING_SERVERS="null streamlimit-redis" SERVING_KEYS=10 SERVING_RULES=site.yaml \
+#     SERVING_WARMUP=0 SERVING_LOADGEN_FLAGS="-rate-per-key 100" bash bench/serving.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -31,6 +43,7 @@ conns=${SERVING_CONNS:-4}
 keys=${SERVING_KEYS:-10000}
 apis=${SERVING_APIS:-grpc http}
 servers=${SERVING_SERVERS:-null streamlimit streamlimit-kafka envoy-ratelimit}
+warmup=${SERVING_WARMUP:-2s}
 
 work=$(mktemp -d)
 pids=()
@@ -55,12 +68,17 @@ else
 fi
 echo "# serving: rounds $rounds, duration $duration, callers $callers, conns $conns, keys $keys, pinned $([ -n "$pin_server" ] && echo yes || echo no)"
 
-cat >"$work/rules.yaml" <<'YAML'
+if [ -n "${SERVING_RULES:-}" ]; then
+  cp "$SERVING_RULES" "$work/rules.yaml"
+else
+  cat >"$work/rules.yaml" <<'YAML'
 domain: api
 descriptors:
   - key: user
     rate_limit: {name: per-minute, unit: minute, requests_per_unit: 1000000000}
 YAML
+fi
+read -r -a extra <<<"${SERVING_LOADGEN_FLAGS:-}"
 
 brokers=${STREAMLIMIT_KAFKA_BROKERS:-}
 run_id=$$-$RANDOM
@@ -92,11 +110,12 @@ start() {
       GOMAXPROCS=1 $pin_server "$work/nullserver" -http 127.0.0.1:0 -grpc 127.0.0.1:0 >"$out" 2>&1 &
       spid=$!
       ;;
-    streamlimit | streamlimit-kafka)
+    streamlimit | streamlimit-kafka | streamlimit-redis)
       local kafka=(--no-kafka)
-      if [ "$name" = streamlimit-kafka ]; then
-        kafka=(--brokers "$brokers" --hits-topic "bench-hits-$run_id" --counts-topic "bench-counts-$run_id")
-      fi
+      case $name in
+        streamlimit-kafka) kafka=(--brokers "$brokers" --hits-topic "bench-hits-$run_id" --counts-topic "bench-counts-$run_id") ;;
+        streamlimit-redis) kafka=(--no-kafka --redis-addr "$STREAMLIMIT_REDIS_ADDR") ;;
+      esac
       # A clean environment: every flag of the command also reads STREAMLIMIT_<FLAG>
       # (STREAMLIMIT_REDIS_ADDR would give the server a site Redis).
       env -i PATH="$PATH" HOME="$HOME" GOMAXPROCS=1 $pin_server "$work/streamlimit" enforcer --site bench --rules "$work/rules.yaml" \
@@ -146,6 +165,7 @@ for round in $(seq "$rounds"); do
     for name in $servers; do
       case $name in
         streamlimit-kafka) [ -n "$brokers" ] || { log "skip $name: STREAMLIMIT_KAFKA_BROKERS unset"; continue; } ;;
+        streamlimit-redis) [ -n "${STREAMLIMIT_REDIS_ADDR:-}" ] || { log "skip $name: STREAMLIMIT_REDIS_ADDR unset"; continue; } ;;
         envoy-ratelimit)
           [ -n "$envoy" ] && [ -n "${STREAMLIMIT_REDIS_ADDR:-}" ] || { [ "$round" = 1 ] && log "skip $name: STREAMLIMIT_BENCH_ENVOY_RATELIMIT or STREAMLIMIT_REDIS_ADDR unset"; continue; }
           [ "$api" = grpc ] || continue
@@ -156,12 +176,14 @@ for round in $(seq "$rounds"); do
         echo "--- FAIL: BenchmarkServing/api=$api/server=$name: did not start"
         continue
       fi
-      # Warm-up: one call per key (so the server holds every counter), then the run.
-      GOMAXPROCS=1 $pin_load "$work/loadgen" -api "$api" -addr "$addr" -callers "$callers" -conns "$conns" \
-        -keys "$keys" -duration 2s -prefix "r$round-" >/dev/null
+      # Warm-up (so the server holds every counter), then the run.
+      if [ "$warmup" != 0 ]; then
+        GOMAXPROCS=1 $pin_load "$work/loadgen" -api "$api" -addr "$addr" -callers "$callers" -conns "$conns" \
+          -keys "$keys" -duration "$warmup" -prefix "r$round-" >/dev/null
+      fi
       t0=$(cpu_ticks "$spid")
       line=$(GOMAXPROCS=1 $pin_load "$work/loadgen" -api "$api" -addr "$addr" -callers "$callers" -conns "$conns" \
-        -keys "$keys" -duration "$duration" -prefix "r$round-" -bench "Serving/api=$api/server=$name")
+        -keys "$keys" -duration "$duration" -prefix "r$round-" "${extra[@]}" -bench "Serving/api=$api/server=$name")
       t1=$(cpu_ticks "$spid")
       calls=$(awk '{for (i = 1; i < NF; i++) if ($(i+1) == "admitted" || $(i+1) == "denied") s += $i} END {print s + 0}' <<<"$line")
       hz=$(getconf CLK_TCK)

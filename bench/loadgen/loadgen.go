@@ -11,7 +11,8 @@
 // returns (closed loop: the throughput the server can sustain).
 //
 // It is the engine of bench/cmd/loadgen and of the serving benchmark (bench/serving.sh),
-// and general enough for other tables: a hot-key run is Keys 10 with a per-key Rate.
+// and general enough for other tables: a hot-key run is Keys 10 with a per-key Rate and
+// PerKey set, or HotKeys among many cold keys with HotShare of the calls.
 package loadgen
 
 import (
@@ -59,6 +60,13 @@ type Config struct {
 	Conns int
 	// Keys is the number of distinct descriptor values. Default 10 000.
 	Keys int
+	// HotKeys, when > 0, makes the first HotKeys of the Keys hot: HotShare of the calls go
+	// to them (round-robin among them), the rest to the other keys. Default 0: every key
+	// alike.
+	HotKeys int
+	// HotShare is the fraction of calls that go to the hot keys, in (0, 1]. Default 0.5
+	// when HotKeys is set.
+	HotShare float64
 	// Prefix is prepended to every descriptor value, so that runs against one server do
 	// not share keys. Default "".
 	Prefix string
@@ -104,6 +112,13 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Duration == 0 {
 		c.Duration = 10 * time.Second
+	}
+	if c.HotKeys > 0 && c.HotShare == 0 {
+		c.HotShare = 0.5
+	}
+	if c.HotKeys < 0 || c.HotKeys > c.Keys || c.HotShare < 0 || c.HotShare > 1 || (c.HotKeys == c.Keys && c.HotShare < 1 && c.HotKeys > 0) {
+		return c, fmt.Errorf("loadgen: hot keys %d of %d with share %g: want 0 ≤ hot ≤ keys, share in (0, 1], and cold keys left unless the share is 1",
+			c.HotKeys, c.Keys, c.HotShare)
 	}
 	if c.Callers < 1 || c.Conns < 1 || c.Keys < 1 || c.Duration < 0 || c.Rate < 0 {
 		return c, fmt.Errorf("loadgen: callers %d, conns %d, keys %d must be ≥ 1, duration %v and rate %g ≥ 0",
@@ -211,7 +226,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 				} else if !due.Before(end) {
 					return
 				}
-				k := int(n % int64(cfg.Keys))
+				k := keyOf(cfg, n)
 				ok, err := call(runCtx, k)
 				if err != nil {
 					if runCtx.Err() != nil || !time.Now().Before(end) {
@@ -272,6 +287,21 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		r.P99 = lats[int(0.99*float64(len(lats)-1))]
 	}
 	return r, nil
+}
+
+// keyOf returns the key index of call n: round-robin over every key, or, with hot keys,
+// HotShare of the calls (spread evenly: call n is hot when ⌊(n+1)·share⌋ > ⌊n·share⌋)
+// round-robin over the hot keys and the others over the cold ones.
+func keyOf(cfg Config, n int64) int {
+	if cfg.HotKeys == 0 {
+		return int(n % int64(cfg.Keys))
+	}
+	hotBefore := int64(float64(n) * cfg.HotShare)
+	if int64(float64(n+1)*cfg.HotShare) > hotBefore {
+		return int(hotBefore % int64(cfg.HotKeys))
+	}
+	cold := int64(cfg.Keys - cfg.HotKeys)
+	return cfg.HotKeys + int((n-hotBefore)%cold)
 }
 
 // connect opens cfg.Conns connections and returns a caller factory (one caller per

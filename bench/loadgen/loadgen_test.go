@@ -79,3 +79,28 @@ func TestHTTPPaced(t *testing.T) {
 		t.Fatalf("paced at 200/s for 1 s: %+v", r)
 	}
 }
+
+// Hot keys take their share of the calls, spread evenly, round-robin among them; the other
+// calls go round-robin over the cold keys.
+func TestKeyOfHotShare(t *testing.T) {
+	cfg, err := Config{Addr: "x", Keys: 100, HotKeys: 4, HotShare: 0.25}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := make([]int, cfg.Keys)
+	for n := range int64(100_000) {
+		calls[keyOf(cfg, n)]++
+	}
+	for k, c := range calls {
+		want := 25_000 / 4
+		if k >= 4 {
+			want = 75_000 / 96
+		}
+		if c < want-1 || c > want+1 {
+			t.Errorf("key %d: %d calls, want %d", k, c, want)
+		}
+	}
+	if _, err := (Config{Addr: "x", Keys: 4, HotKeys: 4, HotShare: 0.5}).withDefaults(); err == nil {
+		t.Error("hot keys = keys with share < 1 accepted")
+	}
+}

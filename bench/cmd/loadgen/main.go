@@ -36,6 +36,8 @@ func main() {
 	flag.IntVar(&cfg.Conns, "conns", 4, "connections (gRPC: shared round-robin; HTTP/1.1: the most open)")
 	flag.IntVar(&cfg.Keys, "keys", 10_000, "distinct descriptor values, used round-robin")
 	flag.StringVar(&cfg.Prefix, "prefix", "", "prefix of every descriptor value")
+	flag.IntVar(&cfg.HotKeys, "hot-keys", 0, "the first N keys are hot: -hot-share of the calls go to them")
+	flag.Float64Var(&cfg.HotShare, "hot-share", 0, "fraction of calls on the hot keys (default 0.5 with -hot-keys)")
 	flag.StringVar(&cfg.Domain, "domain", "api", "rate-limit domain")
 	flag.StringVar(&cfg.Descriptor, "descriptor", "user", "descriptor entry key")
 	flag.DurationVar(&cfg.Duration, "duration", 0, "measured period (default 10s)")

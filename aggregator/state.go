@@ -78,9 +78,14 @@ type state struct {
 
 const maxInternedSites = 4096
 
-// aheadBuckets is how many sub-buckets ahead of the aggregator's clock a counter's rings
-// keep room for: with 60 sub-buckets a ring has 64 slots, 256 bytes, one size class.
-const aheadBuckets = 3
+// aheadRoom is how far past the aggregator's clock a counter's rings keep buckets. It
+// serves two things: hits stamped by producers whose clocks are ahead, and counting a site
+// as of its last heartbeat (state.heardAt), up to a heartbeat interval and a flush behind
+// the site's newest hits, which the ring must still hold together with the window before
+// it. Two seconds cover both with the default 500 ms site heartbeats; it is at most a
+// quarter of the window (window.NewSpec). With 60 sub-buckets of a one-minute window that
+// is 2 buckets: 63 slots, 252 bytes, inside one 256-byte size class.
+const aheadRoom = 2 * time.Second
 
 func newState(cfg stateConfig) *state {
 	return &state{
@@ -145,12 +150,10 @@ func (s *state) spec(w int64) *window.Spec {
 	if sp, ok := s.specs[w]; ok {
 		return sp
 	}
-	// The rings keep room for hits stamped at most aheadBuckets sub-buckets ahead of the
-	// aggregator's clock (MaxClockSkew still bounds what is accepted; a hit further ahead
-	// is counted in the furthest bucket the ring holds): every bucket of room costs 4
-	// bytes per (key, site), and producers' clocks are not seconds apart.
-	width := window.Width(time.Duration(w)*time.Millisecond, s.cfg.subBuckets)
-	skew := min(s.cfg.maxSkew, time.Duration(aheadBuckets*width)*time.Millisecond)
+	// The rings keep room for aheadRoom past the aggregator's clock (MaxClockSkew still
+	// bounds what is accepted; a hit further ahead is counted in the furthest bucket the
+	// ring holds): every bucket of room costs 4 bytes per (key, site).
+	skew := min(s.cfg.maxSkew, aheadRoom)
 	sp := window.NewSpec(time.Duration(w)*time.Millisecond, s.cfg.subBuckets, skew)
 	sp.Tau = s.cfg.tau
 	if len(s.specs) < s.cfg.maxSpecs {

@@ -118,8 +118,11 @@ type shard struct {
 	// entry already has.
 	m    map[uint64]*entry
 	coll map[counterKey]*entry
-	// dirty lists the entries with a count not yet drained.
-	dirty []*entry
+	// dirty lists the entries with a count not yet drained; minEnd is at most the
+	// smallest end of their buckets, so that a flush tick skips a shard with nothing due
+	// without reading its entries.
+	dirty  []*entry
+	minEnd int64
 	// pending holds finished buckets pushed out of entries by a newer bucket (or split off
 	// a count about to overflow). They are not held against MaxBufferedKeys: the next flush
 	// drains them, and between two flushes an entry parks at most one per bucket boundary,
@@ -369,6 +372,9 @@ func (p *Producer) add(key string, wd time.Duration, t time.Time, n64, d64 int64
 	}
 	if !e.dirty {
 		e.dirty = true
+		if len(s.dirty) == 0 || e.end < s.minEnd {
+			s.minEnd = e.end
+		}
 		s.dirty = append(s.dirty, e)
 	}
 	s.hitsIn = satAdd(s.hitsIn, n64)
@@ -588,23 +594,33 @@ func (p *Producer) drain(all, spread bool) {
 		batch = append(batch, s.pending...)
 		clear(s.pending)
 		s.pending = s.pending[:0]
-		keep := s.dirty[:0]
 		due := nowMs
 		if spread {
 			due -= p.spreadMs * int64(i) / numShards
 		}
-		for _, e := range s.dirty {
-			if !all && e.end > due {
-				keep = append(keep, e)
-				watermark = min(watermark, e.bucket)
-				continue
+		if !all && len(s.dirty) > 0 && s.minEnd > due {
+			// Nothing due: every dirty entry's bucket ends after due. A bucket is at most
+			// BucketWidth long, so none of them starts before minEnd − BucketWidth: a
+			// bound for the site heartbeats' watermark that needs no scan.
+			watermark = min(watermark, s.minEnd-p.widthMs)
+		} else {
+			keep := s.dirty[:0]
+			minEnd := int64(math.MaxInt64)
+			for _, e := range s.dirty {
+				if !all && e.end > due {
+					keep = append(keep, e)
+					watermark = min(watermark, e.bucket)
+					minEnd = min(minEnd, e.end)
+					continue
+				}
+				batch = append(batch, record{ck: e.ck, bucket: e.bucket, n: e.n, d: e.d})
+				e.n, e.d = 0, 0
+				e.dirty = false
 			}
-			batch = append(batch, record{ck: e.ck, bucket: e.bucket, n: e.n, d: e.d})
-			e.n, e.d = 0, 0
-			e.dirty = false
+			clear(s.dirty[len(keep):])
+			s.dirty = keep
+			s.minEnd = minEnd
 		}
-		clear(s.dirty[len(keep):])
-		s.dirty = keep
 		if i == p.sweepNext {
 			for h, e := range s.m {
 				if !e.dirty && nowMs-e.end >= p.idleMs {

@@ -89,32 +89,53 @@ func BenchmarkEndToEnd(b *testing.B) {
 	b.ReportMetric(aggRate/rawRate, "ratio")
 }
 
-// TestMemoryPerCounter reports the aggregator's heap per counter (with its bookkeeping)
-// at 100k counters, with one and with three sites.
+// memoryPerCounter returns the heap per counter (with its bookkeeping) of a state holding
+// 100k counters of a 1-minute window in 60 sub-buckets, each hit from nsites sites.
+func memoryPerCounter(nsites int) float64 {
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	s := newState(stateConfig{subBuckets: 60, maxSkew: 30 * time.Second, maxKeys: 1 << 20, emitInterval: 100, maxSpecs: 16})
+	now := time.Now().UnixMilli()
+	for i := range 100_000 {
+		for k := range nsites {
+			h := topics.Hit{Key: "api:POST /articles|user=" + strconv.Itoa(i), Site: []string{"eu-1", "us-1", "ap-1"}[k], BucketStart: now, Window: 60_000, Count: 1}
+			s.add(now, 0, &h, "", 0)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(s)
+	return float64(after.HeapAlloc-before.HeapAlloc) / 100_000
+}
+
+// memoryBudget is the goal for each (key, site): 64 B plus 4 B per sub-bucket (60).
+const memoryBudget = 64 + 4*60
+
+// TestMemoryPerCounter checks the aggregator's heap per counter at 100k counters, with one
+// and with three sites, against the goal: memoryBudget per (key, site), and a counter's
+// own bookkeeping (entry, key, index) in at most 224 B more.
 func TestMemoryPerCounter(t *testing.T) {
 	if testing.Short() {
 		t.Skip("memory measurement")
 	}
-	measure := func(nsites int) float64 {
-		runtime.GC()
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		s := newState(stateConfig{subBuckets: 60, maxSkew: 30 * time.Second, maxKeys: 1 << 20, emitInterval: 100, maxSpecs: 16})
-		now := time.Now().UnixMilli()
-		for i := range 100_000 {
-			for k := range nsites {
-				h := topics.Hit{Key: "api:POST /articles|user=" + strconv.Itoa(i), Site: []string{"eu-1", "us-1", "ap-1"}[k], BucketStart: now, Window: 60_000, Count: 1}
-				s.add(now, 0, &h, "", 0)
-			}
-		}
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		runtime.KeepAlive(s)
-		return float64(after.HeapAlloc-before.HeapAlloc) / 100_000
+	one, three := memoryPerCounter(1), memoryPerCounter(3)
+	perSite := (three - one) / 2
+	t.Logf("100k counters, window 1m / 60 sub-buckets: %.0f B per counter with 1 site, %.0f B with 3 sites (%.0f B per extra site)", one, three, perSite)
+	if perSite > memoryBudget || one > memoryBudget+224 {
+		t.Fatalf("memory per counter too high: %.0f B with 1 site, %.0f B per extra site (budget %d B per (key, site))", one, perSite, memoryBudget)
 	}
-	one, three := measure(1), measure(3)
-	t.Logf("100k counters, window 1m / 60 sub-buckets: %.0f B per counter with 1 site, %.0f B with 3 sites (%.0f B per extra site)", one, three, (three-one)/2)
-	if one > 1024 || three > 2048 {
-		t.Fatalf("memory per counter too high: %.0f / %.0f", one, three)
+}
+
+// BenchmarkMemoryPerCounter reports what TestMemoryPerCounter measures, for
+// docs/benchmarks.md: bytes per counter with one site and per extra (key, site), and the
+// goal per (key, site).
+func BenchmarkMemoryPerCounter(b *testing.B) {
+	var one, three float64
+	for b.Loop() {
+		one, three = memoryPerCounter(1), memoryPerCounter(3)
 	}
+	b.ReportMetric(one, "B/counter")
+	b.ReportMetric((three-one)/2, "B/key-site")
+	b.ReportMetric(memoryBudget, "goal-B/key-site")
 }

@@ -15,21 +15,23 @@ type counterID struct {
 	window int64 // ms
 }
 
-// entry is the aggregator's bookkeeping around one counter's window state.
+// entry is the aggregator's bookkeeping around one counter's window state. Its fields are
+// ordered to pack into 128 bytes (a size class) on 64-bit machines.
 type entry struct {
 	id   counterID
 	spec *window.Spec
 	c    window.Counter
-	slot int32  // partition number the key's hits come from
-	hash uint32 // murmur2(key): its bucket in state.m
-	idx  int    // position in state.list
 	next *entry // the next counter whose key has the same hash (another window, or a collision)
 
-	dirty       bool    // hits were added since the last emission
-	emitted     bool    // a non-zero count has been published (so zero needs a tombstone)
 	lastEmitted float64 // total last published
 	lastEmitAt  int64   // ms
 	nextEval    int64   // ms: re-evaluate for decay no later than this
+
+	slot    int32  // partition number the key's hits come from
+	hash    uint32 // murmur2(key): its bucket in state.m
+	idx     int32  // position in state.list
+	dirty   bool   // hits were added since the last emission
+	emitted bool   // a non-zero count has been published (so zero needs a tombstone)
 }
 
 // addResult says what state.add did with a hit.
@@ -91,6 +93,15 @@ const instanceWindow = 10_000 // ms
 const maxInstancesPerSite = 1024
 
 const maxInternedSites = 4096
+
+// aheadRoom is how far past the aggregator's clock a counter's rings keep buckets. It
+// serves two things: hits stamped by producers whose clocks are ahead, and counting a site
+// as of its last heartbeat (state.heardAt), up to a heartbeat interval and a flush behind
+// the site's newest hits, which the ring must still hold together with the window before
+// it. Two seconds cover both with the default 500 ms site heartbeats; it is at most a
+// quarter of the window (window.NewSpec). With 60 sub-buckets of a one-minute window that
+// is 2 buckets: 63 slots, 252 bytes, inside one 256-byte size class.
+const aheadRoom = 2 * time.Second
 
 func newState(cfg stateConfig) *state {
 	return &state{
@@ -199,7 +210,11 @@ func (s *state) spec(w int64) *window.Spec {
 	if sp, ok := s.specs[w]; ok {
 		return sp
 	}
-	sp := window.NewSpec(time.Duration(w)*time.Millisecond, s.cfg.subBuckets, s.cfg.maxSkew)
+	// The rings keep room for aheadRoom past the aggregator's clock (MaxClockSkew still
+	// bounds what is accepted; a hit further ahead is counted in the furthest bucket the
+	// ring holds): every bucket of room costs 4 bytes per (key, site).
+	skew := min(s.cfg.maxSkew, aheadRoom)
+	sp := window.NewSpec(time.Duration(w)*time.Millisecond, s.cfg.subBuckets, skew)
 	sp.Tau = s.cfg.tau
 	if len(s.specs) < s.cfg.maxSpecs {
 		s.specs[w] = &sp
@@ -263,7 +278,7 @@ func (s *state) addRaw(now int64, slot int32, h hitRef, origin string, expiry in
 		if len(s.list) >= s.cfg.maxKeys {
 			return refusedKey
 		}
-		e = &entry{id: counterID{string(h.key), h.window}, spec: s.spec(h.window), slot: slot, hash: h.hash, idx: len(s.list)}
+		e = &entry{id: counterID{string(h.key), h.window}, spec: s.spec(h.window), slot: slot, hash: h.hash, idx: int32(len(s.list))}
 		e.next = s.m[h.hash]
 		s.m[h.hash] = e
 		s.list = append(s.list, e)

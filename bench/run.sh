@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # run.sh OUT [GO TEST FLAGS...] — the body of `make bench` (run inside
 # e2e/services/with-services.sh, which provides Kafka and Redis): run every
-# package's benchmarks, this directory's included, write the raw output with
+# package's benchmarks, this directory's included, then the serving comparison
+# (bench/serving.sh; SERVING_* and STREAMLIMIT_BENCH_ENVOY_RATELIMIT pass
+# through), write the raw output with
 # "# key: value" lines about the machine and the run to OUT, then write the
 # Markdown summary to docs/benchmarks.md (SUMMARY overrides the path).
 # The exit status is go test's: a failed package still gets its results
@@ -26,6 +28,9 @@ echo "bench: $cmd → $out" >&2
 start=$SECONDS
 $GO test -run '^$' -bench . -benchmem "$@" ./... 2>&1 | tee -a "$out"
 rc=${PIPESTATUS[0]}
+# The serving comparison: servers and load generator as separate pinned processes.
+echo "pkg: github.com/streamlimit/streamlimit/bench/serving" >>"$out"
+GO=$GO bash bench/serving.sh | tee -a "$out" || rc=1
 {
   echo "# loadavg at end: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "# duration: $((SECONDS - start))s"

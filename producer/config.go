@@ -20,7 +20,8 @@ import (
 // Defaults for the zero fields of Config.
 const (
 	DefaultBucketWidth        = 100 * time.Millisecond
-	DefaultFlushInterval      = 50 * time.Millisecond
+	DefaultFlushInterval      = 10 * time.Millisecond
+	DefaultFlushSpread        = 20 * time.Millisecond
 	DefaultMaxBufferedKeys    = 100_000
 	DefaultMaxInFlightRecords = 10_000
 	DefaultIdleTimeout        = time.Minute
@@ -81,14 +82,29 @@ type Config struct {
 	// are sent. Default DefaultSiteHeartbeatInterval (500 ms).
 	SiteHeartbeatInterval time.Duration
 	// FlushInterval is the period of the background flush, which hands every finished
-	// bucket to Kafka. Default DefaultFlushInterval (50 ms). A negative value disables the
-	// background flush: hits then leave only through Flush and Close (for tests and
-	// simulations driven by a fake clock).
+	// bucket to Kafka. Its ticks fall just after multiples of FlushInterval, so with a
+	// FlushInterval that divides BucketWidth a bucket leaves at its end plus its shard's
+	// part of FlushSpread. Default DefaultFlushInterval (5 ms: a tick costs a pass over
+	// the counters holding hits, microseconds). A negative value disables the background
+	// flush: hits then leave only through Flush and Close (for tests and simulations
+	// driven by a fake clock).
 	FlushInterval time.Duration
-	// MaxBufferedKeys bounds the (key, window, bucket) counts the Producer holds outside
-	// Kafka's client: known counters, finished buckets waiting for a flush, and counts
-	// that Kafka could not take yet. A hit that would need one more is dropped and counted
-	// in dropped_hits_total. Default DefaultMaxBufferedKeys (100 000).
+	// FlushSpread spreads the hand-off of buckets that end together (every counter's
+	// buckets end at the same multiples of BucketWidth) over this long after their end,
+	// by shard of the key, so that the Kafka client encodes and acknowledges them in
+	// several small batches instead of one burst that would hold a busy server's core
+	// for milliseconds. It adds FlushSpread/2 to the mean delay of a hit. Zero means
+	// DefaultFlushSpread (20 ms); negative means none.
+	FlushSpread time.Duration
+	// MaxBufferedKeys bounds the counters the Producer holds (known (key, window) pairs)
+	// plus the counts Kafka could not take yet. When it is full, a new counter takes the
+	// place of an idle one — nothing pending, not hit in its last two buckets if possible,
+	// the least hit first — so that a flood of new keys evicts its own keys, never the
+	// hits of keys that carry traffic; only when every held counter has hits not yet
+	// handed to Kafka is the new counter's hit dropped (dropped_hits_total{reason="no_room"}).
+	// Finished buckets waiting for the next flush are not held against it (an entry parks
+	// at most one per bucket boundary between two flushes), so a held counter's hits are
+	// never dropped for room. Default DefaultMaxBufferedKeys (100 000).
 	MaxBufferedKeys int
 	// MaxInFlightRecords bounds the records handed to the Kafka client and not yet
 	// acknowledged (kgo.MaxBufferedRecords of the client built from Brokers). When it is
@@ -97,9 +113,8 @@ type Config struct {
 	// MaxBufferedRecords applies instead.
 	MaxInFlightRecords int
 	// IdleTimeout is how long a counter with no hits stays known (keeping later hits on it
-	// allocation-free) before it is evicted. Under memory pressure (hits dropped since the
-	// last flush) every counter with nothing pending is evicted regardless. Default
-	// DefaultIdleTimeout (1 min).
+	// allocation-free) before it is evicted; idle counters also make room for new ones
+	// when MaxBufferedKeys is reached. Default DefaultIdleTimeout (1 min).
 	IdleTimeout time.Duration
 	// Clock gives the time of Hit and the age of counters. Default clock.Real{}.
 	Clock clock.Clock
@@ -133,6 +148,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.FlushInterval == 0 {
 		c.FlushInterval = DefaultFlushInterval
+	}
+	switch {
+	case c.FlushSpread == 0:
+		c.FlushSpread = DefaultFlushSpread
+	case c.FlushSpread < 0:
+		c.FlushSpread = 0
 	}
 	if c.SubBuckets == 0 {
 		c.SubBuckets = window.DefaultSubBuckets

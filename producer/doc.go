@@ -7,12 +7,15 @@
 // on one client (3/min and 10/h) are separate counters — and per time bucket: the bucket of
 // a hit at time t starts at t truncated to a multiple of Config.BucketWidth (default
 // 100 ms) since the Unix epoch, on the Producer's clock. A background flush every
-// Config.FlushInterval (default 50 ms) turns each finished bucket's count into one
-// topics.Hit record (binary encoding, record key = counter key, Site = Config.Site,
-// BucketStart in unix ms, Window in ms, Count ≥ 1), so Kafka traffic grows with the number
-// of active counters, not with requests: at most one record per counter per bucket while
-// Kafka keeps up (about 10 records/s for a counter hit at any rate, with the defaults).
-// A hit reaches Kafka at most BucketWidth + FlushInterval (plus Kafka's own latency) after
+// Config.FlushInterval (default 10 ms, ticking just after bucket ends) turns each finished
+// bucket's count into one topics.Hit record (binary encoding, record key = counter key,
+// Site = Config.Site, BucketStart in unix ms, Window in ms, Count ≥ 1), so Kafka traffic
+// grows with the number of active counters, not with requests: at most one record per
+// counter per bucket while Kafka keeps up (about 10 records/s for a counter hit at any
+// rate, with the defaults). Buckets that end together are handed to Kafka over
+// Config.FlushSpread (default 20 ms), by shard, so that a busy server's core never spends
+// milliseconds on one burst of records. A hit reaches Kafka at most BucketWidth +
+// FlushSpread + FlushInterval (plus Kafka's own latency) after
 // it is recorded. Flush and Close also send the current, unfinished buckets; hits that
 // arrive in such a bucket afterwards become a second record for it, which consumers add up.
 //
@@ -38,14 +41,22 @@
 // Records are handed to the franz-go client with TryProduce, which never blocks: at most
 // Config.MaxInFlightRecords records are in the client at once. What does not fit, and what
 // the client fails, is kept in the Producer merged per (key, window, bucket), so memory
-// grows with distinct counters and buckets, not with hits. Everything the Producer holds —
-// known counters, finished buckets and unsent counts — counts against
-// Config.MaxBufferedKeys; past it, new hits are dropped and counted, never queued. Known
-// counters idle for Config.IdleTimeout are evicted, and all idle counters are evicted while
-// hits are being dropped. When Kafka comes back, the client's buffered records are
-// delivered by its own retries and the kept counts by the next flushes. The client
-// produces idempotently and fails a record only when the broker has not written it, so a
-// retried count is never delivered twice.
+// grows with distinct counters and buckets, not with hits. Known counters and unsent counts
+// count against Config.MaxBufferedKeys. When it is full, a new counter evicts an idle one
+// (nothing pending; not recently hit and least hit first), so a flood of new keys evicts its
+// own keys and the hits of keys that carry traffic are never dropped; only when every held
+// counter has hits not yet handed to Kafka is a new counter's hit dropped, and only when
+// Kafka has not taken counts and the buffer is full are those dropped. Every drop is counted
+// by reason (dropped_hits_total{reason}: no_room, kafka_backlog, closed) and logged at info
+// level, at most every 10 s, with the reason. Known counters idle for Config.IdleTimeout
+// are evicted. When Kafka comes back, the client's buffered records are delivered by its
+// own retries and the kept counts by the next flushes. The client produces idempotently and
+// fails a record only when the broker has not written it, so a retried count is never
+// delivered twice.
+//
+// Counts never overflow: a bucket's hits and denials beyond math.MaxInt64 together become
+// several records (consumers add them up), and the running totals behind the metrics
+// saturate.
 //
 // # Partitioning
 //
@@ -58,6 +69,6 @@
 // # Metrics
 //
 // On Config.Registerer, namespace "streamlimit", subsystem "producer": hits_in_total,
-// dropped_hits_total, invalid_hits_total, records_out_total, bytes_out_total,
+// dropped_hits_total{reason}, invalid_hits_total, records_out_total, bytes_out_total,
 // buffered_keys, unsent_hits, in_flight_records and flush_duration_seconds.
 package producer

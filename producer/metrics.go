@@ -11,8 +11,11 @@ type Stats struct {
 	// HitsIn is the sum of n over accepted Hit calls (hits_in_total).
 	HitsIn int64
 	// DroppedHits is the sum of n over hits dropped by the memory bound or after Close
-	// (dropped_hits_total).
+	// (dropped_hits_total, all reasons).
 	DroppedHits int64
+	// DroppedByReason splits DroppedHits by reason: DropNoRoom, DropKafkaBacklog,
+	// DropClosed (dropped_hits_total{reason}).
+	DroppedByReason map[string]int64
 	// InvalidHits is the number of Hit calls ignored for invalid input
 	// (invalid_hits_total).
 	InvalidHits int64
@@ -40,13 +43,21 @@ type Stats struct {
 // Close.
 func (p *Producer) Stats() Stats {
 	var s Stats
+	var by [numDropReasons]int64
 	for i := range p.shards {
 		sh := &p.shards[i]
 		sh.mu.Lock()
-		s.HitsIn += sh.hitsIn
+		s.HitsIn = satAdd(s.HitsIn, sh.hitsIn)
 		sh.mu.Unlock()
-		s.DroppedHits += sh.dropped.Load()
+		for r := range by {
+			by[r] = satAdd(by[r], sh.dropped[r].Load())
+		}
 		s.InvalidHits += sh.invalid.Load()
+	}
+	s.DroppedByReason = make(map[string]int64, len(by))
+	for r, n := range by {
+		s.DroppedByReason[dropReasons[r]] = n
+		s.DroppedHits = satAdd(s.DroppedHits, n)
 	}
 	s.RecordsOut = p.recordsOut.Load()
 	s.SiteHeartbeatsOut = p.heartbeatsOut.Load()
@@ -85,7 +96,6 @@ func newMetrics(p *Producer, reg prometheus.Registerer) (*metrics, error) {
 	cs := []prometheus.Collector{
 		m.flushSeconds,
 		counter("hits_in_total", "Hits accepted by Hit (sum of n).", func(s Stats) int64 { return s.HitsIn }),
-		counter("dropped_hits_total", "Hits dropped because the buffer bound was full or the producer closed (sum of n).", func(s Stats) int64 { return s.DroppedHits }),
 		counter("invalid_hits_total", "Hit calls ignored for invalid key, window or n.", func(s Stats) int64 { return s.InvalidHits }),
 		counter("records_out_total", "Hit records acknowledged by Kafka.", func(s Stats) int64 { return s.RecordsOut }),
 		counter("site_heartbeats_out_total", "Site heartbeats acknowledged by Kafka.", func(s Stats) int64 { return s.SiteHeartbeatsOut }),
@@ -93,6 +103,12 @@ func newMetrics(p *Producer, reg prometheus.Registerer) (*metrics, error) {
 		gauge("buffered_keys", "(key, window, bucket) slots held against MaxBufferedKeys.", func(s Stats) int64 { return s.BufferedKeys }),
 		gauge("unsent_hits", "Hits Kafka could not take yet, kept for a retry.", func(s Stats) int64 { return s.UnsentHits }),
 		gauge("in_flight_records", "Records handed to the Kafka client and not yet acknowledged.", func(s Stats) int64 { return s.InFlightRecords }),
+	}
+	for _, r := range dropReasons {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "dropped_hits_total",
+			Help:        "Hits dropped (sum of n), by reason: no_room (a new counter while the buffer bound was full of counters holding unsent hits), kafka_backlog (Kafka could not take them and its waiting buffer was full), closed (after Close).",
+			ConstLabels: prometheus.Labels{"reason": r}},
+			func() float64 { return float64(p.Stats().DroppedByReason[r]) }))
 	}
 	var done []prometheus.Collector
 	for _, c := range cs {

@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -42,6 +45,36 @@ func (e *UndeliveredError) Unwrap() error { return e.Err }
 // of two.
 const numShards = 64
 
+// Reasons for dropped hits, the values of dropped_hits_total's reason label.
+const (
+	// DropNoRoom: a hit of a counter the Producer did not hold, while MaxBufferedKeys
+	// counters and counts all held hits not yet handed to Kafka (none idle to evict).
+	DropNoRoom = "no_room"
+	// DropKafkaBacklog: counts Kafka could not take (down or slow) while the buffer of
+	// counts waiting for it was full.
+	DropKafkaBacklog = "kafka_backlog"
+	// DropClosed: a hit after Close.
+	DropClosed = "closed"
+)
+
+// dropReasons lists the reasons in the order of Stats.DroppedByReason.
+var dropReasons = [...]string{DropNoRoom, DropKafkaBacklog, DropClosed}
+
+const (
+	dropNoRoom = iota
+	dropKafkaBacklog
+	dropClosed
+	numDropReasons
+)
+
+// flushLag is how long after a bucket's end the background flush drains it: enough for
+// the hits decided at its last instant to have been recorded.
+const flushLag = time.Millisecond
+
+// evictSample is how many held counters a new counter looks at to find an idle one to
+// evict when the bound is full.
+const evictSample = 32
+
 // counterKey names one counter: a (key, window) pair.
 type counterKey struct {
 	key    string
@@ -51,11 +84,13 @@ type counterKey struct {
 // entry is a known counter and the count of its current bucket. Guarded by its shard's mu.
 type entry struct {
 	ck     counterKey
-	bucket int64 // start of the bucket n counts toward, unix ms
-	end    int64 // end of that bucket, unix ms
-	n      int64 // hits in bucket not yet drained
-	d      int64 // denied requests in bucket not yet drained
-	dirty  bool  // on the shard's dirty list
+	sub    int64  // the window's sub-bucket width, ms
+	bucket int64  // start of the bucket n counts toward, unix ms
+	end    int64  // end of that bucket, unix ms
+	n      int64  // hits in bucket not yet drained
+	d      int64  // denied requests in bucket not yet drained
+	heat   uint32 // Hit calls since the counter was created (saturating): eviction keeps hot counters
+	dirty  bool   // on the shard's dirty list
 }
 
 // record is one (key, window, bucket) count on its way to Kafka.
@@ -68,9 +103,12 @@ type record struct {
 // counts is a merged (hits, denied) pair waiting for Kafka.
 type counts struct{ n, d int64 }
 
+// recordKey names a count waiting for Kafka. part tells apart the counts of one bucket
+// that cannot be merged without overflowing int64.
 type recordKey struct {
 	ck     counterKey
 	bucket int64
+	part   int32
 }
 
 type shard struct {
@@ -78,12 +116,21 @@ type shard struct {
 	// m finds entries by a 64-bit hash of (key, window), so that a lookup hashes the key
 	// once (the same hash picks the shard); coll holds the rare entries whose hash another
 	// entry already has.
-	m       map[uint64]*entry
-	coll    map[counterKey]*entry
-	dirty   []*entry // entries with n > 0
-	pending []record // finished buckets pushed out of entries by a newer bucket
-	hitsIn  int64    // guarded by mu
-	dropped atomic.Int64
+	m    map[uint64]*entry
+	coll map[counterKey]*entry
+	// dirty lists the entries with a count not yet drained; minEnd is at most the
+	// smallest end of their buckets, so that a flush tick skips a shard with nothing due
+	// without reading its entries.
+	dirty  []*entry
+	minEnd int64
+	// pending holds finished buckets pushed out of entries by a newer bucket (or split off
+	// a count about to overflow). They are not held against MaxBufferedKeys: the next flush
+	// drains them, and between two flushes an entry parks at most one per bucket boundary,
+	// so they are bounded by the entries. Dropping them would lose hits of counters that
+	// carry traffic.
+	pending []record
+	hitsIn  int64 // guarded by mu; saturating
+	dropped [numDropReasons]atomic.Int64
 	invalid atomic.Int64
 	_       [64]byte // keep shards on separate cache lines
 }
@@ -109,6 +156,9 @@ func (s *shard) put(h uint64, e *entry) {
 	s.coll[e.ck] = e
 }
 
+// drop counts n dropped hits for reason r.
+func (s *shard) drop(r int, n int64) { satAddAtomic(&s.dropped[r], n) }
+
 // Producer publishes hits to the Kafka hits topic, coalesced per (key, window, bucket). See
 // the package documentation for the model. Create one with New; it is safe for
 // simultaneous use by multiple goroutines.
@@ -117,6 +167,7 @@ type Producer struct {
 	cl        *kgo.Client
 	ownClient bool
 	widthMs   int64
+	spreadMs  int64
 	idleMs    int64
 	maxKeys   int64
 	seed      maphash.Seed
@@ -125,22 +176,26 @@ type Producer struct {
 
 	hbNext int64 // unix ms of the next site heartbeat, guarded by flushMu
 
-	buffered atomic.Int64 // entries + pending + unsent records; ≤ maxKeys
+	buffered atomic.Int64 // entries + unsent counts; ≤ maxKeys
+	noIdle   atomic.Bool  // a search of every shard found no idle counter since the last flush
 	closed   atomic.Bool
 
-	flushMu     sync.Mutex // serialises drains and hand-offs
-	batch       []record   // reused by flush, guarded by flushMu
-	sweepNext   int        // next shard the idle sweep visits, guarded by flushMu
-	lastDropped int64      // dropped count at the previous flush, guarded by flushMu
-	lastLog     time.Time  // last produce-failure log, guarded by flushMu
+	flushMu    sync.Mutex               // serialises drains and hand-offs
+	batch      []record                 // reused by flush, guarded by flushMu
+	sweepNext  int                      // next shard the idle sweep visits, guarded by flushMu
+	lastLog    time.Time                // last produce-failure log, guarded by flushMu
+	dropLogAt  time.Time                // last dropped-hits log, guarded by flushMu
+	dropLogged [numDropReasons]int64    // drops already logged, by reason, guarded by flushMu
+	outFree    sync.Pool                // *outRecord, reused once Kafka is done with them
+	produced   func(*kgo.Record, error) // p.onProduced, made once
 
 	unsentMu   sync.Mutex
 	unsent     map[recordKey]counts // counts Kafka could not take yet, merged
-	unsentHits atomic.Int64
+	unsentHits wideSum
 
 	maxInflight   int64
 	inflightRecs  atomic.Int64
-	inflightHits  atomic.Int64
+	inflightHits  wideSum
 	recordsOut    atomic.Int64
 	heartbeatsOut atomic.Int64
 	bytesOut      atomic.Int64
@@ -162,18 +217,20 @@ func New(cfg Config) (*Producer, error) {
 		return nil, err
 	}
 	p := &Producer{
-		cfg:     cfg,
-		widthMs: cfg.BucketWidth.Milliseconds(),
-		idleMs:  cfg.IdleTimeout.Milliseconds(),
-		maxKeys: int64(cfg.MaxBufferedKeys),
-		seed:    maphash.MakeSeed(),
-		unsent:  make(map[recordKey]counts),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
+		cfg:      cfg,
+		widthMs:  cfg.BucketWidth.Milliseconds(),
+		spreadMs: cfg.FlushSpread.Milliseconds(),
+		idleMs:   cfg.IdleTimeout.Milliseconds(),
+		maxKeys:  int64(cfg.MaxBufferedKeys),
+		seed:     maphash.MakeSeed(),
+		unsent:   make(map[recordKey]counts),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
 	}
 	for i := range p.shards {
 		p.shards[i].m = make(map[uint64]*entry)
 	}
+	p.produced = p.onProduced
 	if cfg.Client != nil {
 		p.cl = cfg.Client
 		p.maxInflight = DefaultMaxInFlightRecords
@@ -194,6 +251,9 @@ func New(cfg Config) (*Producer, error) {
 			// partition count from every record it places.
 			kgo.RecordPartitioner(&p.parts),
 			kgo.MaxBufferedRecords(cfg.MaxInFlightRecords),
+			// A flush hands over its records within a millisecond or two: lingering
+			// longer (kgo's default is 10 ms) would only delay them.
+			kgo.ProducerLinger(2 * time.Millisecond),
 		}, cfg.KafkaOpts...)
 		p.cl, err = kgo.NewClient(opts...)
 		if err != nil {
@@ -257,60 +317,125 @@ func (p *Producer) DeniedAt(key string, window time.Duration, t time.Time, n int
 
 func (p *Producer) add(key string, wd time.Duration, t time.Time, n64, d64 int64) {
 	w := int64(wd / time.Millisecond)
-	n := n64 + d64
 	h := maphash.String(p.seed, key)
 	s := &p.shards[h&(numShards-1)]
 	h ^= uint64(w) * 0x9e3779b97f4a7c15
-	if n < 1 || w < 1 || len(key) == 0 || len(key) > topics.MaxKeyLen || strings.HasPrefix(key, topics.ReservedPrefix) || !utf8.ValidString(key) {
+	if n64 < 0 || d64 < 0 || n64+d64 < 1 || w < 1 { // one of n64, d64 is 0: no overflow
 		s.invalid.Add(1)
 		return
 	}
 	ms := t.UnixMilli()
-	b := ms - floorMod(ms, p.widthMs)
-	end := b + p.widthMs
-	if sub := window.Width(time.Duration(w)*time.Millisecond, p.cfg.SubBuckets); sub%p.widthMs != 0 {
-		sb := ms - floorMod(ms, sub)
-		b, end = max(b, sb), min(end, sb+sub)
-	}
 	ck := counterKey{key: key, window: w}
 
 	s.mu.Lock()
 	if p.closed.Load() {
-		s.dropped.Add(n64)
+		s.drop(dropClosed, n64)
 		s.mu.Unlock()
 		return
 	}
 	e := s.get(h, ck)
 	if e == nil {
-		if !p.reserve() {
-			s.dropped.Add(n64)
+		// A key is checked once, when its counter is created: a held counter's key is
+		// valid.
+		if len(key) == 0 || len(key) > topics.MaxKeyLen || strings.HasPrefix(key, topics.ReservedPrefix) || !utf8.ValidString(key) {
+			s.mu.Unlock()
+			s.invalid.Add(1)
+			return
+		}
+		if !p.reserve() && !p.evictIdle(s, ms) && !p.evictAnyIdle(ms) {
+			s.drop(dropNoRoom, n64)
 			s.mu.Unlock()
 			return
 		}
-		e = &entry{ck: ck, bucket: b, end: end}
+		e = &entry{ck: ck, sub: window.Width(time.Duration(w)*time.Millisecond, p.cfg.SubBuckets)}
+		e.bucket, e.end = p.bucketOf(e, ms)
 		s.put(h, e)
-	} else if e.bucket != b {
+	} else if ms < e.bucket || ms >= e.end {
+		b, end := p.bucketOf(e, ms)
 		if e.n > 0 || e.d > 0 {
 			// The counter moved to a new bucket before its old one was drained: park
 			// the old count so the entry can take the new bucket.
-			if !p.reserve() {
-				s.dropped.Add(n64)
-				s.mu.Unlock()
-				return
-			}
 			s.pending = append(s.pending, record{ck: e.ck, bucket: e.bucket, n: e.n, d: e.d})
 			e.n, e.d = 0, 0
 		}
 		e.bucket, e.end = b, end
 	}
+	if e.n+e.d > math.MaxInt64-n64-d64 {
+		// One record holds at most MaxInt64 hits and denials together: split.
+		s.pending = append(s.pending, record{ck: e.ck, bucket: e.bucket, n: e.n, d: e.d})
+		e.n, e.d = 0, 0
+	}
 	e.n += n64
 	e.d += d64
+	if e.heat < math.MaxUint32 {
+		e.heat++
+	}
 	if !e.dirty {
 		e.dirty = true
+		if len(s.dirty) == 0 || e.end < s.minEnd {
+			s.minEnd = e.end
+		}
 		s.dirty = append(s.dirty, e)
 	}
-	s.hitsIn += n64
+	s.hitsIn = satAdd(s.hitsIn, n64)
 	s.mu.Unlock()
+}
+
+// bucketOf returns the bucket of e's counter that holds instant ms: BucketWidth long, cut
+// at the window's sub-bucket boundaries.
+func (p *Producer) bucketOf(e *entry, ms int64) (start, end int64) {
+	start = ms - floorMod(ms, p.widthMs)
+	end = start + p.widthMs
+	if e.sub%p.widthMs != 0 {
+		sb := ms - floorMod(ms, e.sub)
+		start, end = max(start, sb), min(end, sb+e.sub)
+	}
+	return start, end
+}
+
+// evictIdle makes room for a new counter in s, whose lock the caller holds, by forgetting
+// an idle one: a counter with nothing pending (forgetting it loses no hit, only the
+// allocation-free path of its next hit). Among the held counters it samples, it takes one
+// not hit in its last two buckets if there is one, the least hit first, so that counters
+// that carry traffic stay and a flood of new keys evicts its own. It reports false when
+// the sample holds no idle counter.
+func (p *Producer) evictIdle(s *shard, nowMs int64) bool {
+	var (
+		victim     *entry
+		victimHash uint64
+		recent     bool
+		seen       int
+	)
+	better := func(e *entry) bool {
+		r := e.end+p.widthMs > nowMs
+		switch {
+		case victim == nil:
+			return true
+		case r != recent:
+			return !r
+		}
+		return e.heat < victim.heat
+	}
+	for h, e := range s.m { // Go starts a map's iteration at a random place
+		if seen++; seen > evictSample {
+			break
+		}
+		if !e.dirty && better(e) {
+			victim, victimHash, recent = e, h, e.end+p.widthMs > nowMs
+		}
+	}
+	if victim == nil {
+		for ck, e := range s.coll {
+			if !e.dirty {
+				delete(s.coll, ck)
+				return true
+			}
+		}
+		return false
+	}
+	delete(s.m, victimHash)
+	// A colliding entry may now take the freed hash slot; it stays findable in coll.
+	return true
 }
 
 func floorMod(a, m int64) int64 {
@@ -319,6 +444,70 @@ func floorMod(a, m int64) int64 {
 		r += m
 	}
 	return r
+}
+
+// satAdd returns a + b for b ≥ 0, or MaxInt64 when that overflows.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// satAddAtomic adds b (which may be negative) to v, saturating at MaxInt64: the sums of
+// hits the metrics report never wrap around.
+func satAddAtomic(v *atomic.Int64, b int64) {
+	for {
+		c := v.Load()
+		n := c + b
+		switch {
+		case b > 0 && c > math.MaxInt64-b:
+			n = math.MaxInt64
+		case b < 0 && c == math.MaxInt64:
+			return // saturated: the true value is unknown, stay there
+		}
+		if v.CompareAndSwap(c, n) {
+			return
+		}
+	}
+}
+
+// wideSum is a sum of hits that cannot overflow: records carry up to MaxInt64 hits each,
+// so sums of several need more than 64 bits. Load saturates at MaxInt64. It is updated
+// once per record, not per hit.
+type wideSum struct {
+	mu     sync.Mutex
+	hi, lo uint64 // two's complement 128-bit value
+}
+
+func (w *wideSum) add(v int64) {
+	w.mu.Lock()
+	lo := w.lo + uint64(v)
+	carry := uint64(0)
+	if lo < w.lo {
+		carry = 1
+	}
+	ext := uint64(0)
+	if v < 0 {
+		ext = math.MaxUint64
+	}
+	w.hi += ext + carry
+	w.lo = lo
+	w.mu.Unlock()
+}
+
+// Load returns the sum, or MaxInt64 when it is larger (0 if negative, which only a bug
+// would cause).
+func (w *wideSum) Load() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case int64(w.hi) < 0:
+		return 0
+	case w.hi > 0 || w.lo > math.MaxInt64:
+		return math.MaxInt64
+	}
+	return int64(w.lo)
 }
 
 // reserve takes one slot of the memory bound, reporting false when it is full.
@@ -334,17 +523,29 @@ func (p *Producer) reserve() bool {
 	}
 }
 
-// loop is the background flush.
+// loop is the background flush. Its ticks fall just after multiples of FlushInterval on
+// the Producer's clock, the instants at which buckets end when FlushInterval divides
+// BucketWidth (the defaults: 50 ms and 100 ms), so that a finished bucket leaves within a
+// millisecond or two of its end instead of waiting up to a whole interval for the next
+// tick.
 func (p *Producer) loop() {
 	defer close(p.done)
-	t := time.NewTicker(p.cfg.FlushInterval)
+	d := p.cfg.FlushInterval
+	wait := d - time.Duration(floorMod(p.cfg.Clock.Now().UnixNano(), int64(d))) + flushLag
+	select {
+	case <-p.stop:
+		return
+	case <-time.After(wait):
+		p.drain(false, true)
+	}
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-p.stop:
 			return
 		case <-t.C:
-			p.flush(false)
+			p.drain(false, true)
 		}
 	}
 }
@@ -353,19 +554,20 @@ func (p *Producer) loop() {
 // acknowledgements. With all false, only finished buckets (those whose end is not after
 // the clock's now) are drained, so that a bucket normally becomes exactly one record;
 // with all true, the current buckets go too.
-func (p *Producer) flush(all bool) {
+func (p *Producer) flush(all bool) { p.drain(all, false) }
+
+// drain is flush; with spread, shard i's finished buckets are held back until
+// i·FlushSpread/numShards after their end, so that the records of buckets that end
+// together (every counter's, at each multiple of BucketWidth) reach the Kafka client in
+// several smaller hand-offs over FlushSpread instead of one burst: on a server with one
+// core, the burst of encoding and acknowledging thousands of records at once held the
+// core for milliseconds, and every call waiting behind it showed in the p99.
+func (p *Producer) drain(all, spread bool) {
 	p.flushMu.Lock()
 	defer p.flushMu.Unlock()
 	start := p.cfg.Clock.Now()
 	nowMs := start.UnixMilli()
 	p.flushes.Add(1)
-
-	var dropped int64
-	for i := range p.shards {
-		dropped += p.shards[i].dropped.Load()
-	}
-	pressure := dropped != p.lastDropped
-	p.lastDropped = dropped
 
 	batch := p.batch[:0]
 	room := p.maxInflight - p.inflightRecs.Load()
@@ -377,7 +579,7 @@ func (p *Producer) flush(all bool) {
 		}
 		batch = append(batch, record{ck: rk.ck, bucket: rk.bucket, n: c.n, d: c.d})
 		delete(p.unsent, rk)
-		p.unsentHits.Add(-c.n)
+		p.unsentHits.add(-c.n)
 		p.buffered.Add(-1)
 	}
 	p.unsentMu.Unlock()
@@ -390,50 +592,70 @@ func (p *Producer) flush(all bool) {
 		s := &p.shards[i]
 		s.mu.Lock()
 		batch = append(batch, s.pending...)
-		released += int64(len(s.pending))
 		clear(s.pending)
 		s.pending = s.pending[:0]
-		keep := s.dirty[:0]
-		for _, e := range s.dirty {
-			if !all && e.end > nowMs {
-				keep = append(keep, e)
-				watermark = min(watermark, e.bucket)
-				continue
-			}
-			batch = append(batch, record{ck: e.ck, bucket: e.bucket, n: e.n, d: e.d})
-			e.n, e.d = 0, 0
-			e.dirty = false
+		due := nowMs
+		if spread {
+			due -= p.spreadMs * int64(i) / numShards
 		}
-		clear(s.dirty[len(keep):])
-		s.dirty = keep
-		if pressure || i == p.sweepNext {
-			evict := func(e *entry) bool {
-				return !e.dirty && (pressure || nowMs-e.end >= p.idleMs)
+		if !all && len(s.dirty) > 0 && s.minEnd > due {
+			// Nothing due: every dirty entry's bucket ends after due. A bucket is at most
+			// BucketWidth long, so none of them starts before minEnd − BucketWidth: a
+			// bound for the site heartbeats' watermark that needs no scan.
+			watermark = min(watermark, s.minEnd-p.widthMs)
+		} else {
+			keep := s.dirty[:0]
+			minEnd := int64(math.MaxInt64)
+			for _, e := range s.dirty {
+				if !all && e.end > due {
+					keep = append(keep, e)
+					watermark = min(watermark, e.bucket)
+					minEnd = min(minEnd, e.end)
+					continue
+				}
+				batch = append(batch, record{ck: e.ck, bucket: e.bucket, n: e.n, d: e.d})
+				e.n, e.d = 0, 0
+				e.dirty = false
 			}
+			clear(s.dirty[len(keep):])
+			s.dirty = keep
+			s.minEnd = minEnd
+		}
+		if i == p.sweepNext {
 			for h, e := range s.m {
-				if evict(e) {
+				if !e.dirty && nowMs-e.end >= p.idleMs {
 					delete(s.m, h)
 					released++
 				}
 			}
 			for ck, e := range s.coll {
-				if evict(e) {
+				if !e.dirty && nowMs-e.end >= p.idleMs {
 					delete(s.coll, ck)
 					released++
 				}
 			}
 		}
 		s.mu.Unlock()
+		if i%8 == 7 {
+			// Let the requests in: on a server with one core (GOMAXPROCS 1) a flush of
+			// thousands of records would otherwise hold it for milliseconds, the p99 of
+			// every call waiting behind it.
+			runtime.Gosched()
+		}
 	}
 	p.sweepNext = (p.sweepNext + 1) % numShards
 	p.buffered.Add(-released)
+	p.noIdle.Store(false) // the drained counters are idle now
 
-	for _, r := range batch {
+	for i, r := range batch {
 		if room > 0 {
 			p.send(r)
 			room--
 		} else {
 			p.keepUnsent(r)
+		}
+		if i%256 == 255 {
+			runtime.Gosched()
 		}
 	}
 	clear(batch)
@@ -445,6 +667,7 @@ func (p *Producer) flush(all bool) {
 	if p.metrics != nil {
 		p.metrics.flushSeconds.Observe(p.cfg.Clock.Now().Sub(start).Seconds())
 	}
+	p.logDrops()
 	if errs := p.produceErrs.Swap(0); errs > 0 {
 		if now := p.cfg.Clock.Now(); now.Sub(p.lastLog) >= 10*time.Second || now.Before(p.lastLog) {
 			p.lastLog = now
@@ -459,52 +682,140 @@ func (p *Producer) flush(all bool) {
 	}
 }
 
+// dropReasonText explains each reason in the dropped-hits log.
+var dropReasonText = [numDropReasons]string{
+	dropNoRoom:       "new counters while MaxBufferedKeys counters all held hits not yet sent (no idle counter to evict)",
+	dropKafkaBacklog: "Kafka could not take counts and the buffer of counts waiting for it was full",
+	dropClosed:       "hits after Close",
+}
+
+// logDrops logs, at most every 10 s, the hits dropped since the last such log, by reason.
+// The caller holds flushMu.
+func (p *Producer) logDrops() {
+	now := p.cfg.Clock.Now()
+	if !p.dropLogAt.IsZero() && now.Sub(p.dropLogAt) < 10*time.Second && !now.Before(p.dropLogAt) {
+		return
+	}
+	var by [numDropReasons]int64
+	for i := range p.shards {
+		for r := range by {
+			by[r] = satAdd(by[r], p.shards[i].dropped[r].Load())
+		}
+	}
+	for r, n := range by {
+		if d := n - p.dropLogged[r]; d > 0 {
+			p.dropLogAt = now
+			p.cfg.Logger.Info("producer: hits dropped", "reason", dropReasons[r], "hits", d,
+				"why", dropReasonText[r], "buffered_keys", p.buffered.Load(), "max_buffered_keys", p.maxKeys)
+		}
+		p.dropLogged[r] = n
+	}
+}
+
+// outRecord is one record handed to the Kafka client together with the count it carries
+// and the bytes of its key and value, so that producing a record costs one allocation at
+// most, none once the pool is warm. The client returns the *kgo.Record to the promise,
+// which finds the outRecord around it.
+type outRecord struct {
+	kr  kgo.Record // first field: a *kgo.Record of an outRecord is the outRecord's address
+	rec record
+	buf []byte
+}
+
 // send hands r to the Kafka client.
 func (p *Producer) send(r record) {
 	h := topics.Hit{Key: r.ck.key, Site: p.cfg.Site, BucketStart: r.bucket, Window: r.ck.window, Count: r.n, Denied: r.d}
-	buf := make([]byte, 0, 2*len(r.ck.key)+len(p.cfg.Site)+32)
-	buf = append(buf, r.ck.key...)
+	o, _ := p.outFree.Get().(*outRecord)
+	if o == nil {
+		o = &outRecord{}
+	}
+	buf := append(o.buf[:0], r.ck.key...)
 	buf, err := h.AppendBinary(buf)
 	if err != nil {
 		// Unreachable: HitAt validated the key and window, New the site.
 		p.cfg.Logger.Error("producer: encoding a hit", "key", r.ck.key, "err", err)
 		return
 	}
-	kr := &kgo.Record{Topic: p.cfg.Topic, Key: buf[:len(r.ck.key):len(r.ck.key)], Value: buf[len(r.ck.key):]}
+	o.buf, o.rec = buf, r
+	k := len(r.ck.key)
+	o.kr = kgo.Record{Topic: p.cfg.Topic, Key: buf[:k:k], Value: buf[k:]}
 	p.inflightRecs.Add(1)
-	p.inflightHits.Add(r.n)
-	p.cl.TryProduce(context.Background(), kr, func(kr *kgo.Record, err error) {
-		p.inflightRecs.Add(-1)
-		p.inflightHits.Add(-r.n)
-		if err == nil {
-			p.recordsOut.Add(1)
-			p.bytesOut.Add(int64(len(kr.Key) + len(kr.Value)))
-			return
-		}
+	p.inflightHits.add(r.n)
+	p.cl.TryProduce(context.Background(), &o.kr, p.produced)
+}
+
+// onProduced is the promise of every record send hands to Kafka.
+func (p *Producer) onProduced(kr *kgo.Record, err error) {
+	o := (*outRecord)(unsafe.Pointer(kr))
+	r := o.rec
+	p.inflightRecs.Add(-1)
+	p.inflightHits.add(-r.n)
+	if err == nil {
+		p.recordsOut.Add(1)
+		p.bytesOut.Add(int64(len(kr.Key) + len(kr.Value)))
+	} else {
 		// With the idempotent producer, kgo fails a record only when it is sure the
 		// broker did not write it (never sent, or an error response), so the count can be
 		// merged back without risk of counting it twice.
 		p.produceErrs.Add(1)
 		p.lastErr.Store(&err)
 		p.keepUnsent(r)
-	})
+	}
+	o.kr, o.rec = kgo.Record{}, record{}
+	if cap(o.buf) <= 1024 {
+		p.outFree.Put(o)
+	}
 }
 
-// keepUnsent merges r into the counts waiting for Kafka, or drops it when that needs a new
-// slot and the memory bound is full.
+// keepUnsent merges r into the counts waiting for Kafka. A count that needs a new slot
+// when the bound is full takes the slot of an idle counter; failing that it is dropped
+// and counted (DropKafkaBacklog). Counts of one bucket that would overflow int64 together
+// are kept apart.
 func (p *Producer) keepUnsent(r record) {
-	rk := recordKey{ck: r.ck, bucket: r.bucket}
 	p.unsentMu.Lock()
 	defer p.unsentMu.Unlock()
-	c, ok := p.unsent[rk]
-	if !ok && !p.reserve() {
-		p.shards[0].dropped.Add(r.n)
+	rk := recordKey{ck: r.ck, bucket: r.bucket}
+	for {
+		c, ok := p.unsent[rk]
+		if !ok {
+			if !p.reserve() && !p.evictAnyIdle(p.cfg.Clock.Now().UnixMilli()) {
+				p.shards[0].drop(dropKafkaBacklog, r.n)
+				return
+			}
+		} else if c.n+c.d > math.MaxInt64-r.n-r.d {
+			rk.part++
+			continue
+		}
+		c.n += r.n
+		c.d += r.d
+		p.unsent[rk] = c
+		p.unsentHits.add(r.n)
 		return
 	}
-	c.n += r.n
-	c.d += r.d
-	p.unsent[rk] = c
-	p.unsentHits.Add(r.n)
+}
+
+// evictAnyIdle frees the slot of an idle counter of any shard that is not busy (the
+// bound is global, the shards' sizes vary): for a new counter whose own shard has none
+// idle, or for a count waiting for Kafka (the counts of counters that carry traffic come
+// before the allocation-free path of idle ones). A shard whose lock the caller holds is
+// skipped.
+func (p *Producer) evictAnyIdle(nowMs int64) bool {
+	if p.noIdle.Load() {
+		return false // nothing was idle anywhere, and only a flush makes counters idle
+	}
+	for i := range p.shards {
+		s := &p.shards[i]
+		if !s.mu.TryLock() {
+			continue
+		}
+		ok := p.evictIdle(s, nowMs)
+		s.mu.Unlock()
+		if ok {
+			return true
+		}
+	}
+	p.noIdle.Store(true)
+	return false
 }
 
 // Flush hands every pending count to Kafka, the current buckets included, and waits until
@@ -522,7 +833,11 @@ func (p *Producer) Flush(ctx context.Context) error {
 func (p *Producer) flushWait(ctx context.Context) error {
 	p.flush(true)
 	err := p.cl.Flush(ctx)
-	if hits := p.unsentHits.Load() + p.inflightHits.Load(); hits > 0 || err != nil {
+	p.unsentMu.Lock()
+	recs := int64(len(p.unsent))
+	p.unsentMu.Unlock()
+	if recs += p.inflightRecs.Load(); recs > 0 || err != nil {
+		hits := satAdd(p.unsentHits.Load(), p.inflightHits.Load())
 		if err == nil {
 			if e := p.lastErr.Load(); e != nil {
 				err = *e
@@ -530,10 +845,7 @@ func (p *Producer) flushWait(ctx context.Context) error {
 				err = errors.New("kafka client buffer full")
 			}
 		}
-		p.unsentMu.Lock()
-		recs := int64(len(p.unsent))
-		p.unsentMu.Unlock()
-		return &UndeliveredError{Hits: hits, Records: recs + p.inflightRecs.Load(), Err: err}
+		return &UndeliveredError{Hits: hits, Records: recs, Err: err}
 	}
 	return nil
 }

@@ -40,8 +40,12 @@
 // bucket, plus Spec.Ahead buckets for hits stamped ahead of the aggregator's clock. A hit more
 // than Ahead buckets ahead of the clock at the time it is added is counted in the furthest
 // bucket the ring can hold (Ahead is at least a quarter of the window or the clock skew bound,
-// whichever is smaller); that clamping is the one place where the state depends on when a hit
-// was added rather than on the hit alone.
+// whichever is smaller, given to NewSpec; the aggregator gives it a few buckets at most); that
+// clamping is the one place where the state depends on when a hit was added rather than on
+// the hit alone.
+//
+// A Counter keeps every site's buckets side by side in one allocation and the sites'
+// headers in another: 40 bytes + 4 bytes × Slots per (key, site).
 package window
 
 import (
@@ -421,7 +425,9 @@ func (d *Decay) Add(t int64, n int64, tau int64) {
 	switch {
 	case d.v == 0:
 		d.v, d.at = float64(n), t
-	case t >= d.at:
+	case t == d.at: // the common case of one bucket's records: e^0 is 1, skip the exponential
+		d.v += float64(n)
+	case t > d.at:
 		d.v = d.v*math.Exp(-float64(t-d.at)/float64(tau)) + float64(n)
 		d.at = t
 	default: // a late record
@@ -447,14 +453,26 @@ func (s *Spec) tau() int64 {
 
 // Counter is the state of one (key, window) counter: one Ring and one Decay per site,
 // sorted by site. The zero Counter is empty. A Counter is not safe for concurrent use.
+//
+// Its memory is two allocations whatever the number of sites, each of the exact size: the
+// sites' headers (name, demand, newest bucket: 40 bytes each) and their buckets, Spec.Slots
+// uint32 counts per site side by side. A Counter must always be used with the same Spec.
 type Counter struct {
-	sites []siteRing
+	sites []siteState // sorted by site
+	c     []uint32    // site k's ring buckets are c[k·Slots : (k+1)·Slots]
 }
 
-type siteRing struct {
+// siteState is one site's part of a Counter, beside its buckets in Counter.c.
+type siteState struct {
 	site   string
 	demand Decay
-	Ring
+	head   int64 // the site's Ring.head
+}
+
+// ring returns site k's ring, a view of its buckets in c.
+func (c *Counter) ring(s *Spec, k int) Ring {
+	lo, hi := k*s.Slots, (k+1)*s.Slots
+	return Ring{head: c.sites[k].head, c: c.c[lo:hi:hi]}
 }
 
 // Add counts n hits at site in the bucket holding bucketStart; nowMs is the aggregator's
@@ -467,18 +485,35 @@ func (c *Counter) Add(s *Spec, nowMs int64, site string, bucketStart, n int64) b
 // the window, n + denied toward the site's demand. It reports false, counting nothing,
 // when n > 0 and the bucket is older than every bucket the ring holds.
 func (c *Counter) AddDenied(s *Spec, nowMs int64, site string, bucketStart, n, denied int64) bool {
-	i, ok := slices.BinarySearchFunc(c.sites, site, func(e siteRing, t string) int { return strings.Compare(e.site, t) })
+	i, ok := slices.BinarySearchFunc(c.sites, site, func(e siteState, t string) int { return strings.Compare(e.site, t) })
 	if !ok {
-		c.sites = slices.Insert(c.sites, i, siteRing{site: site})
+		c.insert(s, i, site)
 	}
-	return c.sites[i].add(s, nowMs, bucketStart, n, denied)
+	return c.add(s, i, nowMs, bucketStart, n, denied)
 }
 
-func (r *siteRing) add(s *Spec, nowMs, bucketStart, n, denied int64) bool {
-	if n > 0 && !r.Add(s, s.Bucket(nowMs), s.Bucket(bucketStart), n) {
-		return false
+// insert makes room for site at position i, with an empty ring, in exactly sized slices.
+func (c *Counter) insert(s *Spec, i int, site string) {
+	n := len(c.sites)
+	sites := make([]siteState, n+1)
+	copy(sites, c.sites[:i])
+	copy(sites[i+1:], c.sites[i:])
+	sites[i] = siteState{site: site, head: math.MinInt64 / 2} // older than any bucket
+	buf := make([]uint32, (n+1)*s.Slots)
+	copy(buf, c.c[:i*s.Slots])
+	copy(buf[(i+1)*s.Slots:], c.c[i*s.Slots:])
+	c.sites, c.c = sites, buf
+}
+
+func (c *Counter) add(s *Spec, k int, nowMs, bucketStart, n, denied int64) bool {
+	if n > 0 {
+		r := c.ring(s, k)
+		if !r.Add(s, s.Bucket(nowMs), s.Bucket(bucketStart), n) {
+			return false
+		}
+		c.sites[k].head = r.head
 	}
-	r.demand.Add(bucketStart, n+denied, s.tau())
+	c.sites[k].demand.Add(bucketStart, n+denied, s.tau())
 	return true
 }
 
@@ -487,7 +522,7 @@ func (r *siteRing) add(s *Spec, nowMs, bucketStart, n, denied int64) bool {
 func (c *Counter) AddSite(s *Spec, nowMs int64, site []byte, intern func([]byte) string, bucketStart, n, denied int64) bool {
 	for k := range c.sites {
 		if c.sites[k].site == string(site) {
-			return c.sites[k].add(s, nowMs, bucketStart, n, denied)
+			return c.add(s, k, nowMs, bucketStart, n, denied)
 		}
 	}
 	return c.AddDenied(s, nowMs, intern(site), bucketStart, n, denied)
@@ -503,7 +538,8 @@ func (c *Counter) Total(s *Spec, t int64) (float64, bool) {
 	i0, frac := s.Oldest(t)
 	var whole, oldest uint64
 	for k := range c.sites {
-		w, o := c.sites[k].parts(s, i0)
+		r := c.ring(s, k)
+		w, o := r.parts(s, i0)
 		whole += w
 		oldest += o
 	}
@@ -517,7 +553,8 @@ func (c *Counter) AppendSites(dst []topics.SiteCount, s *Spec, t int64) ([]topic
 	i0, frac := s.Oldest(t)
 	var whole, oldest uint64
 	for k := range c.sites {
-		w, o := c.sites[k].parts(s, i0)
+		r := c.ring(s, k)
+		w, o := r.parts(s, i0)
 		if w == 0 && o == 0 {
 			continue
 		}
@@ -540,7 +577,7 @@ func (c *Counter) AppendSitesAt(dst []topics.SiteCount, s *Spec, t int64, at fun
 	var total float64
 	zero := true
 	for k := range c.sites {
-		v, d, ok := c.sites[k].at(s, t, at)
+		v, d, ok := c.siteAt(s, k, t, at)
 		if !ok {
 			continue
 		}
@@ -556,7 +593,7 @@ func (c *Counter) SumAt(s *Spec, t int64, at func(site string) (int64, bool)) (f
 	var total float64
 	zero := true
 	for k := range c.sites {
-		v, _, ok := c.sites[k].at(s, t, at)
+		v, _, ok := c.siteAt(s, k, t, at)
 		if ok {
 			zero = false
 			total += v
@@ -569,13 +606,15 @@ func (c *Counter) SumAt(s *Spec, t int64, at func(site string) (int64, bool)) (f
 // counter's breakdown: a hundredth of one request.
 const DemandFloor = 0.01
 
-func (sr *siteRing) at(s *Spec, t int64, at func(site string) (int64, bool)) (count, demand float64, listed bool) {
+func (c *Counter) siteAt(s *Spec, k int, t int64, at func(site string) (int64, bool)) (count, demand float64, listed bool) {
+	sr := &c.sites[k]
 	ts := t
 	if a, ok := at(sr.site); ok && a < t {
 		ts = a
 	}
 	i0, frac := s.Oldest(ts)
-	w, o := sr.parts(s, i0)
+	r := c.ring(s, k)
+	w, o := r.parts(s, i0)
 	demand = sr.demand.At(ts, s.tau())
 	if w == 0 && o == 0 && demand < DemandFloor {
 		return 0, 0, false

@@ -106,7 +106,7 @@ func WritePlot(w io.Writer, rows []Row, o PlotOptions) error {
 	}
 	x0, x1 := float64(first), float64(first+int64(n)*step)
 	fr := svgplot.Frame{Left: plotL, Right: plotR, Top: plotT, Bottom: plotB, X0: x0, X1: x1, YMax: yMax, YStep: yStep,
-		XTitle: "time (UTC)", YTitle: fmt.Sprintf("requests per %s", o.Step)}
+		XTitle: "time (UTC)", YTitle: "requests per " + shortDuration(o.Step)}
 	tick := timeTick(time.Duration(x1-x0) * time.Millisecond / 10)
 	layout := "15:04"
 	if tick < time.Minute {
@@ -123,7 +123,7 @@ func WritePlot(w io.Writer, rows []Row, o PlotOptions) error {
 		title = o.Key
 	}
 	sub := fmt.Sprintf("streamlimit counts plot — %s to %s, per %s, window %s, from the hits topics",
-		o.From.UTC().Format(time.RFC3339), o.To.UTC().Format(time.RFC3339), o.Step, time.Duration(o.Window)*time.Millisecond)
+		o.From.UTC().Format(time.RFC3339), o.To.UTC().Format(time.RFC3339), shortDuration(o.Step), shortDuration(time.Duration(o.Window)*time.Millisecond))
 	var b strings.Builder
 	svgplot.Header(&b, plotW, plotH, plotL, title, sub)
 	fr.Write(&b)
@@ -162,4 +162,16 @@ func timeTick(d time.Duration) time.Duration {
 		}
 	}
 	return 24 * time.Hour * time.Duration(math.Ceil(float64(d)/float64(24*time.Hour)))
+}
+
+// shortDuration prints d without zero minutes and seconds: 1m, 1h, 1h30m, 1.5s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
 }

@@ -90,6 +90,7 @@ The check API and the auth endpoint trust their callers: they bind loopback by d
 	f.StringVar(&c.GRPCAddr, "grpc-listen", "127.0.0.1:8082", `address of the Envoy rate-limit gRPC service ("off" to disable)`)
 	f.StringVar(&ef.upstream, "upstream", "", "URL of a service to reverse-proxy with rate limiting")
 	f.StringVar(&c.ProxyAddr, "proxy-listen", ":8080", "address of the reverse proxy (with --upstream)")
+	f.DurationVar(&c.ProxyMaxDelay, "proxy-max-delay", 0, "with --upstream: hold a request that its limits will admit within this long until they do, instead of answering 429")
 	f.StringVar(&ef.httpConfig, "http-config", "", "YAML file saying how HTTP requests become descriptors (domain, descriptors, trusted_proxies, ipv6_prefix)")
 	f.StringVar(&ef.httpDomain, "http-domain", "http", "rules domain for proxied and /v1/auth requests when --http-config is not given (descriptor: remote_address)")
 	f.IntVar(&c.Auth.DeniedStatus, "auth-denied-status", 429, "status of a denied /v1/auth request (403 for nginx auth_request)")

@@ -104,6 +104,10 @@ type Config struct {
 	Upstream *url.URL
 	// ProxyAddr is the reverse proxy's address. Default ":8080".
 	ProxyAddr string
+	// ProxyMaxDelay makes the reverse proxy hold a request that its limits will admit
+	// within this long until they do, instead of answering 429 at once (httplimit.Delay).
+	// Default 0: answer at once.
+	ProxyMaxDelay time.Duration
 	// HTTP says how HTTP requests (proxy and /v1/auth) become descriptors. Its Domain is
 	// required when Upstream is set or /v1/auth is to be served.
 	HTTP httplimit.Config
@@ -173,6 +177,7 @@ type Server struct {
 	prod     *producer.Producer
 	lim      *enforcer.Limiter
 	mw       *httplimit.Middleware
+	proxyMW  *httplimit.Middleware // mw, or one that waits up to ProxyMaxDelay
 	rls      *rls.Server
 	// instance names this process in its site heartbeats.
 	instance string
@@ -262,6 +267,13 @@ func New(cfg Config) (_ *Server, err error) {
 		s.mw, err = httplimit.New(s.lim, httplimit.Options{Config: cfg.HTTP, Logger: s.log})
 		if err != nil {
 			return nil, err
+		}
+		s.proxyMW = s.mw
+		if cfg.ProxyMaxDelay > 0 {
+			s.proxyMW, err = httplimit.New(httplimit.Delay(s.lim, cfg.ProxyMaxDelay), httplimit.Options{Config: cfg.HTTP, Logger: s.log})
+			if err != nil {
+				return nil, err
+			}
 		}
 	}
 	if cfg.GRPCAddr != "off" {
@@ -429,7 +441,7 @@ func (s *Server) Run(ctx context.Context) error {
 	servers := []*http.Server{{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}}
 	lns := []net.Listener{s.httpLn}
 	if s.proxyLn != nil {
-		servers = append(servers, &http.Server{Handler: httplimit.NewProxy(s.cfg.Upstream, s.mw), ReadHeaderTimeout: 10 * time.Second})
+		servers = append(servers, &http.Server{Handler: httplimit.NewProxy(s.cfg.Upstream, s.proxyMW), ReadHeaderTimeout: 10 * time.Second})
 		lns = append(lns, s.proxyLn)
 	}
 	for i, srv := range servers {

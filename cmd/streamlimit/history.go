@@ -26,8 +26,6 @@ type historyFlags struct {
 	slack     time.Duration
 	timeout   time.Duration
 	maxRows   int
-	// now, when set (hidden --now, RFC 3339), is the instant relative times count back from.
-	now string
 }
 
 func (h *historyFlags) register(cmd *cobra.Command) {
@@ -42,8 +40,6 @@ func (h *historyFlags) register(cmd *cobra.Command) {
 	f.DurationVar(&h.slack, "slack", history.DefaultSlack, "read records whose Kafka timestamps are this far outside the range (hits are then kept by their bucket start)")
 	f.DurationVar(&h.timeout, "timeout", 5*time.Minute, "give up reading the hits topics after this long")
 	f.IntVar(&h.maxRows, "max-rows", history.DefaultMaxRows, "fail rather than hold more than this many rows in memory")
-	f.StringVar(&h.now, "now", "", "count relative times back from this RFC 3339 instant (for reproducible runs)")
-	_ = f.MarkHidden("now")
 }
 
 // instant parses a --from or --to value.
@@ -63,13 +59,6 @@ func instant(flag, v string, now time.Time) (time.Time, error) {
 
 func (h *historyFlags) options(keep func(string) bool) (history.Options, error) {
 	now := time.Now()
-	if h.now != "" {
-		t, err := time.Parse(time.RFC3339Nano, h.now)
-		if err != nil {
-			return history.Options{}, fmt.Errorf("--now: %w", err)
-		}
-		now = t
-	}
 	from, err := instant("from", h.from, now)
 	if err != nil {
 		return history.Options{}, err

@@ -20,8 +20,9 @@ import (
 
 // TestREADMEDelay runs the README's "Delay instead of 429" commands: the enforcer command
 // line (with the test's broker, upstream, ports and a rules directory substituted), the
-// curl request's body three times against its check API, and three requests through its
-// proxy. The third of each, over a limit of 2 per second, waits and is admitted. The
+// curl request's body three times against its check API, three requests through its
+// proxy and three to its nginx endpoint. The third of each, over a limit of 2 per second,
+// waits and is admitted (the nginx endpoint's limit refills a token every 50 ms). The
 // README's example answer must decode as a check response and match the real one.
 func TestREADMEDelay(t *testing.T) {
 	b, err := os.ReadFile("../../README.md")
@@ -53,7 +54,8 @@ func TestREADMEDelay(t *testing.T) {
 	dir := t.TempDir()
 	for name, y := range map[string]string{
 		"api.yaml":  "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 2}\n",
-		"http.yaml": "domain: http\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 2}\n",
+		"http.yaml": "domain: http\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 2}\n" +
+			"  - key: remote_address\n    value: 10.0.0.9\n    rate_limit: {unit: second, requests_per_unit: 20, scope: local, algorithm: token_bucket, burst: 2}\n",
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(y), 0o644); err != nil {
 			t.Fatal(err)
@@ -131,5 +133,22 @@ func TestREADMEDelay(t *testing.T) {
 	}
 	if codes[2] != http.StatusOK || upstreamHits.Load() != 3 {
 		t.Fatalf("proxy statuses %v, upstream saw %d; want the third held and forwarded", codes, upstreamHits.Load())
+	}
+
+	// A bucket of 2 refilled every 50 ms: the third request waits up to 50 ms, within
+	// --auth-max-delay.
+	codes = codes[:0]
+	for range 3 {
+		req, _ := http.NewRequest("GET", "http://"+httpAddr+"/v1/auth", nil)
+		req.Header.Set("X-Real-IP", "10.0.0.9")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		codes = append(codes, resp.StatusCode)
+	}
+	if codes[2] != http.StatusNoContent {
+		t.Fatalf("nginx endpoint statuses %v; want the third held and admitted", codes)
 	}
 }

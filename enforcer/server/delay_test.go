@@ -19,8 +19,9 @@ import (
 
 // TestDelayInsteadOf429 runs an enforcer on the real broker with a global limit of 2 per
 // second: its reverse proxy (ProxyMaxDelay) holds the third request of a second and
-// forwards it, the check API does the same for a request with max_delay_ms and says how
-// long it waited, and every admitted request is published once.
+// forwards it, the nginx endpoint (AuthMaxDelay) holds it and then admits it, the check
+// API does the same for a request with max_delay_ms and says how long it waited, and
+// every admitted request is published once.
 func TestDelayInsteadOf429(t *testing.T) {
 	brokers := testenv.Brokers(t)
 	hits := testenv.CreateTopic(t, "hits", 2, nil)
@@ -38,7 +39,7 @@ func TestDelayInsteadOf429(t *testing.T) {
 
 	srv, err := server.New(server.Config{
 		Site: "eu", RulesPath: rulesPath, Brokers: brokers, HitsTopic: hits, CountsTopic: counts,
-		HTTPAddr: "127.0.0.1:0", GRPCAddr: "off", Upstream: upstream, ProxyAddr: "127.0.0.1:0", ProxyMaxDelay: httplimit.MaxDelay,
+		HTTPAddr: "127.0.0.1:0", GRPCAddr: "off", Upstream: upstream, ProxyAddr: "127.0.0.1:0", ProxyMaxDelay: httplimit.MaxDelay, AuthMaxDelay: httplimit.MaxDelay,
 		HTTP: httplimit.Config{Domain: "api", Descriptors: []httplimit.Descriptor{{Entries: []httplimit.Source{{Type: "header", Name: "X-User", Key: "user"}}}}},
 	})
 	if err != nil {
@@ -69,6 +70,21 @@ func TestDelayInsteadOf429(t *testing.T) {
 	}
 	if statuses[2] != 200 || upstreamHits.Load() != 3 {
 		t.Fatalf("proxy statuses %v, upstream saw %d; want the third held and forwarded", statuses, upstreamHits.Load())
+	}
+
+	var authCodes []int
+	for range 3 {
+		req, _ := http.NewRequest("GET", base+"/v1/auth", nil)
+		req.Header.Set("X-User", "9")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		authCodes = append(authCodes, resp.StatusCode)
+	}
+	if authCodes[2] != http.StatusNoContent {
+		t.Fatalf("auth statuses %v; want the third held and admitted", authCodes)
 	}
 
 	var answers []string
@@ -102,7 +118,7 @@ func TestDelayInsteadOf429(t *testing.T) {
 	}
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if want := `streamlimit_enforcer_waits_total{outcome="admitted"} 2`; !strings.Contains(string(metrics), want) {
+	if want := `streamlimit_enforcer_waits_total{outcome="admitted"} 3`; !strings.Contains(string(metrics), want) {
 		t.Errorf("/metrics lacks %s", want)
 	}
 
@@ -111,7 +127,7 @@ func TestDelayInsteadOf429(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	if n := countHits(t, hits); n != 6 {
-		t.Fatalf("hits topic holds %d hits, want the 6 admitted (each once)", n)
+	if n := countHits(t, hits); n != 9 {
+		t.Fatalf("hits topic holds %d hits, want the 9 admitted (each once)", n)
 	}
 }

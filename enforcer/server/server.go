@@ -113,6 +113,10 @@ type Config struct {
 	HTTP httplimit.Config
 	// Auth configures /v1/auth.
 	Auth httplimit.AuthOptions
+	// AuthMaxDelay makes /v1/auth hold a request that its limits will admit within this
+	// long until they do, instead of denying it at once (nginx's proxy_read_timeout for
+	// the subrequest must be longer). Default 0: answer at once.
+	AuthMaxDelay time.Duration
 
 	// ShutdownTimeout bounds the graceful shutdown (draining requests, flushing hits).
 	// Default 10s.
@@ -178,6 +182,7 @@ type Server struct {
 	lim      *enforcer.Limiter
 	mw       *httplimit.Middleware
 	proxyMW  *httplimit.Middleware // mw, or one that waits up to ProxyMaxDelay
+	authMW   *httplimit.Middleware // mw, or one that waits up to AuthMaxDelay
 	rls      *rls.Server
 	// instance names this process in its site heartbeats.
 	instance string
@@ -268,12 +273,11 @@ func New(cfg Config) (_ *Server, err error) {
 		if err != nil {
 			return nil, err
 		}
-		s.proxyMW = s.mw
-		if cfg.ProxyMaxDelay > 0 {
-			s.proxyMW, err = httplimit.New(httplimit.Delay(s.lim, cfg.ProxyMaxDelay), httplimit.Options{Config: cfg.HTTP, Logger: s.log})
-			if err != nil {
-				return nil, err
-			}
+		if s.proxyMW, err = s.delaying(cfg.ProxyMaxDelay); err != nil {
+			return nil, err
+		}
+		if s.authMW, err = s.delaying(cfg.AuthMaxDelay); err != nil {
+			return nil, err
 		}
 	}
 	if cfg.GRPCAddr != "off" {
@@ -374,12 +378,21 @@ func (s *Server) Ready() (bool, string) {
 	return true, "snapshot restored and fresh"
 }
 
+// delaying returns s.mw, or, when maxDelay > 0, a middleware like it that waits up to
+// maxDelay for room instead of refusing.
+func (s *Server) delaying(maxDelay time.Duration) (*httplimit.Middleware, error) {
+	if maxDelay <= 0 {
+		return s.mw, nil
+	}
+	return httplimit.New(httplimit.Delay(s.lim, maxDelay), httplimit.Options{Config: s.cfg.HTTP, Logger: s.log})
+}
+
 // Handler returns the HTTP handler of HTTPAddr.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/check", httplimit.NewCheckHandler(s.lim, httplimit.CheckOptions{Logger: s.log}))
 	if s.mw != nil {
-		mux.Handle("/v1/auth", s.mw.AuthHandler(s.cfg.Auth))
+		mux.Handle("/v1/auth", s.authMW.AuthHandler(s.cfg.Auth))
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

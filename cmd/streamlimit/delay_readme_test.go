@@ -53,7 +53,7 @@ func TestREADMEDelay(t *testing.T) {
 
 	dir := t.TempDir()
 	for name, y := range map[string]string{
-		"api.yaml":  "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 2}\n",
+		"api.yaml": "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 2}\n",
 		"http.yaml": "domain: http\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 2}\n" +
 			"  - key: remote_address\n    value: 10.0.0.9\n    rate_limit: {unit: second, requests_per_unit: 20, scope: local, algorithm: token_bucket, burst: 2}\n",
 	} {

@@ -19,6 +19,9 @@ type MemoryConfig struct {
 	DemandTimeConstant time.Duration
 	// SiteForget is how long a silent site is remembered. Default 15m.
 	SiteForget time.Duration
+	// MaxLocalHold bounds how long hits added with Add (local) are held back behind those
+	// added with AddRemote. Default DefaultMaxLocalHold; negative: never held.
+	MaxLocalHold time.Duration
 	// EmitInterval is the least time between two counts emitted for one counter. Default
 	// 100ms. Memory has no loop: the caller calls Emit, normally every EmitInterval.
 	EmitInterval time.Duration
@@ -96,6 +99,9 @@ type Memory struct {
 	added  int64
 	lastHB int64 // ms of the last heartbeat, when hbDone
 	hbDone bool
+	// hold keeps local hits back (see hold.go); heldBuf is release's scratch.
+	hold    holder
+	heldBuf []held
 }
 
 // NewMemory validates cfg and returns an empty Memory.
@@ -112,6 +118,7 @@ func NewMemory(cfg MemoryConfig) (*Memory, error) {
 		SubBuckets:         cfg.SubBuckets,
 		DemandTimeConstant: cfg.DemandTimeConstant,
 		SiteForget:         cfg.SiteForget,
+		MaxLocalHold:       cfg.MaxLocalHold,
 		EmitInterval:       cfg.EmitInterval,
 		MaxEmitPerSecond:   cfg.MaxEmitPerSecond,
 		HeartbeatInterval:  cfg.HeartbeatInterval,
@@ -132,10 +139,11 @@ func NewMemory(cfg MemoryConfig) (*Memory, error) {
 		return nil, err
 	}
 	return &Memory{
-		cfg: full,
-		src: topics.Heartbeat{Instance: cfg.InstanceID, Topic: cfg.Topic, Partition: cfg.Partition},
-		m:   m,
-		st:  newState(full.stateConfig()),
+		cfg:  full,
+		src:  topics.Heartbeat{Instance: cfg.InstanceID, Topic: cfg.Topic, Partition: cfg.Partition},
+		m:    m,
+		st:   newState(full.stateConfig()),
+		hold: holder{max: max(full.MaxLocalHold.Milliseconds(), 0)},
 	}, nil
 }
 
@@ -144,7 +152,16 @@ func NewMemory(cfg MemoryConfig) (*Memory, error) {
 // *BadHitError (invalid fields, too far in the future, too old, window too long), a hit
 // of a new counter beyond MaxKeys returns ErrRefused; both are counted in the metrics as
 // on the Kafka path. A hit older than every bucket the counter still holds is ignored.
-func (m *Memory) Add(now time.Time, h topics.Hit) error {
+func (m *Memory) Add(now time.Time, h topics.Hit) error { return m.add(now, h, false) }
+
+// AddRemote is Add for a hit replicated from another data center (a "<dc>.hits" record):
+// its lag is what local hits are held back by (Config.LocalTopic). A held local hit is
+// counted at a later Add, AddRemote or Emit; if its counter is then refused, that is
+// counted in the metrics, not returned.
+func (m *Memory) AddRemote(now time.Time, h topics.Hit) error { return m.add(now, h, true) }
+
+func (m *Memory) add(now time.Time, h topics.Hit, remote bool) error {
+	m.release(now.UnixMilli())
 	if err := h.Validate(); err != nil {
 		m.m.bad.WithLabelValues(topics.Reason(err)).Inc()
 		return &BadHitError{Reason: topics.Reason(err), Err: err}
@@ -157,8 +174,13 @@ func (m *Memory) Add(now time.Time, h topics.Hit) error {
 		}
 		m.m.recordsIn.Inc()
 		m.m.siteHeartbeats.Inc()
-		m.st.heardFrom(m.src.Partition, h.Site, h.BucketStart)
-		m.st.sawInstance(ms, h.Site, h.Instance, h.Counter)
+		it := held{slot: m.src.Partition, site: true, h: hitRef{site: []byte(h.Site), bucketStart: h.BucketStart}, inst: h.Instance, counter: h.Counter}
+		m.hold.sample(ms, h.BucketStart, remote)
+		if !remote && m.hold.delay() > 0 {
+			m.hold.push(ms, it)
+			return nil
+		}
+		applyHeld(m.st, m.m, ms, &it)
 		return nil
 	}
 	ref := hitRef{key: []byte(h.Key), site: []byte(h.Site), bucketStart: h.BucketStart, window: h.Window, count: h.Count, denied: h.Denied}
@@ -168,11 +190,25 @@ func (m *Memory) Add(now time.Time, h topics.Hit) error {
 	}
 	m.m.recordsIn.Inc()
 	m.added++
+	m.hold.sample(ms, h.BucketStart, remote)
+	if !remote && m.hold.delay() > 0 {
+		m.hold.push(ms, held{slot: m.src.Partition, h: ref})
+		return nil
+	}
 	if m.st.addRaw(ms, m.src.Partition, ref, "", 0) == refusedKey {
 		m.m.refused.Inc()
 		return ErrRefused
 	}
 	return nil
+}
+
+// release counts the held local hits due at now.
+func (m *Memory) release(now int64) {
+	m.heldBuf = m.hold.due(now, m.heldBuf[:0])
+	for i := range m.heldBuf {
+		applyHeld(m.st, m.m, now, &m.heldBuf[i])
+	}
+	clear(m.heldBuf)
 }
 
 // Emit returns the records due at now, in the order the aggregator would publish them:
@@ -182,6 +218,7 @@ func (m *Memory) Add(now time.Time, h topics.Hit) error {
 // the caller's.
 func (m *Memory) Emit(now time.Time) []Emission {
 	ms := now.UnixMilli()
+	m.release(ms)
 	m.cands, m.outs = m.st.collect(ms, m.cfg.emitBudget(), m.cands, m.outs[:0])
 	out := make([]Emission, 0, len(m.outs)+1)
 	for _, e := range m.outs {

@@ -215,3 +215,53 @@ func TestMemorySiteConflicts(t *testing.T) {
 		t.Fatalf("heartbeat %+v after b went quiet, want no conflicts", got)
 	}
 }
+
+// Local hits are held back by the difference between the replicated hits' lag and the
+// local ones', so that the counts show every site as of about the same moment; with
+// MaxLocalHold negative they are counted at once.
+func TestMemoryHoldsLocalHitsBehindRemote(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		maxHold time.Duration
+		visible time.Duration // when the local hit first shows in the counts
+	}{
+		{"held", 0, 195 * time.Millisecond},
+		{"bounded", 50 * time.Millisecond, 50 * time.Millisecond},
+		{"off", -1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := NewMemory(MemoryConfig{MaxLocalHold: tc.maxHold, EmitInterval: time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Warm the lag estimates: replicated hits arrive 200 ms after their bucket
+			// starts, local ones 5 ms after.
+			now := t0
+			for i := range 100 {
+				now = t0.Add(time.Duration(i) * 10 * time.Millisecond)
+				ms := now.UnixMilli()
+				if err := m.AddRemote(now, topics.Hit{Key: "r", Site: "us", BucketStart: ms - 200, Window: 60_000, Count: 1}); err != nil {
+					t.Fatal(err)
+				}
+				if err := m.Add(now, topics.Hit{Key: "l", Site: "eu", BucketStart: ms - 5, Window: 60_000, Count: 1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			at := now.Add(10 * time.Second) // past every warm-up hold
+			if err := m.Add(at, topics.Hit{Key: "x", Site: "eu", BucketStart: at.UnixMilli() - 5, Window: 60_000, Count: 3}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.visible > 0 {
+				cs, _ := emitted(t, m.Emit(at.Add(tc.visible-10*time.Millisecond)))
+				if c, ok := cs["x"]; ok {
+					t.Fatalf("local hit counted %v after it came, before its hold: %+v", tc.visible-10*time.Millisecond, c)
+				}
+			}
+			cs, _ := emitted(t, m.Emit(at.Add(tc.visible+10*time.Millisecond)))
+			if c := cs["x"]; c.Total != 3 {
+				t.Fatalf("local hit not counted %v after it came: %+v", tc.visible+10*time.Millisecond, cs["x"])
+			}
+		})
+	}
+}

@@ -23,6 +23,7 @@ type Tuning struct {
 	MinShare       float64
 	SiteStaleAfter time.Duration
 	ShareDamping   float64
+	DemandPrior    float64
 }
 
 // Config is one simulation run. Every zero field takes the default written in its comment.
@@ -283,7 +284,7 @@ func run(ctx context.Context, cfg Config, rc *rules.Config) (Result, error) {
 		s.pub = &publisher{clk: clk, sub: cfg.SubBuckets, widthMs: cfg.ProducerBucket.Milliseconds()}
 		s.lim, err = enforcer.New(enforcer.Config{
 			Rules: enforcer.StaticRules(rc), Site: s.name, Counter: s.ctr, Snapshot: s.snap, Publisher: s.pub, Clock: clk,
-			MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter, SubBuckets: cfg.SubBuckets, ShareDamping: cfg.Tuning.ShareDamping,
+			MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter, SubBuckets: cfg.SubBuckets, ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior,
 			DefaultShare: 1 / float64(cfg.Sites),
 		})
 		if err != nil {

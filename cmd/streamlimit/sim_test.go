@@ -1,0 +1,23 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// `sim dc` (docs/accuracy.md's first command) prints the table and every target's verdict;
+// a scenario it does not know is an error.
+func TestSimDCCommand(t *testing.T) {
+	out, _, err := runSplit(t, "sim", "dc", "--scenarios", "bursty,migrating", "--clients", "20", "--windows", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| scenario | clients |", "| bursty | 1 |", "| migrating | 20 |", "- bursty: max/limit ≤ 1.02: "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if _, _, err := runSplit(t, "sim", "dc", "--scenarios", "nope"); err == nil || !strings.Contains(err.Error(), "unknown scenario") {
+		t.Fatalf("unknown scenario: %v", err)
+	}
+}

@@ -296,7 +296,7 @@ func sliding(times []time.Duration, w, from, to time.Duration) windowStats {
 }
 
 // checkBound asserts the heavy client's sliding-window admissions over [from, to]: at most
-// limit × 1.02 + 1 (the safety bound), and at least 0.85 × limit (not starved). The issue's
+// limit × 1.02 + 1 (the safety bound), and at least 0.85 × limit (not starved). The project's
 // target for the floor is 0.95 × limit; it is missed by 5–11% (docs/e2e.md: when a site's
 // own admissions leave the window faster than its own traffic refills them, the room it
 // frees reaches the other sites one pipeline lag late and as shares), so a miss of 0.95 is

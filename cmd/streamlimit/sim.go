@@ -186,7 +186,7 @@ func newSimCompareCmd() *cobra.Command {
 	var f simFlags
 	cmd := &cobra.Command{
 		Use:   "compare",
-		Short: "Seed 003's comparison: fixed window vs sliding window counter vs sub-windows vs exact log",
+		Short: "Counting rules compared: fixed window vs sliding window counter vs sub-windows vs exact log",
 		Long: `compare runs the same traffic of one client against one local limiter counted four
 ways, each by the project's real code: fixed window and the two-window sliding window counter
 (enforcer/algo), sub-window counts (the aggregator's rule, through the enforcer's site

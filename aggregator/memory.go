@@ -4,55 +4,8 @@ import (
 	"errors"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/streamlimit/streamlimit/topics"
 )
-
-// MemoryConfig configures a Memory. Every zero field takes the default written in its
-// comment, which is the same as the field of the same name in Config.
-type MemoryConfig struct {
-	// SubBuckets is the number of sub-window buckets per window. Default
-	// window.DefaultSubBuckets.
-	SubBuckets int
-	// DemandTimeConstant is τ of the sites' demand. Default 1s.
-	DemandTimeConstant time.Duration
-	// SiteForget is how long a silent site is remembered. Default 15m.
-	SiteForget time.Duration
-	// MaxLocalHold bounds how long hits added with Add (local) are held back behind those
-	// added with AddRemote. Default DefaultMaxLocalHold; negative: never held.
-	MaxLocalHold time.Duration
-	// EmitInterval is the least time between two counts emitted for one counter. Default
-	// 100ms. Memory has no loop: the caller calls Emit, normally every EmitInterval.
-	EmitInterval time.Duration
-	// MaxEmitPerSecond caps the counts (tombstones included) one Emit returns, at
-	// MaxEmitPerSecond × EmitInterval, the largest changes first. Default 50000.
-	MaxEmitPerSecond int
-	// HeartbeatInterval is the least time between two heartbeats returned by Emit.
-	// Default 500ms.
-	HeartbeatInterval time.Duration
-	// Lateness is how late (by bucket start) a hit may arrive and still be counted.
-	// Default 5s.
-	Lateness time.Duration
-	// MaxClockSkew is how far ahead of now a hit's bucket start may be. Default 30s.
-	MaxClockSkew time.Duration
-	// MaxKeys bounds the counters held; hits of new counters beyond it are refused
-	// (ErrRefused). Default 1,000,000.
-	MaxKeys int
-	// DefaultWindow is the window of hits whose Window is 0. Default 1m.
-	DefaultWindow time.Duration
-	// MaxWindow is the longest window accepted. Default 1h.
-	MaxWindow time.Duration
-	// Topic and Partition name the single source the heartbeats describe, as
-	// topics.HeartbeatKey(Topic, Partition). Default topics.DefaultHitsTopic, partition 0.
-	Topic     string
-	Partition int32
-	// InstanceID names this instance in heartbeats. Default "memory".
-	InstanceID string
-	// Registerer receives the metrics (namespace streamlimit, subsystem aggregator), as
-	// for Config. Nil: metrics are kept but not registered.
-	Registerer prometheus.Registerer
-}
 
 // ErrRefused is returned by Memory.Add for a hit of a new counter while MaxKeys counters
 // are held (the Kafka path counts these in refused_keys_total).
@@ -104,32 +57,22 @@ type Memory struct {
 	heldBuf []held
 }
 
-// NewMemory validates cfg and returns an empty Memory.
-func NewMemory(cfg MemoryConfig) (*Memory, error) {
+// NewMemory validates cfg and returns an empty Memory. Only the counting fields of cfg are
+// used (SubBuckets, DemandTimeConstant, SiteForget, MaxLocalHold, EmitInterval,
+// MaxEmitPerSecond, HeartbeatInterval, Lateness, MaxClockSkew, MaxKeys, DefaultWindow,
+// MaxWindow, InstanceID, Registerer), with the same defaults; the Kafka fields are
+// ignored. Memory has no loop: the caller calls Emit, normally every EmitInterval, and
+// Emit returns at most MaxEmitPerSecond × EmitInterval counts. Its heartbeats describe one
+// source, topics.HeartbeatKey(LocalTopic, 0); InstanceID defaults to "memory". Hits added
+// with Add are the local ones, held back behind those added with AddRemote by up to
+// MaxLocalHold.
+func NewMemory(cfg Config) (*Memory, error) {
 	if cfg.InstanceID == "" {
 		cfg.InstanceID = "memory"
 	}
-	if cfg.Topic == "" {
-		cfg.Topic = topics.DefaultHitsTopic
-	}
-	full := Config{
-		// normalize requires a broker; Memory never connects, so any name will do.
-		Brokers:            []string{"in-memory"},
-		SubBuckets:         cfg.SubBuckets,
-		DemandTimeConstant: cfg.DemandTimeConstant,
-		SiteForget:         cfg.SiteForget,
-		MaxLocalHold:       cfg.MaxLocalHold,
-		EmitInterval:       cfg.EmitInterval,
-		MaxEmitPerSecond:   cfg.MaxEmitPerSecond,
-		HeartbeatInterval:  cfg.HeartbeatInterval,
-		Lateness:           cfg.Lateness,
-		MaxClockSkew:       cfg.MaxClockSkew,
-		MaxKeys:            cfg.MaxKeys,
-		DefaultWindow:      cfg.DefaultWindow,
-		MaxWindow:          cfg.MaxWindow,
-		InstanceID:         cfg.InstanceID,
-		Registerer:         cfg.Registerer,
-	}
+	full := cfg
+	// normalize requires a broker; Memory never connects, so any name will do.
+	full.Brokers, full.KafkaOpts = []string{"in-memory"}, nil
 	full, err := full.normalize()
 	if err != nil {
 		return nil, err
@@ -140,7 +83,7 @@ func NewMemory(cfg MemoryConfig) (*Memory, error) {
 	}
 	return &Memory{
 		cfg:  full,
-		src:  topics.Heartbeat{Instance: cfg.InstanceID, Topic: cfg.Topic, Partition: cfg.Partition},
+		src:  topics.Heartbeat{Instance: full.InstanceID, Topic: full.LocalTopic},
 		m:    m,
 		st:   newState(full.stateConfig()),
 		hold: holder{max: max(full.MaxLocalHold.Milliseconds(), 0)},

@@ -11,7 +11,7 @@ import (
 )
 
 func TestMemoryCountsLikeTheReference(t *testing.T) {
-	m, err := NewMemory(MemoryConfig{})
+	m, err := NewMemory(Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestMemoryCountsLikeTheReference(t *testing.T) {
 }
 
 func TestMemoryRejectsLikeKafkaPath(t *testing.T) {
-	m, err := NewMemory(MemoryConfig{MaxKeys: 1})
+	m, err := NewMemory(Config{MaxKeys: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func TestMemoryRejectsLikeKafkaPath(t *testing.T) {
 	if err := m.Add(now, topics.Hit{Key: "b", Site: "eu", BucketStart: ms, Count: 1}); !errors.Is(err, ErrRefused) {
 		t.Fatalf("second key beyond MaxKeys 1: %v", err)
 	}
-	if _, err := NewMemory(MemoryConfig{EmitInterval: time.Microsecond}); err == nil {
+	if _, err := NewMemory(Config{EmitInterval: time.Microsecond}); err == nil {
 		t.Fatal("EmitInterval 1µs accepted")
 	}
 }
@@ -116,7 +116,7 @@ func emitted(t *testing.T, out []Emission) (map[string]topics.Count, *topics.Hea
 // the aggregator's heartbeats; its hits leave the window like any (the enforcers, not the
 // aggregator, treat a silent site); after SiteForget it is no longer listed.
 func TestMemorySiteFreshness(t *testing.T) {
-	m, err := NewMemory(MemoryConfig{SiteForget: time.Minute, HeartbeatInterval: time.Millisecond})
+	m, err := NewMemory(Config{SiteForget: time.Minute, HeartbeatInterval: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func TestMemorySiteFreshness(t *testing.T) {
 // Denied requests publish demand, not counts: a site whose requests were all denied is
 // listed with count 0 and its demand.
 func TestMemoryDemand(t *testing.T) {
-	m, err := NewMemory(MemoryConfig{DemandTimeConstant: time.Second})
+	m, err := NewMemory(Config{DemandTimeConstant: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func TestMemoryDemand(t *testing.T) {
 // Two live instances of one site counting apart, one in its own process, are reported in
 // the heartbeats; instances sharing one Redis are not; an instance gone quiet is forgotten.
 func TestMemorySiteConflicts(t *testing.T) {
-	m, err := NewMemory(MemoryConfig{HeartbeatInterval: time.Millisecond})
+	m, err := NewMemory(Config{HeartbeatInterval: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +231,7 @@ func TestMemoryHoldsLocalHitsBehindRemote(t *testing.T) {
 		{"off", -1, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m, err := NewMemory(MemoryConfig{MaxLocalHold: tc.maxHold, EmitInterval: time.Millisecond})
+			m, err := NewMemory(Config{MaxLocalHold: tc.maxHold, EmitInterval: time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
 			}

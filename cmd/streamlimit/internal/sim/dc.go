@@ -166,7 +166,7 @@ func RunDC(ctx context.Context, cfg DCConfig) (DCResult, error) {
 		if s.snap, err = snapshot.NewMemory(snapshot.Config{Site: s.name, Clock: clk, SubBuckets: cfg.SubBuckets}); err != nil {
 			return DCResult{}, err
 		}
-		if s.agg, err = aggregator.NewMemory(aggregator.MemoryConfig{SubBuckets: cfg.SubBuckets, MaxKeys: 10 * (len(load.clients) + 10)}); err != nil {
+		if s.agg, err = aggregator.NewMemory(aggregator.Config{SubBuckets: cfg.SubBuckets, MaxKeys: 10 * (len(load.clients) + 10)}); err != nil {
 			return DCResult{}, err
 		}
 		s.pub = &publisher{clk: clk, sub: cfg.SubBuckets, widthMs: 100}

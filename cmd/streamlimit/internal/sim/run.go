@@ -270,7 +270,7 @@ func run(ctx context.Context, cfg Config, rc *rules.Config) (Result, error) {
 
 	clk := clock.NewFake(Start())
 	startMs := Start().UnixMilli()
-	agg, err := aggregator.NewMemory(aggregator.MemoryConfig{SubBuckets: cfg.SubBuckets, EmitInterval: cfg.EmitInterval})
+	agg, err := aggregator.NewMemory(aggregator.Config{SubBuckets: cfg.SubBuckets, EmitInterval: cfg.EmitInterval})
 	if err != nil {
 		return Result{}, err
 	}

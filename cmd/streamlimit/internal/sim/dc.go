@@ -10,6 +10,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/aggregator"
 	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
@@ -152,22 +153,40 @@ func RunDC(ctx context.Context, cfg DCConfig) (DCResult, error) {
 		return DCResult{}, err
 	}
 	wMs := cfg.Window.Milliseconds()
-	warmMs := wMs
-	durMs := warmMs + int64(cfg.Windows)*wMs
+	durMs := wMs + int64(cfg.Windows)*wMs
 	seed := seedFor(cfg.Seed, Scenario(cfg.Scenario), cfg.DCs, float64(cfg.Clients))
 	rng := rand.New(rand.NewPCG(seed, seed>>7|1))
 	load := dcLoad(rng, cfg, durMs)
+	reqs := make([]enforcer.Request, len(load.clients))
+	for i := range reqs {
+		reqs[i] = request(load.clients[i].name)
+	}
+	acc := newDCAccounting(cfg, load)
+	var res DCResult
+	res.AggregatorErrors, res.SnapshotErrors, err = simulateDCs(ctx, cfg, rc, seed, durMs, load.arrivals, load.cuts, reqs, len(load.clients), acc.decide)
+	if err != nil {
+		return DCResult{}, err
+	}
+	res.Config = cfg
+	acc.result(&res)
+	return res, nil
+}
 
+// simulateDCs runs cfg's data centers under rc for durMs: arrivals (in time order) are
+// decided by their site's enforcer with reqs[client], and every decision goes to decided.
+// It returns the records the aggregators and snapshots refused.
+func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint64, durMs int64, arrivals []dcArrival, cuts []cut,
+	reqs []enforcer.Request, clients int, decided func(dcArrival, bool)) (aggErrs, snapErrs int64, err error) {
 	clk := clock.NewFake(Start())
 	startMs := Start().UnixMilli()
 	sites := make([]*dcSite, cfg.DCs)
 	for i := range sites {
 		s := &dcSite{name: siteName(i), lastHB: -1 << 40}
 		if s.snap, err = snapshot.NewMemory(snapshot.Config{Site: s.name, Clock: clk, SubBuckets: cfg.SubBuckets}); err != nil {
-			return DCResult{}, err
+			return 0, 0, err
 		}
-		if s.agg, err = aggregator.NewMemory(aggregator.Config{SubBuckets: cfg.SubBuckets, MaxKeys: 10 * (len(load.clients) + 10)}); err != nil {
-			return DCResult{}, err
+		if s.agg, err = aggregator.NewMemory(aggregator.Config{SubBuckets: cfg.SubBuckets, MaxKeys: 10 * (clients + 10)}); err != nil {
+			return 0, 0, err
 		}
 		s.pub = &publisher{clk: clk, sub: cfg.SubBuckets, widthMs: 100}
 		s.lim, err = enforcer.New(enforcer.Config{
@@ -176,7 +195,7 @@ func RunDC(ctx context.Context, cfg DCConfig) (DCResult, error) {
 			ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior,
 		})
 		if err != nil {
-			return DCResult{}, err
+			return 0, 0, err
 		}
 		sites[i] = s
 	}
@@ -198,27 +217,21 @@ func RunDC(ctx context.Context, cfg DCConfig) (DCResult, error) {
 			d += linkRng.Int64N(2*jitMs+1) - jitMs
 		}
 		at := t + localMs + d
-		for _, c := range load.cuts {
+		for _, c := range cuts {
 			if ((c.a == i && c.b == j) || (c.a == j && c.b == i)) && at >= c.from && t < c.to {
 				at = max(at, c.to+d)
 			}
 		}
 		return at
 	}
-	acc := newDCAccounting(cfg, load)
-	reqs := make([]enforcer.Request, len(load.clients))
-	for i := range reqs {
-		reqs[i] = request(load.clients[i].name)
-	}
 	var (
 		recs []pubRec
-		res  DCResult
 		out  enforcer.Result
 	)
 	next := 0
 	for t := int64(0); t < durMs; t++ {
 		if t%1024 == 0 && ctx.Err() != nil {
-			return DCResult{}, ctx.Err()
+			return 0, 0, ctx.Err()
 		}
 		now := time.UnixMilli(startMs + t).UTC()
 		clk.Set(now)
@@ -253,7 +266,7 @@ func RunDC(ctx context.Context, cfg DCConfig) (DCResult, error) {
 						add = s.agg.Add
 					}
 					if err := add(now, st.q[k].hit); err != nil {
-						res.AggregatorErrors++
+						aggErrs++
 					}
 				}
 				st.q = st.q[k:]
@@ -268,21 +281,19 @@ func RunDC(ctx context.Context, cfg DCConfig) (DCResult, error) {
 			k := 0
 			for ; k < len(st.q) && st.q[k].at <= t; k++ {
 				if err := s.snap.Apply(st.q[k].em.Key, st.q[k].em.Value); err != nil {
-					res.SnapshotErrors++
+					snapErrs++
 				}
 			}
 			st.q = st.q[k:]
 		}
 		// 4. Requests, in arrival order.
-		for ; next < len(load.arrivals) && load.arrivals[next].t == t; next++ {
-			a := load.arrivals[next]
+		for ; next < len(arrivals) && arrivals[next].t == t; next++ {
+			a := arrivals[next]
 			sites[a.site].lim.DecideInto(ctx, reqs[a.client], &out)
-			acc.decide(a, out.Code == enforcer.CodeOK)
+			decided(a, out.Code == enforcer.CodeOK)
 		}
 	}
-	res.Config = cfg
-	acc.result(&res)
-	return res, nil
+	return aggErrs, snapErrs, nil
 }
 
 // watermark is the start of the oldest bucket the producer model still holds back, or

@@ -392,7 +392,7 @@ func request(client string) enforcer.Request {
 
 // tracePoint records, at t, the exact sliding count of admitted requests over all sites
 // and site s's estimate of it: the remote part of its snapshot plus its exact local count,
-// which is what the enforcer compares with the limit (DESIGN invariant 3).
+// which is what the enforcer compares with the limit (docs/architecture.md, invariant 3).
 func tracePoint(t int64, now time.Time, acc *accounting, s *site, key string, w time.Duration) TracePoint {
 	p := TracePoint{T: t, Exact: acc.count(t)}
 	if key == "" {

@@ -89,7 +89,7 @@ although that count was below it (percent of the steady-state requests).`,
 	fs.Float64Var(&f.plotLoad, "plot-load", 5, "load of the plotted run")
 	fs.DurationVar(&f.plotFrom, "plot-from", -1, "start of the plotted range, since the run's start (default: end of the warm-up)")
 	fs.DurationVar(&f.plotSpan, "plot-span", 0, "length of the plotted range (default: 3 windows)")
-	cmd.AddCommand(newSimCompareCmd(), newSimDCCmd())
+	cmd.AddCommand(newSimCompareCmd(), newSimDCCmd(), newSimTiersCmd())
 	return cmd
 }
 
@@ -289,5 +289,39 @@ its first admission there. Each target is then reported as met or MISSED.`,
 	fs.Uint64Var(&base.Seed, "seed", 1, "traffic seed (same flags and seed give the same output)")
 	registerTuning(fs, &base.Tuning)
 	fs.IntVar(&parallel, "parallel", runtime.GOMAXPROCS(0), "runs simulated at once (the output does not depend on it)")
+	return cmd
+}
+
+func newSimTiersCmd() *cobra.Command {
+	var c sim.TiersConfig
+	cmd := &cobra.Command{
+		Use:   "tiers",
+		Short: "Pools, priorities and elastic limits under a load ramping past the capacity",
+		Long: `tiers simulates clients of two priorities (seven in ten paid, the rest free) sharing
+one pool, a global capacity over three data centers, each client with an elastic limit
+(its base, stretching to its elastic maximum while the pool is below the threshold), under a
+load that ramps linearly from --from to --to times the capacity. It runs the same data
+centers as sim dc and prints, per third of the ramp: the most admitted in any window over
+the capacity (all clients, and free ones), each tier's admitted over offered, and the
+requests admitted beyond a client's base (the elastic room given).`,
+		Example: `  streamlimit sim tiers
+  streamlimit sim tiers --to 3`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := sim.RunTiers(cmd.Context(), c)
+			if err != nil {
+				return err
+			}
+			return sim.WriteTiersTable(cmd.OutOrStdout(), r)
+		},
+	}
+	fs := cmd.Flags()
+	fs.IntVar(&c.Clients, "clients", 0, "clients (0: 1000)")
+	fs.Int64Var(&c.Capacity, "capacity", 0, "the pool's capacity per window (0: 5000)")
+	fs.Float64Var(&c.From, "from", 0, "offered load at the start, × capacity (0: 0.2)")
+	fs.Float64Var(&c.To, "to", 0, "offered load at the end, × capacity (0: 1.5)")
+	fs.IntVar(&c.FreeFill, "free-fill", 0, "percent of the pool free requests may fill (0: 80)")
+	fs.Uint64Var(&c.Seed, "seed", 1, "traffic seed (same flags and seed give the same output)")
+	registerTuning(fs, &c.Links.Tuning)
 	return cmd
 }

@@ -21,3 +21,14 @@ func TestSimDCCommand(t *testing.T) {
 		t.Fatalf("unknown scenario: %v", err)
 	}
 }
+
+// `sim tiers` prints one row per third of the ramp.
+func TestSimTiersCommand(t *testing.T) {
+	out, _, err := runSplit(t, "sim", "tiers", "--clients", "100", "--capacity", "500")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "| offered (× capacity) |") || strings.Count(out, "\n| 0.") + strings.Count(out, "\n| 1.") != 3 {
+		t.Fatalf("output:\n%s", out)
+	}
+}

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -238,14 +239,17 @@ func (p *parser) file1(data []byte) (*domain, *yaml.Node) {
 		e := &Error{File: p.file, Reason: strings.TrimPrefix(err.Error(), "yaml: ")}
 		var te *yaml.TypeError
 		if !errors.As(err, &te) {
-			// yaml.v3 reports syntax errors as "yaml: line N: …".
+			// yaml.v3 reports syntax errors as "yaml: line N: …", where N is the line on
+			// which the enclosing block began, not the offending line: keep the reason,
+			// and find the line ourselves.
 			if _, after, ok := strings.Cut(e.Reason, "line "); ok {
 				if n, rest, ok := strings.Cut(after, ": "); ok {
-					if l, err := strconv.Atoi(n); err == nil {
-						e.Line, e.Column, e.Reason = l, 1, rest
+					if _, err := strconv.Atoi(n); err == nil {
+						e.Reason = rest
 					}
 				}
 			}
+			e.Line, e.Column = syntaxErrorAt(data)
 		}
 		p.errs = append(p.errs, e)
 		return nil, nil
@@ -292,6 +296,40 @@ func (p *parser) file1(data []byte) (*domain, *yaml.Node) {
 		return nil, nil
 	}
 	return d, domNode
+}
+
+// maxBisectLines bounds the files whose syntax errors syntaxErrorAt locates: it parses the
+// file once per line, and rules files are far shorter than this.
+const maxBisectLines = 5000
+
+// syntaxErrorAt returns the line and column (1-based) of a YAML syntax error in data: the
+// first non-blank character of the line after the longest prefix of whole lines that still
+// parses. Every prefix that ends before the offending line parses (a block collection may
+// end at any line, and a flow collection or quoted string that spans lines is only
+// unparsable until it closes), and no prefix that includes it does. It returns 0, 0 when
+// the file is too long to search or every prefix parses.
+func syntaxErrorAt(data []byte) (line, column int) {
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	if len(lines) > maxBisectLines {
+		return 0, 0
+	}
+	good, end := 0, 0
+	for i, l := range lines {
+		end += len(l)
+		var n yaml.Node
+		if yaml.Unmarshal(data[:end], &n) == nil {
+			good = i + 1
+		}
+	}
+	if good >= len(lines) {
+		return 0, 0
+	}
+	bad := lines[good]
+	col := len(bad) - len(bytes.TrimLeft(bad, " \t"))
+	if col == len(bad) {
+		col = 0
+	}
+	return good + 1, col + 1
 }
 
 func newNode() *node { return &node{exact: make(map[Entry]*node)} }

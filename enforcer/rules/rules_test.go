@@ -298,7 +298,17 @@ func TestBrokenFiles(t *testing.T) {
 			`samewindow.yaml:6:9: descriptors[0].rate_limits[1].window: same window 1m0s as descriptors[0].rate_limits[0]: the two limits would share one counter`},
 		{"nested", "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
 			`nested.yaml:6:28: descriptors[0].descriptors[0].rate_limit.unit: unknown unit "fortnight" (want second, minute, hour, day, week, month, year)`},
-		{"syntax", "domain: d\ndescriptors:\n  - key: [unclosed\n", `syntax.yaml:2:1: did not find expected ',' or ']'`},
+		{"syntax", "domain: d\ndescriptors:\n  - key: [unclosed\n", `syntax.yaml:3:3: did not find expected ',' or ']'`},
+		// The parser names the line where the enclosing block began (2 here); the error
+		// is on the line that breaks the indentation.
+		{"indent", "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n     unit: minute\n      requests_per_unit: 5\n",
+			`indent.yaml:6:7: mapping values are not allowed in this context`},
+		{"dedent", "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      requests_per_unit: 5\n     unit: minute\n",
+			`dedent.yaml:6:6: did not find expected key`},
+		{"unclosedflow", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute,\n      requests_per_unit: 5\n  - key: j\n",
+			`unclosedflow.yaml:4:5: did not find expected ',' or '}'`},
+		{"unclosedquote", "domain: d\ndescriptors:\n  - key: k\n    value: \"v\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+			`unclosedquote.yaml:4:5: found unexpected end of stream`},
 		{"type", "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: yes please\n", `type.yaml:4:18: descriptors[0].shadow_mode: want true or false, got "yes please"`},
 		{"both", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n    rate_limits: [{unit: hour, requests_per_unit: 9}]\n",
 			`both.yaml:5:18: descriptors[0].rate_limits: use either rate_limit or rate_limits, not both`},

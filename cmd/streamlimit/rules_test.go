@@ -88,7 +88,7 @@ func TestRulesCheckBroken(t *testing.T) {
 		}},
 		{filepath.Join(broken, "bad.yaml"), []string{broken + "/bad.yaml:5:13: "}},
 		{filepath.Join("testdata", "rules", "dupdomain"), []string{`dupdomain/b.yaml:1:9: domain: duplicate domain "other" (also in testdata/rules/dupdomain/a.yaml)`}},
-		{syntax, []string{syntax + ":2:1: did not find expected ',' or ']'"}},
+		{syntax, []string{syntax + ":3:3: did not find expected ',' or ']'"}},
 		{filepath.Join(tmp, "missing.yaml"), []string{"missing.yaml: ", "no such file"}},
 	} {
 		out, _, err := runSplit(t, "rules", "check", tc.path)

@@ -21,10 +21,6 @@ import (
 const (
 	// DefaultMaxBodyBytes is CheckOptions.MaxBodyBytes's default.
 	DefaultMaxBodyBytes = 64 << 10
-	// MaxDescriptors is the most descriptors one check request may carry.
-	MaxDescriptors = 64
-	// MaxEntries is the most entries one descriptor may carry.
-	MaxEntries = 32
 	// MaxHits is the largest hits_addend, Envoy's uint32 maximum.
 	MaxHits = math.MaxUint32
 )
@@ -126,8 +122,8 @@ type checkError struct{ msg string }
 func (e *checkError) Error() string { return e.msg }
 
 // NewCheckHandler returns the handler of POST /v1/check. A decision is always answered
-// 200 with a CheckResponse; a malformed or invalid request (bad JSON, unknown fields,
-// empty domain, no descriptors, an empty entry key, bad hits) is answered 400 with an
+// 200 with a CheckResponse; a malformed or invalid request (bad JSON, unknown fields, bad
+// hits, or a request rules.ValidateRequest rejects) is answered 400 with an
 // application/problem+json body, a too large one 413, another method 405.
 func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 	if opts.MaxBodyBytes <= 0 {
@@ -188,15 +184,8 @@ func decodeCheck(body io.Reader) (enforcer.Request, error) {
 		return enforcer.Request{}, &checkError{"malformed JSON: data after the request object"}
 	}
 	req := enforcer.Request{Domain: cr.Domain}
-	if cr.Domain == "" {
-		return req, &checkError{"domain: required"}
-	}
-	if len(cr.Descriptors) == 0 {
-		return req, &checkError{"descriptors: at least one is required"}
-	}
-	if len(cr.Descriptors) > MaxDescriptors {
-		return req, &checkError{fmt.Sprintf("descriptors: %d is more than %d", len(cr.Descriptors), MaxDescriptors)}
-	}
+	// The shape is validated by rules.ValidateRequest, as over gRPC; JSON only adds the
+	// cost's spellings. Entries are mapped first, bounded by the body's size.
 	hits, err := pickHits("hits_addend", cr.HitsAddend, cr.HitsAddendCamel, cr.Hits)
 	if err != nil {
 		return req, err
@@ -204,12 +193,6 @@ func decodeCheck(body io.Reader) (enforcer.Request, error) {
 	req.Hits = hits
 	for i, cd := range cr.Descriptors {
 		f := "descriptors[" + strconv.Itoa(i) + "]"
-		if len(cd.Entries) == 0 {
-			return req, &checkError{f + ".entries: at least one is required"}
-		}
-		if len(cd.Entries) > MaxEntries {
-			return req, &checkError{fmt.Sprintf("%s.entries: %d is more than %d", f, len(cd.Entries), MaxEntries)}
-		}
 		dh, err := pickHits(f+".hits_addend", cd.HitsAddend, cd.HitsAddendCamel, nil)
 		if err != nil {
 			return req, err
@@ -219,12 +202,12 @@ func decodeCheck(body io.Reader) (enforcer.Request, error) {
 		}
 		entries := make([]rules.Entry, len(cd.Entries))
 		for j, e := range cd.Entries {
-			if e.Key == "" {
-				return req, &checkError{fmt.Sprintf("%s.entries[%d].key: required", f, j)}
-			}
 			entries[j] = rules.Entry{Key: e.Key, Value: e.Value}
 		}
 		req.Descriptors = append(req.Descriptors, entries)
+	}
+	if err := rules.ValidateRequest(req.Domain, req.Descriptors); err != nil {
+		return req, err
 	}
 	return req, nil
 }

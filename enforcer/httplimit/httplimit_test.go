@@ -516,8 +516,13 @@ func TestAuthEndpoint(t *testing.T) {
 	if resp.StatusCode != 204 {
 		t.Fatalf("first: %d", resp.StatusCode)
 	}
+	// Both policies are advertised; the state is the one closest to exhaustion.
+	pol, err := sftest.ParseList(resp.Header.Get("RateLimit-Policy"))
+	if err != nil || len(pol) != 2 || pol[0].Value != "api.remote_address-60s" || pol[1].Value != "api.route-60s" {
+		t.Fatalf("RateLimit-Policy %q %v", resp.Header.Get("RateLimit-Policy"), err)
+	}
 	items, err := sftest.ParseList(resp.Header.Get("RateLimit"))
-	if err != nil || len(items) != 2 || items[0].Value != "api.remote_address-60s" || items[1].Value != "api.route-60s" {
+	if err != nil || len(items) != 1 || items[0].Value != "api.remote_address-60s" {
 		t.Fatalf("RateLimit %q %v", resp.Header.Get("RateLimit"), err)
 	}
 	if r, _ := items[0].Param("r"); r != int64(1) {

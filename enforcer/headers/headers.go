@@ -34,6 +34,7 @@
 package headers
 
 import (
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -167,6 +168,11 @@ func Primary(res *enforcer.Result) *enforcer.Status {
 // has no time at which a retry succeeds; it is told to come back after MaxRetryAfter
 // rather than after a duration that overflows its encoding.
 const MaxRetryAfter = 365 * 24 * time.Hour
+
+// UnlimitedRemaining is the limit_remaining that the check API, /json and gRPC report for
+// a descriptor whose rule is unlimited, as envoyproxy/ratelimit does: the largest value of
+// the protocol's uint32 field.
+const UnlimitedRemaining = math.MaxUint32
 
 // Cap returns d limited to 0..MaxRetryAfter.
 func Cap(d time.Duration) time.Duration { return min(max(d, 0), MaxRetryAfter) }

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/headers"
@@ -66,8 +65,9 @@ type CheckEntry struct {
 }
 
 // CheckResponse is the answer of POST /v1/check, in the shape of Envoy's
-// RateLimitResponse with durations in milliseconds. It is sent with status 200 whatever
-// the decision: OverallCode says whether the request is over the limit.
+// RateLimitResponse with durations in milliseconds. It is sent with status 200 when
+// OverallCode is "OK" and 429 when it is "OVER_LIMIT", with the fields of
+// ResponseHeadersToAdd also set as HTTP header fields (Retry-After among them).
 type CheckResponse struct {
 	// OverallCode is "OK" or "OVER_LIMIT".
 	OverallCode string `json:"overall_code"`
@@ -84,11 +84,14 @@ type CheckStatus struct {
 	Code string `json:"code"`
 	// CurrentLimit is the limit that decided; absent when no rule limits the descriptor.
 	CurrentLimit *CheckLimit `json:"current_limit,omitempty"`
-	// LimitRemaining is how many more requests the limit admits now.
+	// LimitRemaining is how many more requests the limit admits now;
+	// headers.UnlimitedRemaining when the rule is unlimited.
 	LimitRemaining int64 `json:"limit_remaining"`
-	// DurationUntilResetMs is the time until the limit's counter is empty again.
+	// DurationUntilResetMs is the time until the limit's counter is empty again, at most
+	// headers.MaxRetryAfter.
 	DurationUntilResetMs int64 `json:"duration_until_reset_ms"`
-	// RetryAfterMs is 0 unless denied; then the time until a retry can succeed.
+	// RetryAfterMs is 0 unless denied; then the time until a retry can succeed, at most
+	// headers.MaxRetryAfter (a request that can never pass).
 	RetryAfterMs int64 `json:"retry_after_ms"`
 	// Rule is the ID of the matched rule; absent when none matched.
 	Rule string `json:"rule,omitempty"`
@@ -121,8 +124,8 @@ type checkError struct{ msg string }
 
 func (e *checkError) Error() string { return e.msg }
 
-// NewCheckHandler returns the handler of POST /v1/check. A decision is always answered
-// 200 with a CheckResponse; a malformed or invalid request (bad JSON, unknown fields, bad
+// NewCheckHandler returns the handler of POST /v1/check. A decision is answered with a
+// CheckResponse, 200 when admitted and 429 when denied; a malformed or invalid request (bad JSON, unknown fields, bad
 // hits, or a request rules.ValidateRequest rejects) is answered 400 with an
 // application/problem+json body, a too large one 413, another method 405.
 func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
@@ -159,10 +162,17 @@ func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 			return
 		}
 		h := w.Header()
+		for _, f := range headers.Append(nil, &res) {
+			h.Set(f.Name, f.Value)
+		}
 		h.Set("Content-Type", "application/json")
 		h.Set("Content-Length", strconv.Itoa(len(body)))
 		h.Set("Cache-Control", "no-store")
-		w.WriteHeader(http.StatusOK)
+		code := http.StatusOK
+		if res.Code == enforcer.CodeOverLimit {
+			code = http.StatusTooManyRequests
+		}
+		w.WriteHeader(code)
 		if _, err := w.Write(body); err != nil {
 			opts.Logger.LogAttrs(r.Context(), slog.LevelDebug, "writing check response", slog.Any("err", err))
 		}
@@ -233,13 +243,6 @@ func pickHits(field string, vs ...*int64) (int64, error) {
 	return *got, nil
 }
 
-func ceilMs(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
-}
-
 func checkResponse(res *enforcer.Result) CheckResponse {
 	out := CheckResponse{OverallCode: res.Code.String(), Statuses: make([]CheckStatus, len(res.Statuses))}
 	for i := range res.Statuses {
@@ -256,8 +259,10 @@ func checkResponse(res *enforcer.Result) CheckResponse {
 				Unit:            strings.ToUpper(st.Limit.Unit),
 			}
 			cs.LimitRemaining = max(st.Remaining, 0)
-			cs.DurationUntilResetMs = ceilMs(st.ResetAfter)
-			cs.RetryAfterMs = ceilMs(st.RetryAfter)
+			cs.DurationUntilResetMs = headers.Millis(st.ResetAfter)
+			cs.RetryAfterMs = headers.Millis(st.RetryAfter)
+		} else if st.Rule != nil && st.Rule.Unlimited {
+			cs.LimitRemaining = headers.UnlimitedRemaining
 		}
 		out.Statuses[i] = cs
 	}

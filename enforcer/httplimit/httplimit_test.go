@@ -421,8 +421,13 @@ func TestCheckAPI(t *testing.T) {
 	var last CheckResponse
 	for i := range 3 {
 		resp, b := postJSON(t, srv.Client(), u, body)
-		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
-			t.Fatalf("request %d: %d %s", i, resp.StatusCode, b)
+		// Admitted: 200; denied: 429 with the fields as HTTP header fields too.
+		wantStatus, wantRetry := 200, ""
+		if i == 2 {
+			wantStatus, wantRetry = 429, "60"
+		}
+		if resp.StatusCode != wantStatus || resp.Header.Get("Content-Type") != "application/json" || resp.Header.Get("Retry-After") != wantRetry {
+			t.Fatalf("request %d: %d Retry-After %q %s", i, resp.StatusCode, resp.Header.Get("Retry-After"), b)
 		}
 		last = CheckResponse{}
 		if err := json.Unmarshal(b, &last); err != nil {

@@ -261,10 +261,10 @@ func (s *Server) response(res *enforcer.Result, sc *scratch) *rlsv3.RateLimitRes
 			if st.Code == enforcer.CodeOverLimit {
 				reset = st.RetryAfter
 			}
-			setDuration(d, reset)
+			setDuration(d, headers.Cap(reset))
 			ds.DurationUntilReset = d
 		case st.Rule != nil && st.Rule.Unlimited:
-			ds.LimitRemaining = math.MaxUint32
+			ds.LimitRemaining = headers.UnlimitedRemaining
 		}
 	}
 	if !s.opts.DisableHeaders {

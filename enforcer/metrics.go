@@ -41,7 +41,7 @@ type decisionKey struct {
 type ruleCounters struct {
 	domain, rule string
 	r            *rules.Rule
-	c            [3]atomic.Pointer[resultCounter]
+	c            [4]atomic.Pointer[resultCounter]
 }
 
 type resultCounter struct{ prometheus.Counter }
@@ -52,6 +52,8 @@ func resultName(result int) string {
 		return "over_limit"
 	case 2:
 		return "shadow_over_limit"
+	case 3:
+		return "soft"
 	}
 	return "ok"
 }
@@ -69,7 +71,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "streamlimit", Subsystem: "enforcer", Name: "decisions_total",
-			Help: "Decisions per descriptor, by domain, rule and result (ok, over_limit, shadow_over_limit).",
+			Help: "Decisions per descriptor, by domain, rule and result (ok, soft: admitted in the soft band past the hard limit, over_limit, shadow_over_limit).",
 		}, []string{"domain", "rule", "result"}),
 		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "streamlimit", Subsystem: "enforcer", Name: "shadow_denials_total",
@@ -113,6 +115,8 @@ func (m *metrics) observe(domain string, res *Result) {
 			m.inc(rc, 1)
 		case st.Shadow:
 			m.inc(rc, 2)
+		case st.Soft():
+			m.inc(rc, 3)
 		default:
 			m.inc(rc, 0)
 		}

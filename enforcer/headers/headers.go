@@ -23,6 +23,10 @@
 // those another matched limit replaces), so that a client can pace itself on all of them;
 // RateLimit gives the state of the one closest to exhaustion, the Primary status.
 //
+// When that limit admitted the request in its soft band (past requests_per_unit, within
+// soft_percent: enforcer.Status.Soft), RateLimit carries the boolean parameter soft
+// ("api.user-60s";r=3;t=40;soft), which clients that do not know it ignore.
+//
 // No wait is reported longer than MaxRetryAfter: a request that can never be admitted (a
 // limit of 0, a cost above the limit) is told to come back after MaxRetryAfter.
 //
@@ -120,9 +124,9 @@ func (a policy) same(b policy) bool {
 // a global limit its counting window and allowance there.
 func (p policy) quota() (int64, time.Duration) {
 	if p.limit.Scope == rules.Global {
-		return p.limit.GlobalAllowance(), p.limit.CountWindow()
+		return p.limit.CountAllowance(), p.limit.CountWindow()
 	}
-	return p.limit.Algo().Allowance(), p.limit.Window
+	return p.limit.CountAllowance(), p.limit.Window
 }
 
 // visible reports whether st is advertised to clients: it has a limit and its rule is not
@@ -272,6 +276,9 @@ func (v *Values) Render(res *enforcer.Result) int {
 	v.buf = strconv.AppendInt(v.buf, max(p.Remaining, 0), 10)
 	v.buf = append(v.buf, ";t="...)
 	v.buf = strconv.AppendInt(v.buf, Seconds(t), 10)
+	if p.Soft() {
+		v.buf = append(v.buf, ";soft"...)
+	}
 	v.ends[1] = len(v.buf)
 	v.buf = strconv.AppendInt(v.buf, max(p.Requests, 0), 10)
 	v.ends[2] = len(v.buf)

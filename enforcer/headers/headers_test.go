@@ -250,6 +250,33 @@ descriptors:
 	checkItem(t, RateLimit, mustList(t, RateLimit, f[RateLimit])[0], "api.banned-60s", "r", 0, "t", int(MaxRetryAfter/time.Second))
 }
 
+// TestSoftParameter checks that RateLimit marks an admission in the soft band with the
+// boolean parameter soft, and only then.
+func TestSoftParameter(t *testing.T) {
+	cfg, err := rules.Parse("rules.yaml", []byte(`
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2, soft_percent: 50, scope: local}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(cfg), Site: "t", Clock: clock.NewFake(t0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{false, false, true, false} {
+		res := l.Decide(context.Background(), req([]string{"user", "1"}))
+		f := fieldMap(Append(nil, &res))
+		it := mustList(t, RateLimit, f[RateLimit])[0]
+		soft, ok := it.Param("soft")
+		if ok != want || ok && soft != true {
+			t.Errorf("request %d (%v): RateLimit %q, want soft=%v", i+1, res.Code, f[RateLimit], want)
+		}
+	}
+}
+
 func TestRenderDoesNotAllocate(t *testing.T) {
 	l, _ := newLimiter(t)
 	res := l.Decide(context.Background(), req([]string{"user", "42"}, []string{"ip", "192.0.2.1"}))

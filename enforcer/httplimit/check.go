@@ -97,6 +97,9 @@ type CheckStatus struct {
 	Rule string `json:"rule,omitempty"`
 	// Shadow reports that a shadow-mode limit would have denied.
 	Shadow bool `json:"shadow"`
+	// Soft reports an admission in the limit's soft band: past requests_per_unit, within
+	// soft_percent (see enforcer.Status.Soft).
+	Soft bool `json:"soft"`
 	// Fallback reports a decision made by a fallback (see enforcer.Status).
 	Fallback bool `json:"fallback"`
 }
@@ -247,7 +250,7 @@ func checkResponse(res *enforcer.Result) CheckResponse {
 	out := CheckResponse{OverallCode: res.Code.String(), Statuses: make([]CheckStatus, len(res.Statuses))}
 	for i := range res.Statuses {
 		st := &res.Statuses[i]
-		cs := CheckStatus{Code: st.Code.String(), Shadow: st.Shadow, Fallback: st.Fallback}
+		cs := CheckStatus{Code: st.Code.String(), Shadow: st.Shadow, Soft: st.Soft(), Fallback: st.Fallback}
 		if st.Rule != nil {
 			cs.Rule = st.Rule.ID
 		}

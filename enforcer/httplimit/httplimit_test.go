@@ -39,6 +39,8 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2, scope: local, algorithm: fixed_window}
   - key: bench
     rate_limit: {unit: second, requests_per_unit: 1000000000000, scope: local, algorithm: fixed_window}
+  - key: metered
+    rate_limit: {unit: minute, requests_per_unit: 1, soft_percent: 100, scope: local, algorithm: fixed_window}
 `
 
 var t0 = time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
@@ -503,6 +505,25 @@ func TestCheckAPI(t *testing.T) {
 	resp := do(t, srv.Client(), "GET", u, nil, "")
 	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "POST" {
 		t.Errorf("GET: %d", resp.StatusCode)
+	}
+}
+
+// TestCheckAPISoft checks the check API's soft field: false within the limit, true for
+// the admission past it that soft_percent allows, false again (denied) past the band.
+func TestCheckAPISoft(t *testing.T) {
+	l, _ := newLimiter(t)
+	srv := httptest.NewServer(NewCheckHandler(l, CheckOptions{}))
+	defer srv.Close()
+	body := `{"domain":"api","descriptors":[{"entries":[{"key":"metered","value":"a"}]}]}`
+	for i, want := range []struct {
+		status int
+		soft   bool
+	}{{200, false}, {200, true}, {429, false}} {
+		resp, b := postJSON(t, srv.Client(), srv.URL, body)
+		var cr CheckResponse
+		if err := json.Unmarshal(b, &cr); err != nil || resp.StatusCode != want.status || cr.Statuses[0].Soft != want.soft {
+			t.Errorf("request %d: %d %s, want %d with soft %v", i+1, resp.StatusCode, b, want.status, want.soft)
+		}
 	}
 }
 

@@ -166,9 +166,29 @@ func (p *parser) errorf(n *yaml.Node, field, format string, args ...any) {
 	p.errs = append(p.errs, e)
 }
 
+// envoyKeys are the keys that envoyproxy/ratelimit's validator accepts anywhere in a file:
+// it checks key names, not where they stand, so its files may carry, for instance, a name
+// on a descriptor. In the parts of a file that its format defines (the root, descriptors,
+// rate_limit and replaces), such a key is accepted where it means nothing and ignored, so
+// that its files load unchanged.
+var envoyKeys = []string{"domain", "key", "value", "descriptors", "rate_limit", "unit", "requests_per_unit",
+	"unlimited", "shadow_mode", "name", "replaces", "detailed_metric", "value_to_metric", "share_threshold", "quota_mode"}
+
+// envoyFields is fields for the parts of a file that envoyproxy/ratelimit's format defines:
+// a key of envoyKeys that is not known there is ignored instead of rejected.
+func (p *parser) envoyFields(m *yaml.Node, prefix string, known []string, f func(key string, k, v *yaml.Node)) {
+	p.fieldsTolerating(m, prefix, known, envoyKeys, f)
+}
+
 // fields iterates over a mapping node's key/value pairs, reporting unknown and duplicate
 // keys. known lists the accepted keys.
 func (p *parser) fields(m *yaml.Node, prefix string, known []string, f func(key string, k, v *yaml.Node)) {
+	p.fieldsTolerating(m, prefix, known, nil, f)
+}
+
+// fieldsTolerating is fields that skips, without a word, the keys of tolerated that are
+// not known.
+func (p *parser) fieldsTolerating(m *yaml.Node, prefix string, known, tolerated []string, f func(key string, k, v *yaml.Node)) {
 	if m.Kind != yaml.MappingNode {
 		p.errorf(m, strings.TrimSuffix(prefix, "."), "want a mapping, got %s", kindName(m))
 		return
@@ -177,7 +197,9 @@ func (p *parser) fields(m *yaml.Node, prefix string, known []string, f func(key 
 	for i := 0; i+1 < len(m.Content); i += 2 {
 		k, v := m.Content[i], m.Content[i+1]
 		if !slices.Contains(known, k.Value) {
-			p.errorf(k, prefix+k.Value, "unknown field (want one of %s)", strings.Join(known, ", "))
+			if !slices.Contains(tolerated, k.Value) {
+				p.errorf(k, prefix+k.Value, "unknown field (want one of %s)", strings.Join(known, ", "))
+			}
 			continue
 		}
 		if seen[k.Value] {
@@ -261,7 +283,7 @@ func (p *parser) file1(data []byte) (*domain, *yaml.Node) {
 	root := doc.Content[0]
 	d := &domain{file: p.file, root: newNode()}
 	var domNode, descs, pools *yaml.Node
-	p.fields(root, "", []string{"domain", "descriptors", "pools"}, func(key string, k, v *yaml.Node) {
+	p.envoyFields(root, "", []string{"domain", "descriptors", "pools"}, func(key string, k, v *yaml.Node) {
 		switch key {
 		case "domain":
 			if s, ok := p.str(v, "domain"); ok {
@@ -358,7 +380,7 @@ func (p *parser) descriptor(m *yaml.Node, parent *node, d *domain, path []Level,
 		valueToMetric, share  bool
 		shareNode             *yaml.Node
 	)
-	p.fields(m, prefix, descriptorFields, func(key string, k, v *yaml.Node) {
+	p.envoyFields(m, prefix, descriptorFields, func(key string, k, v *yaml.Node) {
 		switch key {
 		case "key":
 			keyNode = v
@@ -535,7 +557,7 @@ func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limi
 		unitNode, rpuNode, windowNode, algNode, scopeNode, burstNode, unlimitedNode, hardNode *yaml.Node
 		window                                                                                time.Duration
 	)
-	p.fields(m, prefix, limitFields, func(key string, k, v *yaml.Node) {
+	p.envoyFields(m, prefix, limitFields, func(key string, k, v *yaml.Node) {
 		f := prefix + key
 		switch key {
 		case "unit":
@@ -684,7 +706,7 @@ func (p *parser) replaces(v *yaml.Node, f string, l *Limit) {
 	for i, item := range v.Content {
 		fi := fmt.Sprintf("%s[%d].", f, i)
 		var name string
-		p.fields(item, fi, []string{"name"}, func(_ string, _, nv *yaml.Node) {
+		p.envoyFields(item, fi, []string{"name"}, func(_ string, _, nv *yaml.Node) {
 			name, _ = p.str(nv, fi+"name")
 		})
 		if item.Kind == yaml.MappingNode && name == "" {

@@ -514,3 +514,46 @@ func TestParseNamesItsSource(t *testing.T) {
 		t.Fatalf("Parse error %v, want one at embedded.yaml:4", err)
 	}
 }
+
+// TestEnvoyKeysAnywhere loads a file as envoyproxy/ratelimit's validator accepts it: that
+// validator checks key names, not their position, so a name on a descriptor, a
+// detailed_metric inside rate_limit or a key in a replaces item load (and mean nothing
+// there). A key it does not know is still rejected, wherever it stands.
+func TestEnvoyKeysAnywhere(t *testing.T) {
+	c, err := Parse("envoy.yaml", []byte(`
+domain: anywhere
+descriptors:
+  - key: user
+    name: per-user-descriptor
+    rate_limit:
+      name: per_user
+      unit: minute
+      requests_per_unit: 5
+      detailed_metric: true
+    descriptors:
+      - key: path
+        unit: second
+        rate_limit:
+          unit: second
+          requests_per_unit: 2
+          replaces: [{name: per_user, key: ignored}]
+`))
+	if err != nil {
+		t.Fatalf("a file envoyproxy/ratelimit accepts does not load: %v", err)
+	}
+	if got := describeMatch(c.Match("anywhere", e("user", "1"))); got != "5/60s sliding_window global" {
+		t.Errorf("user: %q", got)
+	}
+	if got := describeMatch(c.Match("anywhere", e("user", "1", "path", "/a"))); got != "2/1s sliding_window global" {
+		t.Errorf("user/path: %q", got)
+	}
+	for name, yaml := range map[string]string{
+		"descriptor": "domain: d\ndescriptors:\n  - key: k\n    nmae: x\n",
+		"rate_limit": "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, limit: 3}\n",
+		"root":       "domain: d\nratelimits: []\n",
+	} {
+		if _, err := Parse(name+".yaml", []byte(yaml)); err == nil || !strings.Contains(err.Error(), "unknown field") {
+			t.Errorf("%s: %v, want an unknown field error", name, err)
+		}
+	}
+}

@@ -269,6 +269,10 @@ type scratch struct {
 	oneOp     [1]algo.Op
 	oneOut    [1]algo.Decision
 	oneGlob   [1]GlobalOp
+	// committed says which stages took their quota (commit), for finish's remaining counts.
+	committed struct{ site, local, global bool }
+	// siteRan says the site stage was asked (commit): otherwise siteOut holds nothing.
+	siteRan bool
 }
 
 func (s *scratch) reset() {
@@ -276,6 +280,8 @@ func (s *scratch) reset() {
 	s.localOps, s.localRefs = s.localOps[:0], s.localRefs[:0]
 	s.siteOps, s.siteRefs = s.siteOps[:0], s.siteRefs[:0]
 	s.globOps, s.globRefs = s.globOps[:0], s.globRefs[:0]
+	s.committed.site, s.committed.local, s.committed.global = false, false, false
+	s.siteRan = false
 }
 
 // DecideInto decides req and writes the result to res, reusing res.Statuses' capacity. It is
@@ -478,12 +484,15 @@ func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64)
 func (l *Limiter) commit(ctx context.Context, now time.Time, s *scratch, n int64, admitted, fused bool) (ok, siteFellBack bool) {
 	if admitted && len(s.siteOps) > 0 {
 		admitted, siteFellBack = l.commitAlgo(ctx, now, s, s.siteOps, s.siteRefs, s.siteOut, true)
+		s.committed.site, s.siteRan = admitted, true
 	}
 	if admitted && len(s.localOps) > 0 {
 		admitted, _ = l.commitAlgo(ctx, now, s, s.localOps, s.localRefs, s.localOut, false)
+		s.committed.local = admitted
 	}
 	if admitted && len(s.globOps) > 0 && !fused {
 		admitted = l.commitGlobal(ctx, now, s, n)
+		s.committed.global = admitted
 	}
 	if admitted {
 		l.commitShadow(ctx, now, s)
@@ -502,8 +511,24 @@ func (l *Limiter) commit(ctx context.Context, now time.Time, s *scratch, n int64
 // finish reports, per descriptor, the limit that denied, else the one with least room, and
 // the overall code, and counts the decision in the metrics.
 func (l *Limiter) finish(req Request, res *Result, s *scratch, admitted, siteFellBack bool) {
+	if !admitted {
+		// Global limits that passed were checked as if the request would take its cost;
+		// it took nothing from them unless their stage was committed (local limits are
+		// checked with Peek, which reports the room as it is).
+		if !s.committed.global {
+			for i := range s.globOut {
+				if s.globOut[i].Allowed {
+					s.globOut[i].Remaining += s.globOps[i].N
+				}
+			}
+		}
+	}
 	l.report(res, s.localRefs, s.localOut, nil)
-	l.report(res, s.siteRefs, s.siteOut, nil)
+	if s.siteRan {
+		// A request refused before the site stage never asked the store: its site limits
+		// are not reported rather than reported as refusing.
+		l.report(res, s.siteRefs, s.siteOut, nil)
+	}
 	l.report(res, s.globRefs, s.globOut, s.globStale)
 	if siteFellBack {
 		for _, ref := range s.siteRefs {

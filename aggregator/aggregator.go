@@ -62,6 +62,11 @@ type Config struct {
 	// DeadLetterTopic, when set, receives a copy of every skipped hit record with a
 	// HeaderReason header. Default "" (no copies).
 	DeadLetterTopic string
+	// CountsFormat is how count records are written: "binary" (the compact versioned
+	// format) or "json" (the JSON form, which kcat, ksqlDB, Kafka Connect or any JSON
+	// reader can read without a decoder; about three times larger). Enforcers read both.
+	// Heartbeats stay binary. Default "binary".
+	CountsFormat string
 	// SubBuckets is the number of sub-window buckets per window. Default
 	// window.DefaultSubBuckets; enforcers refuse counts made with another number.
 	SubBuckets int
@@ -131,6 +136,13 @@ func (c Config) normalize() (Config, error) {
 	}
 	if c.CountsTopic == "" {
 		c.CountsTopic = topics.DefaultCountsTopic
+	}
+	switch c.CountsFormat {
+	case "":
+		c.CountsFormat = CountsBinary
+	case CountsBinary, CountsJSON:
+	default:
+		return c, fmt.Errorf("aggregator: CountsFormat %q: want %q or %q", c.CountsFormat, CountsBinary, CountsJSON)
 	}
 	if c.LocalTopic == "" {
 		c.LocalTopic = topics.DefaultHitsTopic
@@ -555,6 +567,20 @@ func applyHeld(st *state, m *metrics, now int64, it *held) {
 	}
 }
 
+// appendCount encodes c in CountsFormat.
+func (c *Config) appendCount(dst []byte, cnt *topics.Count) ([]byte, error) {
+	if c.CountsFormat == CountsJSON {
+		return cnt.AppendJSON(dst)
+	}
+	return cnt.AppendBinary(dst)
+}
+
+// The values of Config.CountsFormat.
+const (
+	CountsBinary = "binary"
+	CountsJSON   = "json"
+)
+
 // remote reports whether a hits topic is another data center's, replicated here: every
 // topic but LocalTopic.
 func (c *Config) remote(topic string) bool { return topic != c.LocalTopic }
@@ -683,7 +709,7 @@ func (a *Aggregator) emitLoop(ctx context.Context, cl *kgo.Client) {
 			rec := &kgo.Record{Topic: a.cfg.CountsTopic, Key: []byte(e.key)}
 			if e.count != nil {
 				var err error
-				buf, err = e.count.AppendBinary(buf[:0])
+				buf, err = a.cfg.appendCount(buf[:0], e.count)
 				if err != nil {
 					a.log.Error("encode count", "key", e.key, "err", err)
 					continue

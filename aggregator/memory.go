@@ -60,7 +60,7 @@ type Memory struct {
 // NewMemory validates cfg and returns an empty Memory. Only the counting fields of cfg are
 // used (SubBuckets, DemandTimeConstant, SiteForget, MaxLocalHold, EmitInterval,
 // MaxEmitPerSecond, HeartbeatInterval, Lateness, MaxClockSkew, MaxKeys, DefaultWindow,
-// MaxWindow, InstanceID, Registerer), with the same defaults; the Kafka fields are
+// MaxWindow, CountsFormat, InstanceID, Registerer), with the same defaults; the Kafka fields are
 // ignored. Memory has no loop: the caller calls Emit, normally every EmitInterval, and
 // Emit returns at most MaxEmitPerSecond × EmitInterval counts. Its heartbeats describe one
 // source, topics.HeartbeatKey(LocalTopic, 0); InstanceID defaults to "memory". Hits added
@@ -167,7 +167,7 @@ func (m *Memory) Emit(now time.Time) []Emission {
 	for _, e := range m.outs {
 		rec := Emission{Key: []byte(e.key)}
 		if e.count != nil {
-			v, err := e.count.MarshalBinary()
+			v, err := m.cfg.appendCount(nil, e.count)
 			if err != nil {
 				// Unreachable: the state produces valid counts. Skip it, as Run does.
 				continue

@@ -3,6 +3,7 @@ package aggregator
 import (
 	"errors"
 	"math"
+	"reflect"
 	"testing"
 	"time"
 
@@ -263,5 +264,44 @@ func TestMemoryHoldsLocalHitsBehindRemote(t *testing.T) {
 				t.Fatalf("local hit not counted %v after it came: %+v", tc.visible+10*time.Millisecond, cs["x"])
 			}
 		})
+	}
+}
+
+// With CountsFormat json the count records are the JSON form, decoded to the same count
+// as the binary ones; an unknown format is refused.
+func TestMemoryCountsFormatJSON(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	counts := map[string]map[string]topics.Count{}
+	for _, format := range []string{CountsBinary, CountsJSON} {
+		m, err := NewMemory(Config{CountsFormat: format})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Add(t0, topics.Hit{Key: "api|user=1#60s", Site: "eu", BucketStart: t0.UnixMilli(), Window: 60_000, Count: 3}); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range m.Emit(t0.Add(time.Second)) {
+			if topics.IsReservedKey(e.Key) {
+				continue
+			}
+			if json := e.Value[0] == '{'; json != (format == CountsJSON) {
+				t.Fatalf("%s: value %q", format, e.Value)
+			}
+			c, err := topics.DecodeCount(e.Value)
+			if err != nil {
+				t.Fatalf("%s: %v", format, err)
+			}
+			if counts[format] == nil {
+				counts[format] = map[string]topics.Count{}
+			}
+			counts[format][string(e.Key)] = c
+		}
+	}
+	b, j := counts[CountsBinary]["api|user=1#60s"], counts[CountsJSON]["api|user=1#60s"]
+	if b.Total != 3 || !reflect.DeepEqual(b, j) {
+		t.Fatalf("binary %+v, json %+v", b, j)
+	}
+	if _, err := NewMemory(Config{CountsFormat: "avro"}); err == nil {
+		t.Fatal("unknown CountsFormat accepted")
 	}
 }

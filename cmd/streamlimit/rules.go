@@ -277,4 +277,3 @@ func flags(r limitRow) string {
 	}
 	return strings.Join(f, ", ")
 }
-

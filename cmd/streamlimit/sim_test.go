@@ -28,7 +28,7 @@ func TestSimTiersCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out, "| offered (× capacity) |") || strings.Count(out, "\n| 0.") + strings.Count(out, "\n| 1.") != 3 {
+	if !strings.Contains(out, "| offered (× capacity) |") || strings.Count(out, "\n| 0.")+strings.Count(out, "\n| 1.") != 3 {
 		t.Fatalf("output:\n%s", out)
 	}
 }

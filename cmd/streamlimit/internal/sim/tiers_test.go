@@ -29,7 +29,9 @@ func TestTiersSimulation(t *testing.T) {
 		}
 	}
 	idle, busy := r.Phases[0], r.Phases[len(r.Phases)-1]
-	rate := func(p TierPhase, tier int) float64 { return float64(p.Admitted[tier]) / float64(max(p.Offered[tier], 1)) }
+	rate := func(p TierPhase, tier int) float64 {
+		return float64(p.Admitted[tier]) / float64(max(p.Offered[tier], 1))
+	}
 	if rate(idle, 0) < 0.95 || idle.AboveBase == 0 {
 		t.Errorf("idle pool: paid admitted %.3f of offered, %d beyond base: want nearly all, with elastic room", rate(idle, 0), idle.AboveBase)
 	}

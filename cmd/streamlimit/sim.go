@@ -89,7 +89,7 @@ although that count was below it (percent of the steady-state requests).`,
 	fs.Float64Var(&f.plotLoad, "plot-load", 5, "load of the plotted run")
 	fs.DurationVar(&f.plotFrom, "plot-from", -1, "start of the plotted range, since the run's start (default: end of the warm-up)")
 	fs.DurationVar(&f.plotSpan, "plot-span", 0, "length of the plotted range (default: 3 windows)")
-	cmd.AddCommand(newSimCompareCmd(), newSimDCCmd(), newSimTiersCmd())
+	cmd.AddCommand(newSimCompareCmd(), newSimDCCmd(), newSimTiersCmd(), newSimWANCmd())
 	return cmd
 }
 
@@ -322,6 +322,35 @@ requests admitted beyond a client's base (the elastic room given).`,
 	fs.Float64Var(&c.To, "to", 0, "offered load at the end, × capacity (0: 1.5)")
 	fs.IntVar(&c.FreeFill, "free-fill", 0, "percent of the pool free requests may fill (0: 80)")
 	fs.Uint64Var(&c.Seed, "seed", 1, "traffic seed (same flags and seed give the same output)")
+	registerTuning(fs, &c.Links.Tuning)
+	return cmd
+}
+
+func newSimWANCmd() *cobra.Command {
+	var c sim.WANConfig
+	cmd := &cobra.Command{
+		Use:   "wan",
+		Short: "The multi-cluster end-to-end test's clients and timeline, simulated",
+		Long: `wan runs, on the simulator, the clients and timeline of the end-to-end test that runs two
+Kafka clusters joined by MirrorMaker 2 (docs/multidc.md): a steady client at 3× its limit
+over both data centers, a migrating one at 1.5× and a lighter one at 0.8× switching every
+8 s, four at 0.6× failing over at 20 s, both links cut from 35 s to 60 s. It prints the
+test's table (per client and phase: over, under, false 429s against an exact global log)
+so that the two can be compared line by line.`,
+		Example: `  streamlimit sim wan
+  streamlimit sim wan --wan 300ms`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rows, err := sim.RunWAN(cmd.Context(), c)
+			if err != nil {
+				return err
+			}
+			return sim.WriteWANTable(cmd.OutOrStdout(), rows)
+		},
+	}
+	fs := cmd.Flags()
+	fs.DurationVar(&c.Links.WAN, "wan", 0, "one-way latency between the data centers, replication included (0: 40ms)")
+	fs.DurationVar(&c.Links.Jitter, "jitter", 0, "link jitter, ± (0: 10ms)")
 	registerTuning(fs, &c.Links.Tuning)
 	return cmd
 }

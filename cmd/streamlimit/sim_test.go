@@ -32,3 +32,14 @@ func TestSimTiersCommand(t *testing.T) {
 		t.Fatalf("output:\n%s", out)
 	}
 }
+
+// `sim wan` prints the multi-cluster test's table.
+func TestSimWANCommand(t *testing.T) {
+	out, _, err := runSplit(t, "sim", "wan", "--wan", "100ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "client      phase  requests") || strings.Count(out, "\n") != 22 {
+		t.Fatalf("output:\n%s", out)
+	}
+}

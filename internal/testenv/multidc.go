@@ -156,11 +156,11 @@ func StartMirrorMaker(t testing.TB, o MirrorOptions) {
 	}
 	env := []string{"STREAMLIMIT_RUN_DIR=" + dir, "STREAMLIMIT_MM2_INSTANCE=mm2-" + o.Target}
 	t.Cleanup(func() {
+		if t.Failed() {
+			logProblems(t, filepath.Join(dir, "mm2-"+o.Target, "mm2.log"), 40)
+		}
 		if _, err := runScript(context.Background(), "mm2.sh", env, "stop"); err != nil {
 			t.Errorf("testenv: stopping MirrorMaker into %s: %v", o.Target, err)
-		}
-		if t.Failed() {
-			logTail(t, filepath.Join(dir, "mm2-"+o.Target, "mm2.log"), 40)
 		}
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -266,11 +266,18 @@ func freePortPair() (int, int, error) {
 	return a.Addr().(*net.TCPAddr).Port, b.Addr().(*net.TCPAddr).Port, nil
 }
 
-func logTail(t testing.TB, path string, n int) {
+// logProblems logs the last n warnings and errors of a log4j log: what explains a failure,
+// without the thousands of lines MirrorMaker logs at INFO.
+func logProblems(t testing.TB, path string, n int) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return
 	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	t.Logf("last lines of %s:\n%s", path, strings.Join(lines[max(0, len(lines)-n):], "\n"))
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "] WARN ") || strings.Contains(l, "] ERROR ") {
+			lines = append(lines, l)
+		}
+	}
+	t.Logf("last warnings and errors of %s:\n%s", path, strings.Join(lines[max(0, len(lines)-n):], "\n"))
 }

@@ -41,7 +41,9 @@ type dc struct {
 // It returns once a record has crossed every direction.
 func startMirroredDCs(t *testing.T, names ...string) []*dc {
 	t.Helper()
+	start := time.Now()
 	clusters := testenv.StartKafkaClusters(t, names...)
+	t.Logf("FIGURE mirror: %d Kafka clusters started in %v", len(clusters), time.Since(start).Round(100*time.Millisecond))
 	dcs := make([]*dc, len(clusters))
 	for i, c := range clusters {
 		dcs[i] = &dc{KafkaCluster: c, link: testenv.NewLink(t, c.Name, c.WANAddr, c.WANUpstream)}
@@ -61,6 +63,7 @@ func startMirroredDCs(t *testing.T, names ...string) []*dc {
 		createTopics(t, []string{d.Addr}, hitsPartitions, nil, hits...)
 		createTopics(t, []string{d.Addr}, 2, compacted(), topics.DefaultCountsTopic)
 	}
+	start = time.Now()
 	for _, d := range dcs {
 		boot := map[string]string{d.Name: d.Addr}
 		for _, o := range dcs {
@@ -81,6 +84,7 @@ func startMirroredDCs(t *testing.T, names ...string) []*dc {
 			}
 		}
 	}
+	t.Logf("FIGURE mirror: MirrorMaker started and replicating every direction in %v", time.Since(start).Round(100*time.Millisecond))
 	return dcs
 }
 

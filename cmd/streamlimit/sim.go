@@ -287,6 +287,8 @@ its first admission there. Each target is then reported as met or MISSED.`,
 	fs.Int64Var(&base.Limit, "limit", 100, "every client's global limit, requests per window")
 	fs.DurationVar(&base.Window, "window", 10*time.Second, "the rule's sliding window")
 	fs.Uint64Var(&base.Seed, "seed", 1, "traffic seed (same flags and seed give the same output)")
+	fs.StringVar(&base.Algorithm, "algorithm", "", "the global limit's algorithm: sliding_window (default), token_bucket or gcra")
+	fs.Int64Var(&base.Burst, "burst", 0, "bucket size of token_bucket and gcra; the oracle is then at most burst in any burst/rate")
 	registerTuning(fs, &base.Tuning)
 	fs.IntVar(&parallel, "parallel", runtime.GOMAXPROCS(0), "runs simulated at once (the output does not depend on it)")
 	return cmd

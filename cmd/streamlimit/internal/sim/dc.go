@@ -51,6 +51,22 @@ type DCConfig struct {
 	Tuning Tuning
 	// SubBuckets is every part's sub-bucket count. Default 60.
 	SubBuckets int
+	// Algorithm is the global limit's algorithm: "" (sliding window), "token_bucket" or
+	// "gcra", with Burst. A global bucket of Burst refilled at Limit per Window is counted
+	// as at most Burst in any Burst / rate, and the oracle is that exact sliding log.
+	Algorithm string
+	Burst     int64
+}
+
+// dcRulesYAML is a run's one rule: every client gets Limit per Window, global scope, by
+// Algorithm.
+func dcRulesYAML(c DCConfig) string {
+	extra := ""
+	if c.Algorithm != "" {
+		extra = fmt.Sprintf(", algorithm: %s, burst: %d", c.Algorithm, c.Burst)
+	}
+	return fmt.Sprintf("domain: %s\ndescriptors:\n  - key: %s\n    rate_limit: {window: %dms, requests_per_unit: %d%s}\n",
+		domain, descKey, c.Window.Milliseconds(), c.Limit, extra)
 }
 
 func (c DCConfig) normalize() (DCConfig, error) {
@@ -148,10 +164,11 @@ func RunDC(ctx context.Context, cfg DCConfig) (DCResult, error) {
 	if err != nil {
 		return DCResult{}, err
 	}
-	rc, err := LoadRules(cfg.Limit, cfg.Window)
+	rc, err := rules.Parse("sim.yaml", []byte(dcRulesYAML(cfg)))
 	if err != nil {
-		return DCResult{}, err
+		return DCResult{}, fmt.Errorf("sim: rules: %w", err)
 	}
+	lim := &rc.Match(domain, request("c0").Descriptors[0]).Limits[0]
 	wMs := cfg.Window.Milliseconds()
 	durMs := wMs + int64(cfg.Windows)*wMs
 	seed := seedFor(cfg.Seed, Scenario(cfg.Scenario), cfg.DCs, float64(cfg.Clients))
@@ -161,7 +178,7 @@ func RunDC(ctx context.Context, cfg DCConfig) (DCResult, error) {
 	for i := range reqs {
 		reqs[i] = request(load.clients[i].name)
 	}
-	acc := newDCAccounting(cfg, load)
+	acc := newDCAccounting(cfg, load, lim.GlobalAllowance(), lim.CountWindow())
 	var res DCResult
 	res.AggregatorErrors, res.SnapshotErrors, err = simulateDCs(ctx, cfg, rc, seed, durMs, load.arrivals, load.cuts, reqs, len(load.clients), acc.decide)
 	if err != nil {

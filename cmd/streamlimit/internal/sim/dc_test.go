@@ -96,3 +96,41 @@ func TestDCSimulationDeterministicAndReported(t *testing.T) {
 		t.Fatal("unknown scenario accepted")
 	}
 }
+
+// A global token bucket (or GCRA) of burst B refilled at L per W is counted as at most B in
+// any B/rate: with B = L that is the sliding window itself, decision for decision; a
+// smaller burst is measured against the exact log of its own, shorter window.
+func TestDCSimulationBucketAlgorithms(t *testing.T) {
+	ctx := context.Background()
+	base := DCConfig{Scenario: DCMigrating, Clients: 30, Windows: 2}
+	sw, err := RunDC(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, alg := range []string{"token_bucket", "gcra"} {
+		c := base
+		c.Algorithm, c.Burst = alg, base.Limit
+		if c.Burst == 0 {
+			c.Burst = 100
+		}
+		r, err := RunDC(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Admitted != sw.Admitted || r.OracleAdmitted != sw.OracleAdmitted || r.MaxRatio != sw.MaxRatio {
+			t.Errorf("%s with burst = limit: admitted %d/%d max %.3f, sliding window %d/%d max %.3f", alg,
+				r.Admitted, r.OracleAdmitted, r.MaxRatio, sw.Admitted, sw.OracleAdmitted, sw.MaxRatio)
+		}
+		c.Burst = 30
+		small, err := RunDC(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if small.OracleAdmitted >= sw.OracleAdmitted || small.MaxRatio > 1.5 {
+			t.Errorf("%s with burst 30: oracle admitted %d (want fewer than the window's %d), max %.3f", alg, small.OracleAdmitted, sw.OracleAdmitted, small.MaxRatio)
+		}
+	}
+	if _, err := RunDC(ctx, DCConfig{Scenario: DCBursty, Algorithm: "nope", Burst: 5}); err == nil {
+		t.Fatal("unknown algorithm accepted")
+	}
+}

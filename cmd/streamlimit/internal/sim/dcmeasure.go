@@ -1,6 +1,9 @@
 package sim
 
-import "slices"
+import (
+	"slices"
+	"time"
+)
 
 // DCResult is what one data-center run measured, over the requests at or after the end of
 // the warm-up window, against an exact global sliding-window log per client (the oracle)
@@ -78,6 +81,7 @@ type dcClientAcc struct {
 
 type dcAccounting struct {
 	cfg     DCConfig
+	limit   int64 // the oracle's limit per wMs: Limit per Window, or Burst per Burst/rate
 	plan    *dcPlan
 	wMs     int64
 	warm    int64
@@ -86,8 +90,8 @@ type dcAccounting struct {
 	phase   []int64 // max count per phase
 }
 
-func newDCAccounting(cfg DCConfig, plan dcPlan) *dcAccounting {
-	a := &dcAccounting{cfg: cfg, plan: &plan, wMs: cfg.Window.Milliseconds(), warm: cfg.Window.Milliseconds(),
+func newDCAccounting(cfg DCConfig, plan dcPlan, limit int64, countWindow time.Duration) *dcAccounting {
+	a := &dcAccounting{cfg: cfg, limit: limit, plan: &plan, wMs: countWindow.Milliseconds(), warm: cfg.Window.Milliseconds(),
 		clients: make([]dcClientAcc, len(plan.clients)), phase: make([]int64, len(plan.phases))}
 	for i := range a.clients {
 		a.clients[i].moveAt = -1
@@ -98,7 +102,7 @@ func newDCAccounting(cfg DCConfig, plan dcPlan) *dcAccounting {
 // decide records streamlimit's decision on arrival x, and the oracle's on the same request.
 func (a *dcAccounting) decide(x dcArrival, ok bool) {
 	c := &a.clients[x.client]
-	limit := a.cfg.Limit
+	limit := a.limit
 	oracleOK := c.oracle.count(x.t, a.wMs) < limit
 	if oracleOK {
 		c.oracle.t = append(c.oracle.t, x.t)
@@ -157,7 +161,7 @@ func (a *dcAccounting) decide(x dcArrival, ok bool) {
 }
 
 func (a *dcAccounting) result(r *DCResult) {
-	limit := float64(a.cfg.Limit)
+	limit := float64(a.limit)
 	r.Clients = len(a.clients)
 	r.Requests, r.Admitted, r.OracleAdmitted = a.res.Requests, a.res.Admitted, a.res.OracleAdmitted
 	r.FalseLiteral, r.FalseBehind = a.res.FalseLiteral, a.res.FalseBehind

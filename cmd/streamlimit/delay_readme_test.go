@@ -118,7 +118,7 @@ func TestREADMEDelay(t *testing.T) {
 	last.Statuses[0].LimitRemaining = exampleResp.Statuses[0].LimitRemaining
 	got, _ := json.Marshal(last)
 	want, _ := json.Marshal(exampleResp)
-	if !reflect.DeepEqual(got, want) {
+	if !reflect.DeepEqual(got, want) || string(want) != strings.TrimSpace(example) {
 		t.Errorf("README's example answer\n%s\ndiffers from the real one\n%s", want, got)
 	}
 

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/headers"
@@ -41,13 +42,15 @@ type CheckOptions struct {
 //
 // The cost may be given as hits_addend, hitsAddend (protobuf JSON) or hits; 0 or absent
 // means 1. A descriptor's own hits_addend, if given, must equal the request's; its limit
-// override is ignored (rules come from the rules files only).
+// override is ignored (rules come from the rules files only). max_delay_ms (at most
+// MaxDelay) asks to wait that long for room rather than be refused (see Awaiter).
 type CheckRequest struct {
 	Domain          string            `json:"domain"`
 	Descriptors     []CheckDescriptor `json:"descriptors"`
 	HitsAddend      *int64            `json:"hits_addend,omitempty"`
 	HitsAddendCamel *int64            `json:"hitsAddend,omitempty"`
 	Hits            *int64            `json:"hits,omitempty"`
+	MaxDelayMs      *int64            `json:"max_delay_ms,omitempty"`
 }
 
 // CheckDescriptor is one descriptor of a CheckRequest.
@@ -76,6 +79,9 @@ type CheckResponse struct {
 	// ResponseHeadersToAdd are the fields of package headers that a gateway should add
 	// to its response (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After).
 	ResponseHeadersToAdd []CheckHeader `json:"response_headers_to_add,omitempty"`
+	// WaitedMs is how long the request waited for room (max_delay_ms); absent when it did
+	// not wait.
+	WaitedMs int64 `json:"waited_ms,omitempty"`
 }
 
 // CheckStatus is the decision for one descriptor (see enforcer.Status).
@@ -147,7 +153,8 @@ func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 			writeProblem(w, http.StatusMethodNotAllowed, opts.ProblemType, "use POST")
 			return
 		}
-		req, err := decodeCheck(http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes))
+		var maxDelay time.Duration
+		req, err := decodeCheck(http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes), &maxDelay)
 		if err != nil {
 			status := http.StatusBadRequest
 			var mbe *http.MaxBytesError
@@ -158,8 +165,10 @@ func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 			return
 		}
 		var res enforcer.Result
-		dec.DecideInto(r.Context(), req, &res)
-		body, err := json.Marshal(checkResponse(&res))
+		waited := decideCheck(r.Context(), dec, req, maxDelay, &res)
+		resp := checkResponse(&res)
+		resp.WaitedMs = waited.Milliseconds()
+		body, err := json.Marshal(resp)
 		if err != nil {
 			writeProblem(w, http.StatusInternalServerError, opts.ProblemType, "encoding the response failed")
 			return
@@ -182,7 +191,8 @@ func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 	})
 }
 
-func decodeCheck(body io.Reader) (enforcer.Request, error) {
+// decodeCheck decodes and validates a check request; it sets *maxDelay from max_delay_ms.
+func decodeCheck(body io.Reader, maxDelay *time.Duration) (enforcer.Request, error) {
 	var cr CheckRequest
 	d := json.NewDecoder(body)
 	d.DisallowUnknownFields()
@@ -204,6 +214,9 @@ func decodeCheck(body io.Reader) (enforcer.Request, error) {
 		return req, err
 	}
 	req.Hits = hits
+	if *maxDelay, err = checkDelay(cr.MaxDelayMs); err != nil {
+		return req, err
+	}
 	for i, cd := range cr.Descriptors {
 		f := "descriptors[" + strconv.Itoa(i) + "]"
 		dh, err := pickHits(f+".hits_addend", cd.HitsAddend, cd.HitsAddendCamel, nil)

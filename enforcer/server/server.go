@@ -104,11 +104,19 @@ type Config struct {
 	Upstream *url.URL
 	// ProxyAddr is the reverse proxy's address. Default ":8080".
 	ProxyAddr string
+	// ProxyMaxDelay makes the reverse proxy hold a request that its limits will admit
+	// within this long until they do, instead of answering 429 at once (httplimit.Delay).
+	// Default 0: answer at once.
+	ProxyMaxDelay time.Duration
 	// HTTP says how HTTP requests (proxy and /v1/auth) become descriptors. Its Domain is
 	// required when Upstream is set or /v1/auth is to be served.
 	HTTP httplimit.Config
 	// Auth configures /v1/auth.
 	Auth httplimit.AuthOptions
+	// AuthMaxDelay makes /v1/auth hold a request that its limits will admit within this
+	// long until they do, instead of denying it at once (nginx's proxy_read_timeout for
+	// the subrequest must be longer). Default 0: answer at once.
+	AuthMaxDelay time.Duration
 
 	// ShutdownTimeout bounds the graceful shutdown (draining requests, flushing hits).
 	// Default 10s.
@@ -173,6 +181,8 @@ type Server struct {
 	prod     *producer.Producer
 	lim      *enforcer.Limiter
 	mw       *httplimit.Middleware
+	proxyMW  *httplimit.Middleware // mw, or one that waits up to ProxyMaxDelay
+	authMW   *httplimit.Middleware // mw, or one that waits up to AuthMaxDelay
 	rls      *rls.Server
 	// instance names this process in its site heartbeats.
 	instance string
@@ -261,6 +271,12 @@ func New(cfg Config) (_ *Server, err error) {
 	if cfg.HTTP.Domain != "" {
 		s.mw, err = httplimit.New(s.lim, httplimit.Options{Config: cfg.HTTP, Logger: s.log})
 		if err != nil {
+			return nil, err
+		}
+		if s.proxyMW, err = s.delaying(cfg.ProxyMaxDelay); err != nil {
+			return nil, err
+		}
+		if s.authMW, err = s.delaying(cfg.AuthMaxDelay); err != nil {
 			return nil, err
 		}
 	}
@@ -362,6 +378,15 @@ func (s *Server) Ready() (bool, string) {
 	return true, "snapshot restored and fresh"
 }
 
+// delaying returns s.mw, or, when maxDelay > 0, a middleware like it that waits up to
+// maxDelay for room instead of refusing.
+func (s *Server) delaying(maxDelay time.Duration) (*httplimit.Middleware, error) {
+	if maxDelay <= 0 {
+		return s.mw, nil
+	}
+	return httplimit.New(httplimit.Delay(s.lim, maxDelay), httplimit.Options{Config: s.cfg.HTTP, Logger: s.log})
+}
+
 // Handler returns the HTTP handler of HTTPAddr.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
@@ -371,7 +396,7 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle("POST /json", s.rls.JSONHandler())
 	}
 	if s.mw != nil {
-		mux.Handle("/v1/auth", s.mw.AuthHandler(s.cfg.Auth))
+		mux.Handle("/v1/auth", s.authMW.AuthHandler(s.cfg.Auth))
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -433,7 +458,7 @@ func (s *Server) Run(ctx context.Context) error {
 	servers := []*http.Server{{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}}
 	lns := []net.Listener{s.httpLn}
 	if s.proxyLn != nil {
-		servers = append(servers, &http.Server{Handler: httplimit.NewProxy(s.cfg.Upstream, s.mw), ReadHeaderTimeout: 10 * time.Second})
+		servers = append(servers, &http.Server{Handler: httplimit.NewProxy(s.cfg.Upstream, s.proxyMW), ReadHeaderTimeout: 10 * time.Second})
 		lns = append(lns, s.proxyLn)
 	}
 	for i, srv := range servers {

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/headers"
@@ -21,10 +20,6 @@ import (
 const (
 	// DefaultMaxBodyBytes is CheckOptions.MaxBodyBytes's default.
 	DefaultMaxBodyBytes = 64 << 10
-	// MaxDescriptors is the most descriptors one check request may carry.
-	MaxDescriptors = 64
-	// MaxEntries is the most entries one descriptor may carry.
-	MaxEntries = 32
 	// MaxHits is the largest hits_addend, Envoy's uint32 maximum.
 	MaxHits = math.MaxUint32
 )
@@ -70,8 +65,9 @@ type CheckEntry struct {
 }
 
 // CheckResponse is the answer of POST /v1/check, in the shape of Envoy's
-// RateLimitResponse with durations in milliseconds. It is sent with status 200 whatever
-// the decision: OverallCode says whether the request is over the limit.
+// RateLimitResponse with durations in milliseconds. It is sent with status 200 when
+// OverallCode is "OK" and 429 when it is "OVER_LIMIT", with the fields of
+// ResponseHeadersToAdd also set as HTTP header fields (Retry-After among them).
 type CheckResponse struct {
 	// OverallCode is "OK" or "OVER_LIMIT".
 	OverallCode string `json:"overall_code"`
@@ -88,16 +84,22 @@ type CheckStatus struct {
 	Code string `json:"code"`
 	// CurrentLimit is the limit that decided; absent when no rule limits the descriptor.
 	CurrentLimit *CheckLimit `json:"current_limit,omitempty"`
-	// LimitRemaining is how many more requests the limit admits now.
+	// LimitRemaining is how many more requests the limit admits now;
+	// headers.UnlimitedRemaining when the rule is unlimited.
 	LimitRemaining int64 `json:"limit_remaining"`
-	// DurationUntilResetMs is the time until the limit's counter is empty again.
+	// DurationUntilResetMs is the time until the limit's counter is empty again, at most
+	// headers.MaxRetryAfter.
 	DurationUntilResetMs int64 `json:"duration_until_reset_ms"`
-	// RetryAfterMs is 0 unless denied; then the time until a retry can succeed.
+	// RetryAfterMs is 0 unless denied; then the time until a retry can succeed, at most
+	// headers.MaxRetryAfter (a request that can never pass).
 	RetryAfterMs int64 `json:"retry_after_ms"`
 	// Rule is the ID of the matched rule; absent when none matched.
 	Rule string `json:"rule,omitempty"`
 	// Shadow reports that a shadow-mode limit would have denied.
 	Shadow bool `json:"shadow"`
+	// Soft reports an admission in the limit's soft band: past requests_per_unit, within
+	// soft_percent (see enforcer.Status.Soft).
+	Soft bool `json:"soft"`
 	// Fallback reports a decision made by a fallback (see enforcer.Status).
 	Fallback bool `json:"fallback"`
 }
@@ -125,9 +127,9 @@ type checkError struct{ msg string }
 
 func (e *checkError) Error() string { return e.msg }
 
-// NewCheckHandler returns the handler of POST /v1/check. A decision is always answered
-// 200 with a CheckResponse; a malformed or invalid request (bad JSON, unknown fields,
-// empty domain, no descriptors, an empty entry key, bad hits) is answered 400 with an
+// NewCheckHandler returns the handler of POST /v1/check. A decision is answered with a
+// CheckResponse, 200 when admitted and 429 when denied; a malformed or invalid request (bad JSON, unknown fields, bad
+// hits, or a request rules.ValidateRequest rejects) is answered 400 with an
 // application/problem+json body, a too large one 413, another method 405.
 func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 	if opts.MaxBodyBytes <= 0 {
@@ -163,10 +165,17 @@ func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 			return
 		}
 		h := w.Header()
+		for _, f := range headers.Append(nil, &res) {
+			h.Set(f.Name, f.Value)
+		}
 		h.Set("Content-Type", "application/json")
 		h.Set("Content-Length", strconv.Itoa(len(body)))
 		h.Set("Cache-Control", "no-store")
-		w.WriteHeader(http.StatusOK)
+		code := http.StatusOK
+		if res.Code == enforcer.CodeOverLimit {
+			code = http.StatusTooManyRequests
+		}
+		w.WriteHeader(code)
 		if _, err := w.Write(body); err != nil {
 			opts.Logger.LogAttrs(r.Context(), slog.LevelDebug, "writing check response", slog.Any("err", err))
 		}
@@ -188,15 +197,8 @@ func decodeCheck(body io.Reader) (enforcer.Request, error) {
 		return enforcer.Request{}, &checkError{"malformed JSON: data after the request object"}
 	}
 	req := enforcer.Request{Domain: cr.Domain}
-	if cr.Domain == "" {
-		return req, &checkError{"domain: required"}
-	}
-	if len(cr.Descriptors) == 0 {
-		return req, &checkError{"descriptors: at least one is required"}
-	}
-	if len(cr.Descriptors) > MaxDescriptors {
-		return req, &checkError{fmt.Sprintf("descriptors: %d is more than %d", len(cr.Descriptors), MaxDescriptors)}
-	}
+	// The shape is validated by rules.ValidateRequest, as over gRPC; JSON only adds the
+	// cost's spellings. Entries are mapped first, bounded by the body's size.
 	hits, err := pickHits("hits_addend", cr.HitsAddend, cr.HitsAddendCamel, cr.Hits)
 	if err != nil {
 		return req, err
@@ -204,12 +206,6 @@ func decodeCheck(body io.Reader) (enforcer.Request, error) {
 	req.Hits = hits
 	for i, cd := range cr.Descriptors {
 		f := "descriptors[" + strconv.Itoa(i) + "]"
-		if len(cd.Entries) == 0 {
-			return req, &checkError{f + ".entries: at least one is required"}
-		}
-		if len(cd.Entries) > MaxEntries {
-			return req, &checkError{fmt.Sprintf("%s.entries: %d is more than %d", f, len(cd.Entries), MaxEntries)}
-		}
 		dh, err := pickHits(f+".hits_addend", cd.HitsAddend, cd.HitsAddendCamel, nil)
 		if err != nil {
 			return req, err
@@ -219,12 +215,12 @@ func decodeCheck(body io.Reader) (enforcer.Request, error) {
 		}
 		entries := make([]rules.Entry, len(cd.Entries))
 		for j, e := range cd.Entries {
-			if e.Key == "" {
-				return req, &checkError{fmt.Sprintf("%s.entries[%d].key: required", f, j)}
-			}
 			entries[j] = rules.Entry{Key: e.Key, Value: e.Value}
 		}
 		req.Descriptors = append(req.Descriptors, entries)
+	}
+	if err := rules.ValidateRequest(req.Domain, req.Descriptors); err != nil {
+		return req, err
 	}
 	return req, nil
 }
@@ -250,18 +246,11 @@ func pickHits(field string, vs ...*int64) (int64, error) {
 	return *got, nil
 }
 
-func ceilMs(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
-}
-
 func checkResponse(res *enforcer.Result) CheckResponse {
 	out := CheckResponse{OverallCode: res.Code.String(), Statuses: make([]CheckStatus, len(res.Statuses))}
 	for i := range res.Statuses {
 		st := &res.Statuses[i]
-		cs := CheckStatus{Code: st.Code.String(), Shadow: st.Shadow, Fallback: st.Fallback}
+		cs := CheckStatus{Code: st.Code.String(), Shadow: st.Shadow, Soft: st.Soft(), Fallback: st.Fallback}
 		if st.Rule != nil {
 			cs.Rule = st.Rule.ID
 		}
@@ -273,8 +262,10 @@ func checkResponse(res *enforcer.Result) CheckResponse {
 				Unit:            strings.ToUpper(st.Limit.Unit),
 			}
 			cs.LimitRemaining = max(st.Remaining, 0)
-			cs.DurationUntilResetMs = ceilMs(st.ResetAfter)
-			cs.RetryAfterMs = ceilMs(st.RetryAfter)
+			cs.DurationUntilResetMs = headers.Millis(st.ResetAfter)
+			cs.RetryAfterMs = headers.Millis(st.RetryAfter)
+		} else if st.Rule != nil && st.Rule.Unlimited {
+			cs.LimitRemaining = headers.UnlimitedRemaining
 		}
 		out.Statuses[i] = cs
 	}

@@ -94,8 +94,8 @@ type Config struct {
 	// limit and of the site's part of every global limit. Default 1.
 	SiteEnforcers int
 
-	// HTTPAddr serves POST /v1/check, the nginx endpoint /v1/auth, /metrics, /healthz and
-	// /readyz. Default "127.0.0.1:8081" (loopback: the check API trusts its callers).
+	// HTTPAddr serves POST /v1/check, the nginx endpoint /v1/auth, envoyproxy/ratelimit's
+	// POST /json (unless GRPCAddr is "off"), /metrics, /healthz and /readyz. Default "127.0.0.1:8081" (loopback: the check API trusts its callers).
 	HTTPAddr string
 	// GRPCAddr serves Envoy's RateLimitService. Default "127.0.0.1:8082"; "off" disables.
 	GRPCAddr string
@@ -366,6 +366,10 @@ func (s *Server) Ready() (bool, string) {
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/check", httplimit.NewCheckHandler(s.lim, httplimit.CheckOptions{Logger: s.log}))
+	if s.rls != nil {
+		// envoyproxy/ratelimit's HTTP twin of the gRPC service, for drop-in clients.
+		mux.Handle("POST /json", s.rls.JSONHandler())
+	}
 	if s.mw != nil {
 		mux.Handle("/v1/auth", s.mw.AuthHandler(s.cfg.Auth))
 	}

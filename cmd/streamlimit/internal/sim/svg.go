@@ -34,7 +34,7 @@ const (
 	legendLineWidth = 28
 )
 
-// WriteSVG plots a traced run in the spirit of seed 003's figures: over time, the exact
+// WriteSVG plots a traced run in the style of the classic rate-limiter comparisons: over time, the exact
 // number of requests admitted in the sliding window (all sites), site dc1's estimate of it
 // (remote part from its snapshot plus its exact local count), dc1's local part, and the
 // limit; below, a tick per decision of the heavy client at every site, admitted and

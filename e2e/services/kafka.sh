@@ -34,6 +34,8 @@
 #                              and tests must too, so a missing EnsureTopics
 #                              fails in tests as it would in production)
 #   STREAMLIMIT_KAFKA_HEAP     JVM heap (default 512m)
+#   STREAMLIMIT_OWNER_PID      when set, the broker is stopped once that process
+#                              has exited (see watch_owner in lib.sh)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -235,6 +237,7 @@ while True:
     -cp "$LIBS/*" kafka.Kafka "$RUN/server.properties" \
     >>"$OUTFILE" 2>&1 </dev/null &
   printf '%s\n' "$!" >"$PIDFILE"
+  watch_owner "$PIDFILE" "$RUN/server.properties"
 
   local addr="127.0.0.1:$port" deadline=$((SECONDS + READY_TIMEOUT))
   until ready "$addr"; do

@@ -26,6 +26,8 @@
 #   STREAMLIMIT_CACHE          jar cache (default $HOME/.cache/streamlimit)
 #   STREAMLIMIT_KAFKA_VERSION  Kafka version (default 3.9.1)
 #   STREAMLIMIT_MM2_HEAP       JVM heap (default 256m)
+#   STREAMLIMIT_OWNER_PID      when set, MirrorMaker is stopped once that process
+#                              has exited (see watch_owner in lib.sh)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -126,6 +128,7 @@ cmd_start() {
     -cp "$LIBS/*" org.apache.kafka.connect.mirror.MirrorMaker "$RUN/mm2.properties" "$@" \
     >>"$OUTFILE" 2>&1 </dev/null &
   printf '%s\n' "$!" >"$PIDFILE"
+  watch_owner "$PIDFILE" "$RUN/mm2.properties"
   sleep 1
   if ! pid_alive "$PIDFILE"; then
     tail -n 30 "$OUTFILE" >&2 || true

@@ -237,7 +237,9 @@ func runScript(ctx context.Context, name string, env []string, args ...string) (
 		return "", err
 	}
 	cmd := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(root, "e2e", "services", name)}, args...)...)
-	cmd.Env = append(os.Environ(), env...)
+	// The services outlive this command; they are stopped with the test binary too when
+	// it dies without running its cleanup (watch_owner in e2e/services/lib.sh).
+	cmd.Env = append(append(os.Environ(), "STREAMLIMIT_OWNER_PID="+strconv.Itoa(os.Getpid())), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {

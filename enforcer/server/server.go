@@ -87,7 +87,7 @@ type Config struct {
 	RedisUsername, RedisPassword string
 	// RedisTLS enables TLS to Redis.
 	RedisTLS *tls.Config
-	// RedisTimeout bounds every Redis call on the request path. Default 5ms.
+	// RedisTimeout bounds every Redis call on the request path. Default sitestore.DefaultTimeout.
 	RedisTimeout time.Duration
 	// SiteEnforcers is the number of enforcers sharing the site's Redis. While Redis is
 	// unavailable each counts only itself, so each keeps to 1/SiteEnforcers of every site

@@ -125,7 +125,11 @@ func (c *Counter) Counts(ctx context.Context, now time.Time, ops []enforcer.Glob
 	}
 	keys, args := c.args(now, ops, false)
 	if reason := c.call(ctx, keys, args, out, nil); reason != "" {
-		c.s.m.counterFB.WithLabelValues("counts", reason).Inc()
+		if reason == reasonCanceled {
+			c.s.m.canceled.Inc()
+		} else {
+			c.s.m.counterFB.WithLabelValues("counts", reason).Inc()
+		}
 		return c.fallback.Counts(ctx, now, ops, out)
 	}
 	return nil
@@ -194,6 +198,14 @@ func (c *Counter) Commit(ctx context.Context, now time.Time, ops []enforcer.Glob
 	keys, args := c.args(now, ops, true)
 	var ok bool
 	if reason := c.call(ctx, keys, args, counts, &ok); reason != "" {
+		if reason == reasonCanceled {
+			// Nobody will receive the answer: commit nothing anywhere.
+			c.s.m.canceled.Inc()
+			if counts != nil {
+				_ = c.fallback.Counts(ctx, now, ops, counts)
+			}
+			return false, nil
+		}
 		c.s.m.counterFB.WithLabelValues("commit", reason).Inc()
 		return c.fallbackCommit(ctx, now, ops, counts)
 	}

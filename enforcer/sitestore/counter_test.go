@@ -306,8 +306,7 @@ func TestCounterRedisDownFallbackAndRecovery(t *testing.T) {
 	s := newStore(t, client, "sl:", func(c *Config) {
 		c.Clock = bclk
 		c.Registerer = reg
-		c.FailureThreshold = 2
-		c.ProbeInterval = time.Second
+		c.Breaker = breaker.Options{MinFailures: 2, ProbeInterval: time.Second, ProbeSuccesses: 1}
 	})
 	c := NewCounter(s, CounterOptions{})
 	ctx := context.Background()

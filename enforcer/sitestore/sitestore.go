@@ -110,14 +110,15 @@ type Config struct {
 	// HashTag maps a counter key to the hash tag of its Redis key (see the package doc).
 	// Default (nil): DomainTag.
 	HashTag func(counterKey string) string
-	// Timeout bounds each Redis call. Default: 5 ms.
+	// Timeout bounds each Redis call, including its wait for a pooled connection. It is a
+	// bound for a Redis that hangs, not a latency target: under load a healthy Redis's
+	// calls queue behind each other and the enforcer's own goroutines, and a call that
+	// times out is decided in process. Default: DefaultTimeout.
 	Timeout time.Duration
-	// FailureThreshold is the number of consecutive failed calls that opens the breaker;
-	// a timeout opens it at once. Default: 5.
-	FailureThreshold int
-	// ProbeInterval is how long the breaker stays open before one probe call is let
-	// through. Default: 1 s.
-	ProbeInterval time.Duration
+	// Breaker sets the circuit breaker's error-rate window, thresholds and probing; its
+	// Clock and OnStateChange are the Store's. Zero fields take package breaker's
+	// defaults.
+	Breaker breaker.Options
 	// ExpirySlack is added to every key's TTL beyond the time its state takes to become
 	// empty, to absorb clock skew between enforcers and Redis. Default: 1 s.
 	ExpirySlack time.Duration
@@ -139,6 +140,12 @@ type Config struct {
 	// (nil): they are not registered.
 	Registerer prometheus.Registerer
 }
+
+// DefaultTimeout is Config.Timeout's default: above what a healthy Redis's calls take even
+// when a hundred callers queue on two busy cores (docs/redis.md has the measurements), so
+// that load alone never sends decisions in process. A Redis that hangs costs each request
+// in flight one timeout; the breaker, judging the error rate, then keeps the others away.
+const DefaultTimeout = 250 * time.Millisecond
 
 // DomainTag is the default Config.HashTag: the counter key's domain, i.e. its text before
 // the first '|' or '#' (see rules.Rule.AppendKey), or the whole key if it has neither.
@@ -182,7 +189,7 @@ func New(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("sitestore: key prefix %q contains '{' or '}'", cfg.KeyPrefix)
 	}
 	if cfg.Timeout <= 0 {
-		cfg.Timeout = 5 * time.Millisecond
+		cfg.Timeout = DefaultTimeout
 	}
 	if cfg.ExpirySlack <= 0 {
 		cfg.ExpirySlack = time.Second
@@ -220,13 +227,13 @@ func New(cfg Config) (*Store, error) {
 		s.ownClient = true
 	}
 	_, s.cluster = s.client.(*redis.ClusterClient)
-	s.breaker = breaker.New(breaker.Options{
-		FailureThreshold: cfg.FailureThreshold, ProbeInterval: cfg.ProbeInterval, Clock: cfg.Clock,
-		OnStateChange: func(st breaker.State) {
-			m.breakerState.Set(float64(st))
-			s.log.Info("sitestore: redis circuit breaker", "state", st.String())
-		},
-	})
+	bopts := cfg.Breaker
+	bopts.Clock = cfg.Clock
+	bopts.OnStateChange = func(st breaker.State) {
+		m.breakerState.Set(float64(st))
+		s.log.Info("sitestore: redis circuit breaker", "state", st.String())
+	}
+	s.breaker = breaker.New(bopts)
 	return s, nil
 }
 
@@ -264,12 +271,25 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 		}
 	}
 	st, reason := s.call(ctx, now, ops, true)
-	if reason != "" {
-		s.m.fallback.WithLabelValues(reason).Inc()
-		return s.fallbackAllowAll(now, ops, out), true
+	switch reason {
+	case "":
+		return s.fill(now, ops, st, out), false
+	case reasonCanceled:
+		// Nobody will receive the answer: deny, take nothing, and leave the fallback's
+		// counts and metrics to requests that are really decided in process.
+		s.m.canceled.Inc()
+		for i := range ops {
+			out[i] = s.fallbackPeek(now, ops[i])
+			out[i].Allowed = false
+		}
+		return false, false
 	}
-	return s.fill(now, ops, st, out), false
+	s.m.fallback.WithLabelValues(reason).Inc()
+	return s.fallbackAllowAll(now, ops, out), true
 }
+
+// reasonCanceled is run's result when the caller's context ended before Redis answered.
+const reasonCanceled = "canceled"
 
 // fallbackAllowAll decides in process, on this process's FallbackShare of each limit.
 func (s *Store) fallbackAllowAll(now time.Time, ops []algo.Op, out []algo.Decision) bool {
@@ -306,6 +326,10 @@ func (s *Store) Peek(ctx context.Context, now time.Time, op algo.Op) (d algo.Dec
 		return s.fallbackPeek(now, op), true
 	}
 	st, reason := s.call(ctx, now, ops, false)
+	if reason == reasonCanceled {
+		s.m.canceled.Inc()
+		return s.fallbackPeek(now, op), false
+	}
 	if reason != "" {
 		s.m.fallback.WithLabelValues(reason).Inc()
 		return s.fallbackPeek(now, op), true
@@ -468,12 +492,13 @@ func (s *Store) call(ctx context.Context, now time.Time, ops []algo.Op, commit b
 
 // run runs sc through the circuit breaker with the Store's timeout, and hands the reply to
 // parse, whose error counts as a failed call like Redis's own. It returns "" on success,
-// else the fallback reason (canceled, breaker_open, error, timeout).
+// else the fallback reason (breaker_open, error, timeout), or reasonCanceled when the
+// caller's context ended first (not a failure of Redis: the breaker is not told).
 func (s *Store) run(ctx context.Context, sc *redis.Script, keys []string, args []any, parse func(*redis.Cmd) error) string {
 	if err := ctx.Err(); err != nil {
-		return "canceled"
+		return reasonCanceled
 	}
-	if !s.breaker.Allow() {
+	if ok, _ := s.breaker.Allow(); !ok {
 		return "breaker_open"
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.timeout)
@@ -486,9 +511,14 @@ func (s *Store) run(ctx context.Context, sc *redis.Script, keys []string, args [
 		err = parse(cmd)
 	}
 	if err != nil {
-		timeout := isTimeout(err)
+		if ctx.Err() != nil {
+			// The caller gave up (its client went away): that says nothing about Redis.
+			s.m.calls.WithLabelValues(reasonCanceled).Inc()
+			s.breaker.Cancel()
+			return reasonCanceled
+		}
 		result := "error"
-		if timeout {
+		if isTimeout(err) {
 			result = "timeout"
 		}
 		s.m.calls.WithLabelValues(result).Inc()
@@ -496,7 +526,7 @@ func (s *Store) run(ctx context.Context, sc *redis.Script, keys []string, args [
 		if s.breaker.State() == breaker.Closed {
 			s.log.Debug("sitestore: redis call failed", "err", err)
 		}
-		s.breaker.Failure(timeout)
+		s.breaker.Failure()
 		return result
 	}
 	s.m.calls.WithLabelValues("ok").Inc()

@@ -311,8 +311,7 @@ func TestRedisDownFallbackAndRecovery(t *testing.T) {
 	s := newStore(t, client, "sl:", func(c *Config) {
 		c.Clock = bclk
 		c.Registerer = reg
-		c.FailureThreshold = 2
-		c.ProbeInterval = time.Second
+		c.Breaker = breaker.Options{MinFailures: 2, ProbeInterval: time.Second, ProbeSuccesses: 1}
 	})
 	ctx := context.Background()
 	op := algo.Op{Key: "d|u=1#1m", Algorithm: algo.FixedWindow, Limit: algo.Limit{Requests: 3, Window: time.Minute}, N: 1}
@@ -323,7 +322,7 @@ func TestRedisDownFallbackAndRecovery(t *testing.T) {
 
 	rd.stop()
 	// Redis is down: decisions come from the in-process store (whose count starts at 0),
-	// without error, and after FailureThreshold failures the breaker opens.
+	// without error, and after MinFailures failures the breaker opens.
 	for i := 0; i < 3; i++ {
 		ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out)
 		if !fb || !ok || out[0].Remaining != int64(2-i) {

@@ -1,0 +1,92 @@
+package sitestore
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/internal/testenv"
+)
+
+// TestDefaultsUnderConcurrency: a Store with every default (its own client, timeout and
+// breaker) on a healthy Redis, hit by 32 and then 128 concurrent callers on one hot key,
+// decides every request in Redis (no fallback decision) and admits exactly what one
+// process deciding the same requests one by one admits: at most the limit, per algorithm.
+// Each burst starts while Redis is paused for 30 ms (CLIENT PAUSE), as a loaded machine or
+// a snapshot's fork stalls it: the calls queue, and the defaults must ride that out.
+func TestDefaultsUnderConcurrency(t *testing.T) {
+	addr := testenv.Redis(t)
+	reg := prometheus.NewRegistry()
+	s, err := New(Config{Addrs: []string{addr}, KeyPrefix: testenv.KeyPrefix(t), Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	pauser := testenv.RedisClient(t)
+	lim := algo.Limit{Requests: 100, Window: time.Second}
+	const perCaller = 4
+	for _, alg := range []algo.Algorithm{algo.SlidingWindow, algo.FixedWindow, algo.SlidingLog, algo.TokenBucket, algo.LeakyBucket, algo.GCRA} {
+		for _, callers := range []int{32, 128} {
+			op := algo.Op{Key: fmt.Sprintf("d|hot#%v|%d", alg, callers), Algorithm: alg, Limit: lim, N: 1}
+			// Two instants: a burst at t0, and another one 1.5 windows later when the
+			// window has partly slid (the sliding window weighs the previous one).
+			for _, at := range []time.Time{t0, t0.Add(1500 * time.Millisecond)} {
+				if err := pauser.Do(ctx, "CLIENT", "PAUSE", "30").Err(); err != nil {
+					t.Fatal(err)
+				}
+				var admitted atomic.Int64
+				var wg sync.WaitGroup
+				for range callers {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						out := make([]algo.Decision, 1)
+						for range perCaller {
+							if ok, _ := s.AllowAll(ctx, at, []algo.Op{op}, out); ok {
+								admitted.Add(1)
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				want := serialAdmitted(op, at, callers*perCaller)
+				if got := admitted.Load(); got != want {
+					t.Errorf("%v, %d callers, at +%v: admitted %d, want %d (one process deciding the same requests)", alg, callers, at.Sub(t0), got, want)
+				}
+			}
+		}
+	}
+	var fb float64
+	for _, r := range []string{"error", "timeout", "breaker_open", "out_of_range"} {
+		fb += value(t, s.m.fallback.WithLabelValues(r))
+	}
+	if fb != 0 || value(t, s.m.errors) != 0 {
+		t.Fatalf("healthy Redis under load: %v fallback decisions, %v failed calls; want 0", fb, value(t, s.m.errors))
+	}
+}
+
+// serialAdmitted is how many of n requests op admits when decided one by one in process,
+// after the same history (a burst at t0 first, when at is later).
+func serialAdmitted(op algo.Op, at time.Time, n int) int64 {
+	st := algo.New(algo.Options{})
+	out := make([]algo.Decision, 1)
+	if at.After(t0) {
+		for range n {
+			st.AllowAll(t0, []algo.Op{op}, out)
+		}
+	}
+	var admitted int64
+	for range n {
+		if st.AllowAll(at, []algo.Op{op}, out) {
+			admitted++
+		}
+	}
+	return admitted
+}

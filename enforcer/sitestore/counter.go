@@ -37,7 +37,9 @@ type CounterOptions struct {
 // through the Store's Redis (DESIGN invariant 3). It keeps package window's ring of
 // sub-buckets per key, so for the same sequence of calls it gives the same counts and the
 // same Commit answers as enforcer.LocalCounter (see below for the one difference), and
-// counts by the aggregator's rule.
+// counts by the aggregator's rule, except for an op with Hard set, whose oldest sub-bucket
+// counts whole until it has left the window (window.Ring.CountHard), as LocalCounter
+// counts it: this site then never admits more than the cap in any window.
 //
 // Each counter key is one Redis hash, KeyPrefix + "g{" + HashTag(key) + "}" + key, with the
 // window in field "w", the ring's newest bucket index in "h", and one field per non-empty
@@ -244,6 +246,9 @@ func (c *Counter) args(now time.Time, ops []enforcer.GlobalOp, commit bool) ([]s
 		keys[i] = c.RedisKey(op.Key)
 		spec := window.NewSpec(op.Window, c.sub, 0)
 		i0, frac := spec.Oldest(ms)
+		if op.Hard {
+			frac = 1 // window.Ring.CountHard: the oldest bucket counts whole until it has left
+		}
 		args = append(args, op.Window.Milliseconds(), spec.Window, spec.Slots, spec.Bucket(ms), i0, frac,
 			addAmount(op.N), float64(op.N), capArg(op.Cap), spec.Window+spec.Width+c.s.slackMs)
 	}

@@ -386,3 +386,36 @@ func benchmarkCommit(b *testing.B, nops int) {
 
 func BenchmarkCounterCommit1(b *testing.B) { benchmarkCommit(b, 1) }
 func BenchmarkCounterCommit3(b *testing.B) { benchmarkCommit(b, 3) }
+
+// TestCounterHard: an op with Hard counts the oldest sub-bucket whole, as LocalCounter
+// does: once the cap is reached, nothing more is admitted until those hits have wholly left
+// the window, where interpolation would already admit more.
+func TestCounterHard(t *testing.T) {
+	s := newStore(t, testenv.RedisClient(t), testenv.KeyPrefix(t), func(c *Config) { c.ExpirySlack = time.Hour })
+	rc := NewCounter(s, CounterOptions{SubBuckets: 10})
+	lc := enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: 10, Interpolate: true})
+	ctx := context.Background()
+	start := time.UnixMilli(t0.UnixMilli() / 1000 * 1000) // a bucket boundary (100 ms buckets)
+	for _, hard := range []bool{true, false} {
+		op := enforcer.GlobalOp{Key: fmt.Sprintf("g|k=hard-%v#1s", hard), Window: time.Second, N: 20, Cap: 20, Hard: hard}
+		for _, c := range []enforcer.SiteCounter{rc, lc} {
+			if ok, _ := c.Commit(ctx, start, []enforcer.GlobalOp{op}, nil); !ok {
+				t.Fatalf("hard %v: the first 20 did not fit a cap of 20", hard)
+			}
+		}
+		// Half of the first bucket has left the window: interpolation counts 10 of the 20.
+		at := start.Add(time.Second + 50*time.Millisecond)
+		one := op
+		one.N = 1
+		got := make([]float64, 1)
+		want := make([]float64, 1)
+		rok, _ := rc.Commit(ctx, at, []enforcer.GlobalOp{one}, got)
+		lok, _ := lc.Commit(ctx, at, []enforcer.GlobalOp{one}, want)
+		if rok != lok || got[0] != want[0] {
+			t.Fatalf("hard %v: Redis Commit %v (count %v), LocalCounter %v (count %v)", hard, rok, got[0], lok, want[0])
+		}
+		if rok == hard {
+			t.Fatalf("hard %v: a 21st hit 1.05 s after 20 was admitted %v, want %v", hard, rok, !hard)
+		}
+	}
+}

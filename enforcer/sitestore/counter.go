@@ -53,8 +53,9 @@ type CounterOptions struct {
 // Counter uses the Store's client, timeout, circuit breaker and metrics. It never returns
 // an error: when Redis fails, times out or the breaker is open, the call is answered by
 // the in-process fallback counter and counted in
-// streamlimit_redis_counter_fallback_total{op,reason}. The fallback knows only this
-// process's commits made while Redis was unavailable, and they are not merged back.
+// streamlimit_redis_counter_fallback_total{op,reason}. The fallback starts from this
+// process's share of the site's last count Redis reported, and its commits are written
+// back to Redis before Redis answers again (outage.go).
 //
 // Differences from enforcer.LocalCounter: keys expire by their TTL in Redis's clock
 // rather than being evicted when idle, so a caller whose clock runs far behind Redis's
@@ -126,21 +127,23 @@ func (c *Counter) Counts(ctx context.Context, now time.Time, ops []enforcer.Glob
 		}
 	}
 	keys, args := c.args(now, ops, false)
-	if reason := c.call(ctx, keys, args, out, nil); reason != "" {
+	if reason := c.call(ctx, now, keys, args, out, nil); reason != "" {
 		if reason == reasonCanceled {
 			c.s.m.canceled.Inc()
 		} else {
 			c.s.m.counterFB.WithLabelValues("counts", reason).Inc()
+			c.seedCounter(ctx, now, ops)
 		}
 		return c.fallback.Counts(ctx, now, ops, out)
 	}
+	c.noteCounts(now, ops, out, false)
 	return nil
 }
 
 // call runs the script and stores the counts it reports in out (if not nil) and whether
 // it committed in ok (if not nil). It returns "" or a fallback reason.
-func (c *Counter) call(ctx context.Context, keys []string, args []any, out []float64, ok *bool) string {
-	return c.s.run(ctx, c.script, keys, args, func(cmd *redis.Cmd) error {
+func (c *Counter) call(ctx context.Context, now time.Time, keys []string, args []any, out []float64, ok *bool) string {
+	return c.s.run(ctx, now, c.script, keys, args, func(cmd *redis.Cmd) error {
 		res, err := cmd.StringSlice()
 		if err != nil {
 			return err
@@ -197,9 +200,12 @@ func (c *Counter) Commit(ctx context.Context, now time.Time, ops []enforcer.Glob
 			return all, nil
 		}
 	}
+	if counts == nil {
+		counts = make([]float64, len(ops)) // the last known counts need them
+	}
 	keys, args := c.args(now, ops, true)
 	var ok bool
-	if reason := c.call(ctx, keys, args, counts, &ok); reason != "" {
+	if reason := c.call(ctx, now, keys, args, counts, &ok); reason != "" {
 		if reason == reasonCanceled {
 			// Nobody will receive the answer: commit nothing anywhere.
 			c.s.m.canceled.Inc()
@@ -209,8 +215,14 @@ func (c *Counter) Commit(ctx context.Context, now time.Time, ops []enforcer.Glob
 			return false, nil
 		}
 		c.s.m.counterFB.WithLabelValues("commit", reason).Inc()
-		return c.fallbackCommit(ctx, now, ops, counts)
+		c.seedCounter(ctx, now, ops)
+		ok, err := c.fallbackCommit(ctx, now, ops, counts)
+		if ok {
+			c.pendCounts(now, ops)
+		}
+		return ok, err
 	}
+	c.noteCounts(now, ops, counts, ok)
 	return ok, nil
 }
 

@@ -58,12 +58,15 @@
 //
 // # Failures
 //
-// Every call has a tight timeout (Config.Timeout) and goes through a circuit breaker
-// (package internal/breaker). When Redis fails, times out or the breaker is open, the
-// request is decided by an in-process algo.Store instead; no error ever reaches the caller,
-// which learns of it from the fellBack result and the metrics (for a Counter, from
-// counter_fallback_total). The fallback's counts are this process's alone and are not
-// merged back into Redis when it returns.
+// Every call has a timeout (Config.Timeout) and goes through a circuit breaker (package
+// internal/breaker, judging the error rate over a window). When Redis fails, times out or
+// the breaker is open, the request is decided by an in-process algo.Store instead; no
+// error ever reaches the caller, which learns of it from the fellBack result and the
+// metrics (for a Counter, from counter_fallback_total). The fallback keeps to
+// Config.FallbackShare of each limit starting from that share of the counter's last use
+// Redis reported, and the hits it admits are written back to Redis, once, before Redis
+// decides anything again (outage.go, docs/redis.md). A caller that gives up before Redis
+// answers is refused without counting anything, and is not a failure of Redis.
 package sitestore
 
 import (
@@ -76,6 +79,8 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/streamlimit/streamlimit/internal/exact"
@@ -177,6 +182,12 @@ type Store struct {
 	log           *slog.Logger
 	script        *redis.Script
 	m             *metrics
+	// known, pend and outage bound what an outage costs (outage.go); outage numbers the
+	// breaker's openings, from 1.
+	known   *knownTable
+	pend    *pending
+	outage  atomic.Uint64
+	flushMu sync.Mutex
 }
 
 // New returns a Store. It does not contact Redis: a Redis that is down at start is
@@ -209,8 +220,9 @@ func New(cfg Config) (*Store, error) {
 	s := &Store{
 		client: cfg.Client, prefix: cfg.KeyPrefix, tag: cfg.HashTag, timeout: cfg.Timeout,
 		slackMs: int64((cfg.ExpirySlack + time.Millisecond - 1) / time.Millisecond), fallback: cfg.Fallback, fallbackShare: cfg.FallbackShare,
-		log: cfg.Logger, script: redis.NewScript(scriptSrc),
+		log: cfg.Logger, script: redis.NewScript(scriptSrc), known: newKnownTable(), pend: newPending(),
 	}
+	s.outage.Store(1)
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -230,6 +242,9 @@ func New(cfg Config) (*Store, error) {
 	bopts := cfg.Breaker
 	bopts.Clock = cfg.Clock
 	bopts.OnStateChange = func(st breaker.State) {
+		if st == breaker.Open {
+			s.outage.Add(1)
+		}
 		m.breakerState.Set(float64(st))
 		s.log.Info("sitestore: redis circuit breaker", "state", st.String())
 	}
@@ -263,7 +278,7 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 	}
 	if reason := s.usable(now, ops); reason != "" {
 		s.m.fallback.WithLabelValues(reason).Inc()
-		return s.fallbackAllowAll(now, ops, out), true
+		return s.fallbackAllowAll(now, ops, out, false), true
 	}
 	if s.cluster && len(ops) > 1 {
 		if groups := s.groups(ops); len(groups) > 1 {
@@ -273,7 +288,9 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 	st, reason := s.call(ctx, now, ops, true)
 	switch reason {
 	case "":
-		return s.fill(now, ops, st, out), false
+		ok := s.fill(now, ops, st, out)
+		s.noteAll(now, ops, out)
+		return ok, false
 	case reasonCanceled:
 		// Nobody will receive the answer: deny, take nothing, and leave the fallback's
 		// counts and metrics to requests that are really decided in process.
@@ -285,24 +302,36 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 		return false, false
 	}
 	s.m.fallback.WithLabelValues(reason).Inc()
-	return s.fallbackAllowAll(now, ops, out), true
+	return s.fallbackAllowAll(now, ops, out, true), true
 }
 
 // reasonCanceled is run's result when the caller's context ended before Redis answered.
 const reasonCanceled = "canceled"
 
-// fallbackAllowAll decides in process, on this process's FallbackShare of each limit.
-func (s *Store) fallbackAllowAll(now time.Time, ops []algo.Op, out []algo.Decision) bool {
+// fallbackAllowAll decides in process, on this process's FallbackShare of each limit. For
+// an outage (Redis unavailable, not an op outside the exact range), the fallback starts
+// from this process's share of each counter's last known use, and what it admits is kept
+// to be written back (outage.go).
+func (s *Store) fallbackAllowAll(now time.Time, ops []algo.Op, out []algo.Decision, outage bool) bool {
+	if outage {
+		s.seedFallback(now, ops)
+	}
 	share := s.fallbackShare
+	var ok bool
 	if share >= 1 {
-		return s.fallback.AllowAll(now, ops, out)
+		ok = s.fallback.AllowAll(now, ops, out)
+	} else {
+		var buf [8]algo.Op
+		scaled := append(buf[:0], ops...)
+		for i := range scaled {
+			scaled[i].Limit = scaleLimit(scaled[i].Limit, share)
+		}
+		ok = s.fallback.AllowAll(now, scaled, out)
 	}
-	var buf [8]algo.Op
-	scaled := append(buf[:0], ops...)
-	for i := range scaled {
-		scaled[i].Limit = scaleLimit(scaled[i].Limit, share)
+	if ok && outage {
+		s.pendAll(now, ops)
 	}
-	return s.fallback.AllowAll(now, scaled, out)
+	return ok
 }
 
 // scaleLimit returns l with Requests and Burst multiplied by share, rounded down but at
@@ -332,6 +361,7 @@ func (s *Store) Peek(ctx context.Context, now time.Time, op algo.Op) (d algo.Dec
 	}
 	if reason != "" {
 		s.m.fallback.WithLabelValues(reason).Inc()
+		s.seedFallback(now, ops)
 		return s.fallbackPeek(now, op), true
 	}
 	return decide(&op, now.UnixNano(), st[0], false), false
@@ -472,7 +502,7 @@ func (s *Store) call(ctx context.Context, now time.Time, ops []algo.Op, commit b
 		args = s.appendOpArgs(args, t, op)
 	}
 	var st []opState
-	reason := s.run(ctx, s.script, keys, args, func(cmd *redis.Cmd) error {
+	reason := s.run(ctx, now, s.script, keys, args, func(cmd *redis.Cmd) error {
 		res, err := cmd.Int64Slice()
 		if err != nil {
 			return err
@@ -494,21 +524,27 @@ func (s *Store) call(ctx context.Context, now time.Time, ops []algo.Op, commit b
 // parse, whose error counts as a failed call like Redis's own. It returns "" on success,
 // else the fallback reason (breaker_open, error, timeout), or reasonCanceled when the
 // caller's context ended first (not a failure of Redis: the breaker is not told).
-func (s *Store) run(ctx context.Context, sc *redis.Script, keys []string, args []any, parse func(*redis.Cmd) error) string {
+func (s *Store) run(ctx context.Context, now time.Time, sc *redis.Script, keys []string, args []any, parse func(*redis.Cmd) error) string {
 	if err := ctx.Err(); err != nil {
 		return reasonCanceled
 	}
 	if ok, _ := s.breaker.Allow(); !ok {
 		return "breaker_open"
 	}
-	cctx, cancel := context.WithTimeout(ctx, s.timeout)
-	start := time.Now()
-	cmd := sc.Run(cctx, s.client, keys, args...)
-	s.m.duration.Observe(time.Since(start).Seconds())
-	cancel()
-	err := cmd.Err()
+	var err error
+	if s.pend.n.Load() > 0 {
+		// Hits admitted in process go to Redis before it decides anything again.
+		err = s.flush(ctx, now)
+	}
 	if err == nil {
-		err = parse(cmd)
+		cctx, cancel := context.WithTimeout(ctx, s.timeout)
+		start := time.Now()
+		cmd := sc.Run(cctx, s.client, keys, args...)
+		s.m.duration.Observe(time.Since(start).Seconds())
+		cancel()
+		if err = cmd.Err(); err == nil {
+			err = parse(cmd)
+		}
 	}
 	if err != nil {
 		if ctx.Err() != nil {

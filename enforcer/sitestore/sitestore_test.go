@@ -16,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/internal/breaker"
 	"github.com/streamlimit/streamlimit/internal/clock"
@@ -321,19 +322,20 @@ func TestRedisDownFallbackAndRecovery(t *testing.T) {
 	}
 
 	rd.stop()
-	// Redis is down: decisions come from the in-process store (whose count starts at 0),
-	// without error, and after MinFailures failures the breaker opens.
-	for i := 0; i < 3; i++ {
+	// Redis is down: decisions come from the in-process store, without error, starting
+	// from the last count Redis reported (1 of 3), and after MinFailures failures the
+	// breaker opens.
+	for i := 0; i < 2; i++ {
 		ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out)
-		if !fb || !ok || out[0].Remaining != int64(2-i) {
-			t.Fatalf("Redis down, request %d: allowed %v fellBack %v %+v; want an in-process decision", i, ok, fb, out[0])
+		if !fb || !ok || out[0].Remaining != int64(1-i) {
+			t.Fatalf("Redis down, request %d: allowed %v fellBack %v %+v; want an in-process decision on the last known count", i, ok, fb, out[0])
 		}
+	}
+	if ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out); ok || !fb {
+		t.Fatalf("fallback let a 4th request through a limit of 3 (fellBack %v): it counted from zero", fb)
 	}
 	if got := s.BreakerState(); got != breaker.Open {
 		t.Fatalf("breaker %v after Redis went down, want open", got)
-	}
-	if ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out); ok || !fb {
-		t.Fatalf("fallback let a 4th request through a limit of 3 (fellBack %v)", fb)
 	}
 	if v := value(t, s.m.fallback.WithLabelValues("breaker_open")); v < 1 {
 		t.Fatalf("fallback_decisions_total{reason=breaker_open} = %v", v)
@@ -344,17 +346,21 @@ func TestRedisDownFallbackAndRecovery(t *testing.T) {
 	if v := value(t, s.m.breakerState); v != 1 {
 		t.Fatalf("breaker_state gauge = %v, want 1", v)
 	}
+	if s.Pending() == 0 {
+		t.Fatal("no write back pending for the 2 hits admitted in process")
+	}
 
-	rd.start()
+	rd.start() // with its data lost
 	// Until the probe interval passes, the breaker keeps Redis out of the path.
 	if _, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out); !fb {
 		t.Fatal("a call went to Redis while the breaker was open")
 	}
 	bclk.Advance(time.Second)
-	// The probe goes to the restarted (empty) Redis and closes the breaker.
+	// The probe first writes back the 2 hits admitted in process, then decides in Redis:
+	// 2 + 1 = 3 of 3.
 	ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out)
-	if fb || !ok || out[0].Remaining != 2 {
-		t.Fatalf("probe: allowed %v fellBack %v %+v; want a Redis decision", ok, fb, out[0])
+	if fb || !ok || out[0].Remaining != 0 {
+		t.Fatalf("probe: allowed %v fellBack %v %+v; want a Redis decision after the write back (remaining 0)", ok, fb, out[0])
 	}
 	if got := s.BreakerState(); got != breaker.Closed {
 		t.Fatalf("breaker %v after a successful probe, want closed", got)
@@ -362,8 +368,40 @@ func TestRedisDownFallbackAndRecovery(t *testing.T) {
 	if v := value(t, s.m.breakerState); v != 0 {
 		t.Fatalf("breaker_state gauge = %v, want 0", v)
 	}
-	if n, _ := client.Exists(ctx, "sl:{d}d|u=1#1m").Result(); n != 1 {
-		t.Fatal("the probe's decision was not stored in Redis")
+	if s.Pending() != 0 || value(t, s.m.writtenBack) == 0 {
+		t.Fatalf("after recovery: %d batches pending, %v written back", s.Pending(), value(t, s.m.writtenBack))
+	}
+	if ok, _ := s.AllowAll(ctx, t0, []algo.Op{op}, out); ok {
+		t.Fatal("Redis admitted a 4th request after the write back")
+	}
+}
+
+// TestWriteBackIsIdempotent: a write back retried with the same batch (its first attempt
+// timed out after Redis had applied it) counts once, for both stores.
+func TestWriteBackIsIdempotent(t *testing.T) {
+	s := newStore(t, testenv.RedisClient(t), testenv.KeyPrefix(t), nil)
+	c := NewCounter(s, CounterOptions{})
+	ctx := context.Background()
+	op := algo.Op{Key: "d|wb#1m", Algorithm: algo.SlidingWindow, Limit: algo.Limit{Requests: 10, Window: time.Minute}, N: 4}
+	gop := enforcer.GlobalOp{Key: "d|wbg#1m", Window: time.Minute, N: 4}
+	for _, wb := range []*writeBack{
+		{id: "x1", op: op, last: t0.UnixNano(), window: time.Minute},
+		{id: "x2", c: c, gop: gop, last: t0.UnixNano(), window: time.Minute},
+	} {
+		for range 2 {
+			if err := s.writeBackOne(ctx, t0, wb); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	op.N = 1
+	d, fb := s.Peek(ctx, t0, op)
+	if fb || d.Remaining != 6 {
+		t.Fatalf("after writing back 4 hits twice: remaining %d (fellBack %v), want 6", d.Remaining, fb)
+	}
+	counts := make([]float64, 1)
+	if err := c.Counts(ctx, t0, []enforcer.GlobalOp{gop}, counts); err != nil || counts[0] != 4 {
+		t.Fatalf("site count after writing back 4 hits twice = %v, %v; want 4", counts[0], err)
 	}
 }
 

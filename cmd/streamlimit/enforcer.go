@@ -10,6 +10,7 @@ import (
 	"runtime/metrics"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 	"gopkg.in/yaml.v3"
 
@@ -55,6 +56,10 @@ The check API and the auth endpoint trust their callers: they bind loopback by d
 				return err
 			}
 			tuneGC(cmd.Context())
+			if len(cfg.RedisAddrs) > 0 {
+				// go-redis keeps one logger per process; this command is the process.
+				redis.SetLogger(sitestore.GoRedisLogger{Logger: cfg.Logger})
+			}
 			srv, err := server.New(cfg)
 			if err != nil {
 				return err

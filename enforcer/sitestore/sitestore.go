@@ -188,6 +188,8 @@ type Store struct {
 	pend    *pending
 	outage  atomic.Uint64
 	flushMu sync.Mutex
+	// authFailing is set while calls fail on credentials (logged once, logging.go).
+	authFailing atomic.Bool
 }
 
 // New returns a Store. It does not contact Redis: a Redis that is down at start is
@@ -559,13 +561,18 @@ func (s *Store) run(ctx context.Context, now time.Time, sc *redis.Script, keys [
 		}
 		s.m.calls.WithLabelValues(result).Inc()
 		s.m.errors.Inc()
-		if s.breaker.State() == breaker.Closed {
+		if authError(err) {
+			s.noteAuthFailure(err)
+		} else if s.breaker.State() == breaker.Closed {
 			s.log.Debug("sitestore: redis call failed", "err", err)
 		}
 		s.breaker.Failure()
 		return result
 	}
 	s.m.calls.WithLabelValues("ok").Inc()
+	if s.authFailing.Load() {
+		s.authFailing.Store(false)
+	}
 	s.breaker.Success()
 	return ""
 }

@@ -250,12 +250,13 @@ func TestTwoEnforcersShareCount(t *testing.T) {
 
 // privateRedis runs a redis-server of its own, so that the test can stop and restart it.
 type privateRedis struct {
-	t    *testing.T
-	port int
-	cmd  *exec.Cmd
+	t     *testing.T
+	port  int
+	cmd   *exec.Cmd
+	extra []string // more redis-server arguments
 }
 
-func startPrivateRedis(t *testing.T) *privateRedis {
+func startPrivateRedis(t *testing.T, extra ...string) *privateRedis {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -268,7 +269,7 @@ func startPrivateRedis(t *testing.T) *privateRedis {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &privateRedis{t: t, port: l.Addr().(*net.TCPAddr).Port}
+	p := &privateRedis{t: t, port: l.Addr().(*net.TCPAddr).Port, extra: extra}
 	_ = l.Close()
 	p.start()
 	t.Cleanup(p.stop)
@@ -279,15 +280,15 @@ func (p *privateRedis) addr() string { return "127.0.0.1:" + strconv.Itoa(p.port
 
 func (p *privateRedis) start() {
 	p.t.Helper()
-	p.cmd = exec.Command("redis-server", "--port", strconv.Itoa(p.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", p.t.TempDir())
+	p.cmd = exec.Command("redis-server", append([]string{"--port", strconv.Itoa(p.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", p.t.TempDir()}, p.extra...)...)
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatalf("starting redis-server: %v", err)
 	}
 	c := redis.NewClient(&redis.Options{Addr: p.addr()})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
-	for c.Ping(context.Background()).Err() != nil {
+	for err := c.Ping(context.Background()).Err(); err != nil && !authError(err); err = c.Ping(context.Background()).Err() {
 		if time.Now().After(deadline) {
 			p.t.Fatal("private redis-server did not come up")
 		}

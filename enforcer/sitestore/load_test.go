@@ -90,3 +90,30 @@ func serialAdmitted(op algo.Op, at time.Time, n int) int64 {
 	}
 	return admitted
 }
+
+// TestLateRequestsKeepTheWindow: under load, a request stamped just before a window
+// boundary can reach Redis after others stamped after it. It must count in the newer
+// window, not reset it: however the stamps interleave, a full window admits nothing more.
+func TestLateRequestsKeepTheWindow(t *testing.T) {
+	s := newStore(t, testenv.RedisClient(t), testenv.KeyPrefix(t), nil)
+	ctx := context.Background()
+	base := time.Unix(t0.Unix(), 0) // a window boundary for 1 s windows
+	for _, alg := range []algo.Algorithm{algo.FixedWindow, algo.SlidingWindow} {
+		op := algo.Op{Key: "d|late#" + alg.String(), Algorithm: alg, Limit: algo.Limit{Requests: 3, Window: time.Second}, N: 1}
+		out := make([]algo.Decision, 1)
+		admitted := 0
+		// Window 1 fills at +1.2 s; late requests stamped in window 0 then arrive,
+		// interleaved with ones of window 1.
+		for _, at := range []time.Duration{1200, 1200, 1200, 990, 1300, 995, 1400, 999, 1500} {
+			if ok, fb := s.AllowAll(ctx, base.Add(at*time.Millisecond), []algo.Op{op}, out); ok {
+				if fb {
+					t.Fatalf("%v: decided in process", alg)
+				}
+				admitted++
+			}
+		}
+		if admitted != 3 {
+			t.Fatalf("%v: %d admitted in one window of a limit of 3 (late requests reset the window)", alg, admitted)
+		}
+	}
+}

@@ -28,6 +28,11 @@ local L = 16777216
 
 local function fmt(x) return string.format('%.0f', x) end
 
+-- whether decimal instant a (non-negative, no leading zeros) is after b
+local function after(a, b)
+  return #a > #b or (#a == #b and a > b)
+end
+
 local function limbs(x)
   local l0 = x % L
   x = (x - l0) / L
@@ -133,13 +138,19 @@ for i = 1, nops do
     end
   elseif alg == '3' then
     local ws = ARGV[b + 6]
-    local cur = 0
-    if st.st == ws then cur = st.cur end
+    local cur, late = 0, 0
+    if st.st == ws then
+      cur = st.cur
+    elseif after(st.st, ws) then
+      -- A request stamped before the window a concurrent caller already started (it
+      -- queued longer on its way here): it counts in that newer window, never resets it.
+      ws, cur, late = st.st, st.cur, math.ceil(tonumber(w) / 1000000)
+    end
     r1 = cur
     allowed = force or (n <= a and cur + n <= a)
     if allowed and commit and n > 0 then
       st.st, st.cur, st.prev, st.dirty = ws, cur + n, 0, true
-      ttl = tonumber(ARGV[b + 7])
+      ttl = tonumber(ARGV[b + 7]) + late
     end
   elseif alg == '4' then
     local wn = tonumber(ARGV[b + 6])
@@ -162,8 +173,17 @@ for i = 1, nops do
   else
     local ws, pws = ARGV[b + 6], ARGV[b + 7]
     local x, wn = tonumber(ARGV[b + 8]), tonumber(ARGV[b + 9])
-    local cur, prev = 0, 0
-    if st.st == ws then cur, prev = st.cur, st.prev elseif st.st == pws then prev = st.cur end
+    local cur, prev, late = 0, 0, 0
+    if st.st == ws then
+      cur, prev = st.cur, st.prev
+    elseif st.st == pws then
+      prev = st.cur
+    elseif after(st.st, ws) then
+      -- A request stamped before the window a concurrent caller already started: it
+      -- counts in that newer window, with the previous one weighed whole (the strictest
+      -- estimate), and never resets it.
+      ws, cur, prev, x, late = st.st, st.cur, st.prev, wn, math.ceil(wn / 1000000)
+    end
     r1, r2 = cur, prev
     local k = a - n - cur
     -- the estimate cur + floor(prev*x/w) + n fits when floor(prev*x/w) <= k,
@@ -171,7 +191,7 @@ for i = 1, nops do
     allowed = force or (n <= a and k >= 0 and (prev <= k or mulcmp(prev, x, k + 1, wn) < 0))
     if allowed and commit and n > 0 then
       st.st, st.cur, st.prev, st.dirty = ws, cur + n, prev, true
-      ttl = tonumber(ARGV[b + 10])
+      ttl = tonumber(ARGV[b + 10]) + late
     end
   end
   if ttl > st.ttl then st.ttl = ttl end

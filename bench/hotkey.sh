@@ -5,20 +5,26 @@
 # connections for HOTKEY_DURATION, once per site algorithm. Each run prints one go-test
 # bench style line that bench/summarize reads:
 #
-#   BenchmarkHotKey/algorithm=A/callers=C 1 … req/s … admitted … allowance … fallback
+#   BenchmarkHotKey/scope=S/algorithm=A/callers=C 1 … req/s … admitted … allowance … fallback
+#
+# Scope "site" decides in Redis; scope "local" runs the same rule in process, which tells
+# what the algorithm itself admits (its own start-up burst, for instance), so that the
+# site rows' excess over it is what Redis adds (none is expected).
 #
 # "allowance" is what a sliding window of the rule allows over the run (keys × 100 ×
 # elapsed seconds); "fallback" is the enforcer's streamlimit_redis_fallback_decisions_total
 # after the run, summed over reasons (every decision made in process instead of in Redis).
 #
 # Environment (defaults): HOTKEY_CALLERS ("32 128"), HOTKEY_DURATION (5s), HOTKEY_ALGORITHMS
-# ("sliding_window fixed_window sliding_log token_bucket leaky_bucket gcra"), GO (go).
+# ("sliding_window fixed_window sliding_log token_bucket leaky_bucket gcra"), HOTKEY_SCOPES
+# ("site local"), GO (go).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
 callers_list=${HOTKEY_CALLERS:-32 128}
 duration=${HOTKEY_DURATION:-5s}
 algorithms=${HOTKEY_ALGORITHMS:-sliding_window fixed_window sliding_log token_bucket leaky_bucket gcra}
+scopes=${HOTKEY_SCOPES:-site local}
 keys=10 limit=100
 : "${STREAMLIMIT_REDIS_ADDR:?hotkey.sh needs a Redis: STREAMLIMIT_REDIS_ADDR}"
 
@@ -33,17 +39,18 @@ log() { echo "hotkey: $*" >&2; }
 
 $GO build -o "$work/streamlimit" ./cmd/streamlimit
 $GO build -o "$work/loadgen" ./bench/cmd/loadgen
-echo "# hotkey: keys $keys, limit $limit/s per key (scope site, Redis $STREAMLIMIT_REDIS_ADDR), duration $duration, conns 4"
+echo "# hotkey: keys $keys, limit $limit/s per key (scopes $scopes; Redis $STREAMLIMIT_REDIS_ADDR), duration $duration, conns 4"
 
 run=0
 for alg in $algorithms; do
+  for scope in $scopes; do
   for callers in $callers_list; do
     run=$((run + 1))
     cat >"$work/rules.yaml" <<YAML
 domain: api
 descriptors:
   - key: user
-    rate_limit: {requests_per_unit: $limit, unit: second, scope: site, algorithm: $alg}
+    rate_limit: {requests_per_unit: $limit, unit: second, scope: $scope, algorithm: $alg}
 YAML
     out="$work/enforcer.out"
     env -i PATH="$PATH" HOME="$HOME" "$work/streamlimit" enforcer --site bench --rules "$work/rules.yaml" \
@@ -64,10 +71,10 @@ YAML
       exit 1
     fi
     line=$("$work/loadgen" -api grpc -addr "$g" -callers "$callers" -conns 4 -keys "$keys" \
-      -duration "$duration" -prefix "hot$$-$run-" -bench "HotKey/algorithm=$alg/callers=$callers")
+      -duration "$duration" -prefix "hot$$-$run-" -bench "HotKey/scope=$scope/algorithm=$alg/callers=$callers")
     curl -fsS "http://$h/metrics" >"$work/metrics"
     fb=$(awk '/^streamlimit_redis_fallback_decisions_total/ {s += $2} END {print s + 0}' "$work/metrics")
-    log "$alg, $callers callers: $(grep -E '^streamlimit_redis_(calls_total|fallback_decisions_total|canceled_total)' "$work/metrics" | tr '\n' ' ')"
+    log "$scope $alg, $callers callers: $(grep -E '^streamlimit_redis_(calls_total|fallback_decisions_total|canceled_total)' "$work/metrics" | tr '\n' ' ')"
     kill "$spid" 2>/dev/null || true
     wait "$spid" 2>/dev/null || true
     spid=""
@@ -81,5 +88,6 @@ YAML
       printf "%.0f", k * lim * ns * calls / 1e9 }')
     echo "$line	$allowance allowance	$fb fallback"
     log "$line $allowance allowance $fb fallback"
+  done
   done
 done

@@ -70,6 +70,11 @@ YAML
       log "enforcer did not start: $(cat "$out")"
       exit 1
     fi
+    # The address is printed before the listeners serve: wait until the port answers.
+    for _ in $(seq 200); do
+      if (exec 3<>"/dev/tcp/${g%:*}/${g##*:}") 2>/dev/null; then break; fi
+      sleep 0.05
+    done
     line=$("$work/loadgen" -api grpc -addr "$g" -callers "$callers" -conns 4 -keys "$keys" \
       -duration "$duration" -prefix "hot$$-$run-" -bench "HotKey/scope=$scope/algorithm=$alg/callers=$callers")
     curl -fsS "http://$h/metrics" >"$work/metrics"

@@ -174,8 +174,15 @@ func (c *Counter) call(ctx context.Context, now time.Time, keys []string, args [
 // (len ≥ len(ops)), counts[i] receives the count of ops[i] at now before the request, for
 // every i whatever the outcome. The error is always nil.
 func (c *Counter) Commit(ctx context.Context, now time.Time, ops []enforcer.GlobalOp, counts []float64) (bool, error) {
+	ok, _, err := c.CommitReport(ctx, now, ops, counts)
+	return ok, err
+}
+
+// CommitReport is Commit that also reports whether the answer came from the in-process
+// fallback instead of Redis, so that a caller can mark such a decision as a fallback.
+func (c *Counter) CommitReport(ctx context.Context, now time.Time, ops []enforcer.GlobalOp, counts []float64) (ok, fellBack bool, err error) {
 	if len(ops) == 0 {
-		return true, nil
+		return true, false, nil
 	}
 	if c.s.cluster && len(ops) > 1 {
 		if groups := c.groups(ops); len(groups) > 1 {
@@ -187,7 +194,9 @@ func (c *Counter) Commit(ctx context.Context, now time.Time, ops []enforcer.Glob
 					gops[k] = ops[i]
 				}
 				if all {
-					all, _ = c.Commit(ctx, now, gops, gcounts)
+					var fb bool
+					all, fb, _ = c.CommitReport(ctx, now, gops, gcounts)
+					fellBack = fellBack || fb
 				} else {
 					_ = c.Counts(ctx, now, gops, gcounts)
 				}
@@ -197,33 +206,30 @@ func (c *Counter) Commit(ctx context.Context, now time.Time, ops []enforcer.Glob
 					}
 				}
 			}
-			return all, nil
+			return all, fellBack, nil
 		}
 	}
 	if counts == nil {
 		counts = make([]float64, len(ops)) // the last known counts need them
 	}
 	keys, args := c.args(now, ops, true)
-	var ok bool
 	if reason := c.call(ctx, now, keys, args, counts, &ok); reason != "" {
 		if reason == reasonCanceled {
 			// Nobody will receive the answer: commit nothing anywhere.
 			c.s.m.canceled.Inc()
-			if counts != nil {
-				_ = c.fallback.Counts(ctx, now, ops, counts)
-			}
-			return false, nil
+			_ = c.fallback.Counts(ctx, now, ops, counts)
+			return false, false, nil
 		}
 		c.s.m.counterFB.WithLabelValues("commit", reason).Inc()
 		c.seedCounter(ctx, now, ops)
-		ok, err := c.fallbackCommit(ctx, now, ops, counts)
+		ok, err = c.fallbackCommit(ctx, now, ops, counts)
 		if ok {
 			c.pendCounts(now, ops)
 		}
-		return ok, err
+		return ok, true, err
 	}
 	c.noteCounts(now, ops, counts, ok)
-	return ok, nil
+	return ok, false, nil
 }
 
 // fallbackCommit commits in process, each cap scaled to this process's FallbackShare.

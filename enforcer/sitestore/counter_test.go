@@ -320,9 +320,9 @@ func TestCounterRedisDownFallbackAndRecovery(t *testing.T) {
 	// Redis is down: the in-process counter answers, no error, starting from the last
 	// count Redis reported (1: the first commit).
 	for i := 0; i < 2; i++ {
-		ok, err := c.Commit(ctx, t0, op, counts)
-		if !ok || err != nil || counts[0] != float64(i+1) {
-			t.Fatalf("Redis down, commit %d: %v, %v, count %v; want the in-process count %d", i, ok, err, counts[0], i+1)
+		ok, fb, err := c.CommitReport(ctx, t0, op, counts)
+		if !ok || !fb || err != nil || counts[0] != float64(i+1) {
+			t.Fatalf("Redis down, commit %d: %v (fell back %v), %v, count %v; want the in-process count %d", i, ok, fb, err, counts[0], i+1)
 		}
 	}
 	if got := s.BreakerState(); got != breaker.Open {
@@ -346,8 +346,8 @@ func TestCounterRedisDownFallbackAndRecovery(t *testing.T) {
 	}
 	bclk.Advance(time.Second)
 	// The probe writes back the 2 hits committed in process, then commits in Redis.
-	if ok, err := c.Commit(ctx, t0, op, counts); !ok || err != nil || counts[0] != 2 {
-		t.Fatalf("probe: %v, %v, count %v; want a Redis decision on the 2 written back", ok, err, counts[0])
+	if ok, fb, err := c.CommitReport(ctx, t0, op, counts); !ok || fb || err != nil || counts[0] != 2 {
+		t.Fatalf("probe: %v (fell back %v), %v, count %v; want a Redis decision on the 2 written back", ok, fb, err, counts[0])
 	}
 	if got := s.BreakerState(); got != breaker.Closed {
 		t.Fatalf("breaker %v after a successful probe, want closed", got)

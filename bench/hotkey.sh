@@ -58,7 +58,7 @@ YAML
       --redis-addr "$STREAMLIMIT_REDIS_ADDR" >"$out" 2>&1 &
     spid=$!
     h="" g=""
-    for _ in $(seq 200); do
+    for _ in $(seq 1200); do # up to a minute on a busy machine
       if grep -q '^enforcer site' "$out"; then
         h=$(sed -n 's/.*http \([^,]*\),.*/\1/p' "$out" | head -1)
         g=$(sed -n 's/.*grpc \([^ ,]*\).*/\1/p' "$out" | head -1)
@@ -71,7 +71,7 @@ YAML
       exit 1
     fi
     # The address is printed before the listeners serve: wait until the port answers.
-    for _ in $(seq 200); do
+    for _ in $(seq 1200); do
       if (exec 3<>"/dev/tcp/${g%:*}/${g##*:}") 2>/dev/null; then break; fi
       sleep 0.05
     done

@@ -102,8 +102,13 @@ type Config struct {
 	// it. Set ContextTimeoutEnabled on it, or Timeout cannot interrupt a call. Default
 	// (nil): a client built from Addrs, Username, Password and TLS, closed by Close.
 	Client redis.UniversalClient
-	// Addrs are the Redis addresses (host:port) when Client is nil; several mean Cluster.
+	// Addrs are the Redis addresses (host:port) when Client is nil; several mean Cluster,
+	// unless MasterName is set.
 	Addrs []string
+	// MasterName, when Client is nil, makes Addrs the addresses of Redis Sentinels, and
+	// the client follows the master they name under this name through failovers.
+	// Default: none (no Sentinel).
+	MasterName string
 	// Username is the Redis ACL user when Client is nil. Default: none (the default user).
 	Username string
 	// Password is the Redis password when Client is nil. Default: none.
@@ -235,7 +240,7 @@ func New(cfg Config) (*Store, error) {
 			return nil, errors.New("sitestore: neither Client nor Addrs set")
 		}
 		s.client = redis.NewUniversalClient(&redis.UniversalOptions{
-			Addrs: cfg.Addrs, Username: cfg.Username, Password: cfg.Password, TLSConfig: cfg.TLS,
+			Addrs: cfg.Addrs, MasterName: cfg.MasterName, Username: cfg.Username, Password: cfg.Password, TLSConfig: cfg.TLS,
 			ContextTimeoutEnabled: true,
 		})
 		s.ownClient = true

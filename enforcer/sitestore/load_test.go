@@ -117,3 +117,38 @@ func TestLateRequestsKeepTheWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestCallerGivesUp: a request whose caller's context ends while Redis is busy is refused
+// without counting anything, in Redis or in process, and is neither a fallback decision nor
+// a failure for the breaker.
+func TestCallerGivesUp(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := newStore(t, nil, testenv.KeyPrefix(t), func(c *Config) {
+		c.Addrs = []string{testenv.Redis(t)} // its own client, which honours contexts
+		c.Registerer = reg
+		c.Breaker.MinFailures = 1
+	})
+	op := algo.Op{Key: "d|gaveup#1m", Algorithm: algo.FixedWindow, Limit: algo.Limit{Requests: 5, Window: time.Minute}, N: 1}
+	out := make([]algo.Decision, 1)
+	if err := testenv.RedisClient(t).Do(context.Background(), "CLIENT", "PAUSE", "300").Err(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	if ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out); ok || fb {
+		t.Fatalf("caller gone: allowed %v fellBack %v; want refused, not a fallback", ok, fb)
+	}
+	if v := value(t, s.m.canceled); v != 1 {
+		t.Fatalf("canceled_total = %v, want 1", v)
+	}
+	if s.BreakerState() != 0 || value(t, s.m.errors) != 0 {
+		t.Fatalf("a caller giving up was a Redis failure: breaker %v, errors %v", s.BreakerState(), value(t, s.m.errors))
+	}
+	if d := s.fallback.Peek(t0, op); d.Remaining != 5 {
+		t.Fatalf("the fallback counted the abandoned request: remaining %d", d.Remaining)
+	}
+	d, fb := s.Peek(context.Background(), t0, op) // waits out the pause
+	if fb || d.Remaining != 5 {
+		t.Fatalf("Redis counted the abandoned request: remaining %d (fellBack %v)", d.Remaining, fb)
+	}
+}

@@ -188,6 +188,9 @@ func (ef *enforcerFlags) serverConfig() (server.Config, error) {
 			errs = append(errs, err)
 		}
 	}
+	if cfg.RedisMasterName != "" && len(cfg.RedisAddrs) == 0 {
+		errs = append(errs, errors.New("--redis-sentinel-master needs --redis-addr: the addresses of the Sentinels"))
+	}
 	if cfg.RedisTLS, err = ef.redisTLS.config(); err != nil {
 		errs = append(errs, fmt.Errorf("redis TLS: %w", err))
 	}

@@ -59,9 +59,11 @@ YAML
     spid=$!
     h="" g=""
     for _ in $(seq 1200); do # up to a minute on a busy machine
-      if grep -q '^enforcer site' "$out"; then
-        h=$(sed -n 's/.*http \([^,]*\),.*/\1/p' "$out" | head -1)
-        g=$(sed -n 's/.*grpc \([^ ,]*\).*/\1/p' "$out" | head -1)
+      # Only a whole line counts: the address line is written in pieces.
+      line=$(grep -m1 '^enforcer site .*grpc [0-9.:]*$' "$out" || true)
+      if [ -n "$line" ]; then
+        h=$(sed -n 's/.*http \([^,]*\),.*/\1/p' <<<"$line")
+        g=$(sed -n 's/.*grpc \([^ ,]*\).*/\1/p' <<<"$line")
         break
       fi
       sleep 0.05

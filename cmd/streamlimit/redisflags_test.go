@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -8,7 +10,11 @@ import (
 // TestRedisSentinelFlagNeedsAddrs: --redis-sentinel-master without the Sentinels'
 // addresses is rejected with the reason.
 func TestRedisSentinelFlagNeedsAddrs(t *testing.T) {
-	_, err := run(t, "enforcer", "--no-kafka", "--site", "eu", "--rules", "x.yaml", "--redis-sentinel-master", "site")
+	rules := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {requests_per_unit: 1, unit: second, scope: site}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := run(t, "enforcer", "--no-kafka", "--site", "eu", "--rules", rules, "--redis-sentinel-master", "site")
 	if err == nil || !strings.Contains(err.Error(), "--redis-sentinel-master needs --redis-addr") {
 		t.Fatalf("error = %v, want the missing Sentinel addresses named", err)
 	}

@@ -10,6 +10,7 @@ import (
 // TestRedisSentinelFlagNeedsAddrs: --redis-sentinel-master without the Sentinels'
 // addresses is rejected with the reason.
 func TestRedisSentinelFlagNeedsAddrs(t *testing.T) {
+	t.Setenv("STREAMLIMIT_REDIS_ADDR", "") // every flag also reads its environment variable
 	rules := filepath.Join(t.TempDir(), "rules.yaml")
 	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {requests_per_unit: 1, unit: second, scope: site}\n"), 0o600); err != nil {
 		t.Fatal(err)

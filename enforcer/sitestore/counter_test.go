@@ -345,9 +345,10 @@ func TestCounterRedisDownFallbackAndRecovery(t *testing.T) {
 		t.Fatalf("a call went to Redis while the breaker was open (count %v, %v)", counts[0], err)
 	}
 	bclk.Advance(time.Second)
-	// The probe writes back the 2 hits committed in process, then commits in Redis.
-	if ok, fb, err := c.CommitReport(ctx, t0, op, counts); !ok || fb || err != nil || counts[0] != 2 {
-		t.Fatalf("probe: %v (fell back %v), %v, count %v; want a Redis decision on the 2 written back", ok, fb, err, counts[0])
+	// The probe finds that Redis lost its data, restores the last known count (1), writes
+	// back the 2 hits committed in process, then decides in Redis: the cap is reached.
+	if ok, fb, err := c.CommitReport(ctx, t0, op, counts); ok || fb || err != nil || counts[0] != 3 {
+		t.Fatalf("probe: %v (fell back %v), %v, count %v; want a Redis refusal on the 3 restored and written back", ok, fb, err, counts[0])
 	}
 	if got := s.BreakerState(); got != breaker.Closed {
 		t.Fatalf("breaker %v after a successful probe, want closed", got)

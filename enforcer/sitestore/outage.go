@@ -39,7 +39,8 @@ type knownUse struct {
 	used, limit int64 // the Decision's Limit − Remaining, and Limit
 	at          int64 // unix ns of that decision
 	window      time.Duration
-	seeded      uint64 // the outage whose fallback was raised to it (0: none)
+	seeded      uint64    // the outage whose fallback was raised to it (0: none)
+	restore     writeBack // the counter, to restore this process's share of used
 }
 
 type knownTable struct {
@@ -59,7 +60,7 @@ func newKnownTable() *knownTable {
 }
 
 // note records a Redis decision of key.
-func (t *knownTable) note(key string, window time.Duration, at int64, limit, remaining int64) {
+func (t *knownTable) note(key string, window time.Duration, at int64, limit, remaining int64, restore *writeBack) {
 	sh := &t.shards[maphash.String(t.seed, key)%knownShards]
 	sh.mu.Lock()
 	e := sh.m[key]
@@ -74,7 +75,24 @@ func (t *knownTable) note(key string, window time.Duration, at int64, limit, rem
 		sh.m[key] = e
 	}
 	e.used, e.limit, e.at, e.window, e.seeded = max(limit-remaining, 0), limit, at, window, 0
+	e.restore = *restore
 	sh.mu.Unlock()
+}
+
+// live returns the entries still inside their window at now.
+func (t *knownTable) live(now int64) []knownUse {
+	var out []knownUse
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, e := range sh.m {
+			if now-e.at < int64(e.window) && e.used > 0 {
+				out = append(out, *e)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return out
 }
 
 // claim returns key's last known use if it is still inside its window at now and has not
@@ -237,7 +255,8 @@ func (s *Store) writeBackOne(ctx context.Context, now time.Time, wb *writeBack) 
 func (s *Store) noteAll(now time.Time, ops []algo.Op, out []algo.Decision) {
 	t := now.UnixNano()
 	for i := range ops {
-		s.known.note(ops[i].Key, ops[i].Limit.Window, t, out[i].Limit, out[i].Remaining)
+		s.known.note(ops[i].Key, ops[i].Limit.Window, t, out[i].Limit, out[i].Remaining,
+			&writeBack{op: ops[i], window: ops[i].Limit.Window})
 	}
 }
 
@@ -286,7 +305,8 @@ func (c *Counter) noteCounts(now time.Time, ops []enforcer.GlobalOp, counts []fl
 		if committed {
 			n += float64(ops[i].N)
 		}
-		c.s.known.note("g"+ops[i].Key, ops[i].Window, t, int64(math.Ceil(n)), 0)
+		c.s.known.note("g"+ops[i].Key, ops[i].Window, t, int64(math.Ceil(n)), 0,
+			&writeBack{c: c, gop: ops[i], window: ops[i].Window})
 	}
 }
 
@@ -304,4 +324,71 @@ func (c *Counter) pendCounts(now time.Time, ops []enforcer.GlobalOp) {
 			return wb
 		}, op.N)
 	}
+}
+
+// aliveRefresh is how often a Store re-sets its alive key while Redis answers, and
+// aliveTTL how long the key lives: Redis losing its data (a restart without persistence)
+// is told by the key's absence when Redis comes back.
+const (
+	aliveRefresh = time.Minute
+	aliveTTL     = 10 * time.Minute
+)
+
+// keepAlive sets the alive key when it is due.
+func (s *Store) keepAlive(ctx context.Context, now time.Time) {
+	t := now.UnixNano()
+	last := s.aliveAt.Load()
+	if t-last < int64(aliveRefresh) || !s.aliveAt.CompareAndSwap(last, t) {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if err := s.client.Set(cctx, s.aliveKey, 1, aliveTTL).Err(); err != nil {
+		s.aliveAt.Store(last) // try again with the next call
+	}
+}
+
+// checkRestart runs in the breaker's probe, before the write back: when the alive key
+// this Store had set is gone, Redis lost its data, and each counter this process knew
+// within its window gets back this process's share of its last known use (the site's N
+// enforcers together restore about all of it), as write-back batches.
+func (s *Store) checkRestart(ctx context.Context, now time.Time) error {
+	if s.aliveAt.Load() == 0 {
+		return nil // never set: nothing to compare with
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	n, err := s.client.Exists(cctx, s.aliveKey).Result()
+	if err != nil {
+		return fmt.Errorf("sitestore: checking for a Redis restart: %w", err)
+	}
+	if n == 1 {
+		return nil
+	}
+	t := now.UnixNano()
+	restored := 0
+	for _, k := range s.known.live(t) {
+		wb := k.restore
+		amount := int64(math.Ceil(float64(k.used) * s.fallbackShare))
+		if wb.c != nil {
+			amount = int64(math.Ceil(float64(k.used) * wb.c.share))
+		}
+		if amount <= 0 {
+			continue
+		}
+		key := "s" + wb.op.Key
+		if wb.c != nil {
+			key = "g" + wb.gop.Key + "#" + wb.gop.Window.String()
+		}
+		s.pend.add("r"+key, t, func() *writeBack {
+			b := wb
+			b.op.N, b.gop.N = 0, 0
+			return &b
+		}, amount)
+		restored++
+	}
+	s.log.Warn("sitestore: Redis came back without its data; restoring this enforcer's share of the last known counts",
+		"counters", restored)
+	s.aliveAt.Store(0)
+	return nil
 }

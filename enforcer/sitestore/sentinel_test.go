@@ -78,7 +78,7 @@ func TestSentinelFailover(t *testing.T) {
 	// Let the replica copy the count, then kill the master.
 	r := redis.NewClient(&redis.Options{Addr: raddr})
 	defer r.Close()
-	for deadline := time.Now().Add(5 * time.Second); r.Exists(ctx, "sl:{d}d|sentinel#1m").Val() != 1; {
+	for deadline := time.Now().Add(5 * time.Second); r.Exists(ctx, "sl:{d}d|sentinel#1m", s.aliveKey).Val() != 2; {
 		if time.Now().After(deadline) {
 			t.Fatal("the replica did not copy the count")
 		}

@@ -195,6 +195,10 @@ type Store struct {
 	flushMu sync.Mutex
 	// authFailing is set while calls fail on credentials (logged once, logging.go).
 	authFailing atomic.Bool
+	// aliveKey is set in Redis at most every aliveRefresh (aliveAt: when, unix ns; 0:
+	// never) so that a Redis that lost its data can be told (outage.go).
+	aliveKey string
+	aliveAt  atomic.Int64
 }
 
 // New returns a Store. It does not contact Redis: a Redis that is down at start is
@@ -230,6 +234,7 @@ func New(cfg Config) (*Store, error) {
 		log: cfg.Logger, script: redis.NewScript(scriptSrc), known: newKnownTable(), pend: newPending(),
 	}
 	s.outage.Store(1)
+	s.aliveKey = s.prefix + "{_alive}" + s.pend.prefix
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -535,11 +540,15 @@ func (s *Store) run(ctx context.Context, now time.Time, sc *redis.Script, keys [
 	if err := ctx.Err(); err != nil {
 		return reasonCanceled
 	}
-	if ok, _ := s.breaker.Allow(); !ok {
+	ok, probe := s.breaker.Allow()
+	if !ok {
 		return "breaker_open"
 	}
 	var err error
-	if s.pend.n.Load() > 0 {
+	if probe {
+		err = s.checkRestart(ctx, now)
+	}
+	if err == nil && s.pend.n.Load() > 0 {
 		// Hits admitted in process go to Redis before it decides anything again.
 		err = s.flush(ctx, now)
 	}
@@ -575,6 +584,7 @@ func (s *Store) run(ctx context.Context, now time.Time, sc *redis.Script, keys [
 		return result
 	}
 	s.m.calls.WithLabelValues("ok").Inc()
+	s.keepAlive(ctx, now)
 	if s.authFailing.Load() {
 		s.authFailing.Store(false)
 	}

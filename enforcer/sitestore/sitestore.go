@@ -65,7 +65,8 @@
 // metrics (for a Counter, from counter_fallback_total). The fallback keeps to
 // Config.FallbackShare of each limit starting from that share of the counter's last use
 // Redis reported, and the hits it admits are written back to Redis, once, before Redis
-// decides anything again (outage.go, docs/redis.md). A caller that gives up before Redis
+// decides anything again; a Redis that came back without its data also gets this
+// process's share of the last known counts (outage.go, docs/redis.md). A caller that gives up before Redis
 // answers is refused without counting anything, and is not a failure of Redis.
 package sitestore
 

@@ -10,12 +10,14 @@ import (
 	"runtime/metrics"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 	"gopkg.in/yaml.v3"
 
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
 )
@@ -54,6 +56,10 @@ The check API and the auth endpoint trust their callers: they bind loopback by d
 				return err
 			}
 			tuneGC(cmd.Context())
+			if len(cfg.RedisAddrs) > 0 {
+				// go-redis keeps one logger per process; this command is the process.
+				redis.SetLogger(sitestore.GoRedisLogger{Logger: cfg.Logger})
+			}
 			srv, err := server.New(cfg)
 			if err != nil {
 				return err
@@ -81,11 +87,12 @@ The check API and the auth endpoint trust their callers: they bind loopback by d
 	f.IntVar(&c.SubBuckets, "sub-buckets", window.DefaultSubBuckets, "sub-window buckets per window (must equal the aggregator's)")
 	f.IntVar(&c.MaxKeys, "max-keys", 1<<20, "bound on keys held per structure (local counters, site counts, snapshot); idle keys go first")
 	f.StringSliceVar(&c.RedisAddrs, "redis-addr", nil, "the site's Redis (several: Cluster); default none: site counts in process")
+	f.StringVar(&c.RedisMasterName, "redis-sentinel-master", "", "name of the master the Redis Sentinels at --redis-addr watch; default none: --redis-addr is Redis itself")
 	f.StringVar(&c.RedisUsername, "redis-username", "", "Redis ACL user")
 	f.StringVar(&c.RedisPassword, "redis-password", "", "Redis password (prefer env STREAMLIMIT_REDIS_PASSWORD)")
 	ef.redisTLS.register(cmd, "redis")
 	f.IntVar(&c.SiteEnforcers, "site-enforcers", 1, "enforcers sharing --redis-addr; while Redis is down each keeps to 1/N of the site's limits")
-	f.DurationVar(&c.RedisTimeout, "redis-timeout", 5*time.Millisecond, "bound on each Redis call; past it, decide in process")
+	f.DurationVar(&c.RedisTimeout, "redis-timeout", sitestore.DefaultTimeout, "bound on each Redis call (a hung Redis, not a latency target); past it, decide in process")
 	f.StringVar(&c.HTTPAddr, "http-listen", "127.0.0.1:8081", "address of the check API, auth endpoint and admin endpoints")
 	f.StringVar(&c.GRPCAddr, "grpc-listen", "127.0.0.1:8082", `address of the Envoy rate-limit gRPC service ("off" to disable)`)
 	f.StringVar(&ef.upstream, "upstream", "", "URL of a service to reverse-proxy with rate limiting")
@@ -182,6 +189,9 @@ func (ef *enforcerFlags) serverConfig() (server.Config, error) {
 		if cfg.KafkaOpts, err = ef.kf.security(); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if cfg.RedisMasterName != "" && len(cfg.RedisAddrs) == 0 {
+		errs = append(errs, errors.New("--redis-sentinel-master needs --redis-addr: the addresses of the Sentinels"))
 	}
 	if cfg.RedisTLS, err = ef.redisTLS.config(); err != nil {
 		errs = append(errs, fmt.Errorf("redis TLS: %w", err))

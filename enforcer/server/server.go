@@ -83,11 +83,14 @@ type Config struct {
 	// RedisAddrs are the site's Redis (several: Cluster). Default none: site-scope limits
 	// and this site's global counts are kept in process.
 	RedisAddrs []string
+	// RedisMasterName makes RedisAddrs the addresses of Redis Sentinels that watch the
+	// master of this name (sitestore.Config.MasterName). Default none.
+	RedisMasterName string
 	// RedisUsername and RedisPassword authenticate to Redis (ACL user).
 	RedisUsername, RedisPassword string
 	// RedisTLS enables TLS to Redis.
 	RedisTLS *tls.Config
-	// RedisTimeout bounds every Redis call on the request path. Default 5ms.
+	// RedisTimeout bounds every Redis call on the request path. Default sitestore.DefaultTimeout.
 	RedisTimeout time.Duration
 	// SiteEnforcers is the number of enforcers sharing the site's Redis. While Redis is
 	// unavailable each counts only itself, so each keeps to 1/SiteEnforcers of every site
@@ -229,7 +232,7 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 	if len(cfg.RedisAddrs) > 0 {
 		s.site, err = sitestore.New(sitestore.Config{
-			Addrs: cfg.RedisAddrs, Username: cfg.RedisUsername, Password: cfg.RedisPassword, TLS: cfg.RedisTLS,
+			Addrs: cfg.RedisAddrs, MasterName: cfg.RedisMasterName, Username: cfg.RedisUsername, Password: cfg.RedisPassword, TLS: cfg.RedisTLS,
 			Timeout: cfg.RedisTimeout, Fallback: s.local, FallbackShare: fallbackShare(cfg.SiteEnforcers),
 			Clock: cfg.Clock, Logger: s.log, Registerer: reg,
 		})

@@ -571,3 +571,36 @@ func TestGlobalCountsThisSiteAsTheOthersSeeIt(t *testing.T) {
 		t.Fatalf("us heard 400 ms ago: eu admitted %d more, want 2 ± 1 fewer than the %d when us is current", behind, current)
 	}
 }
+
+// fellBackCounter is a LocalCounter that says every Commit came from a fallback, as
+// sitestore.Counter does while Redis is away.
+type fellBackCounter struct{ *LocalCounter }
+
+func (c fellBackCounter) CommitReport(ctx context.Context, now time.Time, ops []GlobalOp, counts []float64) (bool, bool, error) {
+	ok, err := c.Commit(ctx, now, ops, counts)
+	return ok, true, err
+}
+
+// A global decision whose site count came from the counter's fallback is reported as a
+// fallback, in the answer and the metrics, on the one-call path and the two-call path.
+func TestGlobalCounterFallbackReported(t *testing.T) {
+	for _, withLocal := range []bool{false, true} {
+		reg := prometheus.NewRegistry()
+		l, _, _, _ := newGlobal(t, map[string]float64{"eu": 1}, func(c *Config) {
+			c.Counter = fellBackCounter{NewLocalCounter(LocalCounterOptions{})}
+			c.Registerer = reg
+		})
+		req := req42
+		if withLocal {
+			l.cfg.Rules = StaticRules(loadRules(t, globalRules+"  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 50, scope: local}\n"))
+			req = Request{Domain: "api", Descriptors: [][]rules.Entry{desc("user", "42"), desc("tenant", "t")}}
+		}
+		res := l.Decide(context.Background(), req)
+		if res.Code != CodeOK || !res.Statuses[0].Fallback {
+			t.Fatalf("with a local limit %v: %v, status %+v, want admitted and reported as a fallback", withLocal, res.Code, res.Statuses[0])
+		}
+		if got := testutil.ToFloat64(l.metrics.fallback.WithLabelValues("redis")); got != 1 {
+			t.Fatalf("with a local limit %v: fallback decisions %v, want 1", withLocal, got)
+		}
+	}
+}

@@ -447,7 +447,11 @@ func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64)
 		}
 		var err error
 		if fused {
-			admitted, err = l.cfg.Counter.Commit(ctx, now, s.globOps, s.globCount)
+			var fellBack bool
+			admitted, fellBack, err = l.commitCounter(ctx, now, s.globOps, s.globCount)
+			if fellBack {
+				markAll(s.globStale)
+			}
 			if err != nil {
 				l.cfg.Logger.Warn("site counter failed; admitting on the snapshot alone", "err", err)
 				clear(s.globCount)
@@ -599,7 +603,10 @@ func (l *Limiter) commitGlobal(ctx context.Context, now time.Time, s *scratch, n
 		}
 	}
 	nonShadow := ops[:k]
-	ok, err := l.cfg.Counter.Commit(ctx, now, nonShadow, nil)
+	ok, fellBack, err := l.commitCounter(ctx, now, nonShadow, nil)
+	if fellBack {
+		markAll(s.globStale[:k])
+	}
 	if err != nil {
 		l.cfg.Logger.Warn("site counter commit failed; admitting on the checked estimate", "err", err)
 		ok = true
@@ -893,6 +900,26 @@ func (l *Limiter) globalRetry(now time.Time, op *GlobalOp, allowance, local, tot
 	}
 	d := time.Duration(excess / total * float64(op.Window))
 	return min(max(d, sub, time.Millisecond), op.Window)
+}
+
+// commitCounter commits ops to the site counter, and reports whether the counter answered
+// from its fallback (FallbackReporter).
+func (l *Limiter) commitCounter(ctx context.Context, now time.Time, ops []GlobalOp, counts []float64) (ok, fellBack bool, err error) {
+	if r, is := l.cfg.Counter.(FallbackReporter); is {
+		ok, fellBack, err = r.CommitReport(ctx, now, ops, counts)
+		if fellBack {
+			l.metrics.fallback.WithLabelValues("redis").Inc()
+		}
+		return ok, fellBack, err
+	}
+	ok, err = l.cfg.Counter.Commit(ctx, now, ops, counts)
+	return ok, false, err
+}
+
+func markAll(b []bool) {
+	for i := range b {
+		b[i] = true
+	}
 }
 
 // retryCounter is a SiteCounter that can tell when its count of a key will have fallen to a

@@ -43,6 +43,13 @@ type SiteCounter interface {
 	Commit(ctx context.Context, now time.Time, ops []GlobalOp, counts []float64) (bool, error)
 }
 
+// FallbackReporter is a SiteCounter that can say whether a Commit was answered by an
+// in-process fallback instead of the store the site shares (sitestore.Counter can, while
+// Redis is away): such a decision is reported as a fallback, as a site limit's is.
+type FallbackReporter interface {
+	CommitReport(ctx context.Context, now time.Time, ops []GlobalOp, counts []float64) (ok, fellBack bool, err error)
+}
+
 // LocalCounterOptions configures a LocalCounter.
 type LocalCounterOptions struct {
 	// SubBuckets is the number of sub-buckets per window; it should equal the

@@ -75,7 +75,10 @@ type Counter struct {
 	script   *redis.Script
 }
 
-var _ enforcer.SiteCounter = (*Counter)(nil)
+var (
+	_ enforcer.SiteCounter      = (*Counter)(nil)
+	_ enforcer.FallbackReporter = (*Counter)(nil)
+)
 
 // NewCounter returns a Counter on s's Redis. It does not contact Redis.
 func NewCounter(s *Store, opts CounterOptions) *Counter {

@@ -295,7 +295,10 @@ its first admission there. Each target is then reported as met or MISSED.`,
 }
 
 func newSimTiersCmd() *cobra.Command {
-	var c sim.TiersConfig
+	var (
+		c   sim.TiersConfig
+		svg string
+	)
 	cmd := &cobra.Command{
 		Use:   "tiers",
 		Short: "Pools, priorities and elastic limits under a load ramping past the capacity",
@@ -307,17 +310,32 @@ centers as sim dc and prints, per third of the ramp: the most admitted in any wi
 the capacity (all clients, and free ones), each tier's admitted over offered, and the
 requests admitted beyond a client's base (the elastic room given).`,
 		Example: `  streamlimit sim tiers
-  streamlimit sim tiers --to 3`,
+  streamlimit sim tiers --to 3 --svg docs/accuracy-tiers.svg`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r, err := sim.RunTiers(cmd.Context(), c)
 			if err != nil {
 				return err
 			}
-			return sim.WriteTiersTable(cmd.OutOrStdout(), r)
+			if err := sim.WriteTiersTable(cmd.OutOrStdout(), r); err != nil {
+				return err
+			}
+			if svg == "" {
+				return nil
+			}
+			var b strings.Builder
+			if err := sim.WriteTiersSVG(&b, r); err != nil {
+				return err
+			}
+			if err := os.WriteFile(svg, []byte(b.String()), 0o644); err != nil {
+				return fmt.Errorf("sim tiers: --svg: %w", err)
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s\n", svg)
+			return nil
 		},
 	}
 	fs := cmd.Flags()
+	fs.StringVar(&svg, "svg", "", "also write the run over time to this SVG file")
 	fs.IntVar(&c.Clients, "clients", 0, "clients (0: 1000)")
 	fs.Int64Var(&c.Capacity, "capacity", 0, "the pool's capacity per window (0: 5000)")
 	fs.Float64Var(&c.From, "from", 0, "offered load at the start, × capacity (0: 0.2)")

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/svgplot"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 )
@@ -133,10 +134,19 @@ type TierPhase struct {
 	FreeMax float64
 }
 
+// TierPoint is a tiers run at one instant: the requests offered and admitted (paid, free)
+// in the window ending then, as multiples of the capacity.
+type TierPoint struct {
+	T                   int64 // ms since the start
+	Offered, Paid, Free float64
+}
+
 // TiersResult is a tiers run's phases, in ramp order.
 type TiersResult struct {
 	Config TiersConfig
 	Phases []TierPhase
+	// Series samples the run every 250 ms.
+	Series []TierPoint
 	// AggregatorErrors and SnapshotErrors count records refused; they should be zero.
 	AggregatorErrors, SnapshotErrors int64
 }
@@ -221,9 +231,17 @@ func RunTiers(ctx context.Context, c TiersConfig) (TiersResult, error) {
 		b := wMs + (durMs-wMs)*int64(i+1)/nPhases
 		res.Phases = append(res.Phases, TierPhase{From: load(a), To: load(b)})
 	}
-	var all, free slidingLog
+	var all, free, paid, offered slidingLog
 	perClient := make([]slidingLog, c.Clients)
+	nextSample := int64(0)
+	capF := float64(c.Capacity)
 	decided := func(a dcArrival, ok bool) {
+		offered.t = append(offered.t, a.t)
+		if a.t >= nextSample {
+			res.Series = append(res.Series, TierPoint{T: a.t, Offered: float64(offered.count(a.t, wMs)) / capF,
+				Paid: float64(paid.count(a.t, wMs)) / capF, Free: float64(free.count(a.t, wMs)) / capF})
+			nextSample = a.t - a.t%250 + 250
+		}
 		p := phaseOf(a.t)
 		tier := 0
 		if isFree(a.client) {
@@ -244,6 +262,8 @@ func RunTiers(ctx context.Context, c TiersConfig) (TiersResult, error) {
 		if tier == 1 {
 			free.t = append(free.t, a.t)
 			nf = free.count(a.t, wMs)
+		} else {
+			paid.t = append(paid.t, a.t)
 		}
 		if p < 0 {
 			return
@@ -283,6 +303,55 @@ func WriteTiersTable(w io.Writer, r TiersResult) error {
 		fmt.Fprintf(&b, "| %.2f–%.2f | %.3f | %.3f | %s | %s | %d |\n", p.From, p.To, p.MaxRatio, p.FreeMax,
 			ratio(p.Admitted[0], p.Offered[0]), ratio(p.Admitted[1], p.Offered[1]), p.AboveBase)
 	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteTiersSVG plots r over time: the requests offered and admitted (all, paid, free) in
+// the window ending at each instant, over the capacity, with the capacity and free's part
+// of it.
+func WriteTiersSVG(w io.Writer, r TiersResult) error {
+	c := r.Config
+	const width, height, left, right, top, bottom = 960, 480, 70, 930, 70, 420
+	var b strings.Builder
+	svgplot.Header(&b, width, height, left, "Pools, priorities and elastic limits (streamlimit sim tiers)",
+		fmt.Sprintf("%d clients over %d data centers, pool %d per %v, free may fill %d%%; offered load %.1f→%.1f× capacity",
+			c.Clients, c.Links.DCs, c.Capacity, c.Window, c.FreeFill, c.From, c.To))
+	ymax := 0.0
+	for _, p := range r.Series {
+		ymax = max(ymax, p.Offered)
+	}
+	step := svgplot.NiceStep(ymax / 5)
+	ymax = math.Ceil(ymax/step) * step
+	end := float64(c.Window.Milliseconds()) * float64(1+c.Windows) / 1000
+	f := svgplot.Frame{Left: left, Right: right, Top: top, Bottom: bottom, X0: 0, X1: end, YMax: ymax, YStep: step,
+		XTitle: "time (s)", YTitle: "requests in the window ÷ capacity", XLabel: func(x float64) string { return fmt.Sprintf("%gs", x) }}
+	for x := 0.0; x <= end; x += svgplot.NiceStep(end / 10) {
+		f.XTicks = append(f.XTicks, x)
+	}
+	f.Write(&b)
+	series := func(v func(TierPoint) float64) [][2]float64 {
+		pts := make([][2]float64, 0, len(r.Series))
+		for _, p := range r.Series {
+			pts = append(pts, [2]float64{float64(p.T) / 1000, v(p)})
+		}
+		return pts
+	}
+	f.Polyline(&b, "capacity", "#c00", 1.5, "6 4", [][2]float64{{0, 1}, {end, 1}})
+	f.Polyline(&b, "free-fill", "#e69f00", 1.5, "6 4", [][2]float64{{0, float64(c.FreeFill) / 100}, {end, float64(c.FreeFill) / 100}})
+	f.Polyline(&b, "offered", "#888", 1.5, "2 3", series(func(p TierPoint) float64 { return p.Offered }))
+	f.Polyline(&b, "admitted", "black", 2, "", series(func(p TierPoint) float64 { return p.Paid + p.Free }))
+	f.Polyline(&b, "paid", "#0072b2", 1.5, "", series(func(p TierPoint) float64 { return p.Paid }))
+	f.Polyline(&b, "free", "#e69f00", 1.5, "", series(func(p TierPoint) float64 { return p.Free }))
+	svgplot.Legend(&b, left+12, top+8, 260, []svgplot.LegendItem{
+		{Label: "offered", Color: "#888", Dash: "2 3"},
+		{Label: "admitted, all", Color: "black"},
+		{Label: "admitted, paid", Color: "#0072b2"},
+		{Label: "admitted, free", Color: "#e69f00"},
+		{Label: "capacity", Color: "#c00", Dash: "6 4"},
+		{Label: "free's part of the pool", Color: "#e69f00", Dash: "6 4"},
+	})
+	svgplot.Footer(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"encoding/xml"
 	"strings"
 	"testing"
 )
@@ -20,6 +21,21 @@ func TestTiersSimulation(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log("\n" + b.String())
+	var svg strings.Builder
+	if err := WriteTiersSVG(&svg, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := xml.Unmarshal([]byte(svg.String()), new(struct{})); err != nil {
+		t.Fatalf("SVG is not well-formed XML: %v", err)
+	}
+	for _, id := range []string{`id="offered"`, `id="paid"`, `id="free"`, `id="capacity"`} {
+		if !strings.Contains(svg.String(), id) {
+			t.Errorf("SVG lacks %s", id)
+		}
+	}
+	if len(r.Series) < 100 {
+		t.Errorf("%d samples over the run, want one every 250 ms", len(r.Series))
+	}
 	if r.AggregatorErrors != 0 || r.SnapshotErrors != 0 {
 		t.Fatalf("%d aggregator and %d snapshot errors", r.AggregatorErrors, r.SnapshotErrors)
 	}

@@ -21,7 +21,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	const ns, sub = "streamlimit", "redis"
 	m := &metrics{
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "calls_total",
-			Help: "Script calls to Redis (site-scope decisions and global-scope site counts), by result (ok, error, timeout, canceled: the caller gave up first)."}, []string{"result"}),
+			Help: "Script calls to Redis (site-scope decisions and global-scope site counts), by result (ok, error, timeout; canceled: the caller gave up first; writing_back: decided in process while another call wrote hits back)."}, []string{"result"}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "errors_total",
 			Help: "Redis script calls (site-scope decisions and global-scope site counts) that failed or timed out."}),
 		breakerState: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "breaker_state",

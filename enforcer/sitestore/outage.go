@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"math"
@@ -202,10 +203,18 @@ func (s *Store) seedFallback(now time.Time, ops []algo.Op) {
 	}
 }
 
+// errWriteBackBusy is flush's answer while another call is writing back.
+var errWriteBackBusy = errors.New("sitestore: another call is writing back")
+
 // flush writes the pending batches back to Redis, oldest first, each with its own
-// timeout. It stops at the first failure (the rest stay pending, with their ids).
+// timeout. It stops at the first failure (the rest stay pending, with their ids). While
+// another call is writing back it returns errWriteBackBusy at once rather than wait: a
+// queue of callers behind a Redis that is down would each add a timeout to the next one's
+// wait (a request decided in process meanwhile costs nothing).
 func (s *Store) flush(ctx context.Context, now time.Time) error {
-	s.flushMu.Lock()
+	if !s.flushMu.TryLock() {
+		return errWriteBackBusy
+	}
 	defer s.flushMu.Unlock()
 	batches := s.pend.seal()
 	for i, wb := range batches {

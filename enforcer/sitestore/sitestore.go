@@ -321,6 +321,10 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 // reasonCanceled is run's result when the caller's context ended before Redis answered.
 const reasonCanceled = "canceled"
 
+// reasonWritingBack is run's result when another call was writing hits back to Redis: the
+// request is decided in process.
+const reasonWritingBack = "writing_back"
+
 // fallbackAllowAll decides in process, on this process's FallbackShare of each limit. For
 // an outage (Redis unavailable, not an op outside the exact range), the fallback starts
 // from this process's share of each counter's last known use, and what it admits is kept
@@ -551,7 +555,13 @@ func (s *Store) run(ctx context.Context, now time.Time, sc *redis.Script, keys [
 	}
 	if err == nil && s.pend.n.Load() > 0 {
 		// Hits admitted in process go to Redis before it decides anything again.
-		err = s.flush(ctx, now)
+		if err = s.flush(ctx, now); errors.Is(err, errWriteBackBusy) {
+			// Another call is writing them back: decide this one in process, and leave
+			// the breaker (and a probe's place) as they were.
+			s.breaker.Cancel()
+			s.m.calls.WithLabelValues(reasonWritingBack).Inc()
+			return reasonWritingBack
+		}
 	}
 	if err == nil {
 		cctx, cancel := context.WithTimeout(ctx, s.timeout)

@@ -29,6 +29,8 @@ type enforcerFlags struct {
 	upstream            string
 	httpConfig          string
 	httpDomain          string
+	trustedProxies      []string
+	trustedProxiesSet   bool // --trusted-proxies given (flag, environment or --config)
 	logFormat, logLevel string
 }
 
@@ -49,6 +51,7 @@ published to the hits topic. It serves:
 The check API and the auth endpoint trust their callers: they bind loopback by default.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			ef.trustedProxiesSet = cmd.Flags().Changed("trusted-proxies")
 			cfg, err := ef.serverConfig()
 			if err != nil {
 				return err
@@ -92,6 +95,10 @@ The check API and the auth endpoint trust their callers: they bind loopback by d
 	f.StringVar(&c.ProxyAddr, "proxy-listen", ":8080", "address of the reverse proxy (with --upstream)")
 	f.StringVar(&ef.httpConfig, "http-config", "", "YAML file saying how HTTP requests become descriptors (domain, descriptors, trusted_proxies, ipv6_prefix)")
 	f.StringVar(&ef.httpDomain, "http-domain", "http", "rules domain for proxied and /v1/auth requests when --http-config is not given (descriptor: remote_address)")
+	// Loopback by default, so that an nginx on the same host (the README's auth_request
+	// setup) is believed and nobody else is.
+	f.StringSliceVar(&ef.trustedProxies, "trusted-proxies", []string{"127.0.0.0/8", "::1/128"},
+		"proxies (CIDRs) whose X-Forwarded-For, and X-Real-IP at /v1/auth, name the client, when --http-config is not given (there: trusted_proxies)")
 	f.IntVar(&c.Auth.DeniedStatus, "auth-denied-status", 429, "status of a denied /v1/auth request (403 for nginx auth_request)")
 	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on draining requests and flushing hits at shutdown")
 	f.StringVar(&ef.logFormat, "log-format", "text", "log format: text or json")
@@ -192,11 +199,18 @@ func (ef *enforcerFlags) serverConfig() (server.Config, error) {
 		cfg.Upstream = u
 	}
 	if ef.httpConfig != "" {
+		if ef.trustedProxiesSet {
+			errs = append(errs, errors.New("--trusted-proxies applies only without --http-config: set trusted_proxies in that file"))
+		}
 		if cfg.HTTP, err = loadHTTPConfig(ef.httpConfig); err != nil {
 			errs = append(errs, err)
 		}
 	} else if ef.httpDomain != "" {
-		cfg.HTTP = httplimit.Config{Domain: ef.httpDomain, Descriptors: []httplimit.Descriptor{{Entries: []httplimit.Source{{Type: "remote_address"}}}}}
+		cfg.HTTP = httplimit.Config{Domain: ef.httpDomain, TrustedProxies: ef.trustedProxies,
+			Descriptors: []httplimit.Descriptor{{Entries: []httplimit.Source{{Type: "remote_address"}}}}}
+		if err := cfg.HTTP.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("--trusted-proxies: %w", err))
+		}
 	}
 	cfg.Registry = newRegistry()
 	return cfg, errors.Join(errs...)
@@ -213,6 +227,9 @@ func loadHTTPConfig(path string) (httplimit.Config, error) {
 	dec := yaml.NewDecoder(f)
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil {
+		return c, fmt.Errorf("%s: %w", path, err)
+	}
+	if err := c.Validate(); err != nil {
 		return c, fmt.Errorf("%s: %w", path, err)
 	}
 	return c, nil

@@ -86,3 +86,66 @@ func TestEnforcerFlagErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestEnforcerTrustedProxiesFlag(t *testing.T) {
+	dir := t.TempDir()
+	httpCfg := filepath.Join(dir, "http.yaml")
+	if err := os.WriteFile(httpCfg, []byte("domain: api\ndescriptors:\n  - entries: [{type: remote_address}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--http-config", httpCfg, "--trusted-proxies", "10.0.0.0/8"}, "--trusted-proxies applies only without --http-config"},
+		{[]string{"--trusted-proxies", "10.0.0.0/33"}, "trusted_proxies[0]"},
+	} {
+		_, err := run(t, append([]string{"enforcer", "--no-kafka", "--site", "s", "--rules", httpCfg}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want %q", c.args, err, c.want)
+		}
+	}
+}
+
+// TestEnforcerAuthTrustsLoopbackByDefault runs the enforcer as the README's nginx setup
+// does (no --http-config): X-Real-IP from a loopback peer names the client.
+func TestEnforcerAuthTrustsLoopbackByDefault(t *testing.T) {
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rules, []byte("domain: http\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 1, scope: local}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		cmd := newRootCmd()
+		cmd.SetArgs([]string{"enforcer", "--no-kafka", "--site", "s", "--rules", rules, "--http-listen", addr, "--grpc-listen", "off", "--log-level", "warn"})
+		cmd.SetOut(&strings.Builder{})
+		done <- cmd.ExecuteContext(ctx)
+	}()
+	auth := func(ip string) int {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			req, _ := http.NewRequest("GET", "http://"+addr+"/v1/auth", nil)
+			req.Header.Set("X-Real-IP", ip)
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("enforcer never answered: %v", err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	got := []int{auth("198.51.100.1"), auth("198.51.100.1"), auth("198.51.100.2")}
+	if got[0] != 204 || got[1] != 429 || got[2] != 204 {
+		t.Fatalf("codes %v, want [204 429 204]", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("enforcer exited with %v", err)
+	}
+}

@@ -590,3 +590,16 @@ func TestBadTotalRefused(t *testing.T) {
 	v, _ = c.MarshalBinary()
 	f.apply(t, "k", v)
 }
+
+// A JSON count whose key escapes a lone surrogate is skipped and counted as bad_utf8, not
+// applied under a key with U+FFFD in its place.
+func TestJSONCountBadUTF8Counted(t *testing.T) {
+	f := newFixture(t, Config{})
+	v := fmt.Sprintf(`{"key":"k\udc01","w":60000,"asof":%d,"total":1,"sites":{"us":1}}`, t0.UnixMilli())
+	if err := f.s.Apply([]byte("k\uFFFD"), []byte(v)); !errors.Is(err, topics.ErrBadUTF8) {
+		t.Fatalf("Apply: %v, want ErrBadUTF8", err)
+	}
+	if got := f.metric(t, "streamlimit_snapshot_bad_records_total", "reason", "bad_utf8"); got != 1 {
+		t.Fatalf("bad_records_total{bad_utf8} = %v", got)
+	}
+}

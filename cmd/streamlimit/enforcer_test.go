@@ -149,3 +149,35 @@ func TestEnforcerAuthTrustsLoopbackByDefault(t *testing.T) {
 		t.Fatalf("enforcer exited with %v", err)
 	}
 }
+
+// Kafka and Redis TLS settings that would be ignored are errors; SASL PLAIN in clear warns.
+func TestIncompleteTLSFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--kafka-tls-key", "k.pem"}, "--kafka-tls-cert and --kafka-tls-key go together"},
+		{[]string{"--kafka-tls", "--kafka-tls-cert", "c.pem"}, "--kafka-tls-cert and --kafka-tls-key go together"},
+		{[]string{"--kafka-tls-insecure-skip-verify"}, "--kafka-tls-insecure-skip-verify without TLS"},
+		{[]string{"--redis-tls-insecure-skip-verify"}, "--redis-tls-insecure-skip-verify without TLS"},
+		{[]string{"--kafka-sasl-user", "u"}, "without a SASL mechanism"},
+	} {
+		_, err := run(t, append([]string{"topics", "ensure", "--brokers", "127.0.0.1:1"}, c.args...)...)
+		if c.args[0] == "--redis-tls-insecure-skip-verify" {
+			_, err = run(t, append([]string{"enforcer", "--site", "s", "--rules", "r.yaml"}, c.args...)...)
+		}
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want %q", c.args, err, c.want)
+		}
+	}
+	var stderr strings.Builder
+	cmd := newRootCmd()
+	cmd.SetOut(&strings.Builder{})
+	cmd.SetErr(&stderr)
+	cmd.SetArgs([]string{"enforcer", "--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "u", "--kafka-sasl-password", "p",
+		"--http-listen", "127.0.0.1:bad-port"})
+	_ = cmd.ExecuteContext(context.Background()) // fails for --site and --rules: only the warning matters
+	if !strings.Contains(stderr.String(), "SASL PLAIN without TLS") {
+		t.Fatalf("no warning for SASL PLAIN in clear; stderr: %s", stderr.String())
+	}
+}

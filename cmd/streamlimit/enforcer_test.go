@@ -181,3 +181,59 @@ func TestIncompleteTLSFlags(t *testing.T) {
 		t.Fatalf("no warning for SASL PLAIN in clear; stderr: %s", stderr.String())
 	}
 }
+
+// --auth-token-file: the check API asks for a bearer token, /healthz does not; a file
+// without a token is refused.
+func TestEnforcerAuthTokenFile(t *testing.T) {
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	tokens := filepath.Join(dir, "tokens")
+	empty := filepath.Join(dir, "empty")
+	for f, b := range map[string]string{
+		rules:  "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5, scope: local}\n",
+		tokens: "# callers\nt0ken\n",
+		empty:  "# none yet\n\n",
+	} {
+		if err := os.WriteFile(f, []byte(b), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := run(t, "enforcer", "--no-kafka", "--site", "s", "--rules", rules, "--auth-token-file", empty); err == nil || !strings.Contains(err.Error(), "no token") {
+		t.Fatalf("empty token file: %v", err)
+	}
+	addr := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		cmd := newRootCmd()
+		cmd.SetArgs([]string{"enforcer", "--no-kafka", "--site", "s", "--rules", rules, "--http-listen", addr, "--grpc-listen", "off",
+			"--auth-token-file", tokens, "--log-level", "warn"})
+		cmd.SetOut(&strings.Builder{})
+		done <- cmd.ExecuteContext(ctx)
+	}()
+	status := func(method, path, token string) int {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			req, _ := http.NewRequest(method, "http://"+addr+path, strings.NewReader(`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"1"}]}]}`))
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("enforcer never answered: %v", err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if got := []int{status("GET", "/healthz", ""), status("POST", "/v1/check", ""), status("POST", "/v1/check", "t0ken")}; got[0] != 200 || got[1] != 401 || got[2] != 200 {
+		t.Fatalf("healthz, check without and with token: %v, want [200 401 200]", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("enforcer exited with %v", err)
+	}
+}

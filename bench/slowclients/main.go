@@ -5,15 +5,14 @@
 // the end how long the server held each kind (from each connection's open to its close).
 //
 //   - idle: connects and sends nothing
-//
 //   - half-headers: sends half a request's headers, then nothing
-//
 //   - slow-body: sends complete headers, then a 1 KiB body at 1 byte a second
-//
 //   - keepalive: makes one request, then keeps the connection idle
 //
-//     go run ./bench/slowclients -n 1000 -for 75s
-//     go run ./bench/slowclients -n 1000 -for 75s -unbounded
+// Run it with the defaults, then as before the limits existed:
+//
+//	go run ./bench/slowclients -n 1000 -for 75s
+//	go run ./bench/slowclients -n 1000 -for 75s -unbounded
 //
 // docs/hardening.md has the figures.
 package main

@@ -5,7 +5,8 @@
 # e2e/services/with-services.sh. The first run fetches Kafka's jars with
 # Maven (cached in ~/.m2 and ~/.cache/streamlimit) and needs java, mvn,
 # kcat, python3 and redis-server (the scripts apt-get what is missing when
-# run as root).
+# run as root); examples/install-test-tools.sh adds confluent-kafka (PyPI)
+# and promtool (Debian's prometheus) for the tests of examples/ and deploy/.
 
 SHELL := /bin/bash
 GO ?= go
@@ -21,6 +22,7 @@ all: test
 # Allocation tests run first without -race (under -race, sync.Pool drops items on purpose
 # and allocation counts mean nothing), then everything with -race.
 test:
+	bash examples/install-test-tools.sh
 	bash $(SERVICES)/with-services.sh bash -c '$(GO) vet ./... && $(GO) test -count=1 -run Alloc $(TESTFLAGS) ./... && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./...'
 
 # Unit tests only: no services. Tests that need Kafka or Redis skip

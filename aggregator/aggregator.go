@@ -29,6 +29,11 @@ const (
 	HeaderReason = "streamlimit-reason"
 )
 
+// DefaultMaxLocalHold is Config.MaxLocalHold when zero: far above the lag a healthy
+// replication adds, so that only a stalled replicator (whose lag samples are discarded
+// past a few seconds anyway) could make local counts wait that long.
+const DefaultMaxLocalHold = 2 * time.Second
+
 // Config configures an Aggregator. Every zero field takes the default written in its comment.
 type Config struct {
 	// Brokers are the Kafka seed brokers (host:port). Required unless KafkaOpts seeds them.
@@ -45,9 +50,23 @@ type Config struct {
 	// CountsTopic is the compacted topic counts and heartbeats are written to. It must exist.
 	// Default "counts".
 	CountsTopic string
+	// LocalTopic is this data center's own hits topic; every other hits topic consumed is
+	// another data center's, replicated here. Records of LocalTopic are held back by the
+	// difference between the replicated records' lag and the local ones' (at most
+	// MaxLocalHold), so that the counts show every site as of about the same moment (see
+	// hold.go). Default Topics[0], or "hits" (topics.DefaultHitsTopic) with TopicPattern.
+	LocalTopic string
+	// MaxLocalHold bounds how long local records are held back. Default
+	// DefaultMaxLocalHold; negative: never held.
+	MaxLocalHold time.Duration
 	// DeadLetterTopic, when set, receives a copy of every skipped hit record with a
 	// HeaderReason header. Default "" (no copies).
 	DeadLetterTopic string
+	// CountsFormat is how count records are written: "binary" (the compact versioned
+	// format) or "json" (the JSON form, which kcat, ksqlDB, Kafka Connect or any JSON
+	// reader can read without a decoder; about three times larger). Enforcers read both.
+	// Heartbeats stay binary. Default "binary".
+	CountsFormat string
 	// SubBuckets is the number of sub-window buckets per window. Default
 	// window.DefaultSubBuckets; enforcers refuse counts made with another number.
 	SubBuckets int
@@ -117,6 +136,22 @@ func (c Config) normalize() (Config, error) {
 	}
 	if c.CountsTopic == "" {
 		c.CountsTopic = topics.DefaultCountsTopic
+	}
+	switch c.CountsFormat {
+	case "":
+		c.CountsFormat = CountsBinary
+	case CountsBinary, CountsJSON:
+	default:
+		return c, fmt.Errorf("aggregator: CountsFormat %q: want %q or %q", c.CountsFormat, CountsBinary, CountsJSON)
+	}
+	if c.LocalTopic == "" {
+		c.LocalTopic = topics.DefaultHitsTopic
+		if len(c.Topics) > 0 {
+			c.LocalTopic = c.Topics[0]
+		}
+	}
+	if c.MaxLocalHold == 0 {
+		c.MaxLocalHold = DefaultMaxLocalHold
 	}
 	if c.SubBuckets == 0 {
 		c.SubBuckets = window.DefaultSubBuckets
@@ -191,6 +226,10 @@ type Aggregator struct {
 	running         bool
 	sessionErrs     int   // group session failures since the last assignment
 	lastConflictLog int64 // ms of the last site-conflict log, guarded by mu
+	// hold keeps local records back (see hold.go); heldBuf is release's scratch. Both
+	// guarded by mu.
+	hold    holder
+	heldBuf []held
 }
 
 type tp struct {
@@ -226,6 +265,7 @@ func New(cfg Config) (*Aggregator, error) {
 		st:     newState(cfg.stateConfig()),
 		parts:  map[tp]*partState{},
 		nparts: map[string]int32{},
+		hold:   holder{max: max(cfg.MaxLocalHold.Milliseconds(), 0)},
 	}, nil
 }
 
@@ -382,6 +422,7 @@ func (a *Aggregator) pollLoop(ctx context.Context, cl *kgo.Client) {
 			a.checkReplayDone(fp.Partition, ps)
 		})
 		a.mu.Lock()
+		a.release(a.cfg.Clock.Now().UnixMilli())
 		a.m.keys.Set(float64(a.st.size()))
 		a.mu.Unlock()
 		cl.AllowRebalance()
@@ -468,12 +509,16 @@ func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps 
 			return
 		}
 	}
-	switch a.st.addRaw(now, r.Partition, h, origin, h.bucketStart+h.window+late) {
-	case refusedKey:
-		a.m.refused.Inc()
-	case duplicate:
-		a.m.duplicates.Inc()
+	it := held{slot: r.Partition, h: h, origin: origin, expiry: h.bucketStart + h.window + late}
+	if !ps.replaying {
+		remote := a.cfg.remote(r.Topic)
+		a.hold.sample(now, h.bucketStart, remote)
+		if !remote && a.hold.delay() > 0 {
+			a.hold.push(now, it)
+			return
+		}
 	}
+	applyHeld(a.st, a.m, now, &it)
 }
 
 // siteHeartbeat records that the heartbeat's site was heard from on the record's partition
@@ -486,9 +531,59 @@ func (a *Aggregator) siteHeartbeat(ctx context.Context, cl *kgo.Client, now int6
 		return
 	}
 	a.m.siteHeartbeats.Inc()
+	remote := a.cfg.remote(r.Topic)
+	if !ps.replaying {
+		a.hold.sample(now, h.BucketStart, remote)
+		if !remote && a.hold.delay() > 0 {
+			a.hold.push(now, held{slot: r.Partition, site: true, h: hitRef{site: []byte(h.Site), bucketStart: h.BucketStart}, inst: h.Instance, counter: h.Counter})
+			return
+		}
+	}
 	a.st.heardFrom(r.Partition, h.Site, h.BucketStart)
 	a.st.sawInstance(now, h.Site, h.Instance, h.Counter)
 }
+
+// release counts the held local records whose time has come at now. The caller holds a.mu.
+func (a *Aggregator) release(now int64) {
+	a.heldBuf = a.hold.due(now, a.heldBuf[:0])
+	for i := range a.heldBuf {
+		applyHeld(a.st, a.m, now, &a.heldBuf[i])
+	}
+	clear(a.heldBuf)
+}
+
+// applyHeld counts one held record, as the Kafka path and Memory do.
+func applyHeld(st *state, m *metrics, now int64, it *held) {
+	if it.site {
+		st.heardFrom(it.slot, string(it.h.site), it.h.bucketStart)
+		st.sawInstance(now, string(it.h.site), it.inst, it.counter)
+		return
+	}
+	switch st.addRaw(now, it.slot, it.h, it.origin, it.expiry) {
+	case refusedKey:
+		m.refused.Inc()
+	case duplicate:
+		m.duplicates.Inc()
+	}
+}
+
+// appendCount encodes c in CountsFormat.
+func (c *Config) appendCount(dst []byte, cnt *topics.Count) ([]byte, error) {
+	if c.CountsFormat == CountsJSON {
+		return cnt.AppendJSON(dst)
+	}
+	return cnt.AppendBinary(dst)
+}
+
+// The values of Config.CountsFormat.
+const (
+	CountsBinary = "binary"
+	CountsJSON   = "json"
+)
+
+// remote reports whether a hits topic is another data center's, replicated here: every
+// topic but LocalTopic.
+func (c *Config) remote(topic string) bool { return topic != c.LocalTopic }
 
 // reportConflicts sets the site_conflicts gauge and logs each conflicting site at error
 // level, at most once a minute. The caller holds a.mu.
@@ -606,6 +701,7 @@ func (a *Aggregator) emitLoop(ctx context.Context, cl *kgo.Client) {
 		start := time.Now()
 		now := a.cfg.Clock.Now().UnixMilli()
 		a.mu.Lock()
+		a.release(now)
 		cands, outs = a.st.collect(now, budget, cands, outs[:0])
 		a.m.keys.Set(float64(a.st.size()))
 		a.mu.Unlock()
@@ -613,7 +709,7 @@ func (a *Aggregator) emitLoop(ctx context.Context, cl *kgo.Client) {
 			rec := &kgo.Record{Topic: a.cfg.CountsTopic, Key: []byte(e.key)}
 			if e.count != nil {
 				var err error
-				buf, err = e.count.AppendBinary(buf[:0])
+				buf, err = a.cfg.appendCount(buf[:0], e.count)
 				if err != nil {
 					a.log.Error("encode count", "key", e.key, "err", err)
 					continue

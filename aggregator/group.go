@@ -38,6 +38,7 @@ func (a *Aggregator) onAssigned(_ context.Context, cl *kgo.Client, assigned map[
 	}
 	for slot := range dropped {
 		a.st.dropSlot(slot)
+		a.hold.dropSlot(slot)
 	}
 	for k := range in {
 		ps := a.parts[k]
@@ -192,6 +193,7 @@ func (a *Aggregator) onLost(_ context.Context, _ *kgo.Client, lost map[string][]
 			delete(a.parts, tp{t, p})
 			a.m.lag.DeleteLabelValues(t, strconv.Itoa(int(p)))
 			a.st.dropSlot(p)
+			a.hold.dropSlot(p)
 		}
 	}
 	// Partitions of a dropped slot that are still held must be positioned by time again.

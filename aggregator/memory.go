@@ -4,52 +4,8 @@ import (
 	"errors"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/streamlimit/streamlimit/topics"
 )
-
-// MemoryConfig configures a Memory. Every zero field takes the default written in its
-// comment, which is the same as the field of the same name in Config.
-type MemoryConfig struct {
-	// SubBuckets is the number of sub-window buckets per window. Default
-	// window.DefaultSubBuckets.
-	SubBuckets int
-	// DemandTimeConstant is τ of the sites' demand. Default 1s.
-	DemandTimeConstant time.Duration
-	// SiteForget is how long a silent site is remembered. Default 15m.
-	SiteForget time.Duration
-	// EmitInterval is the least time between two counts emitted for one counter. Default
-	// 100ms. Memory has no loop: the caller calls Emit, normally every EmitInterval.
-	EmitInterval time.Duration
-	// MaxEmitPerSecond caps the counts (tombstones included) one Emit returns, at
-	// MaxEmitPerSecond × EmitInterval, the largest changes first. Default 50000.
-	MaxEmitPerSecond int
-	// HeartbeatInterval is the least time between two heartbeats returned by Emit.
-	// Default 500ms.
-	HeartbeatInterval time.Duration
-	// Lateness is how late (by bucket start) a hit may arrive and still be counted.
-	// Default 5s.
-	Lateness time.Duration
-	// MaxClockSkew is how far ahead of now a hit's bucket start may be. Default 30s.
-	MaxClockSkew time.Duration
-	// MaxKeys bounds the counters held; hits of new counters beyond it are refused
-	// (ErrRefused). Default 1,000,000.
-	MaxKeys int
-	// DefaultWindow is the window of hits whose Window is 0. Default 1m.
-	DefaultWindow time.Duration
-	// MaxWindow is the longest window accepted. Default 1h.
-	MaxWindow time.Duration
-	// Topic and Partition name the single source the heartbeats describe, as
-	// topics.HeartbeatKey(Topic, Partition). Default topics.DefaultHitsTopic, partition 0.
-	Topic     string
-	Partition int32
-	// InstanceID names this instance in heartbeats. Default "memory".
-	InstanceID string
-	// Registerer receives the metrics (namespace streamlimit, subsystem aggregator), as
-	// for Config. Nil: metrics are kept but not registered.
-	Registerer prometheus.Registerer
-}
 
 // ErrRefused is returned by Memory.Add for a hit of a new counter while MaxKeys counters
 // are held (the Kafka path counts these in refused_keys_total).
@@ -96,33 +52,27 @@ type Memory struct {
 	added  int64
 	lastHB int64 // ms of the last heartbeat, when hbDone
 	hbDone bool
+	// hold keeps local hits back (see hold.go); heldBuf is release's scratch.
+	hold    holder
+	heldBuf []held
 }
 
-// NewMemory validates cfg and returns an empty Memory.
-func NewMemory(cfg MemoryConfig) (*Memory, error) {
+// NewMemory validates cfg and returns an empty Memory. Only the counting fields of cfg are
+// used (SubBuckets, DemandTimeConstant, SiteForget, MaxLocalHold, EmitInterval,
+// MaxEmitPerSecond, HeartbeatInterval, Lateness, MaxClockSkew, MaxKeys, DefaultWindow,
+// MaxWindow, CountsFormat, InstanceID, Registerer), with the same defaults; the Kafka fields are
+// ignored. Memory has no loop: the caller calls Emit, normally every EmitInterval, and
+// Emit returns at most MaxEmitPerSecond × EmitInterval counts. Its heartbeats describe one
+// source, topics.HeartbeatKey(LocalTopic, 0); InstanceID defaults to "memory". Hits added
+// with Add are the local ones, held back behind those added with AddRemote by up to
+// MaxLocalHold.
+func NewMemory(cfg Config) (*Memory, error) {
 	if cfg.InstanceID == "" {
 		cfg.InstanceID = "memory"
 	}
-	if cfg.Topic == "" {
-		cfg.Topic = topics.DefaultHitsTopic
-	}
-	full := Config{
-		// normalize requires a broker; Memory never connects, so any name will do.
-		Brokers:            []string{"in-memory"},
-		SubBuckets:         cfg.SubBuckets,
-		DemandTimeConstant: cfg.DemandTimeConstant,
-		SiteForget:         cfg.SiteForget,
-		EmitInterval:       cfg.EmitInterval,
-		MaxEmitPerSecond:   cfg.MaxEmitPerSecond,
-		HeartbeatInterval:  cfg.HeartbeatInterval,
-		Lateness:           cfg.Lateness,
-		MaxClockSkew:       cfg.MaxClockSkew,
-		MaxKeys:            cfg.MaxKeys,
-		DefaultWindow:      cfg.DefaultWindow,
-		MaxWindow:          cfg.MaxWindow,
-		InstanceID:         cfg.InstanceID,
-		Registerer:         cfg.Registerer,
-	}
+	full := cfg
+	// normalize requires a broker; Memory never connects, so any name will do.
+	full.Brokers, full.KafkaOpts = []string{"in-memory"}, nil
 	full, err := full.normalize()
 	if err != nil {
 		return nil, err
@@ -132,10 +82,11 @@ func NewMemory(cfg MemoryConfig) (*Memory, error) {
 		return nil, err
 	}
 	return &Memory{
-		cfg: full,
-		src: topics.Heartbeat{Instance: cfg.InstanceID, Topic: cfg.Topic, Partition: cfg.Partition},
-		m:   m,
-		st:  newState(full.stateConfig()),
+		cfg:  full,
+		src:  topics.Heartbeat{Instance: full.InstanceID, Topic: full.LocalTopic},
+		m:    m,
+		st:   newState(full.stateConfig()),
+		hold: holder{max: max(full.MaxLocalHold.Milliseconds(), 0)},
 	}, nil
 }
 
@@ -144,7 +95,16 @@ func NewMemory(cfg MemoryConfig) (*Memory, error) {
 // *BadHitError (invalid fields, too far in the future, too old, window too long), a hit
 // of a new counter beyond MaxKeys returns ErrRefused; both are counted in the metrics as
 // on the Kafka path. A hit older than every bucket the counter still holds is ignored.
-func (m *Memory) Add(now time.Time, h topics.Hit) error {
+func (m *Memory) Add(now time.Time, h topics.Hit) error { return m.add(now, h, false) }
+
+// AddRemote is Add for a hit replicated from another data center (a "<dc>.hits" record):
+// its lag is what local hits are held back by (Config.LocalTopic). A held local hit is
+// counted at a later Add, AddRemote or Emit; if its counter is then refused, that is
+// counted in the metrics, not returned.
+func (m *Memory) AddRemote(now time.Time, h topics.Hit) error { return m.add(now, h, true) }
+
+func (m *Memory) add(now time.Time, h topics.Hit, remote bool) error {
+	m.release(now.UnixMilli())
 	if err := h.Validate(); err != nil {
 		m.m.bad.WithLabelValues(topics.Reason(err)).Inc()
 		return &BadHitError{Reason: topics.Reason(err), Err: err}
@@ -157,8 +117,13 @@ func (m *Memory) Add(now time.Time, h topics.Hit) error {
 		}
 		m.m.recordsIn.Inc()
 		m.m.siteHeartbeats.Inc()
-		m.st.heardFrom(m.src.Partition, h.Site, h.BucketStart)
-		m.st.sawInstance(ms, h.Site, h.Instance, h.Counter)
+		it := held{slot: m.src.Partition, site: true, h: hitRef{site: []byte(h.Site), bucketStart: h.BucketStart}, inst: h.Instance, counter: h.Counter}
+		m.hold.sample(ms, h.BucketStart, remote)
+		if !remote && m.hold.delay() > 0 {
+			m.hold.push(ms, it)
+			return nil
+		}
+		applyHeld(m.st, m.m, ms, &it)
 		return nil
 	}
 	ref := hitRef{key: []byte(h.Key), site: []byte(h.Site), bucketStart: h.BucketStart, window: h.Window, count: h.Count, denied: h.Denied}
@@ -168,11 +133,25 @@ func (m *Memory) Add(now time.Time, h topics.Hit) error {
 	}
 	m.m.recordsIn.Inc()
 	m.added++
+	m.hold.sample(ms, h.BucketStart, remote)
+	if !remote && m.hold.delay() > 0 {
+		m.hold.push(ms, held{slot: m.src.Partition, h: ref})
+		return nil
+	}
 	if m.st.addRaw(ms, m.src.Partition, ref, "", 0) == refusedKey {
 		m.m.refused.Inc()
 		return ErrRefused
 	}
 	return nil
+}
+
+// release counts the held local hits due at now.
+func (m *Memory) release(now int64) {
+	m.heldBuf = m.hold.due(now, m.heldBuf[:0])
+	for i := range m.heldBuf {
+		applyHeld(m.st, m.m, now, &m.heldBuf[i])
+	}
+	clear(m.heldBuf)
 }
 
 // Emit returns the records due at now, in the order the aggregator would publish them:
@@ -182,12 +161,13 @@ func (m *Memory) Add(now time.Time, h topics.Hit) error {
 // the caller's.
 func (m *Memory) Emit(now time.Time) []Emission {
 	ms := now.UnixMilli()
+	m.release(ms)
 	m.cands, m.outs = m.st.collect(ms, m.cfg.emitBudget(), m.cands, m.outs[:0])
 	out := make([]Emission, 0, len(m.outs)+1)
 	for _, e := range m.outs {
 		rec := Emission{Key: []byte(e.key)}
 		if e.count != nil {
-			v, err := e.count.MarshalBinary()
+			v, err := m.cfg.appendCount(nil, e.count)
 			if err != nil {
 				// Unreachable: the state produces valid counts. Skip it, as Run does.
 				continue

@@ -3,6 +3,7 @@ package aggregator
 import (
 	"errors"
 	"math"
+	"reflect"
 	"testing"
 	"time"
 
@@ -11,7 +12,7 @@ import (
 )
 
 func TestMemoryCountsLikeTheReference(t *testing.T) {
-	m, err := NewMemory(MemoryConfig{})
+	m, err := NewMemory(Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +58,7 @@ func TestMemoryCountsLikeTheReference(t *testing.T) {
 }
 
 func TestMemoryRejectsLikeKafkaPath(t *testing.T) {
-	m, err := NewMemory(MemoryConfig{MaxKeys: 1})
+	m, err := NewMemory(Config{MaxKeys: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +84,7 @@ func TestMemoryRejectsLikeKafkaPath(t *testing.T) {
 	if err := m.Add(now, topics.Hit{Key: "b", Site: "eu", BucketStart: ms, Count: 1}); !errors.Is(err, ErrRefused) {
 		t.Fatalf("second key beyond MaxKeys 1: %v", err)
 	}
-	if _, err := NewMemory(MemoryConfig{EmitInterval: time.Microsecond}); err == nil {
+	if _, err := NewMemory(Config{EmitInterval: time.Microsecond}); err == nil {
 		t.Fatal("EmitInterval 1µs accepted")
 	}
 }
@@ -116,7 +117,7 @@ func emitted(t *testing.T, out []Emission) (map[string]topics.Count, *topics.Hea
 // the aggregator's heartbeats; its hits leave the window like any (the enforcers, not the
 // aggregator, treat a silent site); after SiteForget it is no longer listed.
 func TestMemorySiteFreshness(t *testing.T) {
-	m, err := NewMemory(MemoryConfig{SiteForget: time.Minute, HeartbeatInterval: time.Millisecond})
+	m, err := NewMemory(Config{SiteForget: time.Minute, HeartbeatInterval: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +162,7 @@ func TestMemorySiteFreshness(t *testing.T) {
 // Denied requests publish demand, not counts: a site whose requests were all denied is
 // listed with count 0 and its demand.
 func TestMemoryDemand(t *testing.T) {
-	m, err := NewMemory(MemoryConfig{DemandTimeConstant: time.Second})
+	m, err := NewMemory(Config{DemandTimeConstant: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +191,7 @@ func TestMemoryDemand(t *testing.T) {
 // Two live instances of one site counting apart, one in its own process, are reported in
 // the heartbeats; instances sharing one Redis are not; an instance gone quiet is forgotten.
 func TestMemorySiteConflicts(t *testing.T) {
-	m, err := NewMemory(MemoryConfig{HeartbeatInterval: time.Millisecond})
+	m, err := NewMemory(Config{HeartbeatInterval: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,5 +214,94 @@ func TestMemorySiteConflicts(t *testing.T) {
 	hb(t0.Add(11*time.Second), "eu", "a", "process:a")
 	if _, got = emitted(t, m.Emit(t0.Add(11*time.Second))); got == nil || len(got.Conflicts) != 0 {
 		t.Fatalf("heartbeat %+v after b went quiet, want no conflicts", got)
+	}
+}
+
+// Local hits are held back by the difference between the replicated hits' lag and the
+// local ones', so that the counts show every site as of about the same moment; with
+// MaxLocalHold negative they are counted at once.
+func TestMemoryHoldsLocalHitsBehindRemote(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		maxHold time.Duration
+		visible time.Duration // when the local hit first shows in the counts
+	}{
+		{"held", 0, 195 * time.Millisecond},
+		{"bounded", 50 * time.Millisecond, 50 * time.Millisecond},
+		{"off", -1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := NewMemory(Config{MaxLocalHold: tc.maxHold, EmitInterval: time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Warm the lag estimates: replicated hits arrive 200 ms after their bucket
+			// starts, local ones 5 ms after.
+			now := t0
+			for i := range 100 {
+				now = t0.Add(time.Duration(i) * 10 * time.Millisecond)
+				ms := now.UnixMilli()
+				if err := m.AddRemote(now, topics.Hit{Key: "r", Site: "us", BucketStart: ms - 200, Window: 60_000, Count: 1}); err != nil {
+					t.Fatal(err)
+				}
+				if err := m.Add(now, topics.Hit{Key: "l", Site: "eu", BucketStart: ms - 5, Window: 60_000, Count: 1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			at := now.Add(10 * time.Second) // past every warm-up hold
+			if err := m.Add(at, topics.Hit{Key: "x", Site: "eu", BucketStart: at.UnixMilli() - 5, Window: 60_000, Count: 3}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.visible > 0 {
+				cs, _ := emitted(t, m.Emit(at.Add(tc.visible-10*time.Millisecond)))
+				if c, ok := cs["x"]; ok {
+					t.Fatalf("local hit counted %v after it came, before its hold: %+v", tc.visible-10*time.Millisecond, c)
+				}
+			}
+			cs, _ := emitted(t, m.Emit(at.Add(tc.visible+10*time.Millisecond)))
+			if c := cs["x"]; c.Total != 3 {
+				t.Fatalf("local hit not counted %v after it came: %+v", tc.visible+10*time.Millisecond, cs["x"])
+			}
+		})
+	}
+}
+
+// With CountsFormat json the count records are the JSON form, decoded to the same count
+// as the binary ones; an unknown format is refused.
+func TestMemoryCountsFormatJSON(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	counts := map[string]map[string]topics.Count{}
+	for _, format := range []string{CountsBinary, CountsJSON} {
+		m, err := NewMemory(Config{CountsFormat: format})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Add(t0, topics.Hit{Key: "api|user=1#60s", Site: "eu", BucketStart: t0.UnixMilli(), Window: 60_000, Count: 3}); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range m.Emit(t0.Add(time.Second)) {
+			if topics.IsReservedKey(e.Key) {
+				continue
+			}
+			if json := e.Value[0] == '{'; json != (format == CountsJSON) {
+				t.Fatalf("%s: value %q", format, e.Value)
+			}
+			c, err := topics.DecodeCount(e.Value)
+			if err != nil {
+				t.Fatalf("%s: %v", format, err)
+			}
+			if counts[format] == nil {
+				counts[format] = map[string]topics.Count{}
+			}
+			counts[format][string(e.Key)] = c
+		}
+	}
+	b, j := counts[CountsBinary]["api|user=1#60s"], counts[CountsJSON]["api|user=1#60s"]
+	if b.Total != 3 || !reflect.DeepEqual(b, j) {
+		t.Fatalf("binary %+v, json %+v", b, j)
+	}
+	if _, err := NewMemory(Config{CountsFormat: "avro"}); err == nil {
+		t.Fatal("unknown CountsFormat accepted")
 	}
 }

@@ -27,12 +27,21 @@
 // demand — each site's requests, admitted or denied, weighted by e^(−age/τ), which the
 // aggregator publishes with the counts — so that the room goes where the client is now: a
 // client that moves from one data center to another takes its room with it within a
-// pipeline lag and τ. Every fresh site gets at least Config.MinShare, so that a site the
+// pipeline lag and τ. A small prior (Config.DemandPrior) is spread evenly over the fresh
+// sites first, so that a site whose demand has just begun is not held to the minimum
+// while it travels. Every fresh site gets at least Config.MinShare, so that a site the
 // snapshot does not show yet (where the client has just arrived) is not shut out while its
 // demand travels. Config.ShareDamping holds back part of each share, which absorbs the
 // room two consecutive counts hand out twice when shares move between them. The caps are
 // rounded to whole requests together, with one random offset every site draws alike from
 // the key and the count's as-of time, so that rounding never admits more than the limit.
+//
+// The snapshot shows this site as of a local hop ago, the others as of a replication ago:
+// the room it leaves for this site is partly spent by what the others have not seen yet.
+// So the cap counts this site as the others see it — its hits since the other sites were
+// last heard from are taken out of its share's reach — which only ever lowers the cap.
+// The aggregators help from their side by holding each data center's own hits back by
+// the lag difference (aggregator.Config.MaxLocalHold).
 //
 // A key the snapshot does not show (new, or idle for a whole window) may start at every
 // site at once: each site spends only Config.DefaultShare of the limit (by default one

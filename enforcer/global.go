@@ -19,8 +19,9 @@ type siteView struct {
 	count  float64 // its count in the snapshot
 	demand float64 // its demand in the snapshot
 	stale  bool    // not heard from within SiteStaleAfter
-	hold   float64 // what it may hold: its count, or more from recent versions' caps
+	hold   float64 // what it may hold: its count, or more for a silent site
 	cap    float64 // the cap the decision gives it
+	f      float64 // its share of the room (0 for a stale site)
 }
 
 // sharing is the global-share policy: how much of a global limit this site may hold, given
@@ -32,6 +33,7 @@ type sharing struct {
 	defaultShare float64       // 0: 1 / the number of sites known
 	siteStale    time.Duration // Config.SiteStaleAfter
 	damping      float64       // Config.ShareDamping
+	prior        float64       // Config.DemandPrior
 }
 
 // capFor returns the most this site's own count of a global counter may reach (request
@@ -39,7 +41,7 @@ type sharing struct {
 // per-site freshness st, at now; newKey says that this site saw no count for the key within
 // the last NewKeyHold. It also reports whether a site the entry or st lists was taken as
 // stale.
-func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapshot.Entry, known, newKey bool, st *snapshot.SiteTimes) (capLocal float64, anyStale bool) {
+func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapshot.Entry, known, newKey bool, st *snapshot.SiteTimes) (capLocal float64, anyStale bool, f float64) {
 	var buf [maxSites]siteView
 	sites := g.view(buf[:0], now, e, known, st)
 	def := g.defaultShare
@@ -59,7 +61,7 @@ func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapsh
 		for i := range sites {
 			c := allowance * def
 			if sites[i].site == g.site {
-				return math.Floor(before+c+u) - math.Floor(before+u), anyStale
+				return math.Floor(before+c+u) - math.Floor(before+u), anyStale, 0
 			}
 			before += c
 		}
@@ -84,7 +86,7 @@ func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapsh
 	}
 	g.allot(sites, allowance, unitHash(key, e.AsOf))
 	i, _ := siteIndex(sites, g.site)
-	return sites[i].cap, anyStale
+	return sites[i].cap, anyStale, sites[i].f
 }
 
 // allot sets every site's cap from its hold: the fresh sites share the room left by all
@@ -115,10 +117,11 @@ func (g *sharing) allot(sites []siteView, allowance, u float64) {
 			n++
 		}
 	}
+	kappa := g.prior * allowance
 	weight := func(s *siteView) float64 {
 		switch {
 		case wsum > 0:
-			return s.demand / wsum
+			return (s.demand + kappa/float64(n)) / (wsum + kappa)
 		case csum > 0:
 			return s.count / csum
 		}
@@ -141,6 +144,7 @@ func (g *sharing) allot(sites []siteView, allowance, u float64) {
 		if room > 0 {
 			f /= 1 + g.damping*(1-f)
 		}
+		s.f = f
 		c := s.hold + f*room
 		s.cap = math.Floor(before+c+u) - math.Floor(before+u)
 		before += c
@@ -177,6 +181,23 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 		dst = slices.Insert(dst, k, siteView{site: g.site})
 	}
 	return dst
+}
+
+// othersHeard returns the oldest time up to which a fresh remote site has been heard from:
+// the other sites' counts in the snapshot are complete up to then. It reports false when
+// no remote site is heard from.
+func (g *sharing) othersHeard(now time.Time, st *snapshot.SiteTimes) (int64, bool) {
+	limit := now.UnixMilli() - g.siteStale.Milliseconds()
+	t0, ok := int64(0), false
+	for _, s := range st.Sites() {
+		if s.Site == g.site || s.Heard < limit {
+			continue
+		}
+		if !ok || s.Heard < t0 {
+			t0, ok = s.Heard, true
+		}
+	}
+	return t0, ok
 }
 
 // staleBits returns which sites of st are stale at now (bit i for st.Sites()[i]), and

@@ -26,8 +26,9 @@ descriptors:
 
 const globalKey = "api|user=42#60s"
 
-// noDamping turns Config.ShareDamping off, so that expected caps are plain shares.
-func noDamping(c *Config) { c.ShareDamping = -1 }
+// noDamping turns Config.ShareDamping and Config.DemandPrior off, so that expected caps
+// are plain shares of the demand.
+func noDamping(c *Config) { c.ShareDamping, c.DemandPrior = -1, -1 }
 
 // newGlobal returns a limiter at site eu with a fresh in-memory snapshot holding, for
 // globalKey, the given per-site counts (each site's demand equal to its count) as of now.
@@ -253,8 +254,10 @@ func TestGlobalClientMovesSitesIsNotStarved(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := admitN(l, req42, 6)
-	if first > 1 {
-		t.Fatalf("before the pipeline shows eu's demand, eu admitted %d of 6, want at most its MinShare of the room (≤ 1)", first)
+	// eu's share of the 9 left is its part of the demand prior: (0 + 0.05×10/2) / (1 + 0.05×10)
+	// = 1/6, damped to 0.148: 1.3 requests, rounded either way.
+	if first > 2 {
+		t.Fatalf("before the pipeline shows eu's demand, eu admitted %d of 6, want at most its share of the room (≤ 2)", first)
 	}
 	pub.mu.Lock()
 	denied := pub.denied[key]
@@ -522,5 +525,49 @@ func TestGlobalTokenBucket(t *testing.T) {
 	}
 	if admitted < 90 || admitted > 110 {
 		t.Fatalf("admitted %d in 10 s at 10/s, want about 100", admitted)
+	}
+}
+
+// The snapshot shows this site as of a local hop ago, the other sites as of a replication
+// ago: the room it leaves is partly spent already by what the others cannot see yet. The
+// cap counts this site as the others see it (its hits since they were last heard from
+// taken out), which moves the cap by (1 − share) × those hits.
+func TestGlobalCountsThisSiteAsTheOthersSeeIt(t *testing.T) {
+	run := func(othersHeardAgo time.Duration) int {
+		clk := clock.NewFake(t0)
+		sn, err := snapshot.NewMemory(snapshot.Config{Site: "eu", Clock: clk})
+		if err != nil {
+			t.Fatal(err)
+		}
+		heartbeat(t, sn, clk)
+		l, err := New(Config{Rules: StaticRules(loadRules(t, globalRules)), Site: "eu", Clock: clk, Snapshot: sn,
+			DefaultShare: 1.0 / 3, NewKeyHold: -1, ShareDamping: -1, DemandPrior: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := admitN(l, req42, 10); got != 10 {
+			t.Fatalf("first 10 at eu: admitted %d", got)
+		}
+		clk.Advance(2 * time.Second)
+		if got := admitN(l, req42, 4); got != 4 {
+			t.Fatalf("next 4 at eu: admitted %d", got)
+		}
+		clk.Advance(300 * time.Millisecond)
+		now := clk.Now().UnixMilli()
+		heartbeat(t, sn, clk, map[string]int64{"eu": now, "us": now - othersHeardAgo.Milliseconds()})
+		// The snapshot shows all 14 of eu's hits; us holds 20; equal demand: eu's share of
+		// the 66 left is one half.
+		putCount(t, sn, clk, globalKey, map[string]float64{"eu": 14, "us": 20}, map[string]float64{"eu": 14, "us": 14})
+		return admitN(l, req42, 100)
+	}
+	current := run(0)
+	if current < 32 || current > 34 {
+		t.Fatalf("us heard up to now: eu admitted %d more, want half the room: 33 ± 1", current)
+	}
+	// us was last heard 400 ms ago, before eu's last 4 hits: us cannot have seen them, and
+	// may spend room they took. eu gives back (1 − 1/2) × 4 = 2.
+	behind := run(400 * time.Millisecond)
+	if d := current - behind; d < 1 || d > 3 {
+		t.Fatalf("us heard 400 ms ago: eu admitted %d more, want 2 ± 1 fewer than the %d when us is current", behind, current)
 	}
 }

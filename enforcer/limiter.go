@@ -84,6 +84,13 @@ type Config struct {
 	// damping off. Default DefaultShareDamping, chosen with the accuracy simulation
 	// (docs/accuracy.md).
 	ShareDamping float64
+	// DemandPrior spreads a little demand evenly over the fresh sites before the room is
+	// shared by demand: each site's weight is (its demand + DemandPrior × limit / n) over
+	// (all demand + DemandPrior × limit), for n fresh sites. Without it a site whose demand
+	// has just started (a client arriving from another data center) is held to MinShare
+	// until its demand has travelled through the pipeline, although the room may be large.
+	// Default DefaultDemandPrior; negative: none.
+	DemandPrior float64
 	// NewKeyHold is how long after a key was last unknown to this site every site is
 	// assumed to hold at least its default share of it: the sites spent their default
 	// shares while it was unknown, and its first counts may not show that yet. Default
@@ -135,14 +142,18 @@ type Limiter struct {
 const (
 	// DefaultMinShare is Config.MinShare when zero.
 	DefaultMinShare = 0.05
-	// DefaultSiteStaleAfter is Config.SiteStaleAfter when zero: about three times the
-	// freshness age of a healthy pipeline (site heartbeats every 500 ms, aggregator
-	// heartbeats every 500 ms, replication and emission in between).
-	DefaultSiteStaleAfter = 3 * time.Second
+	// DefaultSiteStaleAfter is Config.SiteStaleAfter when zero: three site heartbeat
+	// intervals (500 ms), so that a healthy site with replication lag and one late
+	// heartbeat is never taken as stale, while a cut site is taken as stale within about
+	// a second and a half: until then the sites on both sides of a cut still share the
+	// room as if they saw each other, which is what a partition can over-admit.
+	DefaultSiteStaleAfter = 1500 * time.Millisecond
 	// DefaultNewKeyHold is Config.NewKeyHold when zero: a few pipeline lags.
 	DefaultNewKeyHold = time.Second
 	// DefaultShareDamping is Config.ShareDamping when zero.
-	DefaultShareDamping = 0.6
+	DefaultShareDamping = 0.15
+	// DefaultDemandPrior is Config.DemandPrior when zero.
+	DefaultDemandPrior = 0.05
 )
 
 // New returns a Limiter.
@@ -182,6 +193,12 @@ func New(cfg Config) (*Limiter, error) {
 	case cfg.ShareDamping > 1:
 		return nil, fmt.Errorf("enforcer: ShareDamping %v is above 1", cfg.ShareDamping)
 	}
+	switch {
+	case cfg.DemandPrior == 0:
+		cfg.DemandPrior = DefaultDemandPrior
+	case cfg.DemandPrior < 0:
+		cfg.DemandPrior = 0
+	}
 	if cfg.RecoveryHold <= 0 {
 		cfg.RecoveryHold = 30 * time.Second
 	}
@@ -200,7 +217,7 @@ func New(cfg Config) (*Limiter, error) {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
 	l := &Limiter{cfg: cfg, metrics: m,
-		share: sharing{site: cfg.Site, minShare: cfg.MinShare, defaultShare: cfg.DefaultShare, siteStale: cfg.SiteStaleAfter, damping: cfg.ShareDamping}}
+		share: sharing{site: cfg.Site, minShare: cfg.MinShare, defaultShare: cfg.DefaultShare, siteStale: cfg.SiteStaleAfter, damping: cfg.ShareDamping, prior: cfg.DemandPrior}}
 	l.keys.init(1 << 20)
 	l.scratch.New = func() any { return new(scratch) }
 	return l, nil
@@ -252,6 +269,10 @@ type scratch struct {
 	oneOp     [1]algo.Op
 	oneOut    [1]algo.Decision
 	oneGlob   [1]GlobalOp
+	// committed says which stages took their quota (commit), for finish's remaining counts.
+	committed struct{ site, local, global bool }
+	// siteRan says the site stage was asked (commit): otherwise siteOut holds nothing.
+	siteRan bool
 }
 
 func (s *scratch) reset() {
@@ -259,6 +280,8 @@ func (s *scratch) reset() {
 	s.localOps, s.localRefs = s.localOps[:0], s.localRefs[:0]
 	s.siteOps, s.siteRefs = s.siteOps[:0], s.siteRefs[:0]
 	s.globOps, s.globRefs = s.globOps[:0], s.globRefs[:0]
+	s.committed.site, s.committed.local, s.committed.global = false, false, false
+	s.siteRan = false
 }
 
 // DecideInto decides req and writes the result to res, reusing res.Statuses' capacity. It is
@@ -461,12 +484,15 @@ func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64)
 func (l *Limiter) commit(ctx context.Context, now time.Time, s *scratch, n int64, admitted, fused bool) (ok, siteFellBack bool) {
 	if admitted && len(s.siteOps) > 0 {
 		admitted, siteFellBack = l.commitAlgo(ctx, now, s, s.siteOps, s.siteRefs, s.siteOut, true)
+		s.committed.site, s.siteRan = admitted, true
 	}
 	if admitted && len(s.localOps) > 0 {
 		admitted, _ = l.commitAlgo(ctx, now, s, s.localOps, s.localRefs, s.localOut, false)
+		s.committed.local = admitted
 	}
 	if admitted && len(s.globOps) > 0 && !fused {
 		admitted = l.commitGlobal(ctx, now, s, n)
+		s.committed.global = admitted
 	}
 	if admitted {
 		l.commitShadow(ctx, now, s)
@@ -485,8 +511,24 @@ func (l *Limiter) commit(ctx context.Context, now time.Time, s *scratch, n int64
 // finish reports, per descriptor, the limit that denied, else the one with least room, and
 // the overall code, and counts the decision in the metrics.
 func (l *Limiter) finish(req Request, res *Result, s *scratch, admitted, siteFellBack bool) {
+	if !admitted {
+		// Global limits that passed were checked as if the request would take its cost;
+		// it took nothing from them unless their stage was committed (local limits are
+		// checked with Peek, which reports the room as it is).
+		if !s.committed.global {
+			for i := range s.globOut {
+				if s.globOut[i].Allowed {
+					s.globOut[i].Remaining += s.globOps[i].N
+				}
+			}
+		}
+	}
 	l.report(res, s.localRefs, s.localOut, nil)
-	l.report(res, s.siteRefs, s.siteOut, nil)
+	if s.siteRan {
+		// A request refused before the site stage never asked the store: its site limits
+		// are not reported rather than reported as refusing.
+		l.report(res, s.siteRefs, s.siteOut, nil)
+	}
 	l.report(res, s.globRefs, s.globOut, s.globStale)
 	if siteFellBack {
 		for _, ref := range s.siteRefs {
@@ -682,7 +724,7 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, allow int64) (capLocal,
 		if stale {
 			return dither(allowance*l.share.staleShare(&e, known, st), op.Key, salt(&e, known, now)), total, true
 		}
-		capLocal, fallback = l.share.capFor(now, op.Key, allowance, &e, known, false, st)
+		capLocal, fallback, _ = l.share.capFor(now, op.Key, allowance, &e, known, false, st)
 	}
 	if last := l.lastStale.Load(); last != 0 && now.UnixNano()-last < int64(min(op.Window, l.cfg.RecoveryHold)) {
 		// Recovering from an outage: the fresh counts may still miss hits published
@@ -725,6 +767,8 @@ type capCache struct {
 	set      bool
 	cap      float64
 	fallback bool
+	raw      float64 // the cap before seenAsOthers
+	f        float64 // this site's share of the room
 }
 
 // cachedCap is the cap of a fresh snapshot's key through its handle: the entry from the
@@ -751,11 +795,51 @@ func (l *Limiter) cachedCap(now time.Time, op *GlobalOp, h *keyHandle, sn *snaps
 	newKey := known && now.UnixNano()-h.unknownAt < int64(l.cfg.NewKeyHold)
 	k := capKey{ver: v, sites: st, stale: bits, allow: allowance, known: known, newKey: newKey, salt: salt(&e, known, now)}
 	if cacheable && h.cc.set && h.cc.key == k {
-		return h.cc.cap, total, h.cc.fallback, e, known, true
+		return l.seenAsOthers(now, op, &e, known, st, h.cc.raw, h.cc.f), total, h.cc.fallback, e, known, true
 	}
-	capLocal, fallback = l.share.capFor(now, op.Key, allowance, &e, known, newKey, st)
-	h.cc = capCache{key: k, set: cacheable, cap: capLocal, fallback: fallback}
+	var f float64
+	capLocal, fallback, f = l.share.capFor(now, op.Key, allowance, &e, known, newKey, st)
+	raw := capLocal
+	capLocal = l.seenAsOthers(now, op, &e, known, st, capLocal, f)
+	h.cc = capCache{key: k, set: cacheable, cap: capLocal, fallback: fallback, raw: raw, f: f}
 	return capLocal, total, fallback, e, known, true
+}
+
+// seenAsOthers corrects a fresh key's cap for the lag between this site's view of itself
+// and the other sites' view of it. This data center's aggregator counts this site's hits
+// a local hop after they are made, the other sites' a replication later: the snapshot shows
+// this site fresher than the others see it, and the room it leaves is room the others have
+// already spent or will. The cap counts this site as the others see it instead: its exact
+// count less its hits since the others' counts were made (the oldest time up to which a
+// fresh remote site has been heard from). With share f of the room, that moves the cap by
+// (1 − f) × (seen by others − in the snapshot); a site alone in the key (f = 1) is not
+// affected. The correction only ever lowers the cap: this site's recent hits are told
+// apart within a sub-bucket by the span of its hits, an estimate that a burst of admissions
+// moves, and a correction that could rise with the admissions it caps would feed on
+// itself. It is made on every decision, with this site's count as of now. Only a
+// SiteCounter that can tell its recent hits (LocalCounter) is corrected.
+func (l *Limiter) seenAsOthers(now time.Time, op *GlobalOp, e *snapshot.Entry, known bool, st *snapshot.SiteTimes, capLocal, f float64) float64 {
+	if !known || f <= 0 || f >= 1 {
+		return capLocal
+	}
+	rc, ok := l.cfg.Counter.(recentCounter)
+	if !ok {
+		return capLocal
+	}
+	t0, ok := l.share.othersHeard(now, st)
+	if !ok {
+		return capLocal
+	}
+	// Hits made in the very millisecond the others were heard up to are taken as unseen:
+	// the cap errs low, and a decision at that instant still counts its own admissions.
+	count, since := rc.recent(now, op, t0-1)
+	return capLocal + (1-f)*min(count-since-e.Mine, 0)
+}
+
+// recentCounter is a SiteCounter that can tell, of a key's count, the part after an
+// instant (LocalCounter can).
+type recentCounter interface {
+	recent(now time.Time, op *GlobalOp, t0 int64) (count, since float64)
 }
 
 // snapEntry returns the snapshot's entry for h's key, from h's cache while the snapshot

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/internal/clock"
 )
@@ -205,5 +206,71 @@ func TestDecideAt(t *testing.T) {
 	}
 	if !clk.Now().Equal(t0) {
 		t.Fatalf("the Limiter's clock moved to %v", clk.Now())
+	}
+}
+
+// A denied request takes nothing from the limits that passed, and they say so: each
+// reports the room it has, not the room it would have had after the request.
+func TestDeniedRequestKeepsPassingLimitsRemaining(t *testing.T) {
+	for _, scope := range []string{"local", "global"} {
+		t.Run(scope, func(t *testing.T) {
+			l, _ := newLimiter(t, `
+domain: api
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 10, scope: `+scope+`}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 1, scope: local}
+`, nil)
+			req := Request{Domain: "api", Descriptors: [][]rules.Entry{desc("a", "1"), desc("b", "1")}}
+			first := l.Decide(context.Background(), req)
+			if first.Code != CodeOK || first.Statuses[0].Remaining != 9 {
+				t.Fatalf("first: %v, a remaining %d, want OK and 9", first.Code, first.Statuses[0].Remaining)
+			}
+			second := l.Decide(context.Background(), req)
+			if second.Code != CodeOverLimit || second.Statuses[1].Code != CodeOverLimit {
+				t.Fatalf("second: %v, b %v, want b to deny", second.Code, second.Statuses[1].Code)
+			}
+			if a := second.Statuses[0]; a.Code != CodeOK || a.Remaining != 9 {
+				t.Fatalf("second, a: %v remaining %d, want OK and still 9", a.Code, a.Remaining)
+			}
+		})
+	}
+}
+
+// storeSite is a SiteStore that keeps the site's counters in one algo.Store of its own,
+// as a site of one process would, and counts its calls.
+type storeSite struct {
+	st    *algo.Store
+	calls int
+}
+
+func (s *storeSite) AllowAll(_ context.Context, now time.Time, ops []algo.Op, out []algo.Decision) (bool, bool) {
+	s.calls++
+	return s.st.AllowAll(now, ops, out), false
+}
+
+// A request refused by a local limit never reaches the site store: its site limits are
+// not reported (they were not asked), where they used to be reported as refusing.
+func TestSiteLimitsNotAskedAreNotReported(t *testing.T) {
+	site := &storeSite{st: algo.New(algo.Options{})}
+	l, _ := newLimiter(t, `
+domain: api
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 10, scope: site}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 1, scope: local}
+`, func(c *Config) { c.SiteStore = site })
+	req := Request{Domain: "api", Descriptors: [][]rules.Entry{desc("a", "1"), desc("b", "1")}}
+	if r := l.Decide(context.Background(), req); r.Code != CodeOK || r.Statuses[0].Remaining != 9 {
+		t.Fatalf("first: %v, a remaining %d", r.Code, r.Statuses[0].Remaining)
+	}
+	r := l.Decide(context.Background(), req)
+	if r.Code != CodeOverLimit || site.calls != 1 {
+		t.Fatalf("second: %v after %d site calls, want denied by b without asking the site", r.Code, site.calls)
+	}
+	if a := r.Statuses[0]; a.Code != CodeOK || a.RetryAfter != 0 || a.Limit != nil {
+		t.Fatalf("second, a: %+v, want OK and not reported", a)
 	}
 }

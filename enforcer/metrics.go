@@ -2,6 +2,7 @@ package enforcer
 
 import (
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -10,10 +11,20 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 )
 
+// MaxDetailedSeries bounds the per-value series of detailed_metric rules in one Limiter:
+// the values of requests are in the hands of whoever sends them, so past this many
+// distinct keys further values are counted under the key "other".
+const MaxDetailedSeries = 1000
+
 type metrics struct {
 	decisions *prometheus.CounterVec
-	shadow    *prometheus.CounterVec
-	fallback  *prometheus.CounterVec
+	// detailed counts the decisions of detailed_metric rules per descriptor value, keyed
+	// by the counter key without its window; detailedKeys holds the keys given a series.
+	detailed     *prometheus.CounterVec
+	detailedMu   sync.Mutex
+	detailedKeys map[string]struct{}
+	shadow       *prometheus.CounterVec
+	fallback     *prometheus.CounterVec
 	// waiting, waited and awaited measure Limiter.Await: requests waiting now, how long
 	// they waited, and how their waits ended.
 	waiting prometheus.Gauge
@@ -41,7 +52,7 @@ type decisionKey struct {
 type ruleCounters struct {
 	domain, rule string
 	r            *rules.Rule
-	c            [3]atomic.Pointer[resultCounter]
+	c            [4]atomic.Pointer[resultCounter]
 }
 
 type resultCounter struct{ prometheus.Counter }
@@ -52,6 +63,8 @@ func resultName(result int) string {
 		return "over_limit"
 	case 2:
 		return "shadow_over_limit"
+	case 3:
+		return "soft"
 	}
 	return "ok"
 }
@@ -69,8 +82,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "streamlimit", Subsystem: "enforcer", Name: "decisions_total",
-			Help: "Decisions per descriptor, by domain, rule and result (ok, over_limit, shadow_over_limit).",
+			Help: "Decisions per descriptor, by domain, rule and result (ok, soft: admitted in the soft band past the hard limit, over_limit, shadow_over_limit).",
 		}, []string{"domain", "rule", "result"}),
+		detailed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "streamlimit", Subsystem: "enforcer", Name: "detailed_decisions_total",
+			Help: "Decisions per descriptor of rules with detailed_metric, by domain, rule, key (the counter key without its window, so one series per value; \"other\" past MaxDetailedSeries keys) and result.",
+		}, []string{"domain", "rule", "key", "result"}),
+		detailedKeys: make(map[string]struct{}),
 		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "streamlimit", Subsystem: "enforcer", Name: "shadow_denials_total",
 			Help: "Limits of shadow-mode rules that would have denied, by rule.",
@@ -89,7 +107,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		[]string{"outcome"})
 	m.cache.Store(&map[decisionKey]*ruleCounters{})
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.decisions, m.shadow, m.fallback, m.waiting, m.waited, m.awaited} {
+		for _, c := range []prometheus.Collector{m.decisions, m.detailed, m.shadow, m.fallback, m.waiting, m.waited, m.awaited} {
 			if err := reg.Register(c); err != nil {
 				var are prometheus.AlreadyRegisteredError
 				if !errors.As(err, &are) {
@@ -108,18 +126,44 @@ func (m *metrics) observe(domain string, res *Result) {
 			continue
 		}
 		rc := m.counters(domain, st.Rule)
+		result := 0
 		switch {
 		case st.Code == CodeOverLimit:
-			m.inc(rc, 1)
+			result = 1
 		case st.Shadow:
-			m.inc(rc, 2)
-		default:
-			m.inc(rc, 0)
+			result = 2
+		case st.Soft():
+			result = 3
+		}
+		m.inc(rc, result)
+		if st.Rule.DetailedMetric {
+			m.detail(domain, st, result)
 		}
 		if st.Fallback && st.Limit != nil && st.Limit.Scope == rules.Global {
 			m.fallback.WithLabelValues("stale").Inc()
 		}
 	}
+}
+
+// detail counts a decision of a detailed_metric rule in its value's series.
+func (m *metrics) detail(domain string, st *Status, result int) {
+	key := st.Key
+	if i := strings.LastIndexByte(key, '#'); i >= 0 {
+		key = key[:i]
+	}
+	if key == "" {
+		key = st.Rule.ID // an unlimited rule has no counter
+	}
+	m.detailedMu.Lock()
+	if _, ok := m.detailedKeys[key]; !ok {
+		if len(m.detailedKeys) >= MaxDetailedSeries {
+			key = "other"
+		} else {
+			m.detailedKeys[key] = struct{}{}
+		}
+	}
+	m.detailedMu.Unlock()
+	m.detailed.WithLabelValues(domain, st.Rule.ID, key, resultName(result)).Inc()
 }
 
 // counters returns the decision counters of (domain, r).

@@ -78,3 +78,16 @@ type Status struct {
 	// snapshot is stale.
 	Fallback bool
 }
+
+// Soft reports that the status was admitted in its limit's soft band: past the limit's
+// hard allowance (rules.Limit.HardAllowance) but within its soft raise (soft_percent), so
+// that a client can be warned, billed or alerted on without a 429. Usage is read from the
+// status as Requests − Remaining, the count after this request as the decision saw it.
+// Elastic limits have no soft band.
+func (st *Status) Soft() bool {
+	lim := st.Limit
+	if st.Code != CodeOK || lim == nil || lim.SoftPercent <= 0 || lim.Elastic != nil {
+		return false
+	}
+	return st.Requests-max(st.Remaining, 0) > lim.HardAllowance()
+}

@@ -181,6 +181,18 @@ func (c *LocalCounter) mode(op *GlobalOp) window.Mode {
 	return window.Span
 }
 
+// recent implements recentCounter: op's count at now, and the part of it after t0.
+func (c *LocalCounter) recent(now time.Time, op *GlobalOp, t0 int64) (count, since float64) {
+	sh := &c.shards[c.shardFor(op)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := c.lookup(sh, op)
+	if e == nil || e.spec.Window != op.Window.Milliseconds() {
+		return 0, 0
+	}
+	return e.ring.CountMode(&e.spec, now.UnixMilli(), c.mode(op)), e.ring.CountSince(&e.spec, t0)
+}
+
 // fallsTo implements retryCounter: how long until op's count falls to target.
 func (c *LocalCounter) fallsTo(now time.Time, op *GlobalOp, target float64) (time.Duration, bool) {
 	ms := now.UnixMilli()

@@ -52,7 +52,7 @@ type Config struct {
 	KafkaOpts []kgo.Opt
 	// Topic is the hits topic. Default topics.DefaultHitsTopic ("hits").
 	Topic string
-	// Site names the unit that shares an exact counter (DESIGN §3.3): one process, or one
+	// Site names the unit that shares an exact counter: one process, or one
 	// data center's Redis. It is written into every record. Required, 1..topics.MaxSiteLen
 	// bytes.
 	Site string

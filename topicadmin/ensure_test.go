@@ -221,3 +221,47 @@ func readAll(t *testing.T, topic string) (kept, gone []float64) {
 		}
 	}
 }
+
+// TestEnsureTopicsUsableAtOnce creates the topics from several callers at once (as several
+// deployment scripts might) and uses them the moment Ensure returns: every caller succeeds
+// (the losers of the race verify a topic that was only just created), every partition is
+// described with a leader, and a record produced to each partition of both topics is
+// acknowledged.
+func TestEnsureTopicsUsableAtOnce(t *testing.T) {
+	ctx := context.Background()
+	cfg := testConfig(t)
+	const callers = 3
+	errs := make(chan error, callers)
+	for range callers {
+		go func() {
+			_, err := topicadmin.Ensure(ctx, testenv.AdminClient(t), cfg)
+			errs <- err
+		}()
+	}
+	for range callers {
+		if err := <-errs; err != nil {
+			t.Fatalf("Ensure: %v", err)
+		}
+	}
+	adm := testenv.AdminClient(t)
+	details, err := adm.ListTopics(ctx, cfg.HitsTopic, cfg.CountsTopic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := testenv.KafkaClient(t, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	for topic, n := range map[string]int32{cfg.HitsTopic: cfg.HitsPartitions, cfg.CountsTopic: cfg.CountsPartitions} {
+		td := details[topic]
+		if td.Err != nil || int32(len(td.Partitions)) != n {
+			t.Fatalf("%s right after Ensure: err %v, %d partitions, want %d", topic, td.Err, len(td.Partitions), n)
+		}
+		for p, pd := range td.Partitions {
+			if pd.Leader < 0 || pd.Err != nil {
+				t.Errorf("%s partition %d right after Ensure: leader %d, err %v", topic, p, pd.Leader, pd.Err)
+			}
+			r := &kgo.Record{Topic: topic, Partition: p, Key: []byte("k"), Value: []byte("v")}
+			if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+				t.Errorf("produce to %s/%d right after Ensure: %v", topic, p, err)
+			}
+		}
+	}
+}

@@ -295,6 +295,18 @@ func (r *Ring) CountSpan(s *Spec, t int64) float64 {
 	return float64(whole) + float64(oldest)*r.spanFrac(s, i0, t)
 }
 
+// CountSince returns the ring's hits after instant t0 (unix ms): the buckets after the one
+// holding t0, and the part of that one after t0 (by the span of its hits when the ring has
+// spans, else by the fraction of the bucket).
+func (r *Ring) CountSince(s *Spec, t0 int64) float64 {
+	i0, frac := s.Oldest(t0 + s.Window)
+	whole, oldest := r.parts(s, i0)
+	if r.spans(s) != nil {
+		frac = r.spanFrac(s, i0, t0+s.Window)
+	}
+	return float64(whole) + float64(oldest)*frac
+}
+
 // spanFrac is the fraction of bucket i0's hits still in the window starting at t−W, by its
 // span.
 func (r *Ring) spanFrac(s *Spec, i0, t int64) float64 {
@@ -355,27 +367,47 @@ func (r *Ring) CountMode(s *Spec, t int64, mode Mode) float64 {
 // below zero). Retry-After comes from it: hits leave the window when their bucket (or their
 // span) does, not evenly spread over the window.
 func (r *Ring) FallsTo(s *Spec, t int64, target float64, mode Mode) (int64, bool) {
-	count := func(at int64) float64 { return r.CountMode(s, at, mode) }
-	if count(t) <= target {
+	if r.CountMode(s, t, mode) <= target {
 		return t, true
 	}
 	if r.c == nil || target < 0 {
 		return 0, false
 	}
 	i0, _ := s.Oldest(t)
+	// The parts are summed once and then moved bucket by bucket, so that a search over
+	// many sub-buckets stays linear in them.
+	whole, oldest := r.parts(s, i0)
+	sps := r.spans(s)
+	L := int64(s.Slots)
 	for k := i0; k <= r.head; k++ {
+		if k > i0 {
+			var c uint64
+			if k > r.head-L {
+				c = uint64(r.c[mod(k, L)])
+			}
+			whole, oldest = whole-c, c
+		}
 		// While bucket k is the oldest, at t' in [k·b+W, (k+1)·b+W), the count is
 		// whole_k plus the part of c_k still inside, falling from c_k (hard: staying c_k).
+		count := func(at int64) float64 {
+			switch {
+			case mode == Hard:
+				return float64(whole + oldest)
+			case mode == Span && sps != nil:
+				return combine(whole, oldest, r.spanFrac(s, k, at))
+			}
+			_, f := s.Oldest(at)
+			return combine(whole, oldest, f)
+		}
 		start := max(k*s.Width+s.Window, t)
 		end := (k+1)*s.Width + s.Window // bucket k has wholly left at end
-		whole, oldest := r.parts(s, k)
 		w, o := float64(whole), float64(oldest)
 		if mode != Hard && o > 0 && w < target+1e-9 {
 			// The fraction of c_k that may stay inside, and the instant it is reached.
 			f := (target - w) / o
 			from, to := float64(k*s.Width), float64((k+1)*s.Width)
-			if sps := r.spans(s); mode == Span && sps != nil {
-				sp := sps[mod(k, int64(s.Slots))]
+			if mode == Span && sps != nil {
+				sp := sps[mod(k, L)]
 				from, to = from+float64(sp>>16)*float64(s.Width)/fullSpan, from+float64(sp&0xffff)*float64(s.Width)/fullSpan
 			}
 			at := max(int64(math.Ceil(to-f*(to-from)))+s.Window-1, start)
@@ -389,7 +421,7 @@ func (r *Ring) FallsTo(s *Spec, t int64, target float64, mode Mode) (int64, bool
 				return at, true
 			}
 		}
-		if count(end) <= target {
+		if w <= target { // at end, bucket k has left: the count is the buckets after it
 			return end, true
 		}
 	}

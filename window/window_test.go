@@ -417,3 +417,23 @@ func TestAppendSitesAt(t *testing.T) {
 		t.Fatal("a counter with nothing left in the window and no demand is not empty")
 	}
 }
+
+// CountSince counts the hits after an instant: exactly for whole buckets, and for a bucket
+// whose hits came at one instant (spans), by their span otherwise.
+func TestCountSince(t *testing.T) {
+	s := NewSpec(10*time.Second, 10, 0) // 1 s buckets
+	base := int64(1_000_000_000)
+	var r Ring
+	r.UseSpans(&s, nil)
+	r.AddAt(&s, s.Bucket(base+200), base+200, 3)
+	r.AddAt(&s, s.Bucket(base+1500), base+1500, 4)
+	r.AddAt(&s, s.Bucket(base+2100), base+2100, 5)
+	for _, c := range []struct {
+		t0   int64
+		want float64
+	}{{0, 12}, {1000, 9}, {1499, 9}, {1500, 5}, {2000, 5}, {2100, 0}, {3000, 0}} {
+		if got := r.CountSince(&s, base+c.t0); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("CountSince(+%d) = %v, want %v", c.t0, got, c.want)
+		}
+	}
+}

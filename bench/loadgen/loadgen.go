@@ -344,12 +344,12 @@ func connect(cfg Config) (func(c int) caller, func(), error) {
 				switch {
 				case err != nil:
 					return false, err
-				case resp.StatusCode != http.StatusOK:
-					return false, fmt.Errorf("status %d: %.200s", resp.StatusCode, buf.Bytes())
-				case bytes.Contains(buf.Bytes(), okMark):
+				case resp.StatusCode == http.StatusOK && bytes.Contains(buf.Bytes(), okMark):
 					return true, nil
-				case bytes.Contains(buf.Bytes(), overMark):
+				case resp.StatusCode == http.StatusTooManyRequests && bytes.Contains(buf.Bytes(), overMark):
 					return false, nil
+				case resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests:
+					return false, fmt.Errorf("status %d: %.200s", resp.StatusCode, buf.Bytes())
 				}
 				return false, fmt.Errorf("no overall_code in %.200s", buf.Bytes())
 			}

@@ -166,6 +166,7 @@ func write(w io.Writer, rawPath string, r *run) {
 
 	writeTargets(w, r)
 	writeServing(w, r)
+	writeHotKey(w, r)
 
 	p("## Headline figures\n\n")
 	p("Medians over the runs (`-count`) of each benchmark.\n\n")

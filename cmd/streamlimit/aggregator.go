@@ -46,6 +46,9 @@ as the hits topics have partitions; they share the work through the group.`,
 			} else {
 				cfg.TopicPattern = topics.HitsPattern(hits)
 			}
+			if len(topicsList) == 0 || cmd.Flags().Changed("hits-topic") {
+				cfg.LocalTopic = hits
+			}
 			reg := newRegistry()
 			cfg.Registerer = reg
 			agg, err := aggregator.New(cfg)
@@ -77,6 +80,8 @@ as the hits topics have partitions; they share the work through the group.`,
 	f.StringSliceVar(&topicsList, "topics", nil, "explicit list of hits topics (overrides the pattern)")
 	f.StringVar(&cfg.CountsTopic, "counts-topic", topics.DefaultCountsTopic, "compacted counts topic")
 	f.StringVar(&cfg.Group, "group", "streamlimit-aggregator", "consumer group")
+	f.DurationVar(&cfg.MaxLocalHold, "max-local-hold", aggregator.DefaultMaxLocalHold, "most the local hits topic's records are held back to match the replicated topics' lag (negative: never)")
+	f.StringVar(&cfg.CountsFormat, "counts-format", aggregator.CountsBinary, "how count records are written: binary, or json for readers without a decoder (kcat, ksqlDB, Kafka Connect)")
 	f.StringVar(&cfg.DeadLetterTopic, "dead-letter-topic", "", "copy skipped hit records here (default: none)")
 	f.IntVar(&cfg.SubBuckets, "sub-buckets", window.DefaultSubBuckets, "sub-window buckets per window (enforcers must use the same)")
 	f.DurationVar(&cfg.EmitInterval, "emit-interval", 100*time.Millisecond, "least time between two counts of one key")

@@ -87,6 +87,7 @@ are left out); tail follows changes as they arrive. --json prints the counts top
 form with an extra "age_ms" (now − asof).`,
 	}
 	cmd.AddCommand(newCountsGetCmd(), newCountsTopCmd(), newCountsTailCmd())
+	cmd.AddCommand(newCountsExportCmd(), newCountsPlotCmd()) // history.go: past usage from the hits topics
 	return cmd
 }
 

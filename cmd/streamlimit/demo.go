@@ -31,8 +31,10 @@ all sites (each site alone sees less than the limit), and a burst at one site.
 On a terminal a live table shows each site's decisions, the abusive client's admissions in
 the last window against its limit, and the pipeline lag; otherwise a plain line is printed
 every 2 seconds. At the end a summary gives the exact busiest and mean window of the abusive
-client and says whether the global limit held. The exit status is 0 whatever the verdict;
-it is non-zero only when the embedded pipeline cannot run.`,
+client and says whether the global limit held. The exit status is 1 when the verdict says
+the limit did not hold (or could not be measured although the run was not interrupted), so
+that the demo serves as a smoke test; it is also non-zero when the embedded pipeline cannot
+run, and 0 after an interrupt.`,
 		Example: `  streamlimit demo
   streamlimit demo --duration 1m --sites 4
   streamlimit demo --rules   # print the rules the demo enforces`,
@@ -49,12 +51,15 @@ it is non-zero only when the embedded pipeline cannot run.`,
 			}
 			opts.Logger = log
 			opts.Live = !plain && isTerminal(out)
-			_, err = demo.Run(cmd.Context(), opts, out)
+			sum, err := demo.Run(cmd.Context(), opts, out)
 			if errors.Is(err, context.Canceled) && cmd.Context().Err() != nil {
 				fmt.Fprintln(out, "interrupted before the traffic started")
 				return nil
 			}
-			return err
+			if err != nil {
+				return err
+			}
+			return verdictError(sum)
 		},
 	}
 	f := cmd.Flags()
@@ -66,6 +71,20 @@ it is non-zero only when the embedded pipeline cannot run.`,
 	f.StringVar(&logLevel, "log-level", "error", "level of the components' logs on stderr: debug, info, warn or error")
 	f.StringVar(&logFmt, "log-format", "text", "log format: text or json")
 	return cmd
+}
+
+// errVerdict is returned by the demo command when its verdict is a failure: the demo is a
+// claim about the product, so a claim that turned out false must fail a script that runs it.
+var errVerdict = errors.New("demo: verdict failed")
+
+// verdictError returns nil when the summary's verdict is that the global limit held, or when
+// the run was interrupted (nothing is claimed then), and an error wrapping errVerdict that
+// repeats the verdict otherwise.
+func verdictError(sum demo.Summary) error {
+	if sum.Held || sum.Interrupted {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", errVerdict, sum.Verdict)
 }
 
 // isTerminal reports whether w is a character device (a terminal), where the demo may

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"errors"
 	"strings"
 	"testing"
+
+	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/demo"
 )
 
 // TestDemoCommand runs `streamlimit demo --duration 10s` as the README's first command
@@ -38,5 +41,24 @@ func TestDemoRulesAndBadFlags(t *testing.T) {
 	}
 	if _, err := run(t, "demo", "--sites", "9"); err == nil || !strings.Contains(err.Error(), "sites 9") {
 		t.Fatalf("demo --sites 9: %v", err)
+	}
+}
+
+// TestDemoVerdictExitStatus checks that the demo command's error (its exit status) follows
+// the verdict: a limit that did not hold fails, a held one or an interrupted run does not.
+func TestDemoVerdictExitStatus(t *testing.T) {
+	failed := demo.Summary{Verdict: "the global limit did NOT hold: mallory got up to 80 per 5s"}
+	err := verdictError(failed)
+	if !errors.Is(err, errVerdict) || !strings.Contains(err.Error(), "did NOT hold") {
+		t.Errorf("failed verdict: error %v, want errVerdict quoting the verdict", err)
+	}
+	if err := verdictError(demo.Summary{Held: true}); err != nil {
+		t.Errorf("held verdict: error %v, want nil", err)
+	}
+	if err := verdictError(demo.Summary{Interrupted: true}); err != nil {
+		t.Errorf("interrupted run: error %v, want nil", err)
+	}
+	if err := verdictError(demo.Summary{Verdict: "NOT MEASURED"}); !errors.Is(err, errVerdict) {
+		t.Errorf("unmeasured, uninterrupted run: error %v, want errVerdict", err)
 	}
 }

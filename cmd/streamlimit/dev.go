@@ -15,6 +15,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/aggregator"
 	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/demo"
+	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/topicadmin"
 	"github.com/streamlimit/streamlimit/topics"
@@ -31,7 +32,17 @@ type devFlags struct {
 	rulesPath           string
 	site                string
 	httpAddr, grpcAddr  string
+	httpConfig          string
 	logFormat, logLevel string
+}
+
+// devHTTPConfig is how dev's /v1/auth (nginx auth_request) turns a request into a
+// descriptor of the demo's rules when --http-config is not given: the client is named by
+// its X-Client-Id header, as in deploy/http.yaml.
+func devHTTPConfig() httplimit.Config {
+	return httplimit.Config{Domain: "demo", Descriptors: []httplimit.Descriptor{{Entries: []httplimit.Source{
+		{Type: httplimit.SourceHeader, Name: "X-Client-Id", Key: "client"},
+	}}}}
 }
 
 func newDevCmd() *cobra.Command {
@@ -53,7 +64,9 @@ The broker listens on 127.0.0.1 only. Stop it with Ctrl-C.`,
 	f := cmd.Flags()
 	f.IntVar(&df.port, "port", 9092, "port of the embedded Kafka broker on 127.0.0.1 (0: any free port)")
 	f.StringVar(&df.dataDir, "data-dir", "", "directory where the broker persists its state across restarts (default: in memory)")
-	f.StringVar(&df.rulesPath, "rules", "", "rules file or directory for the enforcer (default: the demo's rules, see `streamlimit demo --rules`)")
+	// No backquotes in usages: pflag would take the quoted text for the value's name.
+	f.StringVar(&df.rulesPath, "rules", "", `rules file or directory for the enforcer (default: the demo's rules, as "streamlimit demo --rules" prints them)`)
+	f.StringVar(&df.httpConfig, "http-config", "", `YAML file saying how /v1/auth requests become descriptors, as for the enforcer (default: domain demo, the client from the X-Client-Id header)`)
 	f.StringVar(&df.site, "site", "dev", "the enforcer's site")
 	f.StringVar(&df.httpAddr, "http-listen", "127.0.0.1:8081", "address of the enforcer's check API and admin endpoints")
 	f.StringVar(&df.grpcAddr, "grpc-listen", "127.0.0.1:8082", `address of the enforcer's Envoy rate-limit gRPC service ("off" to disable)`)
@@ -107,13 +120,21 @@ func (df *devFlags) run(cmd *cobra.Command) error {
 		}
 	}
 
-	agg, err := aggregator.New(aggregator.Config{Brokers: brokers, Logger: log, Registerer: newRegistry()})
+	httpCfg := devHTTPConfig()
+	if df.httpConfig != "" {
+		if httpCfg, err = loadHTTPConfig(df.httpConfig); err != nil {
+			return err
+		}
+	}
+	// One registry, served on the enforcer's /metrics: the aggregator's metrics too.
+	reg := newRegistry()
+	agg, err := aggregator.New(aggregator.Config{Brokers: brokers, Logger: log, Registerer: reg})
 	if err != nil {
 		return err
 	}
 	srv, err := server.New(server.Config{
 		Site: df.site, RulesPath: rulesPath, Brokers: brokers,
-		HTTPAddr: df.httpAddr, GRPCAddr: df.grpcAddr, Logger: log, Registry: newRegistry(),
+		HTTPAddr: df.httpAddr, GRPCAddr: df.grpcAddr, HTTP: httpCfg, Logger: log, Registry: reg,
 	})
 	if err != nil {
 		return err
@@ -135,7 +156,7 @@ func (df *devFlags) run(cmd *cobra.Command) error {
   topics      %s (%d partitions), %s (%d partitions, compacted): %s
   data        %s
   aggregator  group streamlimit-aggregator, counting %s into %s
-  enforcer    site %s: http %s (POST /v1/check, /metrics, /readyz), grpc %s
+  enforcer    site %s: http %s (POST /v1/check, POST /json, /v1/auth, /metrics with the aggregator's, /readyz), grpc %s
   rules       %s
 
 Publish a hit as JSON with kcat (murmur2_random places keys as the Go producer does):
@@ -144,10 +165,11 @@ Read its count:
   streamlimit counts get '%s' --brokers %s
 Ask the enforcer:
   curl -s %s/v1/check -d '{"domain":"demo","descriptors":[{"entries":[{"key":"client","value":"alice"}]}]}'
+  curl -i -H 'X-Client-Id: alice' %s/v1/auth
 `,
 		broker, tcfg.HitsTopic, tcfg.HitsPartitions, tcfg.CountsTopic, tcfg.CountsPartitions, created, data,
 		tcfg.HitsTopic, tcfg.CountsTopic, df.site, srv.HTTPAddr(), orNone(srv.GRPCAddr()), rulesPath,
-		key, key, broker, tcfg.HitsTopic, key, broker, srv.HTTPAddr())
+		key, key, broker, tcfg.HitsTopic, key, broker, srv.HTTPAddr(), srv.HTTPAddr())
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return agg.Run(gctx) })

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -108,9 +111,54 @@ func TestDevCountsAJSONHit(t *testing.T) {
 		}
 	}
 
+	// dev serves /v1/auth for nginx (the client from X-Client-Id) and the aggregator's
+	// metrics on the enforcer's /metrics.
+	m := regexp.MustCompile(`http (127\.0\.0\.1:\d+) `).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("dev printed no http address:\n%s", out.String())
+	}
+	req, _ := http.NewRequest("GET", "http://"+m[1]+"/v1/auth", nil)
+	req.Header.Set("X-Client-Id", "dev-auth")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent || resp.Header.Get("RateLimit-Policy") == "" {
+		t.Errorf("/v1/auth: %d %v, want 204 with the RateLimit fields", resp.StatusCode, resp.Header)
+	}
+	resp, err = http.Get("http://" + m[1] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"streamlimit_aggregator_", "streamlimit_enforcer_decisions_total"} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("dev /metrics lacks %s", want)
+		}
+	}
+
 	// The analytics command sees it too.
 	got, err := run(t, "counts", "get", key, "--brokers", broker)
 	if err != nil || !regexp.MustCompile(`\beu\b`).MatchString(got) {
 		t.Fatalf("counts get: %v\n%s", err, got)
+	}
+}
+
+// TestDevHelpFlags checks that every flag of dev renders with its value type, not a
+// phrase that pflag took from backquotes in the usage.
+func TestDevHelpFlags(t *testing.T) {
+	out, err := run(t, "dev", "--help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"--rules string", "--http-config string"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dev --help lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "--rules streamlimit") {
+		t.Errorf("dev --help names the rules flag's value after its usage:\n%s", out)
 	}
 }

@@ -11,12 +11,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 	"gopkg.in/yaml.v3"
 
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
 )
@@ -62,6 +64,10 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 				return err
 			}
 			tuneGC(cmd.Context())
+			if len(cfg.RedisAddrs) > 0 {
+				// go-redis keeps one logger per process; this command is the process.
+				redis.SetLogger(sitestore.GoRedisLogger{Logger: cfg.Logger})
+			}
 			srv, err := server.New(cfg)
 			if err != nil {
 				return err
@@ -89,15 +95,17 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	f.IntVar(&c.SubBuckets, "sub-buckets", window.DefaultSubBuckets, "sub-window buckets per window (must equal the aggregator's)")
 	f.IntVar(&c.MaxKeys, "max-keys", 1<<20, "bound on keys held per structure (local counters, site counts, snapshot); idle keys go first")
 	f.StringSliceVar(&c.RedisAddrs, "redis-addr", nil, "the site's Redis (several: Cluster); default none: site counts in process")
+	f.StringVar(&c.RedisMasterName, "redis-sentinel-master", "", "name of the master the Redis Sentinels at --redis-addr watch; default none: --redis-addr is Redis itself")
 	f.StringVar(&c.RedisUsername, "redis-username", "", "Redis ACL user")
 	f.StringVar(&c.RedisPassword, "redis-password", "", "Redis password (prefer env STREAMLIMIT_REDIS_PASSWORD)")
 	ef.redisTLS.register(cmd, "redis")
 	f.IntVar(&c.SiteEnforcers, "site-enforcers", 1, "enforcers sharing --redis-addr; while Redis is down each keeps to 1/N of the site's limits")
-	f.DurationVar(&c.RedisTimeout, "redis-timeout", 5*time.Millisecond, "bound on each Redis call; past it, decide in process")
+	f.DurationVar(&c.RedisTimeout, "redis-timeout", sitestore.DefaultTimeout, "bound on each Redis call (a hung Redis, not a latency target); past it, decide in process")
 	f.StringVar(&c.HTTPAddr, "http-listen", "127.0.0.1:8081", "address of the check API, auth endpoint and admin endpoints")
 	f.StringVar(&c.GRPCAddr, "grpc-listen", "127.0.0.1:8082", `address of the Envoy rate-limit gRPC service ("off" to disable)`)
 	f.StringVar(&ef.upstream, "upstream", "", "URL of a service to reverse-proxy with rate limiting")
 	f.StringVar(&c.ProxyAddr, "proxy-listen", "127.0.0.1:8080", "address of the reverse proxy (with --upstream); \":8080\" to serve every interface")
+	f.DurationVar(&c.ProxyMaxDelay, "proxy-max-delay", 0, "with --upstream: hold a request that its limits will admit within this long until they do, instead of answering 429")
 	f.StringVar(&ef.httpConfig, "http-config", "", "YAML file saying how HTTP requests become descriptors (domain, descriptors, trusted_proxies, ipv6_prefix)")
 	f.StringVar(&ef.httpDomain, "http-domain", "http", "rules domain for proxied and /v1/auth requests when --http-config is not given (descriptor: remote_address)")
 	// Loopback by default, so that an nginx on the same host (the README's auth_request
@@ -121,6 +129,7 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	f.StringVar(&c.TLS.KeyFile, "tls-key", "", "PEM key of --tls-cert")
 	f.StringVar(&c.TLS.ClientCAFile, "tls-client-ca", "", "PEM CAs whose client certificates the HTTP API and gRPC require (mutual TLS)")
 	f.StringVar(&ef.authTokenFile, "auth-token-file", "", "file of bearer tokens, one per line, that callers of the HTTP API and gRPC must present (/healthz, /readyz and gRPC health stay open)")
+	f.DurationVar(&c.AuthMaxDelay, "auth-max-delay", 0, "hold a /v1/auth request that its limits will admit within this long until they do (nginx's proxy_read_timeout must be longer)")
 	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on draining requests and flushing hits at shutdown")
 	f.StringVar(&ef.logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&ef.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -208,6 +217,9 @@ func (ef *enforcerFlags) serverConfig() (server.Config, error) {
 		if cfg.KafkaOpts, err = ef.kf.security(); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if cfg.RedisMasterName != "" && len(cfg.RedisAddrs) == 0 {
+		errs = append(errs, errors.New("--redis-sentinel-master needs --redis-addr: the addresses of the Sentinels"))
 	}
 	if cfg.RedisTLS, err = ef.redisTLS.config(); err != nil {
 		errs = append(errs, fmt.Errorf("redis TLS: %w", err))

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/topics"
 )
 
 // TestREADMERulesLoad keeps the README's examples true: every YAML block that starts with
@@ -80,3 +82,65 @@ func TestREADMEFlagsExist(t *testing.T) {
 }
 
 var readmeFlag = regexp.MustCompile("`(--[a-z][a-z0-9-]*)")
+
+// TestREADMECounterKeys derives the README's counter-key examples with the enforcer's own
+// rule matching and key builder, and checks that the README shows exactly those keys.
+func TestREADMECounterKeys(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := rules.Parse("keys.yaml", []byte(`
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    descriptors:
+      - key: path
+        rate_limit: {window: 1500ms, requests_per_unit: 1}
+  - key: api_key
+    value: partner-*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: account
+    rate_limit: {unit: hour, requests_per_unit: 1}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		entries []rules.Entry
+		want    string
+	}{
+		{[]rules.Entry{{Key: "user", Value: "42"}}, "api|user=42#60s"},
+		{[]rules.Entry{{Key: "user", Value: "42"}, {Key: "path", Value: "/articles"}}, "api|user=42|path=/articles#1500ms"},
+		{[]rules.Entry{{Key: "account", Value: "a|b=c"}}, "api|account=a%7Cb%3Dc#3600s"},
+		{[]rules.Entry{{Key: "api_key", Value: "partner-7"}}, "api|api_key=partner-*#60s"},
+	} {
+		r := cfg.Match("api", c.entries)
+		if r == nil {
+			t.Fatalf("no rule for %v", c.entries)
+		}
+		if got := r.Key(c.entries, 0); got != c.want {
+			t.Errorf("key of %v = %q, want %q", c.entries, got, c.want)
+		}
+		if !strings.Contains(string(b), "\n"+c.want+" ") {
+			t.Errorf("README's counter-key table lacks %q", c.want)
+		}
+	}
+}
+
+// TestREADMEHitIntegers keeps the README's warning true: a hit whose ts is a float (what
+// Python's time.time() * 1000 gives) or uses an exponent is rejected as bad_json, and the
+// same hit with integers is accepted.
+func TestREADMEHitIntegers(t *testing.T) {
+	for _, ts := range []string{"1763740000123.456", "1.763740000123e12"} {
+		rec := `{"key":"api|user=42#60s","site":"eu-1","ts":` + ts + `,"w":60000,"n":1}`
+		if _, err := topics.DecodeHit([]byte(rec)); !errors.Is(err, topics.ErrBadJSON) {
+			t.Errorf("%s: %v, want ErrBadJSON", rec, err)
+		}
+	}
+	if _, err := topics.DecodeHit([]byte(`{"key":"api|user=42#60s","site":"eu-1","ts":1763740000123,"w":60000,"n":1}`)); err != nil {
+		t.Errorf("integer hit: %v", err)
+	}
+}

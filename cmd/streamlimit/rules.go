@@ -79,12 +79,15 @@ type limitRow struct {
 	Name        string        `json:"name,omitempty"`
 	Replaces    []string      `json:"replaces,omitempty"`
 	SoftPercent int           `json:"soft_percent,omitempty"`
-	Burst       int64         `json:"burst,omitempty"`
-	Hard        bool          `json:"hard,omitempty"`
-	Pool        string        `json:"pool,omitempty"`
-	ElasticMax  int64         `json:"elastic_max,omitempty"`
-	ElasticTill int           `json:"elastic_until,omitempty"`
-	Priority    string        `json:"priority,omitempty"`
+	// SoftBand is the counts, first and last, that a soft limit admits past its hard
+	// limit, marked soft.
+	SoftBand    *[2]int64 `json:"soft_band,omitempty"`
+	Burst       int64     `json:"burst,omitempty"`
+	Hard        bool      `json:"hard,omitempty"`
+	Pool        string    `json:"pool,omitempty"`
+	ElasticMax  int64     `json:"elastic_max,omitempty"`
+	ElasticTill int       `json:"elastic_until,omitempty"`
+	Priority    string    `json:"priority,omitempty"`
 	// Priorities is set on a pool's row: the percentage of it each priority may fill.
 	Priorities  map[string]int `json:"priorities,omitempty"`
 	Unlimited   bool           `json:"unlimited,omitempty"`
@@ -146,6 +149,9 @@ func rowsOf(cfg *rules.Config, domain, file string, line int, path []rules.Entry
 		row.Name = l.Name
 		row.Replaces = l.Replaces
 		row.SoftPercent = l.SoftPercent
+		if hard, all := l.HardAllowance(), l.CountAllowance(); l.SoftPercent > 0 && all > hard {
+			row.SoftBand = &[2]int64{hard + 1, all}
+		}
 		row.Burst = l.Burst
 		row.Hard = l.Hard
 		if l.Pool != nil {
@@ -231,6 +237,9 @@ func flags(r limitRow) string {
 	}
 	if r.SoftPercent > 0 {
 		f = append(f, fmt.Sprintf("soft %d%%", r.SoftPercent))
+		if r.SoftBand != nil {
+			f = append(f, fmt.Sprintf("soft band %d..%d", r.SoftBand[0], r.SoftBand[1]))
+		}
 	}
 	if r.Burst > 0 {
 		f = append(f, fmt.Sprintf("burst %d", r.Burst))

@@ -57,6 +57,10 @@ func TestRulesCheckDirectory(t *testing.T) {
 	want := map[string]any{"domain": "api", "descriptor": "action=login/ip", "requests": 10.0, "window_ms": 3600000.0,
 		"algorithm": "sliding_window", "scope": "global", "soft_percent": 10.0, "line": 19.0}
 	got := rows[2]
+	// The soft band: 10 per hour with soft_percent 10 admits an 11th, marked soft.
+	if band, _ := got["soft_band"].([]any); len(band) != 2 || band[0] != 11.0 || band[1] != 11.0 {
+		t.Errorf("row 2 soft_band = %v, want [11 11]", got["soft_band"])
+	}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("row 2 %s = %v, want %v (row %v)", k, got[k], v, got)
@@ -88,7 +92,7 @@ func TestRulesCheckBroken(t *testing.T) {
 		}},
 		{filepath.Join(broken, "bad.yaml"), []string{broken + "/bad.yaml:5:13: "}},
 		{filepath.Join("testdata", "rules", "dupdomain"), []string{`dupdomain/b.yaml:1:9: domain: duplicate domain "other" (also in testdata/rules/dupdomain/a.yaml)`}},
-		{syntax, []string{syntax + ":2:1: did not find expected ',' or ']'"}},
+		{syntax, []string{syntax + ":3:3: did not find expected ',' or ']'"}},
 		{filepath.Join(tmp, "missing.yaml"), []string{"missing.yaml: ", "no such file"}},
 	} {
 		out, _, err := runSplit(t, "rules", "check", tc.path)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/sim"
 	"github.com/streamlimit/streamlimit/window"
@@ -79,9 +80,7 @@ although that count was below it (percent of the steady-state requests).`,
 	fs.StringVar(&f.loads, "loads", "2,10", "comma-separated offered loads, as multiples of the limit")
 	fs.IntVar(&f.light, "light", 0, "light clients (0.3 × limit each) that should never be denied")
 	fs.IntVar(&f.subBuckets, "sub-buckets", window.DefaultSubBuckets, "sub-buckets per window of the aggregator and the site counters")
-	fs.Float64Var(&f.tuning.MinShare, "min-share", 0, "enforcer MinShare (0: the enforcer's default)")
-	fs.DurationVar(&f.tuning.SiteStaleAfter, "site-stale-after", 0, "enforcer SiteStaleAfter (0: the enforcer's default)")
-	fs.Float64Var(&f.tuning.ShareDamping, "share-damping", 0, "enforcer ShareDamping (0: the enforcer's default)")
+	registerTuning(fs, &f.tuning)
 	fs.IntVar(&f.parallel, "parallel", runtime.GOMAXPROCS(0), "runs simulated at once (the output does not depend on it)")
 	fs.StringVar(&f.svg, "svg", "", "write the plot of one traced run to this SVG file")
 	fs.StringVar(&f.plotScenario, "plot-scenario", "uniform", "scenario of the plotted run")
@@ -90,7 +89,7 @@ although that count was below it (percent of the steady-state requests).`,
 	fs.Float64Var(&f.plotLoad, "plot-load", 5, "load of the plotted run")
 	fs.DurationVar(&f.plotFrom, "plot-from", -1, "start of the plotted range, since the run's start (default: end of the warm-up)")
 	fs.DurationVar(&f.plotSpan, "plot-span", 0, "length of the plotted range (default: 3 windows)")
-	cmd.AddCommand(newSimCompareCmd())
+	cmd.AddCommand(newSimCompareCmd(), newSimDCCmd(), newSimTiersCmd(), newSimWANCmd())
 	return cmd
 }
 
@@ -187,7 +186,7 @@ func newSimCompareCmd() *cobra.Command {
 	var f simFlags
 	cmd := &cobra.Command{
 		Use:   "compare",
-		Short: "Seed 003's comparison: fixed window vs sliding window counter vs sub-windows vs exact log",
+		Short: "Counting rules compared: fixed window vs sliding window counter vs sub-windows vs exact log",
 		Long: `compare runs the same traffic of one client against one local limiter counted four
 ways, each by the project's real code: fixed window and the two-window sliding window counter
 (enforcer/algo), sub-window counts (the aggregator's rule, through the enforcer's site
@@ -222,4 +221,138 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// registerTuning adds the enforcer's global-share settings under test.
+func registerTuning(fs *pflag.FlagSet, t *sim.Tuning) {
+	fs.Float64Var(&t.MinShare, "min-share", 0, "enforcer MinShare (0: the enforcer's default)")
+	fs.DurationVar(&t.SiteStaleAfter, "site-stale-after", 0, "enforcer SiteStaleAfter (0: the enforcer's default)")
+	fs.Float64Var(&t.ShareDamping, "share-damping", 0, "enforcer ShareDamping (0: the enforcer's default, negative: off)")
+	fs.Float64Var(&t.DemandPrior, "demand-prior", 0, "enforcer DemandPrior (0: the enforcer's default, negative: off)")
+}
+
+func newSimDCCmd() *cobra.Command {
+	var (
+		base      sim.DCConfig
+		scenarios string
+		parallel  int
+	)
+	cmd := &cobra.Command{
+		Use:   "dc",
+		Short: "Data-center simulation: many clients, several data centers, WAN links, cuts",
+		Long: `dc simulates several data centers, each with its own aggregator (counting every data
+center's hits, its own a local hop after they are made and the others' a WAN link later) and
+one enforcer, joined by links with latency, jitter and cuts, under many clients at once, on
+a virtual clock. Every client's decisions are compared with an exact global sliding-window
+log on the same requests (the oracle).
+
+Scenarios: mix (10 000 clients, Zipf activity, 1% abusive at 2–10×, 1% migrating every
+30 s), migrating (clients moving data center every 10 s), failover (all clients move when
+their data center fails), partition (one data center cut off for 60 s, then healed), jitter
+(the mix with ±100 ms link jitter), bursty (one client at 10×, on and off).
+
+Columns: max/limit is the most of one client's requests admitted in any sliding window,
+across all data centers, over its limit; admitted/oracle compares the admitted total with
+the oracle's; false 429s are requests denied that the oracle admitted, in percent of all
+requests ("behind": only those where the client had been admitted fewer in the window than
+the oracle had; "under limit": of clients below their limit; "migrating": of moving
+clients); move is the time from a moved client's first request at its new data center to
+its first admission there. Each target is then reported as met or MISSED.`,
+		Example: `  streamlimit sim dc
+  streamlimit sim dc --scenarios partition,migrating --wan 40ms --jitter 10ms`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var scs []sim.DCScenario
+			for _, s := range splitList(scenarios) {
+				scs = append(scs, sim.DCScenario(s))
+			}
+			rs, err := sim.RunDCScenarios(cmd.Context(), base, scs, parallel)
+			if err != nil {
+				return err
+			}
+			return sim.WriteDCTable(cmd.OutOrStdout(), rs, sim.DefaultDCTargets())
+		},
+	}
+	fs := cmd.Flags()
+	var all []string
+	for _, s := range sim.DCScenarios() {
+		all = append(all, string(s))
+	}
+	fs.StringVar(&scenarios, "scenarios", strings.Join(all, ","), "comma-separated scenarios")
+	fs.IntVar(&base.DCs, "dcs", 3, "data centers")
+	fs.DurationVar(&base.WAN, "wan", 0, "one-way latency between data centers (0: 150ms, about 200 ms of pipeline lag)")
+	fs.DurationVar(&base.Jitter, "jitter", 0, "link jitter, ± (0: 20ms; 100ms for jitter)")
+	fs.IntVar(&base.Clients, "clients", 0, "clients (0: the scenario's default)")
+	fs.IntVar(&base.Windows, "windows", 0, "measured windows after one warm-up window (0: the scenario's default)")
+	fs.Int64Var(&base.Limit, "limit", 100, "every client's global limit, requests per window")
+	fs.DurationVar(&base.Window, "window", 10*time.Second, "the rule's sliding window")
+	fs.Uint64Var(&base.Seed, "seed", 1, "traffic seed (same flags and seed give the same output)")
+	fs.StringVar(&base.Algorithm, "algorithm", "", "the global limit's algorithm: sliding_window (default), token_bucket or gcra")
+	fs.Int64Var(&base.Burst, "burst", 0, "bucket size of token_bucket and gcra; the oracle is then at most burst in any burst/rate")
+	registerTuning(fs, &base.Tuning)
+	fs.IntVar(&parallel, "parallel", runtime.GOMAXPROCS(0), "runs simulated at once (the output does not depend on it)")
+	return cmd
+}
+
+func newSimTiersCmd() *cobra.Command {
+	var c sim.TiersConfig
+	cmd := &cobra.Command{
+		Use:   "tiers",
+		Short: "Pools, priorities and elastic limits under a load ramping past the capacity",
+		Long: `tiers simulates clients of two priorities (seven in ten paid, the rest free) sharing
+one pool, a global capacity over three data centers, each client with an elastic limit
+(its base, stretching to its elastic maximum while the pool is below the threshold), under a
+load that ramps linearly from --from to --to times the capacity. It runs the same data
+centers as sim dc and prints, per third of the ramp: the most admitted in any window over
+the capacity (all clients, and free ones), each tier's admitted over offered, and the
+requests admitted beyond a client's base (the elastic room given).`,
+		Example: `  streamlimit sim tiers
+  streamlimit sim tiers --to 3`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := sim.RunTiers(cmd.Context(), c)
+			if err != nil {
+				return err
+			}
+			return sim.WriteTiersTable(cmd.OutOrStdout(), r)
+		},
+	}
+	fs := cmd.Flags()
+	fs.IntVar(&c.Clients, "clients", 0, "clients (0: 1000)")
+	fs.Int64Var(&c.Capacity, "capacity", 0, "the pool's capacity per window (0: 5000)")
+	fs.Float64Var(&c.From, "from", 0, "offered load at the start, × capacity (0: 0.2)")
+	fs.Float64Var(&c.To, "to", 0, "offered load at the end, × capacity (0: 1.5)")
+	fs.IntVar(&c.FreeFill, "free-fill", 0, "percent of the pool free requests may fill (0: 80)")
+	fs.Uint64Var(&c.Seed, "seed", 1, "traffic seed (same flags and seed give the same output)")
+	registerTuning(fs, &c.Links.Tuning)
+	return cmd
+}
+
+func newSimWANCmd() *cobra.Command {
+	var c sim.WANConfig
+	cmd := &cobra.Command{
+		Use:   "wan",
+		Short: "The multi-cluster end-to-end test's clients and timeline, simulated",
+		Long: `wan runs, on the simulator, the clients and timeline of the end-to-end test that runs two
+Kafka clusters joined by MirrorMaker 2 (docs/multidc.md): a steady client at 3× its limit
+over both data centers, a migrating one at 1.5× and a lighter one at 0.8× switching every
+8 s, four at 0.6× failing over at 20 s, both links cut from 35 s to 60 s. It prints the
+test's table (per client and phase: over, under, false 429s against an exact global log)
+so that the two can be compared line by line.`,
+		Example: `  streamlimit sim wan
+  streamlimit sim wan --wan 300ms`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rows, err := sim.RunWAN(cmd.Context(), c)
+			if err != nil {
+				return err
+			}
+			return sim.WriteWANTable(cmd.OutOrStdout(), rows)
+		},
+	}
+	fs := cmd.Flags()
+	fs.DurationVar(&c.Links.WAN, "wan", 0, "one-way latency between the data centers, replication included (0: 40ms)")
+	fs.DurationVar(&c.Links.Jitter, "jitter", 0, "link jitter, ± (0: 10ms)")
+	registerTuning(fs, &c.Links.Tuning)
+	return cmd
 }

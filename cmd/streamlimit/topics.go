@@ -49,7 +49,9 @@ func newTopicsEnsureCmd() *cobra.Command {
 		Long: `ensure creates the hits and counts topics when they do not exist, with the partition
 counts and configs streamlimit needs (counts compacted, hits retained at least twice the
 longest window). Existing topics are verified: a wrong partition count or cleanup.policy is
-reported with what it is and what it should be, and the command exits 1.`,
+reported with what it is and what it should be, and the command exits 1. It returns once
+every topic is described with all its partitions led (topicadmin.ReadyTimeout at most), so
+that the next command of a script can use them.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cl, err := kf.client()

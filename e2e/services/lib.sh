@@ -106,3 +106,24 @@ kill_pidfile() {
   fi
   rm -f "$pidfile"
 }
+
+# watch_owner PIDFILE MARK: when STREAMLIMIT_OWNER_PID is set, a detached watcher stops
+# the process named by PIDFILE once the owner process has exited, so that a service never
+# outlives the test binary that started it when the binary dies without running its
+# cleanup (a panic, a test timeout, SIGKILL). The watcher ends with the service, and kills
+# only a process whose command line still holds MARK (the run directory), never a
+# process that reused the pid.
+watch_owner() {
+  local owner=${STREAMLIMIT_OWNER_PID:-} pid
+  [[ -n $owner ]] || return 0
+  pid=$(<"$1")
+  setsid nohup bash -c '
+    owner=$1 pid=$2 mark=$3
+    ours() { tr "\0" " " <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$mark"; }
+    while kill -0 "$owner" 2>/dev/null && kill -0 "$pid" 2>/dev/null; do sleep 1; done
+    ours || exit 0
+    kill -TERM "$pid" 2>/dev/null
+    for _ in $(seq 300); do ours || exit 0; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null
+  ' watch_owner "$owner" "$pid" "$2" >/dev/null 2>&1 </dev/null &
+}

@@ -20,10 +20,10 @@ import (
 type Algorithm uint8
 
 const (
-	// SlidingWindow is the sliding window counter of seed 000 (and Cloudflare): the count of
+	// SlidingWindow is the classic sliding window counter (as Cloudflare describes it): the count of
 	// the current aligned window plus the previous window's count weighted by the part of
 	// the previous window that the sliding window still overlaps. The weighted part is
-	// rounded down, as seed 000 does (3 + 5×0.7 = 6.5 counts as 6), so the estimate may
+	// rounded down (3 + 5×0.7 = 6.5 counts as 6), so the estimate may
 	// admit less than one request more than an exact log would.
 	SlidingWindow Algorithm = iota
 	// TokenBucket is a bucket of Limit.Capacity() tokens, initially full, refilled at

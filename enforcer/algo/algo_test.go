@@ -54,7 +54,7 @@ func TestSoftPercentRounding(t *testing.T) {
 	}
 }
 
-// Seed 000, sliding window log: 2 per minute; requests at 1:00:01, 1:00:30, 1:00:50,
+// The textbook sliding window log: 2 per minute; requests at 1:00:01, 1:00:30, 1:00:50,
 // 1:01:40: allowed, allowed, rejected, allowed.
 func TestSeedSlidingLog(t *testing.T) {
 	s := New(Options{})
@@ -77,7 +77,7 @@ func TestSeedSlidingLog(t *testing.T) {
 	}
 }
 
-// Seed 000, sliding window counter: 7 per minute, 5 in the previous minute, 3 in this one;
+// The textbook sliding window counter: 7 per minute, 5 in the previous minute, 3 in this one;
 // at 30% into this minute the estimate is 3 + 5×0.7 = 6.5, rounded down to 6: the request
 // is admitted, and the one after it reaches the limit.
 func TestSeedSlidingWindowCounter(t *testing.T) {
@@ -114,7 +114,7 @@ func TestSeedSlidingWindowCounter(t *testing.T) {
 	}
 }
 
-// Seed 000 and 001, fixed window: 5 per minute resetting on the minute lets 10 through
+// The textbook fixed window: 5 per minute resetting on the minute lets 10 through
 // between 2:00:30 and 2:01:30.
 func TestSeedFixedWindowBoundaryBurst(t *testing.T) {
 	s := New(Options{})
@@ -158,7 +158,7 @@ func TestSeedFixedWindowBoundaryBurst(t *testing.T) {
 	}
 }
 
-// Seed 000's token bucket figure: capacity 4, 2 tokens a second. A burst of 4 passes, the
+// The textbook token bucket: capacity 4, 2 tokens a second. A burst of 4 passes, the
 // 5th waits exactly 500ms, then the rate is 2/s.
 func TestSeedTokenBucket(t *testing.T) {
 	for _, alg := range []Algorithm{TokenBucket, LeakyBucket, GCRA} {
@@ -195,7 +195,7 @@ func TestSeedTokenBucket(t *testing.T) {
 	}
 }
 
-// Seed 001: 60 per 60s. A token bucket hands out 60 at once; a leaky bucket used as a
+// 60 per 60s. A token bucket hands out 60 at once; a leaky bucket used as a
 // shaper lets the same 60 out one per second over a minute.
 func TestSeedLeakyBucketShaping(t *testing.T) {
 	l := Limit{Requests: 60, Window: time.Minute}

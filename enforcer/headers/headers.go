@@ -4,10 +4,11 @@
 // auth_request endpoint and the Envoy gRPC service all use it, so every integration sends
 // the same fields.
 //
-// For a result with two limited descriptors, one of them denied, the fields are:
+// For a result with two limited descriptors, one of them denied, whose user rule has two
+// limits (3 per minute and 10 per hour), the fields are:
 //
-//	RateLimit-Policy: "api.user-60s";q=3;w=60, "api.ip-1s";q=10;w=1
-//	RateLimit: "api.user-60s";r=0;t=30, "api.ip-1s";r=9;t=1
+//	RateLimit-Policy: "api.user-60s";q=3;w=60, "api.user-3600s";q=10;w=3600, "api.ip-1s";q=10;w=1
+//	RateLimit: "api.user-60s";r=0;t=30
 //	X-RateLimit-Limit: 3
 //	X-RateLimit-Remaining: 0
 //	X-RateLimit-Reset: 60
@@ -17,8 +18,17 @@
 // the draft's parameters: q (quota: requests per window, soft raise included), w (window,
 // whole seconds rounded up), r (remaining requests, never negative) and t (seconds until
 // the quota resets; for a denied descriptor, until a retry can succeed, so that t and
-// Retry-After name the same instant as the draft asks). A policy appears once per field
-// even when several descriptors matched it; the most restrictive state is reported.
+// Retry-After name the same instant as the draft asks). RateLimit-Policy lists every limit
+// that applied to the request, once each (all the limits of every matched rule, except
+// those another matched limit replaces), so that a client can pace itself on all of them;
+// RateLimit gives the state of the one closest to exhaustion, the Primary status.
+//
+// When that limit admitted the request in its soft band (past requests_per_unit, within
+// soft_percent: enforcer.Status.Soft), RateLimit carries the boolean parameter soft
+// ("api.user-60s";r=3;t=40;soft), which clients that do not know it ignore.
+//
+// No wait is reported longer than MaxRetryAfter: a request that can never be admitted (a
+// limit of 0, a cost above the limit) is told to come back after MaxRetryAfter.
 //
 // Descriptors of shadow-mode rules are left out: a rule in shadow mode is being tried by
 // the operator and must not change what clients see or how they pace themselves.
@@ -29,10 +39,12 @@ package headers
 
 import (
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
 )
 
 // Field names.
@@ -66,34 +78,55 @@ func PolicyName(st *enforcer.Status) string {
 }
 
 func appendPolicyName(dst []byte, st *enforcer.Status) []byte {
-	if st.Limit.Name != "" {
-		return append(dst, st.Limit.Name...)
+	return appendPolicy(dst, policy{st.Rule, st.Limit})
+}
+
+// policy is one limit as advertised: the limit and the rule it belongs to (nil for a
+// pool's limit).
+type policy struct {
+	rule  *rules.Rule
+	limit *rules.Limit
+}
+
+func appendPolicy(dst []byte, p policy) []byte {
+	if p.limit.Name != "" {
+		return append(dst, p.limit.Name...)
 	}
 	id := "limit"
-	if st.Rule != nil {
-		id = st.Rule.ID
+	if p.rule != nil {
+		id = p.rule.ID
 	}
 	dst = append(dst, id...)
 	dst = append(dst, '-')
-	return append(dst, st.Limit.WindowTag()...)
+	return append(dst, p.limit.WindowTag()...)
 }
 
-// samePolicy reports whether a and b have the same PolicyName, without building it.
-func samePolicy(a, b *enforcer.Status) bool {
-	if a.Limit == b.Limit {
+// same reports whether a and b have the same policy name, without building it.
+func (a policy) same(b policy) bool {
+	if a.limit == b.limit {
 		return true
 	}
-	if a.Limit.Name != "" || b.Limit.Name != "" {
-		return a.Limit.Name == b.Limit.Name
+	if a.limit.Name != "" || b.limit.Name != "" {
+		return a.limit.Name == b.limit.Name
 	}
 	ida, idb := "limit", "limit"
-	if a.Rule != nil {
-		ida = a.Rule.ID
+	if a.rule != nil {
+		ida = a.rule.ID
 	}
-	if b.Rule != nil {
-		idb = b.Rule.ID
+	if b.rule != nil {
+		idb = b.rule.ID
 	}
-	return ida == idb && a.Limit.WindowTag() == b.Limit.WindowTag()
+	return ida == idb && a.limit.WindowTag() == b.limit.WindowTag()
+}
+
+// quota returns the q and w of a limit that did not decide its descriptor, as the
+// enforcer states them for one that did: requests per window with the soft raise, and for
+// a global limit its counting window and allowance there.
+func (p policy) quota() (int64, time.Duration) {
+	if p.limit.Scope == rules.Global {
+		return p.limit.CountAllowance(), p.limit.CountWindow()
+	}
+	return p.limit.CountAllowance(), p.limit.Window
 }
 
 // visible reports whether st is advertised to clients: it has a limit and its rule is not
@@ -133,16 +166,33 @@ func Primary(res *enforcer.Result) *enforcer.Status {
 	return best
 }
 
+// MaxRetryAfter is the longest wait that any front door reports (Retry-After, the t
+// parameter, retry_after_ms, duration_until_reset): one year, the longest unit of the
+// rules. A request that can never be admitted — a limit of 0, or a cost above the limit —
+// has no time at which a retry succeeds; it is told to come back after MaxRetryAfter
+// rather than after a duration that overflows its encoding.
+const MaxRetryAfter = 365 * 24 * time.Hour
+
+// UnlimitedRemaining is the limit_remaining that the check API, /json and gRPC report for
+// a descriptor whose rule is unlimited, as envoyproxy/ratelimit does: the largest value of
+// the protocol's uint32 field.
+const UnlimitedRemaining = math.MaxUint32
+
+// Cap returns d limited to 0..MaxRetryAfter.
+func Cap(d time.Duration) time.Duration { return min(max(d, 0), MaxRetryAfter) }
+
 // Seconds rounds d up to whole seconds, as Retry-After and the t and w parameters need:
-// rounding down would invite a retry that is still too early.
+// rounding down would invite a retry that is still too early. It is at most
+// MaxRetryAfter's seconds.
 func Seconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	if d >= time.Duration(math.MaxInt64)-time.Second {
-		return int64(math.MaxInt64 / time.Second)
-	}
+	d = Cap(d)
 	return int64((d + time.Second - 1) / time.Second)
+}
+
+// Millis rounds d up to whole milliseconds, capped like Seconds.
+func Millis(d time.Duration) int64 {
+	d = Cap(d)
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
 // MaxFields is the most fields a Result renders to.
@@ -195,44 +245,41 @@ func (v *Values) Render(res *enforcer.Result) int {
 	if p == nil {
 		return 0
 	}
-	// RateLimit-Policy, then RateLimit: one item per distinct visible policy, in the order
-	// of first appearance, carrying the most restrictive state of its statuses.
-	for field := range 2 {
-		first := true
-		for i := range res.Statuses {
-			st := &res.Statuses[i]
-			if !visible(st) || seenBefore(res, i) {
-				continue
-			}
-			for j := i + 1; j < len(res.Statuses); j++ {
-				o := &res.Statuses[j]
-				if visible(o) && samePolicy(o, st) && worse(o, st) {
-					st = o
-				}
-			}
-			if !first {
-				v.buf = append(v.buf, ", "...)
-			}
-			first = false
-			v.buf = appendSFString(v.buf, st)
-			if field == 0 {
-				v.buf = append(v.buf, ";q="...)
-				v.buf = strconv.AppendInt(v.buf, max(st.Requests, 0), 10)
-				v.buf = append(v.buf, ";w="...)
-				v.buf = strconv.AppendInt(v.buf, Seconds(st.Window), 10)
-				continue
-			}
-			t := st.ResetAfter
-			if st.Code == enforcer.CodeOverLimit {
-				t = st.RetryAfter
-			}
-			v.buf = append(v.buf, ";r="...)
-			v.buf = strconv.AppendInt(v.buf, max(st.Remaining, 0), 10)
-			v.buf = append(v.buf, ";t="...)
-			v.buf = strconv.AppendInt(v.buf, Seconds(t), 10)
+	// RateLimit-Policy: every limit that applied, once, in the order of first appearance.
+	first := true
+	for i := range res.Statuses {
+		st := &res.Statuses[i]
+		if !visible(st) {
+			continue
 		}
-		v.ends[field] = len(v.buf)
+		first = v.appendPolicyItem(res, i, policy{st.Rule, st.Limit}, st.Requests, st.Window, first)
+		if st.Rule == nil {
+			continue
+		}
+		for k := range st.Rule.Limits {
+			lim := &st.Rule.Limits[k]
+			if lim == st.Limit || replaced(res, lim) {
+				continue
+			}
+			q, w := policy{st.Rule, lim}.quota()
+			first = v.appendPolicyItem(res, i, policy{st.Rule, lim}, q, w, first)
+		}
 	}
+	v.ends[0] = len(v.buf)
+	// RateLimit: the state of the limit closest to exhaustion.
+	v.buf = appendSFString(v.buf, policy{p.Rule, p.Limit})
+	t := p.ResetAfter
+	if p.Code == enforcer.CodeOverLimit {
+		t = p.RetryAfter
+	}
+	v.buf = append(v.buf, ";r="...)
+	v.buf = strconv.AppendInt(v.buf, max(p.Remaining, 0), 10)
+	v.buf = append(v.buf, ";t="...)
+	v.buf = strconv.AppendInt(v.buf, Seconds(t), 10)
+	if p.Soft() {
+		v.buf = append(v.buf, ";soft"...)
+	}
+	v.ends[1] = len(v.buf)
 	v.buf = strconv.AppendInt(v.buf, max(p.Requests, 0), 10)
 	v.ends[2] = len(v.buf)
 	v.buf = strconv.AppendInt(v.buf, max(p.Remaining, 0), 10)
@@ -250,11 +297,70 @@ func (v *Values) Render(res *enforcer.Result) int {
 	return v.n
 }
 
-// seenBefore reports whether a status before i has the same visible policy as status i.
-func seenBefore(res *enforcer.Result, i int) bool {
-	for j := range i {
-		if visible(&res.Statuses[j]) && samePolicy(&res.Statuses[j], &res.Statuses[i]) {
-			return true
+// appendPolicyItem appends pol as an item of RateLimit-Policy unless a policy of the same
+// name was already listed: by a status before i, or earlier in status i. It returns
+// whether the field is still empty.
+func (v *Values) appendPolicyItem(res *enforcer.Result, i int, pol policy, q int64, w time.Duration, first bool) bool {
+	if listedBefore(res, i, pol) {
+		return first
+	}
+	if !first {
+		v.buf = append(v.buf, ", "...)
+	}
+	v.buf = appendSFString(v.buf, pol)
+	v.buf = append(v.buf, ";q="...)
+	v.buf = strconv.AppendInt(v.buf, max(q, 0), 10)
+	v.buf = append(v.buf, ";w="...)
+	v.buf = strconv.AppendInt(v.buf, Seconds(w), 10)
+	return false
+}
+
+// listedBefore reports whether pol is among the policies listed before it: those of the
+// visible statuses before i, and those of status i before pol (its deciding limit first,
+// then its rule's limits in order).
+func listedBefore(res *enforcer.Result, i int, pol policy) bool {
+	for j := range i + 1 {
+		st := &res.Statuses[j]
+		if !visible(st) {
+			continue
+		}
+		if cur := (policy{st.Rule, st.Limit}); cur.same(pol) {
+			return j < i || cur.limit != pol.limit
+		}
+		if st.Rule == nil {
+			continue
+		}
+		for k := range st.Rule.Limits {
+			lim := &st.Rule.Limits[k]
+			if j == i && lim == pol.limit {
+				return false
+			}
+			if lim == st.Limit || replaced(res, lim) {
+				continue
+			}
+			if (policy{st.Rule, lim}).same(pol) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// replaced reports whether lim is replaced by a limit of another matched, visible rule
+// (replaces: in the rules), and so did not apply.
+func replaced(res *enforcer.Result, lim *rules.Limit) bool {
+	if lim.Name == "" {
+		return false
+	}
+	for i := range res.Statuses {
+		st := &res.Statuses[i]
+		if !visible(st) || st.Rule == nil {
+			continue
+		}
+		for k := range st.Rule.Limits {
+			if slices.Contains(st.Rule.Limits[k].Replaces, lim.Name) {
+				return true
+			}
 		}
 	}
 	return false
@@ -278,13 +384,13 @@ func Append(dst []Field, res *enforcer.Result) []Field {
 	return dst
 }
 
-// appendSFString appends st's policy name as a Structured Field String (RFC 9651
+// appendSFString appends p's name as a Structured Field String (RFC 9651
 // §3.3.3): printable ASCII in quotes with '"' and '\' escaped; other bytes are replaced by
 // '?' since sf-strings cannot carry them.
-func appendSFString(dst []byte, st *enforcer.Status) []byte {
+func appendSFString(dst []byte, p policy) []byte {
 	dst = append(dst, '"')
 	start := len(dst)
-	dst = appendPolicyName(dst, st)
+	dst = appendPolicy(dst, p)
 	// Escape in place, growing as needed; names rarely need it.
 	for i := start; i < len(dst); i++ {
 		c := dst[i]

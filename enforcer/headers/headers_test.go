@@ -2,6 +2,8 @@ package headers
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -103,21 +105,22 @@ func TestAdmittedFields(t *testing.T) {
 	}
 	f := fieldMap(Append(nil, &res))
 	pol := mustList(t, RateLimitPolicy, f[RateLimitPolicy])
-	if len(pol) != 2 {
-		t.Fatalf("RateLimit-Policy %q: %d items", f[RateLimitPolicy], len(pol))
+	if len(pol) != 3 {
+		t.Fatalf("RateLimit-Policy %q: %d items, want every limit that applied (3)", f[RateLimitPolicy], len(pol))
 	}
-	// The user descriptor reports its most restrictive limit: 2 of 3 left this minute.
+	// Every limit that applied is listed: both of the user rule's, then the ip rule's.
 	checkItem(t, RateLimitPolicy, pol[0], "api.user-60s", "q", 3, "w", 60)
-	checkItem(t, RateLimitPolicy, pol[1], `per "ip"`, "q", 5, "w", 1)
+	checkItem(t, RateLimitPolicy, pol[1], "api.user-3600s", "q", 10, "w", 3600)
+	checkItem(t, RateLimitPolicy, pol[2], `per "ip"`, "q", 5, "w", 1)
 	if !strings.Contains(f[RateLimitPolicy], `"per \"ip\""`) {
 		t.Errorf("quote not escaped: %q", f[RateLimitPolicy])
 	}
+	// RateLimit gives the one closest to exhaustion: 2 of 3 left this minute.
 	st := mustList(t, RateLimit, f[RateLimit])
-	if len(st) != 2 {
+	if len(st) != 1 {
 		t.Fatalf("RateLimit %q", f[RateLimit])
 	}
 	checkItem(t, RateLimit, st[0], "api.user-60s", "r", 2, "t", 45)
-	checkItem(t, RateLimit, st[1], `per "ip"`, "r", 4, "t", 1)
 	// X-RateLimit-* speak for the status with the least remaining: user, 2 left.
 	want := map[string]string{XRateLimitLimit: "3", XRateLimitRemain: "2", XRateLimitReset: "45"}
 	for k, v := range want {
@@ -177,8 +180,8 @@ func TestSamePolicyTwiceIsOneItem(t *testing.T) {
 	f := fieldMap(Append(nil, &res))
 	pol := mustList(t, RateLimitPolicy, f[RateLimitPolicy])
 	st := mustList(t, RateLimit, f[RateLimit])
-	if len(pol) != 1 || len(st) != 1 {
-		t.Fatalf("policy %q, state %q", f[RateLimitPolicy], f[RateLimit])
+	if len(pol) != 2 || len(st) != 1 {
+		t.Fatalf("policy %q, state %q: want the rule's two limits once each, one state", f[RateLimitPolicy], f[RateLimit])
 	}
 	checkItem(t, RateLimit, st[0], "api.user-60s", "r", 1, "t", 60)
 }
@@ -199,9 +202,77 @@ func TestSeconds(t *testing.T) {
 	for _, c := range []struct {
 		d    time.Duration
 		want int64
-	}{{0, 0}, {-time.Second, 0}, {time.Nanosecond, 1}, {time.Second, 1}, {1001 * time.Millisecond, 2}, {time.Hour, 3600}, {1<<63 - 1, (1<<63 - 1) / int64(time.Second)}} {
+	}{{0, 0}, {-time.Second, 0}, {time.Nanosecond, 1}, {time.Second, 1}, {1001 * time.Millisecond, 2}, {time.Hour, 3600}, {MaxRetryAfter + 1, int64(MaxRetryAfter / time.Second)}, {1<<63 - 1, int64(MaxRetryAfter / time.Second)}} {
 		if got := Seconds(c.d); got != c.want {
 			t.Errorf("Seconds(%v) = %d, want %d", c.d, got, c.want)
+		}
+	}
+}
+
+// TestReplacedLimitIsNotAdvertised checks that a limit which another matched limit
+// replaces (it did not apply) is left out of RateLimit-Policy, and that a request that can
+// never pass (a limit of 0) is told MaxRetryAfter, not an overflowing duration.
+func TestReplacedLimitIsNotAdvertised(t *testing.T) {
+	cfg, err := rules.Parse("rules.yaml", []byte(`
+domain: api
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: base, unit: minute, requests_per_unit: 5, scope: local, algorithm: fixed_window}
+      - {name: daily, unit: day, requests_per_unit: 100, scope: local, algorithm: fixed_window}
+  - key: vip
+    rate_limit: {name: vip, unit: minute, requests_per_unit: 50, scope: local, algorithm: fixed_window, replaces: [{name: base}]}
+  - key: banned
+    rate_limit: {unit: minute, requests_per_unit: 0}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(cfg), Site: "t", Clock: clock.NewFake(t0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := l.Decide(context.Background(), req([]string{"user", "1"}, []string{"vip", "yes"}))
+	f := fieldMap(Append(nil, &res))
+	var names []string
+	for _, it := range mustList(t, RateLimitPolicy, f[RateLimitPolicy]) {
+		names = append(names, fmt.Sprint(it.Value))
+	}
+	if got := strings.Join(names, ","); got != "daily,vip" {
+		t.Errorf("RateLimit-Policy names %s (%q), want daily,vip", got, f[RateLimitPolicy])
+	}
+	res = l.Decide(context.Background(), req([]string{"banned", "x"}))
+	f = fieldMap(Append(nil, &res))
+	year := strconv.FormatInt(int64(MaxRetryAfter/time.Second), 10)
+	if res.Code != enforcer.CodeOverLimit || f[RetryAfter] != year {
+		t.Errorf("never-admitted request: %v, Retry-After %q, want %s", res.Code, f[RetryAfter], year)
+	}
+	checkItem(t, RateLimit, mustList(t, RateLimit, f[RateLimit])[0], "api.banned-60s", "r", 0, "t", int(MaxRetryAfter/time.Second))
+}
+
+// TestSoftParameter checks that RateLimit marks an admission in the soft band with the
+// boolean parameter soft, and only then.
+func TestSoftParameter(t *testing.T) {
+	cfg, err := rules.Parse("rules.yaml", []byte(`
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2, soft_percent: 50, scope: local}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(cfg), Site: "t", Clock: clock.NewFake(t0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{false, false, true, false} {
+		res := l.Decide(context.Background(), req([]string{"user", "1"}))
+		f := fieldMap(Append(nil, &res))
+		it := mustList(t, RateLimit, f[RateLimit])[0]
+		soft, ok := it.Param("soft")
+		if ok != want || ok && soft != true {
+			t.Errorf("request %d (%v): RateLimit %q, want soft=%v", i+1, res.Code, f[RateLimit], want)
 		}
 	}
 }

@@ -21,10 +21,6 @@ import (
 const (
 	// DefaultMaxBodyBytes is CheckOptions.MaxBodyBytes's default.
 	DefaultMaxBodyBytes = 64 << 10
-	// MaxDescriptors is the most descriptors one check request may carry.
-	MaxDescriptors = 64
-	// MaxEntries is the most entries one descriptor may carry.
-	MaxEntries = 32
 	// MaxHits is the largest hits_addend, Envoy's uint32 maximum.
 	MaxHits = math.MaxUint32
 )
@@ -46,13 +42,15 @@ type CheckOptions struct {
 //
 // The cost may be given as hits_addend, hitsAddend (protobuf JSON) or hits; 0 or absent
 // means 1. A descriptor's own hits_addend, if given, must equal the request's; its limit
-// override is ignored (rules come from the rules files only).
+// override is ignored (rules come from the rules files only). max_delay_ms (at most
+// MaxDelay) asks to wait that long for room rather than be refused (see Awaiter).
 type CheckRequest struct {
 	Domain          string            `json:"domain"`
 	Descriptors     []CheckDescriptor `json:"descriptors"`
 	HitsAddend      *int64            `json:"hits_addend,omitempty"`
 	HitsAddendCamel *int64            `json:"hitsAddend,omitempty"`
 	Hits            *int64            `json:"hits,omitempty"`
+	MaxDelayMs      *int64            `json:"max_delay_ms,omitempty"`
 }
 
 // CheckDescriptor is one descriptor of a CheckRequest.
@@ -70,8 +68,9 @@ type CheckEntry struct {
 }
 
 // CheckResponse is the answer of POST /v1/check, in the shape of Envoy's
-// RateLimitResponse with durations in milliseconds. It is sent with status 200 whatever
-// the decision: OverallCode says whether the request is over the limit.
+// RateLimitResponse with durations in milliseconds. It is sent with status 200 when
+// OverallCode is "OK" and 429 when it is "OVER_LIMIT", with the fields of
+// ResponseHeadersToAdd also set as HTTP header fields (Retry-After among them).
 type CheckResponse struct {
 	// OverallCode is "OK" or "OVER_LIMIT".
 	OverallCode string `json:"overall_code"`
@@ -80,6 +79,9 @@ type CheckResponse struct {
 	// ResponseHeadersToAdd are the fields of package headers that a gateway should add
 	// to its response (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After).
 	ResponseHeadersToAdd []CheckHeader `json:"response_headers_to_add,omitempty"`
+	// WaitedMs is how long the request waited for room (max_delay_ms); absent when it did
+	// not wait.
+	WaitedMs int64 `json:"waited_ms,omitempty"`
 }
 
 // CheckStatus is the decision for one descriptor (see enforcer.Status).
@@ -88,16 +90,22 @@ type CheckStatus struct {
 	Code string `json:"code"`
 	// CurrentLimit is the limit that decided; absent when no rule limits the descriptor.
 	CurrentLimit *CheckLimit `json:"current_limit,omitempty"`
-	// LimitRemaining is how many more requests the limit admits now.
+	// LimitRemaining is how many more requests the limit admits now;
+	// headers.UnlimitedRemaining when the rule is unlimited.
 	LimitRemaining int64 `json:"limit_remaining"`
-	// DurationUntilResetMs is the time until the limit's counter is empty again.
+	// DurationUntilResetMs is the time until the limit's counter is empty again, at most
+	// headers.MaxRetryAfter.
 	DurationUntilResetMs int64 `json:"duration_until_reset_ms"`
-	// RetryAfterMs is 0 unless denied; then the time until a retry can succeed.
+	// RetryAfterMs is 0 unless denied; then the time until a retry can succeed, at most
+	// headers.MaxRetryAfter (a request that can never pass).
 	RetryAfterMs int64 `json:"retry_after_ms"`
 	// Rule is the ID of the matched rule; absent when none matched.
 	Rule string `json:"rule,omitempty"`
 	// Shadow reports that a shadow-mode limit would have denied.
 	Shadow bool `json:"shadow"`
+	// Soft reports an admission in the limit's soft band: past requests_per_unit, within
+	// soft_percent (see enforcer.Status.Soft).
+	Soft bool `json:"soft"`
 	// Fallback reports a decision made by a fallback (see enforcer.Status).
 	Fallback bool `json:"fallback"`
 }
@@ -125,9 +133,9 @@ type checkError struct{ msg string }
 
 func (e *checkError) Error() string { return e.msg }
 
-// NewCheckHandler returns the handler of POST /v1/check. A decision is always answered
-// 200 with a CheckResponse; a malformed or invalid request (bad JSON, unknown fields,
-// empty domain, no descriptors, an empty entry key, bad hits) is answered 400 with an
+// NewCheckHandler returns the handler of POST /v1/check. A decision is answered with a
+// CheckResponse, 200 when admitted and 429 when denied; a malformed or invalid request (bad JSON, unknown fields, bad
+// hits, or a request rules.ValidateRequest rejects) is answered 400 with an
 // application/problem+json body, a too large one 413, another method 405.
 func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 	if opts.MaxBodyBytes <= 0 {
@@ -145,7 +153,8 @@ func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 			writeProblem(w, http.StatusMethodNotAllowed, opts.ProblemType, "use POST")
 			return
 		}
-		req, err := decodeCheck(http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes))
+		var maxDelay time.Duration
+		req, err := decodeCheck(http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes), &maxDelay)
 		if err != nil {
 			status := http.StatusBadRequest
 			var mbe *http.MaxBytesError
@@ -156,24 +165,34 @@ func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 			return
 		}
 		var res enforcer.Result
-		dec.DecideInto(r.Context(), req, &res)
-		body, err := json.Marshal(checkResponse(&res))
+		waited := decideCheck(r.Context(), dec, req, maxDelay, &res)
+		resp := checkResponse(&res)
+		resp.WaitedMs = waited.Milliseconds()
+		body, err := json.Marshal(resp)
 		if err != nil {
 			writeProblem(w, http.StatusInternalServerError, opts.ProblemType, "encoding the response failed")
 			return
 		}
 		h := w.Header()
+		for _, f := range headers.Append(nil, &res) {
+			h.Set(f.Name, f.Value)
+		}
 		h.Set("Content-Type", "application/json")
 		h.Set("Content-Length", strconv.Itoa(len(body)))
 		h.Set("Cache-Control", "no-store")
-		w.WriteHeader(http.StatusOK)
+		code := http.StatusOK
+		if res.Code == enforcer.CodeOverLimit {
+			code = http.StatusTooManyRequests
+		}
+		w.WriteHeader(code)
 		if _, err := w.Write(body); err != nil {
 			opts.Logger.LogAttrs(r.Context(), slog.LevelDebug, "writing check response", slog.Any("err", err))
 		}
 	})
 }
 
-func decodeCheck(body io.Reader) (enforcer.Request, error) {
+// decodeCheck decodes and validates a check request; it sets *maxDelay from max_delay_ms.
+func decodeCheck(body io.Reader, maxDelay *time.Duration) (enforcer.Request, error) {
 	var cr CheckRequest
 	d := json.NewDecoder(body)
 	d.DisallowUnknownFields()
@@ -188,28 +207,18 @@ func decodeCheck(body io.Reader) (enforcer.Request, error) {
 		return enforcer.Request{}, &checkError{"malformed JSON: data after the request object"}
 	}
 	req := enforcer.Request{Domain: cr.Domain}
-	if cr.Domain == "" {
-		return req, &checkError{"domain: required"}
-	}
-	if len(cr.Descriptors) == 0 {
-		return req, &checkError{"descriptors: at least one is required"}
-	}
-	if len(cr.Descriptors) > MaxDescriptors {
-		return req, &checkError{fmt.Sprintf("descriptors: %d is more than %d", len(cr.Descriptors), MaxDescriptors)}
-	}
+	// The shape is validated by rules.ValidateRequest, as over gRPC; JSON only adds the
+	// cost's spellings. Entries are mapped first, bounded by the body's size.
 	hits, err := pickHits("hits_addend", cr.HitsAddend, cr.HitsAddendCamel, cr.Hits)
 	if err != nil {
 		return req, err
 	}
 	req.Hits = hits
+	if *maxDelay, err = checkDelay(cr.MaxDelayMs); err != nil {
+		return req, err
+	}
 	for i, cd := range cr.Descriptors {
 		f := "descriptors[" + strconv.Itoa(i) + "]"
-		if len(cd.Entries) == 0 {
-			return req, &checkError{f + ".entries: at least one is required"}
-		}
-		if len(cd.Entries) > MaxEntries {
-			return req, &checkError{fmt.Sprintf("%s.entries: %d is more than %d", f, len(cd.Entries), MaxEntries)}
-		}
 		dh, err := pickHits(f+".hits_addend", cd.HitsAddend, cd.HitsAddendCamel, nil)
 		if err != nil {
 			return req, err
@@ -219,12 +228,12 @@ func decodeCheck(body io.Reader) (enforcer.Request, error) {
 		}
 		entries := make([]rules.Entry, len(cd.Entries))
 		for j, e := range cd.Entries {
-			if e.Key == "" {
-				return req, &checkError{fmt.Sprintf("%s.entries[%d].key: required", f, j)}
-			}
 			entries[j] = rules.Entry{Key: e.Key, Value: e.Value}
 		}
 		req.Descriptors = append(req.Descriptors, entries)
+	}
+	if err := rules.ValidateRequest(req.Domain, req.Descriptors); err != nil {
+		return req, err
 	}
 	return req, nil
 }
@@ -250,18 +259,11 @@ func pickHits(field string, vs ...*int64) (int64, error) {
 	return *got, nil
 }
 
-func ceilMs(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
-}
-
 func checkResponse(res *enforcer.Result) CheckResponse {
 	out := CheckResponse{OverallCode: res.Code.String(), Statuses: make([]CheckStatus, len(res.Statuses))}
 	for i := range res.Statuses {
 		st := &res.Statuses[i]
-		cs := CheckStatus{Code: st.Code.String(), Shadow: st.Shadow, Fallback: st.Fallback}
+		cs := CheckStatus{Code: st.Code.String(), Shadow: st.Shadow, Soft: st.Soft(), Fallback: st.Fallback}
 		if st.Rule != nil {
 			cs.Rule = st.Rule.ID
 		}
@@ -273,8 +275,10 @@ func checkResponse(res *enforcer.Result) CheckResponse {
 				Unit:            strings.ToUpper(st.Limit.Unit),
 			}
 			cs.LimitRemaining = max(st.Remaining, 0)
-			cs.DurationUntilResetMs = ceilMs(st.ResetAfter)
-			cs.RetryAfterMs = ceilMs(st.RetryAfter)
+			cs.DurationUntilResetMs = headers.Millis(st.ResetAfter)
+			cs.RetryAfterMs = headers.Millis(st.RetryAfter)
+		} else if st.Rule != nil && st.Rule.Unlimited {
+			cs.LimitRemaining = headers.UnlimitedRemaining
 		}
 		out.Statuses[i] = cs
 	}

@@ -40,6 +40,8 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2, scope: local, algorithm: fixed_window}
   - key: bench
     rate_limit: {unit: second, requests_per_unit: 1000000000000, scope: local, algorithm: fixed_window}
+  - key: metered
+    rate_limit: {unit: minute, requests_per_unit: 1, soft_percent: 100, scope: local, algorithm: fixed_window}
 `
 
 var t0 = time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
@@ -516,8 +518,13 @@ func TestCheckAPI(t *testing.T) {
 	var last CheckResponse
 	for i := range 3 {
 		resp, b := postJSON(t, srv.Client(), u, body)
-		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
-			t.Fatalf("request %d: %d %s", i, resp.StatusCode, b)
+		// Admitted: 200; denied: 429 with the fields as HTTP header fields too.
+		wantStatus, wantRetry := 200, ""
+		if i == 2 {
+			wantStatus, wantRetry = 429, "60"
+		}
+		if resp.StatusCode != wantStatus || resp.Header.Get("Content-Type") != "application/json" || resp.Header.Get("Retry-After") != wantRetry {
+			t.Fatalf("request %d: %d Retry-After %q %s", i, resp.StatusCode, resp.Header.Get("Retry-After"), b)
 		}
 		last = CheckResponse{}
 		if err := json.Unmarshal(b, &last); err != nil {
@@ -596,6 +603,25 @@ func TestCheckAPI(t *testing.T) {
 	}
 }
 
+// TestCheckAPISoft checks the check API's soft field: false within the limit, true for
+// the admission past it that soft_percent allows, false again (denied) past the band.
+func TestCheckAPISoft(t *testing.T) {
+	l, _ := newLimiter(t)
+	srv := httptest.NewServer(NewCheckHandler(l, CheckOptions{}))
+	defer srv.Close()
+	body := `{"domain":"api","descriptors":[{"entries":[{"key":"metered","value":"a"}]}]}`
+	for i, want := range []struct {
+		status int
+		soft   bool
+	}{{200, false}, {200, true}, {429, false}} {
+		resp, b := postJSON(t, srv.Client(), srv.URL, body)
+		var cr CheckResponse
+		if err := json.Unmarshal(b, &cr); err != nil || resp.StatusCode != want.status || cr.Statuses[0].Soft != want.soft {
+			t.Errorf("request %d: %d %s, want %d with soft %v", i+1, resp.StatusCode, b, want.status, want.soft)
+		}
+	}
+}
+
 func TestAuthEndpoint(t *testing.T) {
 	m := newMW(t, Config{Descriptors: []Descriptor{
 		{Entries: []Source{{Type: SourceRemoteAddress}}},
@@ -611,8 +637,13 @@ func TestAuthEndpoint(t *testing.T) {
 	if resp.StatusCode != 204 {
 		t.Fatalf("first: %d", resp.StatusCode)
 	}
+	// Both policies are advertised; the state is the one closest to exhaustion.
+	pol, err := sftest.ParseList(resp.Header.Get("RateLimit-Policy"))
+	if err != nil || len(pol) != 2 || pol[0].Value != "api.remote_address-60s" || pol[1].Value != "api.route-60s" {
+		t.Fatalf("RateLimit-Policy %q %v", resp.Header.Get("RateLimit-Policy"), err)
+	}
 	items, err := sftest.ParseList(resp.Header.Get("RateLimit"))
-	if err != nil || len(items) != 2 || items[0].Value != "api.remote_address-60s" || items[1].Value != "api.route-60s" {
+	if err != nil || len(items) != 1 || items[0].Value != "api.remote_address-60s" {
 		t.Fatalf("RateLimit %q %v", resp.Header.Get("RateLimit"), err)
 	}
 	if r, _ := items[0].Param("r"); r != int64(1) {

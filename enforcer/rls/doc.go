@@ -26,9 +26,11 @@
 //   - is_negative_hits (refunds): such a descriptor takes nothing and is reported OK with
 //     no current_limit; the Limiter's counters only grow.
 //
-// A request with an empty domain, no descriptors, too many descriptors
-// (Options.MaxDescriptors) or a descriptor with too many entries (Options.MaxEntries) is
-// answered with gRPC status InvalidArgument. The Limiter itself never fails.
+// A request that rules.ValidateRequest rejects (an empty domain, no descriptors or more
+// than rules.MaxRequestDescriptors, a descriptor with no entries or more than
+// rules.MaxDescriptorEntries, an entry with an empty key) is answered with gRPC status
+// InvalidArgument and the same message as the HTTP check API's 400. The Limiter itself
+// never fails.
 //
 // # Response
 //

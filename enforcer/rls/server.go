@@ -31,12 +31,6 @@ const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 
 // Options configures a Server. The zero value is ready to use.
 type Options struct {
-	// MaxDescriptors is the most descriptors a request may carry; more is InvalidArgument.
-	// Default 64.
-	MaxDescriptors int
-	// MaxEntries is the most entries a descriptor may carry; more is InvalidArgument.
-	// Default 32.
-	MaxEntries int
 	// DisableHeaders leaves response_headers_to_add empty. Default false: the RateLimit
 	// fields of package headers are added to every response that has a limited descriptor.
 	DisableHeaders bool
@@ -67,12 +61,6 @@ var _ rlsv3.RateLimitServiceServer = (*Server)(nil)
 func NewServer(l *enforcer.Limiter, opts Options) (*Server, error) {
 	if l == nil {
 		return nil, fmt.Errorf("rls: nil Limiter")
-	}
-	if opts.MaxDescriptors <= 0 {
-		opts.MaxDescriptors = 64
-	}
-	if opts.MaxEntries <= 0 {
-		opts.MaxEntries = 32
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -125,11 +113,6 @@ type scratch struct {
 // context's error when ctx is done before the decision; otherwise a response, never an
 // error.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	if err := s.validate(req); err != nil {
-		s.metrics.invalid.Inc()
-		s.opts.Logger.Debug("invalid rate limit request", "err", err)
-		return nil, status.Error(codes.InvalidArgument, err.Error())
-	}
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
@@ -166,6 +149,11 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		sc.hits = append(sc.hits, h)
 	}
 
+	if err := rules.ValidateRequest(req.GetDomain(), sc.descs); err != nil {
+		s.metrics.invalid.Inc()
+		s.opts.Logger.Debug("invalid rate limit request", "err", err)
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
 	res := &sc.all
 	if uniform {
 		s.lim.DecideInto(ctx, enforcer.Request{Domain: req.GetDomain(), Descriptors: sc.descs, Hits: reqHits}, res)
@@ -239,23 +227,6 @@ func (s *Server) decideGroups(ctx context.Context, domain string, sc *scratch) {
 	}
 }
 
-func (s *Server) validate(req *rlsv3.RateLimitRequest) error {
-	switch {
-	case req.GetDomain() == "":
-		return fmt.Errorf("rate limit domain must not be empty")
-	case len(req.GetDescriptors()) == 0:
-		return fmt.Errorf("rate limit descriptor list must not be empty")
-	case len(req.GetDescriptors()) > s.opts.MaxDescriptors:
-		return fmt.Errorf("%d descriptors, at most %d allowed", len(req.GetDescriptors()), s.opts.MaxDescriptors)
-	}
-	for i, d := range req.GetDescriptors() {
-		if len(d.GetEntries()) > s.opts.MaxEntries {
-			return fmt.Errorf("descriptor %d has %d entries, at most %d allowed", i, len(d.GetEntries()), s.opts.MaxEntries)
-		}
-	}
-	return nil
-}
-
 // response renders res. Messages are allocated in arrays, one per kind, to keep the
 // allocation count independent of the number of descriptors.
 func (s *Server) response(res *enforcer.Result, sc *scratch) *rlsv3.RateLimitResponse {
@@ -290,10 +261,10 @@ func (s *Server) response(res *enforcer.Result, sc *scratch) *rlsv3.RateLimitRes
 			if st.Code == enforcer.CodeOverLimit {
 				reset = st.RetryAfter
 			}
-			setDuration(d, reset)
+			setDuration(d, headers.Cap(reset))
 			ds.DurationUntilReset = d
 		case st.Rule != nil && st.Rule.Unlimited:
-			ds.LimitRemaining = math.MaxUint32
+			ds.LimitRemaining = headers.UnlimitedRemaining
 		}
 	}
 	if !s.opts.DisableHeaders {

@@ -1,10 +1,15 @@
 package rls
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"math"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,9 +24,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/internal/clock"
 )
@@ -383,22 +390,54 @@ func TestLimitOverrideIsIgnored(t *testing.T) {
 	}
 }
 
+// TestInvalidRequests checks that the gRPC service rejects what the HTTP check API
+// rejects, with the same message: both validate with rules.ValidateRequest.
 func TestInvalidRequests(t *testing.T) {
-	f := start(t, testRules, Options{MaxDescriptors: 2, MaxEntries: 2})
-	many := []*ratelimitv3.RateLimitDescriptor{descriptor("a", "1"), descriptor("b", "2"), descriptor("c", "3")}
-	for name, req := range map[string]*rlsv3.RateLimitRequest{
-		"empty domain":   {Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("user", "1")}},
-		"no descriptors": {Domain: "api"},
-		"too many":       {Domain: "api", Descriptors: many},
-		"long":           {Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("a", "1", "b", "2", "c", "3")}},
-	} {
-		_, err := f.client.ShouldRateLimit(context.Background(), req)
-		if status.Code(err) != codes.InvalidArgument {
-			t.Errorf("%s: err = %v, want InvalidArgument", name, err)
+	f := start(t, testRules, Options{})
+	l, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(loadRules(t, testRules)), Site: "t", Clock: f.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := httplimit.NewCheckHandler(l, httplimit.CheckOptions{})
+	var many, long []*ratelimitv3.RateLimitDescriptor
+	for i := range rules.MaxRequestDescriptors + 1 {
+		many = append(many, descriptor("a", strconv.Itoa(i)))
+	}
+	d := &ratelimitv3.RateLimitDescriptor{}
+	for i := range rules.MaxDescriptorEntries + 1 {
+		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: "k" + strconv.Itoa(i), Value: "v"})
+	}
+	long = append(long, d)
+	cases := []struct {
+		name string
+		req  *rlsv3.RateLimitRequest
+		want string
+	}{
+		{"empty domain", &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("user", "1")}}, "domain: required"},
+		{"no descriptors", &rlsv3.RateLimitRequest{Domain: "api"}, "descriptors: at least one is required"},
+		{"too many", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: many}, "descriptors: 65 is more than 64"},
+		{"long", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: long}, "descriptors[0].entries: 33 is more than 32"},
+		{"no entries", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("user", "1"), {}}}, "descriptors[1].entries: at least one is required"},
+		{"empty key", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("user", "1", "", "x")}}, "descriptors[0].entries[1].key: required"},
+	}
+	for _, tc := range cases {
+		_, err := f.client.ShouldRateLimit(context.Background(), tc.req)
+		if st := status.Convert(err); st.Code() != codes.InvalidArgument || st.Message() != tc.want {
+			t.Errorf("%s over gRPC: %v, want InvalidArgument %q", tc.name, err, tc.want)
+		}
+		body, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(tc.req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := httptest.NewRecorder()
+		check.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/check", bytes.NewReader(body)))
+		var problem struct{ Detail string }
+		if err := json.Unmarshal(rec.Body.Bytes(), &problem); err != nil || rec.Code != http.StatusBadRequest || problem.Detail != tc.want {
+			t.Errorf("%s over HTTP: %d %s, want 400 with detail %q", tc.name, rec.Code, rec.Body, tc.want)
 		}
 	}
-	if got := testutil.ToFloat64(f.srv.metrics.invalid); got != 4 {
-		t.Errorf("requests_total{invalid} = %v, want 4", got)
+	if got := testutil.ToFloat64(f.srv.metrics.invalid); got != float64(len(cases)) {
+		t.Errorf("requests_total{invalid} = %v, want %d", got, len(cases))
 	}
 }
 

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -166,9 +167,29 @@ func (p *parser) errorf(n *yaml.Node, field, format string, args ...any) {
 	p.errs = append(p.errs, e)
 }
 
+// envoyKeys are the keys that envoyproxy/ratelimit's validator accepts anywhere in a file:
+// it checks key names, not where they stand, so its files may carry, for instance, a name
+// on a descriptor. In the parts of a file that its format defines (the root, descriptors,
+// rate_limit and replaces), such a key is accepted where it means nothing and ignored, so
+// that its files load unchanged.
+var envoyKeys = []string{"domain", "key", "value", "descriptors", "rate_limit", "unit", "requests_per_unit",
+	"unlimited", "shadow_mode", "name", "replaces", "detailed_metric", "value_to_metric", "share_threshold", "quota_mode"}
+
+// envoyFields is fields for the parts of a file that envoyproxy/ratelimit's format defines:
+// a key of envoyKeys that is not known there is ignored instead of rejected.
+func (p *parser) envoyFields(m *yaml.Node, prefix string, known []string, f func(key string, k, v *yaml.Node)) {
+	p.fieldsTolerating(m, prefix, known, envoyKeys, f)
+}
+
 // fields iterates over a mapping node's key/value pairs, reporting unknown and duplicate
 // keys. known lists the accepted keys.
 func (p *parser) fields(m *yaml.Node, prefix string, known []string, f func(key string, k, v *yaml.Node)) {
+	p.fieldsTolerating(m, prefix, known, nil, f)
+}
+
+// fieldsTolerating is fields that skips, without a word, the keys of tolerated that are
+// not known.
+func (p *parser) fieldsTolerating(m *yaml.Node, prefix string, known, tolerated []string, f func(key string, k, v *yaml.Node)) {
 	if m.Kind != yaml.MappingNode {
 		p.errorf(m, strings.TrimSuffix(prefix, "."), "want a mapping, got %s", kindName(m))
 		return
@@ -177,7 +198,9 @@ func (p *parser) fields(m *yaml.Node, prefix string, known []string, f func(key 
 	for i := 0; i+1 < len(m.Content); i += 2 {
 		k, v := m.Content[i], m.Content[i+1]
 		if !slices.Contains(known, k.Value) {
-			p.errorf(k, prefix+k.Value, "unknown field (want one of %s)", strings.Join(known, ", "))
+			if !slices.Contains(tolerated, k.Value) {
+				p.errorf(k, prefix+k.Value, "unknown field (want one of %s)", strings.Join(known, ", "))
+			}
 			continue
 		}
 		if seen[k.Value] {
@@ -239,14 +262,17 @@ func (p *parser) file1(data []byte) (*domain, *yaml.Node) {
 		e := &Error{File: p.file, Reason: strings.TrimPrefix(err.Error(), "yaml: ")}
 		var te *yaml.TypeError
 		if !errors.As(err, &te) {
-			// yaml.v3 reports syntax errors as "yaml: line N: …".
+			// yaml.v3 reports syntax errors as "yaml: line N: …", where N is the line on
+			// which the enclosing block began, not the offending line: keep the reason,
+			// and find the line ourselves.
 			if _, after, ok := strings.Cut(e.Reason, "line "); ok {
 				if n, rest, ok := strings.Cut(after, ": "); ok {
-					if l, err := strconv.Atoi(n); err == nil {
-						e.Line, e.Column, e.Reason = l, 1, rest
+					if _, err := strconv.Atoi(n); err == nil {
+						e.Reason = rest
 					}
 				}
 			}
+			e.Line, e.Column = syntaxErrorAt(data)
 		}
 		p.errs = append(p.errs, e)
 		return nil, nil
@@ -258,7 +284,7 @@ func (p *parser) file1(data []byte) (*domain, *yaml.Node) {
 	root := doc.Content[0]
 	d := &domain{file: p.file, root: newNode()}
 	var domNode, descs, pools *yaml.Node
-	p.fields(root, "", []string{"domain", "descriptors", "pools"}, func(key string, k, v *yaml.Node) {
+	p.envoyFields(root, "", []string{"domain", "descriptors", "pools"}, func(key string, k, v *yaml.Node) {
 		switch key {
 		case "domain":
 			if s, ok := p.str(v, "domain"); ok {
@@ -295,6 +321,40 @@ func (p *parser) file1(data []byte) (*domain, *yaml.Node) {
 	return d, domNode
 }
 
+// maxBisectLines bounds the files whose syntax errors syntaxErrorAt locates: it parses the
+// file once per line, and rules files are far shorter than this.
+const maxBisectLines = 5000
+
+// syntaxErrorAt returns the line and column (1-based) of a YAML syntax error in data: the
+// first non-blank character of the line after the longest prefix of whole lines that still
+// parses. Every prefix that ends before the offending line parses (a block collection may
+// end at any line, and a flow collection or quoted string that spans lines is only
+// unparsable until it closes), and no prefix that includes it does. It returns 0, 0 when
+// the file is too long to search or every prefix parses.
+func syntaxErrorAt(data []byte) (line, column int) {
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	if len(lines) > maxBisectLines {
+		return 0, 0
+	}
+	good, end := 0, 0
+	for i, l := range lines {
+		end += len(l)
+		var n yaml.Node
+		if yaml.Unmarshal(data[:end], &n) == nil {
+			good = i + 1
+		}
+	}
+	if good >= len(lines) {
+		return 0, 0
+	}
+	bad := lines[good]
+	col := len(bad) - len(bytes.TrimLeft(bad, " \t"))
+	if col == len(bad) {
+		col = 0
+	}
+	return good + 1, col + 1
+}
+
 func newNode() *node { return &node{exact: make(map[Entry]*node)} }
 
 var descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode",
@@ -321,7 +381,7 @@ func (p *parser) descriptor(m *yaml.Node, parent *node, d *domain, path []Level,
 		valueToMetric, share  bool
 		shareNode             *yaml.Node
 	)
-	p.fields(m, prefix, descriptorFields, func(key string, k, v *yaml.Node) {
+	p.envoyFields(m, prefix, descriptorFields, func(key string, k, v *yaml.Node) {
 		switch key {
 		case "key":
 			keyNode = v
@@ -498,7 +558,7 @@ func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limi
 		unitNode, rpuNode, windowNode, algNode, scopeNode, burstNode, unlimitedNode, hardNode *yaml.Node
 		window                                                                                time.Duration
 	)
-	p.fields(m, prefix, limitFields, func(key string, k, v *yaml.Node) {
+	p.envoyFields(m, prefix, limitFields, func(key string, k, v *yaml.Node) {
 		f := prefix + key
 		switch key {
 		case "unit":
@@ -660,7 +720,7 @@ func (p *parser) replaces(v *yaml.Node, f string, l *Limit) {
 	for i, item := range v.Content {
 		fi := fmt.Sprintf("%s[%d].", f, i)
 		var name string
-		p.fields(item, fi, []string{"name"}, func(_ string, _, nv *yaml.Node) {
+		p.envoyFields(item, fi, []string{"name"}, func(_ string, _, nv *yaml.Node) {
 			name, _ = p.str(nv, fi+"name")
 		})
 		if item.Kind == yaml.MappingNode && name == "" {

@@ -143,6 +143,25 @@ func (l *Limit) GlobalAllowance() int64 {
 	return l.Algo().Allowance()
 }
 
+// CountAllowance is the count the limit admits in its counting window, soft raise
+// included: GlobalAllowance in CountWindow for a global limit, else the algorithm's
+// allowance per Window.
+func (l *Limit) CountAllowance() int64 {
+	if l.Scope == Global {
+		return l.GlobalAllowance()
+	}
+	return l.Algo().Allowance()
+}
+
+// HardAllowance is CountAllowance without the soft raise: where the soft band begins. A
+// soft limit admits up to CountAllowance; requests past HardAllowance are admitted in the
+// soft band, and reported so (see enforcer.Status.Soft).
+func (l *Limit) HardAllowance() int64 {
+	h := *l
+	h.SoftPercent = 0
+	return h.CountAllowance()
+}
+
 // WindowTag is the window as it appears in counter keys: whole seconds as "60s", else
 // whole milliseconds as "1500ms", else nanoseconds as "1500000001ns".
 func (l *Limit) WindowTag() string { return l.tag }

@@ -298,7 +298,17 @@ func TestBrokenFiles(t *testing.T) {
 			`samewindow.yaml:6:9: descriptors[0].rate_limits[1].window: same window 1m0s as descriptors[0].rate_limits[0]: the two limits would share one counter`},
 		{"nested", "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
 			`nested.yaml:6:28: descriptors[0].descriptors[0].rate_limit.unit: unknown unit "fortnight" (want second, minute, hour, day, week, month, year)`},
-		{"syntax", "domain: d\ndescriptors:\n  - key: [unclosed\n", `syntax.yaml:2:1: did not find expected ',' or ']'`},
+		{"syntax", "domain: d\ndescriptors:\n  - key: [unclosed\n", `syntax.yaml:3:3: did not find expected ',' or ']'`},
+		// The parser names the line where the enclosing block began (2 here); the error
+		// is on the line that breaks the indentation.
+		{"indent", "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n     unit: minute\n      requests_per_unit: 5\n",
+			`indent.yaml:6:7: mapping values are not allowed in this context`},
+		{"dedent", "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      requests_per_unit: 5\n     unit: minute\n",
+			`dedent.yaml:6:6: did not find expected key`},
+		{"unclosedflow", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute,\n      requests_per_unit: 5\n  - key: j\n",
+			`unclosedflow.yaml:4:5: did not find expected ',' or '}'`},
+		{"unclosedquote", "domain: d\ndescriptors:\n  - key: k\n    value: \"v\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+			`unclosedquote.yaml:4:5: found unexpected end of stream`},
 		{"type", "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: yes please\n", `type.yaml:4:18: descriptors[0].shadow_mode: want true or false, got "yes please"`},
 		{"globalover32", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 4294967296}\n",
 			`globalover32.yaml:4:51: descriptors[0].rate_limit.requests_per_unit: 4294967296 is above 4294967295, the most a global count holds (use scope: local or site)`},
@@ -506,5 +516,48 @@ func TestParseNamesItsSource(t *testing.T) {
 	var re *Error
 	if !errors.As(err, &re) || re.File != "embedded.yaml" || re.Line != 4 {
 		t.Fatalf("Parse error %v, want one at embedded.yaml:4", err)
+	}
+}
+
+// TestEnvoyKeysAnywhere loads a file as envoyproxy/ratelimit's validator accepts it: that
+// validator checks key names, not their position, so a name on a descriptor, a
+// detailed_metric inside rate_limit or a key in a replaces item load (and mean nothing
+// there). A key it does not know is still rejected, wherever it stands.
+func TestEnvoyKeysAnywhere(t *testing.T) {
+	c, err := Parse("envoy.yaml", []byte(`
+domain: anywhere
+descriptors:
+  - key: user
+    name: per-user-descriptor
+    rate_limit:
+      name: per_user
+      unit: minute
+      requests_per_unit: 5
+      detailed_metric: true
+    descriptors:
+      - key: path
+        unit: second
+        rate_limit:
+          unit: second
+          requests_per_unit: 2
+          replaces: [{name: per_user, key: ignored}]
+`))
+	if err != nil {
+		t.Fatalf("a file envoyproxy/ratelimit accepts does not load: %v", err)
+	}
+	if got := describeMatch(c.Match("anywhere", e("user", "1"))); got != "5/60s sliding_window global" {
+		t.Errorf("user: %q", got)
+	}
+	if got := describeMatch(c.Match("anywhere", e("user", "1", "path", "/a"))); got != "2/1s sliding_window global" {
+		t.Errorf("user/path: %q", got)
+	}
+	for name, yaml := range map[string]string{
+		"descriptor": "domain: d\ndescriptors:\n  - key: k\n    nmae: x\n",
+		"rate_limit": "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, limit: 3}\n",
+		"root":       "domain: d\nratelimits: []\n",
+	} {
+		if _, err := Parse(name+".yaml", []byte(yaml)); err == nil || !strings.Contains(err.Error(), "unknown field") {
+			t.Errorf("%s: %v, want an unknown field error", name, err)
+		}
 	}
 }

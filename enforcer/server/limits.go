@@ -48,11 +48,11 @@ type Limits struct {
 	ReadHeaderTimeout time.Duration
 	// ReadTimeout is the HTTP API's bound on reading a request. Default DefaultReadTimeout.
 	ReadTimeout time.Duration
-	// WriteTimeout is the HTTP API's bound on writing a response. Default
-	// DefaultWriteTimeout.
+	// WriteTimeout is the HTTP API's bound on writing a response, lengthened by
+	// Config.AuthMaxDelay. Default DefaultWriteTimeout.
 	WriteTimeout time.Duration
-	// ProxyTimeout is the reverse proxy's read and write bound. Default
-	// DefaultProxyTimeout.
+	// ProxyTimeout is the reverse proxy's read and write bound, its write bound
+	// lengthened by Config.ProxyMaxDelay. Default DefaultProxyTimeout.
 	ProxyTimeout time.Duration
 	// IdleTimeout applies to every HTTP listener. Default DefaultIdleTimeout.
 	IdleTimeout time.Duration

@@ -90,10 +90,16 @@ func (r *certReloader) fileStamp() string {
 	return b.String()
 }
 
+// load reads the pair. On failure it still records the files' stamp as it was before
+// reading, so that the pair is tried again only once the files change after that (a
+// certificate and key replaced one after the other may be read half renewed).
 func (r *certReloader) load() error {
 	stamp := r.fileStamp()
 	pair, err := tls.LoadX509KeyPair(r.cert, r.key)
 	if err != nil {
+		r.mu.Lock()
+		r.stamp = stamp
+		r.mu.Unlock()
 		return fmt.Errorf("TLS certificate: %w", err)
 	}
 	r.mu.Lock()
@@ -114,9 +120,6 @@ func (r *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	if due && r.fileStamp() != stamp {
 		if err := r.load(); err != nil {
 			r.log.Error("TLS certificate not reloaded: serving the previous one", "err", err)
-			r.mu.Lock()
-			r.stamp = r.fileStamp() // do not retry until the files change again
-			r.mu.Unlock()
 		} else {
 			r.log.Info("TLS certificate reloaded", "cert", r.cert)
 			r.mu.Lock()

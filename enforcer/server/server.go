@@ -86,19 +86,22 @@ type Config struct {
 	// RedisAddrs are the site's Redis (several: Cluster). Default none: site-scope limits
 	// and this site's global counts are kept in process.
 	RedisAddrs []string
+	// RedisMasterName makes RedisAddrs the addresses of Redis Sentinels that watch the
+	// master of this name (sitestore.Config.MasterName). Default none.
+	RedisMasterName string
 	// RedisUsername and RedisPassword authenticate to Redis (ACL user).
 	RedisUsername, RedisPassword string
 	// RedisTLS enables TLS to Redis.
 	RedisTLS *tls.Config
-	// RedisTimeout bounds every Redis call on the request path. Default 5ms.
+	// RedisTimeout bounds every Redis call on the request path. Default sitestore.DefaultTimeout.
 	RedisTimeout time.Duration
 	// SiteEnforcers is the number of enforcers sharing the site's Redis. While Redis is
 	// unavailable each counts only itself, so each keeps to 1/SiteEnforcers of every site
 	// limit and of the site's part of every global limit. Default 1.
 	SiteEnforcers int
 
-	// HTTPAddr serves POST /v1/check, the nginx endpoint /v1/auth, /metrics, /healthz and
-	// /readyz. Default "127.0.0.1:8081" (loopback: the check API trusts its callers).
+	// HTTPAddr serves POST /v1/check, the nginx endpoint /v1/auth, envoyproxy/ratelimit's
+	// POST /json (unless GRPCAddr is "off"), /metrics, /healthz and /readyz. Default "127.0.0.1:8081" (loopback: the check API trusts its callers).
 	HTTPAddr string
 	// GRPCAddr serves Envoy's RateLimitService. Default "127.0.0.1:8082"; "off" disables.
 	GRPCAddr string
@@ -108,11 +111,19 @@ type Config struct {
 	// ProxyAddr is the reverse proxy's address. Default "127.0.0.1:8080" (loopback, like
 	// the other listeners: serving the world is a decision to state).
 	ProxyAddr string
+	// ProxyMaxDelay makes the reverse proxy hold a request that its limits will admit
+	// within this long until they do, instead of answering 429 at once (httplimit.Delay).
+	// Default 0: answer at once.
+	ProxyMaxDelay time.Duration
 	// HTTP says how HTTP requests (proxy and /v1/auth) become descriptors. Its Domain is
 	// required when Upstream is set or /v1/auth is to be served.
 	HTTP httplimit.Config
 	// Auth configures /v1/auth.
 	Auth httplimit.AuthOptions
+	// AuthMaxDelay makes /v1/auth hold a request that its limits will admit within this
+	// long until they do, instead of denying it at once (nginx's proxy_read_timeout for
+	// the subrequest must be longer). Default 0: answer at once.
+	AuthMaxDelay time.Duration
 
 	// Limits bound what clients can hold of the listeners: timeouts, header and body
 	// sizes, connections, gRPC streams and keepalive. Each zero field takes its default
@@ -193,6 +204,8 @@ type Server struct {
 	prod     *producer.Producer
 	lim      *enforcer.Limiter
 	mw       *httplimit.Middleware
+	proxyMW  *httplimit.Middleware // mw, or one that waits up to ProxyMaxDelay
+	authMW   *httplimit.Middleware // mw, or one that waits up to AuthMaxDelay
 	rls      *rls.Server
 	// instance names this process in its site heartbeats.
 	instance string
@@ -247,7 +260,7 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 	if len(cfg.RedisAddrs) > 0 {
 		s.site, err = sitestore.New(sitestore.Config{
-			Addrs: cfg.RedisAddrs, Username: cfg.RedisUsername, Password: cfg.RedisPassword, TLS: cfg.RedisTLS,
+			Addrs: cfg.RedisAddrs, MasterName: cfg.RedisMasterName, Username: cfg.RedisUsername, Password: cfg.RedisPassword, TLS: cfg.RedisTLS,
 			Timeout: cfg.RedisTimeout, Fallback: s.local, FallbackShare: fallbackShare(cfg.SiteEnforcers),
 			Clock: cfg.Clock, Logger: s.log, Registerer: reg,
 		})
@@ -289,6 +302,12 @@ func New(cfg Config) (_ *Server, err error) {
 	if cfg.HTTP.Domain != "" {
 		s.mw, err = httplimit.New(s.lim, httplimit.Options{Config: cfg.HTTP, Logger: s.log})
 		if err != nil {
+			return nil, err
+		}
+		if s.proxyMW, err = s.delaying(cfg.ProxyMaxDelay); err != nil {
+			return nil, err
+		}
+		if s.authMW, err = s.delaying(cfg.AuthMaxDelay); err != nil {
 			return nil, err
 		}
 	}
@@ -336,9 +355,12 @@ func (s *Server) listen(addr string) (net.Listener, error) {
 // proxy's timeouts.
 func (s *Server) httpServer(h http.Handler, proxy bool) *http.Server {
 	l := s.cfg.Limits
-	read, write := l.ReadTimeout, l.WriteTimeout
+	// A request held for room (AuthMaxDelay, ProxyMaxDelay) is answered that much later:
+	// the write timeout grows by the wait, so that the wait ends in a decision, not in a
+	// closed connection.
+	read, write := l.ReadTimeout, extend(l.WriteTimeout, s.cfg.AuthMaxDelay)
 	if proxy {
-		read, write = l.ProxyTimeout, l.ProxyTimeout
+		read, write = l.ProxyTimeout, extend(l.ProxyTimeout, s.cfg.ProxyMaxDelay)
 	}
 	return &http.Server{
 		Handler:           h,
@@ -349,6 +371,14 @@ func (s *Server) httpServer(h http.Handler, proxy bool) *http.Server {
 		MaxHeaderBytes:    l.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
+}
+
+// extend returns timeout lengthened by wait; 0 (no bound) stays 0.
+func extend(timeout, wait time.Duration) time.Duration {
+	if timeout <= 0 {
+		return 0
+	}
+	return timeout + max(wait, 0)
 }
 
 // grpcServer returns the gRPC server with the Limits, TLS and tokens.
@@ -446,13 +476,26 @@ func (s *Server) Ready() (bool, string) {
 	return true, "snapshot restored and fresh"
 }
 
+// delaying returns s.mw, or, when maxDelay > 0, a middleware like it that waits up to
+// maxDelay for room instead of refusing.
+func (s *Server) delaying(maxDelay time.Duration) (*httplimit.Middleware, error) {
+	if maxDelay <= 0 {
+		return s.mw, nil
+	}
+	return httplimit.New(httplimit.Delay(s.lim, maxDelay), httplimit.Options{Config: s.cfg.HTTP, Logger: s.log})
+}
+
 // Handler returns the HTTP handler of HTTPAddr, asking for a bearer token when
 // Config.AuthTokens are set.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/check", httplimit.NewCheckHandler(s.lim, httplimit.CheckOptions{Logger: s.log, MaxBodyBytes: s.cfg.Limits.MaxBodyBytes}))
+	if s.rls != nil {
+		// envoyproxy/ratelimit's HTTP twin of the gRPC service, for drop-in clients.
+		mux.Handle("POST /json", s.rls.JSONHandler())
+	}
 	if s.mw != nil {
-		mux.Handle("/v1/auth", s.mw.AuthHandler(s.cfg.Auth))
+		mux.Handle("/v1/auth", s.authMW.AuthHandler(s.cfg.Auth))
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -514,7 +557,7 @@ func (s *Server) Run(ctx context.Context) error {
 	servers := []*http.Server{s.httpServer(s.Handler(), false)}
 	lns := []net.Listener{s.httpLn}
 	if s.proxyLn != nil {
-		servers = append(servers, s.httpServer(httplimit.NewProxy(s.cfg.Upstream, s.mw), true))
+		servers = append(servers, s.httpServer(httplimit.NewProxy(s.cfg.Upstream, s.proxyMW), true))
 		lns = append(lns, s.proxyLn)
 	}
 	for i, srv := range servers {

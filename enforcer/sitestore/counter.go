@@ -37,7 +37,9 @@ type CounterOptions struct {
 // through the Store's Redis (DESIGN invariant 3). It keeps package window's ring of
 // sub-buckets per key, so for the same sequence of calls it gives the same counts and the
 // same Commit answers as enforcer.LocalCounter (see below for the one difference), and
-// counts by the aggregator's rule.
+// counts by the aggregator's rule, except for an op with Hard set, whose oldest sub-bucket
+// counts whole until it has left the window (window.Ring.CountHard), as LocalCounter
+// counts it: this site then never admits more than the cap in any window.
 //
 // Each counter key is one Redis hash, KeyPrefix + "g{" + HashTag(key) + "}" + key, with the
 // window in field "w", the ring's newest bucket index in "h", and one field per non-empty
@@ -51,8 +53,9 @@ type CounterOptions struct {
 // Counter uses the Store's client, timeout, circuit breaker and metrics. It never returns
 // an error: when Redis fails, times out or the breaker is open, the call is answered by
 // the in-process fallback counter and counted in
-// streamlimit_redis_counter_fallback_total{op,reason}. The fallback knows only this
-// process's commits made while Redis was unavailable, and they are not merged back.
+// streamlimit_redis_counter_fallback_total{op,reason}. The fallback starts from this
+// process's share of the site's last count Redis reported, and its commits are written
+// back to Redis before Redis answers again (outage.go).
 //
 // Differences from enforcer.LocalCounter: keys expire by their TTL in Redis's clock
 // rather than being evicted when idle, so a caller whose clock runs far behind Redis's
@@ -124,17 +127,23 @@ func (c *Counter) Counts(ctx context.Context, now time.Time, ops []enforcer.Glob
 		}
 	}
 	keys, args := c.args(now, ops, false)
-	if reason := c.call(ctx, keys, args, out, nil); reason != "" {
-		c.s.m.counterFB.WithLabelValues("counts", reason).Inc()
+	if reason := c.call(ctx, now, keys, args, out, nil); reason != "" {
+		if reason == reasonCanceled {
+			c.s.m.canceled.Inc()
+		} else {
+			c.s.m.counterFB.WithLabelValues("counts", reason).Inc()
+			c.seedCounter(ctx, now, ops)
+		}
 		return c.fallback.Counts(ctx, now, ops, out)
 	}
+	c.noteCounts(now, ops, out, false)
 	return nil
 }
 
 // call runs the script and stores the counts it reports in out (if not nil) and whether
 // it committed in ok (if not nil). It returns "" or a fallback reason.
-func (c *Counter) call(ctx context.Context, keys []string, args []any, out []float64, ok *bool) string {
-	return c.s.run(ctx, c.script, keys, args, func(cmd *redis.Cmd) error {
+func (c *Counter) call(ctx context.Context, now time.Time, keys []string, args []any, out []float64, ok *bool) string {
+	return c.s.run(ctx, now, c.script, keys, args, func(cmd *redis.Cmd) error {
 		res, err := cmd.StringSlice()
 		if err != nil {
 			return err
@@ -165,8 +174,15 @@ func (c *Counter) call(ctx context.Context, keys []string, args []any, out []flo
 // (len ≥ len(ops)), counts[i] receives the count of ops[i] at now before the request, for
 // every i whatever the outcome. The error is always nil.
 func (c *Counter) Commit(ctx context.Context, now time.Time, ops []enforcer.GlobalOp, counts []float64) (bool, error) {
+	ok, _, err := c.CommitReport(ctx, now, ops, counts)
+	return ok, err
+}
+
+// CommitReport is Commit that also reports whether the answer came from the in-process
+// fallback instead of Redis, so that a caller can mark such a decision as a fallback.
+func (c *Counter) CommitReport(ctx context.Context, now time.Time, ops []enforcer.GlobalOp, counts []float64) (ok, fellBack bool, err error) {
 	if len(ops) == 0 {
-		return true, nil
+		return true, false, nil
 	}
 	if c.s.cluster && len(ops) > 1 {
 		if groups := c.groups(ops); len(groups) > 1 {
@@ -178,7 +194,9 @@ func (c *Counter) Commit(ctx context.Context, now time.Time, ops []enforcer.Glob
 					gops[k] = ops[i]
 				}
 				if all {
-					all, _ = c.Commit(ctx, now, gops, gcounts)
+					var fb bool
+					all, fb, _ = c.CommitReport(ctx, now, gops, gcounts)
+					fellBack = fellBack || fb
 				} else {
 					_ = c.Counts(ctx, now, gops, gcounts)
 				}
@@ -188,16 +206,30 @@ func (c *Counter) Commit(ctx context.Context, now time.Time, ops []enforcer.Glob
 					}
 				}
 			}
-			return all, nil
+			return all, fellBack, nil
 		}
 	}
-	keys, args := c.args(now, ops, true)
-	var ok bool
-	if reason := c.call(ctx, keys, args, counts, &ok); reason != "" {
-		c.s.m.counterFB.WithLabelValues("commit", reason).Inc()
-		return c.fallbackCommit(ctx, now, ops, counts)
+	if counts == nil {
+		counts = make([]float64, len(ops)) // the last known counts need them
 	}
-	return ok, nil
+	keys, args := c.args(now, ops, true)
+	if reason := c.call(ctx, now, keys, args, counts, &ok); reason != "" {
+		if reason == reasonCanceled {
+			// Nobody will receive the answer: commit nothing anywhere.
+			c.s.m.canceled.Inc()
+			_ = c.fallback.Counts(ctx, now, ops, counts)
+			return false, false, nil
+		}
+		c.s.m.counterFB.WithLabelValues("commit", reason).Inc()
+		c.seedCounter(ctx, now, ops)
+		ok, err = c.fallbackCommit(ctx, now, ops, counts)
+		if ok {
+			c.pendCounts(now, ops)
+		}
+		return ok, true, err
+	}
+	c.noteCounts(now, ops, counts, ok)
+	return ok, false, nil
 }
 
 // fallbackCommit commits in process, each cap scaled to this process's FallbackShare.
@@ -232,6 +264,9 @@ func (c *Counter) args(now time.Time, ops []enforcer.GlobalOp, commit bool) ([]s
 		keys[i] = c.RedisKey(op.Key)
 		spec := window.NewSpec(op.Window, c.sub, 0)
 		i0, frac := spec.Oldest(ms)
+		if op.Hard {
+			frac = 1 // window.Ring.CountHard: the oldest bucket counts whole until it has left
+		}
 		args = append(args, op.Window.Milliseconds(), spec.Window, spec.Slots, spec.Bucket(ms), i0, frac,
 			addAmount(op.N), float64(op.N), capArg(op.Cap), spec.Window+spec.Width+c.s.slackMs)
 	}

@@ -25,8 +25,16 @@
 -- Lua numbers are doubles; every integer here is below 2^53 (bucket indices of unix ms,
 -- sums of at most a few hundred uint32 counts), so the arithmetic is exact, and the one
 -- float operation (whole + oldest * frac) is the same IEEE sequence as package window's.
-local commit = ARGV[1] == '1'
+local commit = ARGV[1] ~= '0'
 local nops = tonumber(ARGV[2])
+-- ARGV[1] = '2' writes back hits counted elsewhere (the caps are 'inf'), once: KEYS[nops + 1]
+-- is the batch's marker and the last ARGV its TTL (ms); a marker that exists means the
+-- batch was written already, and nothing is done.
+if ARGV[1] == '2' and not redis.call('SET', KEYS[nops + 1], '1', 'NX', 'PX', ARGV[3 + 10 * nops]) then
+  local out = {'1'}
+  for i = 1, nops do out[i + 1] = '0' end
+  return out
+end
 local A = 10
 local MAX = 4294967295
 

@@ -306,8 +306,7 @@ func TestCounterRedisDownFallbackAndRecovery(t *testing.T) {
 	s := newStore(t, client, "sl:", func(c *Config) {
 		c.Clock = bclk
 		c.Registerer = reg
-		c.FailureThreshold = 2
-		c.ProbeInterval = time.Second
+		c.Breaker = breaker.Options{MinFailures: 2, ProbeInterval: time.Second, ProbeSuccesses: 1}
 	})
 	c := NewCounter(s, CounterOptions{})
 	ctx := context.Background()
@@ -318,48 +317,44 @@ func TestCounterRedisDownFallbackAndRecovery(t *testing.T) {
 	}
 
 	rd.stop()
-	// Redis is down: the in-process counter (whose count starts at 0) answers, no error.
-	for i := 0; i < 3; i++ {
-		ok, err := c.Commit(ctx, t0, op, counts)
-		if !ok || err != nil || counts[0] != float64(i) {
-			t.Fatalf("Redis down, commit %d: %v, %v, count %v; want the in-process count %d", i, ok, err, counts[0], i)
+	// Redis is down: the in-process counter answers, no error, starting from the last
+	// count Redis reported (1: the first commit).
+	for i := 0; i < 2; i++ {
+		ok, fb, err := c.CommitReport(ctx, t0, op, counts)
+		if !ok || !fb || err != nil || counts[0] != float64(i+1) {
+			t.Fatalf("Redis down, commit %d: %v (fell back %v), %v, count %v; want the in-process count %d", i, ok, fb, err, counts[0], i+1)
 		}
 	}
 	if got := s.BreakerState(); got != breaker.Open {
 		t.Fatalf("breaker %v after Redis went down, want open", got)
 	}
 	if ok, err := c.Commit(ctx, t0, op, counts); ok || err != nil {
-		t.Fatalf("fallback let a 4th hit through a cap of 3 (%v)", err)
+		t.Fatalf("fallback let a 4th hit through a cap of 3 (%v): it counted from zero", err)
 	}
 	if err := c.Counts(ctx, t0, op, counts); err != nil || counts[0] != 3 {
 		t.Fatalf("Counts with Redis down = %v, %v; want the fallback's 3", counts[0], err)
 	}
-	if c.Fallback().Len() != 1 {
-		t.Fatalf("fallback holds %d counters", c.Fallback().Len())
-	}
 	fb := func(op, reason string) float64 { return value(t, s.m.counterFB.WithLabelValues(op, reason)) }
-	if fb("commit", "error")+fb("commit", "timeout") != 2 || fb("commit", "breaker_open") != 2 || fb("counts", "breaker_open") != 1 {
+	if fb("commit", "error")+fb("commit", "timeout") != 2 || fb("commit", "breaker_open") != 1 || fb("counts", "breaker_open") != 1 {
 		t.Fatalf("counter_fallback_total: commit error %v timeout %v breaker_open %v, counts breaker_open %v",
 			fb("commit", "error"), fb("commit", "timeout"), fb("commit", "breaker_open"), fb("counts", "breaker_open"))
 	}
 
-	rd.start()
+	rd.start() // with its data lost
 	if _, err := c.Commit(ctx, t0, op, counts); err != nil || counts[0] != 3 {
 		t.Fatalf("a call went to Redis while the breaker was open (count %v, %v)", counts[0], err)
 	}
 	bclk.Advance(time.Second)
-	// The probe goes to the restarted, empty Redis and closes the breaker.
-	if ok, err := c.Commit(ctx, t0, op, counts); !ok || err != nil || counts[0] != 0 {
-		t.Fatalf("probe: %v, %v, count %v; want a Redis decision on an empty count", ok, err, counts[0])
+	// The probe finds that Redis lost its data, restores the last known count (1), writes
+	// back the 2 hits committed in process, then decides in Redis: the cap is reached.
+	if ok, fb, err := c.CommitReport(ctx, t0, op, counts); ok || fb || err != nil || counts[0] != 3 {
+		t.Fatalf("probe: %v (fell back %v), %v, count %v; want a Redis refusal on the 3 restored and written back", ok, fb, err, counts[0])
 	}
 	if got := s.BreakerState(); got != breaker.Closed {
 		t.Fatalf("breaker %v after a successful probe, want closed", got)
 	}
-	if err := c.Counts(ctx, t0, op, counts); err != nil || counts[0] != 1 {
-		t.Fatalf("Counts after recovery = %v, %v; want Redis's 1", counts[0], err)
-	}
-	if n, _ := client.Exists(ctx, c.RedisKey(op[0].Key)).Result(); n != 1 {
-		t.Fatal("the probe's commit was not stored in Redis")
+	if err := c.Counts(ctx, t0, op, counts); err != nil || counts[0] != 3 {
+		t.Fatalf("Counts after recovery = %v, %v; want Redis's 3", counts[0], err)
 	}
 }
 
@@ -387,3 +382,36 @@ func benchmarkCommit(b *testing.B, nops int) {
 
 func BenchmarkCounterCommit1(b *testing.B) { benchmarkCommit(b, 1) }
 func BenchmarkCounterCommit3(b *testing.B) { benchmarkCommit(b, 3) }
+
+// TestCounterHard: an op with Hard counts the oldest sub-bucket whole, as LocalCounter
+// does: once the cap is reached, nothing more is admitted until those hits have wholly left
+// the window, where interpolation would already admit more.
+func TestCounterHard(t *testing.T) {
+	s := newStore(t, testenv.RedisClient(t), testenv.KeyPrefix(t), func(c *Config) { c.ExpirySlack = time.Hour })
+	rc := NewCounter(s, CounterOptions{SubBuckets: 10})
+	lc := enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: 10, Interpolate: true})
+	ctx := context.Background()
+	start := time.UnixMilli(t0.UnixMilli() / 1000 * 1000) // a bucket boundary (100 ms buckets)
+	for _, hard := range []bool{true, false} {
+		op := enforcer.GlobalOp{Key: fmt.Sprintf("g|k=hard-%v#1s", hard), Window: time.Second, N: 20, Cap: 20, Hard: hard}
+		for _, c := range []enforcer.SiteCounter{rc, lc} {
+			if ok, _ := c.Commit(ctx, start, []enforcer.GlobalOp{op}, nil); !ok {
+				t.Fatalf("hard %v: the first 20 did not fit a cap of 20", hard)
+			}
+		}
+		// Half of the first bucket has left the window: interpolation counts 10 of the 20.
+		at := start.Add(time.Second + 50*time.Millisecond)
+		one := op
+		one.N = 1
+		got := make([]float64, 1)
+		want := make([]float64, 1)
+		rok, _ := rc.Commit(ctx, at, []enforcer.GlobalOp{one}, got)
+		lok, _ := lc.Commit(ctx, at, []enforcer.GlobalOp{one}, want)
+		if rok != lok || got[0] != want[0] {
+			t.Fatalf("hard %v: Redis Commit %v (count %v), LocalCounter %v (count %v)", hard, rok, got[0], lok, want[0])
+		}
+		if rok == hard {
+			t.Fatalf("hard %v: a 21st hit 1.05 s after 20 was admitted %v, want %v", hard, rok, !hard)
+		}
+	}
+}

@@ -1,10 +1,13 @@
 -- streamlimit site-scope counters: one atomic step over all ops of one request.
 -- Time is the caller's: ARGV[1] = now, whole seconds since the Unix epoch; ARGV[2] = the
 -- nanoseconds within that second; ARGV[3] = now as a decimal nanosecond string.
--- ARGV[4] = expiry slack (ms); ARGV[5] = '1' to take (AllowAll) or '0' to peek;
+-- ARGV[4] = expiry slack (ms); ARGV[5] = '1' to take (AllowAll), '0' to peek, or '2' to
+-- write back hits admitted elsewhere (every op takes its n whether it fits or not);
 -- ARGV[6] = number of ops. Then 10 ARGV per op: algorithm code, window (decimal ns), n,
 -- allowance, capacity and five algorithm parameters (see ops.go). KEYS: 2 per op, the
--- counter's hash and its sliding-log list.
+-- counter's hash and its sliding-log list. A write back also has a marker key after them
+-- and its TTL (ms) as the last ARGV: when the marker exists, the batch was written already
+-- and nothing is done (so a retried write back never counts twice).
 --
 -- Lua numbers are doubles: every value this script does arithmetic on is an integer below
 -- 2^53 (the Go side routes limits outside that range to the in-process store), and times
@@ -14,12 +17,21 @@ local now_s = tonumber(ARGV[1])
 local now_ns = tonumber(ARGV[2])
 local now_str = ARGV[3]
 local slack = tonumber(ARGV[4])
-local commit = ARGV[5] == '1'
+local commit = ARGV[5] ~= '0'
+local force = ARGV[5] == '2'
 local nops = tonumber(ARGV[6])
+if force and not redis.call('SET', KEYS[2 * nops + 1], '1', 'NX', 'PX', ARGV[7 + 10 * nops]) then
+  return {1}
+end
 local E9 = 1000000000
 local L = 16777216
 
 local function fmt(x) return string.format('%.0f', x) end
+
+-- whether decimal instant a (non-negative, no leading zeros) is after b
+local function after(a, b)
+  return #a > #b or (#a == #b and a > b)
+end
 
 local function limbs(x)
   local l0 = x % L
@@ -114,7 +126,7 @@ for i = 1, nops do
       if d >= 0 then r1, r2 = d, st.tr end
       local ons, orem = r1 + tonumber(ARGV[b + 8]), r2 + tonumber(ARGV[b + 9])
       if orem >= a then ons, orem = ons + 1, orem - a end
-      allowed = n <= c and not (cap_ns < ons or (cap_ns == ons and cap_rem < orem))
+      allowed = force or (n <= c and not (cap_ns < ons or (cap_ns == ons and cap_rem < orem)))
       if allowed and commit and n > 0 then
         local tot = now_ns + ons
         local carry = math.floor(tot / E9)
@@ -126,13 +138,19 @@ for i = 1, nops do
     end
   elseif alg == '3' then
     local ws = ARGV[b + 6]
-    local cur = 0
-    if st.st == ws then cur = st.cur end
+    local cur, late = 0, 0
+    if st.st == ws then
+      cur = st.cur
+    elseif after(st.st, ws) then
+      -- A request stamped before the window a concurrent caller already started (it
+      -- queued longer on its way here): it counts in that newer window, never resets it.
+      ws, cur, late = st.st, st.cur, math.ceil(tonumber(w) / 1000000)
+    end
     r1 = cur
-    allowed = n <= a and cur + n <= a
+    allowed = force or (n <= a and cur + n <= a)
     if allowed and commit and n > 0 then
       st.st, st.cur, st.prev, st.dirty = ws, cur + n, 0, true
-      ttl = tonumber(ARGV[b + 7])
+      ttl = tonumber(ARGV[b + 7]) + late
     end
   elseif alg == '4' then
     local wn = tonumber(ARGV[b + 6])
@@ -146,6 +164,7 @@ for i = 1, nops do
     if count > 0 then r2 = logat(st, count - 1) end
     allowed = n <= a and count + n <= a
     if not allowed and n <= a then r3 = logat(st, count + n - a - 1) end
+    allowed = allowed or force
     if allowed and commit and n > 0 then
       st.push, st.dirty = st.push + n, true
       ttl = tonumber(ARGV[b + 7])
@@ -154,16 +173,25 @@ for i = 1, nops do
   else
     local ws, pws = ARGV[b + 6], ARGV[b + 7]
     local x, wn = tonumber(ARGV[b + 8]), tonumber(ARGV[b + 9])
-    local cur, prev = 0, 0
-    if st.st == ws then cur, prev = st.cur, st.prev elseif st.st == pws then prev = st.cur end
+    local cur, prev, late = 0, 0, 0
+    if st.st == ws then
+      cur, prev = st.cur, st.prev
+    elseif st.st == pws then
+      prev = st.cur
+    elseif after(st.st, ws) then
+      -- A request stamped before the window a concurrent caller already started: it
+      -- counts in that newer window, with the previous one weighed whole (the strictest
+      -- estimate), and never resets it.
+      ws, cur, prev, x, late = st.st, st.cur, st.prev, wn, math.ceil(wn / 1000000)
+    end
     r1, r2 = cur, prev
     local k = a - n - cur
     -- the estimate cur + floor(prev*x/w) + n fits when floor(prev*x/w) <= k,
     -- that is prev*x < (k+1)*w
-    allowed = n <= a and k >= 0 and (prev <= k or mulcmp(prev, x, k + 1, wn) < 0)
+    allowed = force or (n <= a and k >= 0 and (prev <= k or mulcmp(prev, x, k + 1, wn) < 0))
     if allowed and commit and n > 0 then
       st.st, st.cur, st.prev, st.dirty = ws, cur + n, prev, true
-      ttl = tonumber(ARGV[b + 10])
+      ttl = tonumber(ARGV[b + 10]) + late
     end
   end
   if ttl > st.ttl then st.ttl = ttl end

@@ -58,12 +58,16 @@
 //
 // # Failures
 //
-// Every call has a tight timeout (Config.Timeout) and goes through a circuit breaker
-// (package internal/breaker). When Redis fails, times out or the breaker is open, the
-// request is decided by an in-process algo.Store instead; no error ever reaches the caller,
-// which learns of it from the fellBack result and the metrics (for a Counter, from
-// counter_fallback_total). The fallback's counts are this process's alone and are not
-// merged back into Redis when it returns.
+// Every call has a timeout (Config.Timeout) and goes through a circuit breaker (package
+// internal/breaker, judging the error rate over a window). When Redis fails, times out or
+// the breaker is open, the request is decided by an in-process algo.Store instead; no
+// error ever reaches the caller, which learns of it from the fellBack result and the
+// metrics (for a Counter, from counter_fallback_total). The fallback keeps to
+// Config.FallbackShare of each limit starting from that share of the counter's last use
+// Redis reported, and the hits it admits are written back to Redis, once, before Redis
+// decides anything again; a Redis that came back without its data also gets this
+// process's share of the last known counts (outage.go, docs/redis.md). A caller that gives up before Redis
+// answers is refused without counting anything, and is not a failure of Redis.
 package sitestore
 
 import (
@@ -76,6 +80,8 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/streamlimit/streamlimit/internal/exact"
@@ -97,8 +103,13 @@ type Config struct {
 	// it. Set ContextTimeoutEnabled on it, or Timeout cannot interrupt a call. Default
 	// (nil): a client built from Addrs, Username, Password and TLS, closed by Close.
 	Client redis.UniversalClient
-	// Addrs are the Redis addresses (host:port) when Client is nil; several mean Cluster.
+	// Addrs are the Redis addresses (host:port) when Client is nil; several mean Cluster,
+	// unless MasterName is set.
 	Addrs []string
+	// MasterName, when Client is nil, makes Addrs the addresses of Redis Sentinels, and
+	// the client follows the master they name under this name through failovers.
+	// Default: none (no Sentinel).
+	MasterName string
 	// Username is the Redis ACL user when Client is nil. Default: none (the default user).
 	Username string
 	// Password is the Redis password when Client is nil. Default: none.
@@ -110,14 +121,15 @@ type Config struct {
 	// HashTag maps a counter key to the hash tag of its Redis key (see the package doc).
 	// Default (nil): DomainTag.
 	HashTag func(counterKey string) string
-	// Timeout bounds each Redis call. Default: 5 ms.
+	// Timeout bounds each Redis call, including its wait for a pooled connection. It is a
+	// bound for a Redis that hangs, not a latency target: under load a healthy Redis's
+	// calls queue behind each other and the enforcer's own goroutines, and a call that
+	// times out is decided in process. Default: DefaultTimeout.
 	Timeout time.Duration
-	// FailureThreshold is the number of consecutive failed calls that opens the breaker;
-	// a timeout opens it at once. Default: 5.
-	FailureThreshold int
-	// ProbeInterval is how long the breaker stays open before one probe call is let
-	// through. Default: 1 s.
-	ProbeInterval time.Duration
+	// Breaker sets the circuit breaker's error-rate window, thresholds and probing; its
+	// Clock and OnStateChange are the Store's. Zero fields take package breaker's
+	// defaults.
+	Breaker breaker.Options
 	// ExpirySlack is added to every key's TTL beyond the time its state takes to become
 	// empty, to absorb clock skew between enforcers and Redis. Default: 1 s.
 	ExpirySlack time.Duration
@@ -139,6 +151,12 @@ type Config struct {
 	// (nil): they are not registered.
 	Registerer prometheus.Registerer
 }
+
+// DefaultTimeout is Config.Timeout's default: above what a healthy Redis's calls take even
+// when a hundred callers queue on two busy cores (docs/redis.md has the measurements), so
+// that load alone never sends decisions in process. A Redis that hangs costs each request
+// in flight one timeout; the breaker, judging the error rate, then keeps the others away.
+const DefaultTimeout = 250 * time.Millisecond
 
 // DomainTag is the default Config.HashTag: the counter key's domain, i.e. its text before
 // the first '|' or '#' (see rules.Rule.AppendKey), or the whole key if it has neither.
@@ -170,6 +188,18 @@ type Store struct {
 	log           *slog.Logger
 	script        *redis.Script
 	m             *metrics
+	// known, pend and outage bound what an outage costs (outage.go); outage numbers the
+	// breaker's openings, from 1.
+	known   *knownTable
+	pend    *pending
+	outage  atomic.Uint64
+	flushMu sync.Mutex
+	// authFailing is set while calls fail on credentials (logged once, logging.go).
+	authFailing atomic.Bool
+	// aliveKey is set in Redis at most every aliveRefresh (aliveAt: when, unix ns; 0:
+	// never) so that a Redis that lost its data can be told (outage.go).
+	aliveKey string
+	aliveAt  atomic.Int64
 }
 
 // New returns a Store. It does not contact Redis: a Redis that is down at start is
@@ -182,7 +212,7 @@ func New(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("sitestore: key prefix %q contains '{' or '}'", cfg.KeyPrefix)
 	}
 	if cfg.Timeout <= 0 {
-		cfg.Timeout = 5 * time.Millisecond
+		cfg.Timeout = DefaultTimeout
 	}
 	if cfg.ExpirySlack <= 0 {
 		cfg.ExpirySlack = time.Second
@@ -202,8 +232,10 @@ func New(cfg Config) (*Store, error) {
 	s := &Store{
 		client: cfg.Client, prefix: cfg.KeyPrefix, tag: cfg.HashTag, timeout: cfg.Timeout,
 		slackMs: int64((cfg.ExpirySlack + time.Millisecond - 1) / time.Millisecond), fallback: cfg.Fallback, fallbackShare: cfg.FallbackShare,
-		log: cfg.Logger, script: redis.NewScript(scriptSrc),
+		log: cfg.Logger, script: redis.NewScript(scriptSrc), known: newKnownTable(), pend: newPending(),
 	}
+	s.outage.Store(1)
+	s.aliveKey = s.prefix + "{_alive}" + s.pend.prefix
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -214,19 +246,22 @@ func New(cfg Config) (*Store, error) {
 			return nil, errors.New("sitestore: neither Client nor Addrs set")
 		}
 		s.client = redis.NewUniversalClient(&redis.UniversalOptions{
-			Addrs: cfg.Addrs, Username: cfg.Username, Password: cfg.Password, TLSConfig: cfg.TLS,
+			Addrs: cfg.Addrs, MasterName: cfg.MasterName, Username: cfg.Username, Password: cfg.Password, TLSConfig: cfg.TLS,
 			ContextTimeoutEnabled: true,
 		})
 		s.ownClient = true
 	}
 	_, s.cluster = s.client.(*redis.ClusterClient)
-	s.breaker = breaker.New(breaker.Options{
-		FailureThreshold: cfg.FailureThreshold, ProbeInterval: cfg.ProbeInterval, Clock: cfg.Clock,
-		OnStateChange: func(st breaker.State) {
-			m.breakerState.Set(float64(st))
-			s.log.Info("sitestore: redis circuit breaker", "state", st.String())
-		},
-	})
+	bopts := cfg.Breaker
+	bopts.Clock = cfg.Clock
+	bopts.OnStateChange = func(st breaker.State) {
+		if st == breaker.Open {
+			s.outage.Add(1)
+		}
+		m.breakerState.Set(float64(st))
+		s.log.Info("sitestore: redis circuit breaker", "state", st.String())
+	}
+	s.breaker = breaker.New(bopts)
 	return s, nil
 }
 
@@ -256,7 +291,7 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 	}
 	if reason := s.usable(now, ops); reason != "" {
 		s.m.fallback.WithLabelValues(reason).Inc()
-		return s.fallbackAllowAll(now, ops, out), true
+		return s.fallbackAllowAll(now, ops, out, false), true
 	}
 	if s.cluster && len(ops) > 1 {
 		if groups := s.groups(ops); len(groups) > 1 {
@@ -264,25 +299,52 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 		}
 	}
 	st, reason := s.call(ctx, now, ops, true)
-	if reason != "" {
-		s.m.fallback.WithLabelValues(reason).Inc()
-		return s.fallbackAllowAll(now, ops, out), true
+	switch reason {
+	case "":
+		ok := s.fill(now, ops, st, out)
+		s.noteAll(now, ops, out)
+		return ok, false
+	case reasonCanceled:
+		// Nobody will receive the answer: deny, take nothing, and leave the fallback's
+		// counts and metrics to requests that are really decided in process.
+		s.m.canceled.Inc()
+		for i := range ops {
+			out[i] = s.fallbackPeek(now, ops[i])
+			out[i].Allowed = false
+		}
+		return false, false
 	}
-	return s.fill(now, ops, st, out), false
+	s.m.fallback.WithLabelValues(reason).Inc()
+	return s.fallbackAllowAll(now, ops, out, true), true
 }
 
-// fallbackAllowAll decides in process, on this process's FallbackShare of each limit.
-func (s *Store) fallbackAllowAll(now time.Time, ops []algo.Op, out []algo.Decision) bool {
+// reasonCanceled is run's result when the caller's context ended before Redis answered.
+const reasonCanceled = "canceled"
+
+// fallbackAllowAll decides in process, on this process's FallbackShare of each limit. For
+// an outage (Redis unavailable, not an op outside the exact range), the fallback starts
+// from this process's share of each counter's last known use, and what it admits is kept
+// to be written back (outage.go).
+func (s *Store) fallbackAllowAll(now time.Time, ops []algo.Op, out []algo.Decision, outage bool) bool {
+	if outage {
+		s.seedFallback(now, ops)
+	}
 	share := s.fallbackShare
+	var ok bool
 	if share >= 1 {
-		return s.fallback.AllowAll(now, ops, out)
+		ok = s.fallback.AllowAll(now, ops, out)
+	} else {
+		var buf [8]algo.Op
+		scaled := append(buf[:0], ops...)
+		for i := range scaled {
+			scaled[i].Limit = scaleLimit(scaled[i].Limit, share)
+		}
+		ok = s.fallback.AllowAll(now, scaled, out)
 	}
-	var buf [8]algo.Op
-	scaled := append(buf[:0], ops...)
-	for i := range scaled {
-		scaled[i].Limit = scaleLimit(scaled[i].Limit, share)
+	if ok && outage {
+		s.pendAll(now, ops)
 	}
-	return s.fallback.AllowAll(now, scaled, out)
+	return ok
 }
 
 // scaleLimit returns l with Requests and Burst multiplied by share, rounded down but at
@@ -306,8 +368,13 @@ func (s *Store) Peek(ctx context.Context, now time.Time, op algo.Op) (d algo.Dec
 		return s.fallbackPeek(now, op), true
 	}
 	st, reason := s.call(ctx, now, ops, false)
+	if reason == reasonCanceled {
+		s.m.canceled.Inc()
+		return s.fallbackPeek(now, op), false
+	}
 	if reason != "" {
 		s.m.fallback.WithLabelValues(reason).Inc()
+		s.seedFallback(now, ops)
 		return s.fallbackPeek(now, op), true
 	}
 	return decide(&op, now.UnixNano(), st[0], false), false
@@ -448,7 +515,7 @@ func (s *Store) call(ctx context.Context, now time.Time, ops []algo.Op, commit b
 		args = s.appendOpArgs(args, t, op)
 	}
 	var st []opState
-	reason := s.run(ctx, s.script, keys, args, func(cmd *redis.Cmd) error {
+	reason := s.run(ctx, now, s.script, keys, args, func(cmd *redis.Cmd) error {
 		res, err := cmd.Int64Slice()
 		if err != nil {
 			return err
@@ -468,38 +535,60 @@ func (s *Store) call(ctx context.Context, now time.Time, ops []algo.Op, commit b
 
 // run runs sc through the circuit breaker with the Store's timeout, and hands the reply to
 // parse, whose error counts as a failed call like Redis's own. It returns "" on success,
-// else the fallback reason (canceled, breaker_open, error, timeout).
-func (s *Store) run(ctx context.Context, sc *redis.Script, keys []string, args []any, parse func(*redis.Cmd) error) string {
+// else the fallback reason (breaker_open, error, timeout), or reasonCanceled when the
+// caller's context ended first (not a failure of Redis: the breaker is not told).
+func (s *Store) run(ctx context.Context, now time.Time, sc *redis.Script, keys []string, args []any, parse func(*redis.Cmd) error) string {
 	if err := ctx.Err(); err != nil {
-		return "canceled"
+		return reasonCanceled
 	}
-	if !s.breaker.Allow() {
+	ok, probe := s.breaker.Allow()
+	if !ok {
 		return "breaker_open"
 	}
-	cctx, cancel := context.WithTimeout(ctx, s.timeout)
-	start := time.Now()
-	cmd := sc.Run(cctx, s.client, keys, args...)
-	s.m.duration.Observe(time.Since(start).Seconds())
-	cancel()
-	err := cmd.Err()
+	var err error
+	if probe {
+		err = s.checkRestart(ctx, now)
+	}
+	if err == nil && s.pend.n.Load() > 0 {
+		// Hits admitted in process go to Redis before it decides anything again.
+		err = s.flush(ctx, now)
+	}
 	if err == nil {
-		err = parse(cmd)
+		cctx, cancel := context.WithTimeout(ctx, s.timeout)
+		start := time.Now()
+		cmd := sc.Run(cctx, s.client, keys, args...)
+		s.m.duration.Observe(time.Since(start).Seconds())
+		cancel()
+		if err = cmd.Err(); err == nil {
+			err = parse(cmd)
+		}
 	}
 	if err != nil {
-		timeout := isTimeout(err)
+		if ctx.Err() != nil {
+			// The caller gave up (its client went away): that says nothing about Redis.
+			s.m.calls.WithLabelValues(reasonCanceled).Inc()
+			s.breaker.Cancel()
+			return reasonCanceled
+		}
 		result := "error"
-		if timeout {
+		if isTimeout(err) {
 			result = "timeout"
 		}
 		s.m.calls.WithLabelValues(result).Inc()
 		s.m.errors.Inc()
-		if s.breaker.State() == breaker.Closed {
+		if authError(err) {
+			s.noteAuthFailure(err)
+		} else if s.breaker.State() == breaker.Closed {
 			s.log.Debug("sitestore: redis call failed", "err", err)
 		}
-		s.breaker.Failure(timeout)
+		s.breaker.Failure()
 		return result
 	}
 	s.m.calls.WithLabelValues("ok").Inc()
+	s.keepAlive(ctx, now)
+	if s.authFailing.Load() {
+		s.authFailing.Store(false)
+	}
 	s.breaker.Success()
 	return ""
 }

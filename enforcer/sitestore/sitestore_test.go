@@ -16,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/internal/breaker"
 	"github.com/streamlimit/streamlimit/internal/clock"
@@ -249,12 +250,13 @@ func TestTwoEnforcersShareCount(t *testing.T) {
 
 // privateRedis runs a redis-server of its own, so that the test can stop and restart it.
 type privateRedis struct {
-	t    *testing.T
-	port int
-	cmd  *exec.Cmd
+	t     *testing.T
+	port  int
+	cmd   *exec.Cmd
+	extra []string // more redis-server arguments
 }
 
-func startPrivateRedis(t *testing.T) *privateRedis {
+func startPrivateRedis(t *testing.T, extra ...string) *privateRedis {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -267,7 +269,7 @@ func startPrivateRedis(t *testing.T) *privateRedis {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &privateRedis{t: t, port: l.Addr().(*net.TCPAddr).Port}
+	p := &privateRedis{t: t, port: l.Addr().(*net.TCPAddr).Port, extra: extra}
 	_ = l.Close()
 	p.start()
 	t.Cleanup(p.stop)
@@ -278,15 +280,15 @@ func (p *privateRedis) addr() string { return "127.0.0.1:" + strconv.Itoa(p.port
 
 func (p *privateRedis) start() {
 	p.t.Helper()
-	p.cmd = exec.Command("redis-server", "--port", strconv.Itoa(p.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", p.t.TempDir())
+	p.cmd = exec.Command("redis-server", append([]string{"--port", strconv.Itoa(p.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", p.t.TempDir()}, p.extra...)...)
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatalf("starting redis-server: %v", err)
 	}
 	c := redis.NewClient(&redis.Options{Addr: p.addr()})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
-	for c.Ping(context.Background()).Err() != nil {
+	for err := c.Ping(context.Background()).Err(); err != nil && !authError(err); err = c.Ping(context.Background()).Err() {
 		if time.Now().After(deadline) {
 			p.t.Fatal("private redis-server did not come up")
 		}
@@ -311,8 +313,7 @@ func TestRedisDownFallbackAndRecovery(t *testing.T) {
 	s := newStore(t, client, "sl:", func(c *Config) {
 		c.Clock = bclk
 		c.Registerer = reg
-		c.FailureThreshold = 2
-		c.ProbeInterval = time.Second
+		c.Breaker = breaker.Options{MinFailures: 2, ProbeInterval: time.Second, ProbeSuccesses: 1}
 	})
 	ctx := context.Background()
 	op := algo.Op{Key: "d|u=1#1m", Algorithm: algo.FixedWindow, Limit: algo.Limit{Requests: 3, Window: time.Minute}, N: 1}
@@ -322,19 +323,20 @@ func TestRedisDownFallbackAndRecovery(t *testing.T) {
 	}
 
 	rd.stop()
-	// Redis is down: decisions come from the in-process store (whose count starts at 0),
-	// without error, and after FailureThreshold failures the breaker opens.
-	for i := 0; i < 3; i++ {
+	// Redis is down: decisions come from the in-process store, without error, starting
+	// from the last count Redis reported (1 of 3), and after MinFailures failures the
+	// breaker opens.
+	for i := 0; i < 2; i++ {
 		ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out)
-		if !fb || !ok || out[0].Remaining != int64(2-i) {
-			t.Fatalf("Redis down, request %d: allowed %v fellBack %v %+v; want an in-process decision", i, ok, fb, out[0])
+		if !fb || !ok || out[0].Remaining != int64(1-i) {
+			t.Fatalf("Redis down, request %d: allowed %v fellBack %v %+v; want an in-process decision on the last known count", i, ok, fb, out[0])
 		}
+	}
+	if ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out); ok || !fb {
+		t.Fatalf("fallback let a 4th request through a limit of 3 (fellBack %v): it counted from zero", fb)
 	}
 	if got := s.BreakerState(); got != breaker.Open {
 		t.Fatalf("breaker %v after Redis went down, want open", got)
-	}
-	if ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out); ok || !fb {
-		t.Fatalf("fallback let a 4th request through a limit of 3 (fellBack %v)", fb)
 	}
 	if v := value(t, s.m.fallback.WithLabelValues("breaker_open")); v < 1 {
 		t.Fatalf("fallback_decisions_total{reason=breaker_open} = %v", v)
@@ -345,17 +347,21 @@ func TestRedisDownFallbackAndRecovery(t *testing.T) {
 	if v := value(t, s.m.breakerState); v != 1 {
 		t.Fatalf("breaker_state gauge = %v, want 1", v)
 	}
+	if s.Pending() == 0 {
+		t.Fatal("no write back pending for the 2 hits admitted in process")
+	}
 
-	rd.start()
+	rd.start() // with its data lost
 	// Until the probe interval passes, the breaker keeps Redis out of the path.
 	if _, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out); !fb {
 		t.Fatal("a call went to Redis while the breaker was open")
 	}
 	bclk.Advance(time.Second)
-	// The probe goes to the restarted (empty) Redis and closes the breaker.
+	// The probe finds that Redis lost its data: it restores the last known use (1), writes
+	// back the 2 hits admitted in process, then decides in Redis: 3 of 3 are used.
 	ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out)
-	if fb || !ok || out[0].Remaining != 2 {
-		t.Fatalf("probe: allowed %v fellBack %v %+v; want a Redis decision", ok, fb, out[0])
+	if fb || ok || out[0].Remaining != 0 {
+		t.Fatalf("probe: allowed %v fellBack %v %+v; want a Redis refusal after the restore and write back", ok, fb, out[0])
 	}
 	if got := s.BreakerState(); got != breaker.Closed {
 		t.Fatalf("breaker %v after a successful probe, want closed", got)
@@ -363,8 +369,40 @@ func TestRedisDownFallbackAndRecovery(t *testing.T) {
 	if v := value(t, s.m.breakerState); v != 0 {
 		t.Fatalf("breaker_state gauge = %v, want 0", v)
 	}
-	if n, _ := client.Exists(ctx, "sl:{d}d|u=1#1m").Result(); n != 1 {
-		t.Fatal("the probe's decision was not stored in Redis")
+	if s.Pending() != 0 || value(t, s.m.writtenBack) == 0 {
+		t.Fatalf("after recovery: %d batches pending, %v written back", s.Pending(), value(t, s.m.writtenBack))
+	}
+	if ok, _ := s.AllowAll(ctx, t0, []algo.Op{op}, out); ok {
+		t.Fatal("Redis admitted a 4th request after the write back")
+	}
+}
+
+// TestWriteBackIsIdempotent: a write back retried with the same batch (its first attempt
+// timed out after Redis had applied it) counts once, for both stores.
+func TestWriteBackIsIdempotent(t *testing.T) {
+	s := newStore(t, testenv.RedisClient(t), testenv.KeyPrefix(t), nil)
+	c := NewCounter(s, CounterOptions{})
+	ctx := context.Background()
+	op := algo.Op{Key: "d|wb#1m", Algorithm: algo.SlidingWindow, Limit: algo.Limit{Requests: 10, Window: time.Minute}, N: 4}
+	gop := enforcer.GlobalOp{Key: "d|wbg#1m", Window: time.Minute, N: 4}
+	for _, wb := range []*writeBack{
+		{id: "x1", op: op, last: t0.UnixNano(), window: time.Minute},
+		{id: "x2", c: c, gop: gop, last: t0.UnixNano(), window: time.Minute},
+	} {
+		for range 2 {
+			if err := s.writeBackOne(ctx, t0, wb); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	op.N = 1
+	d, fb := s.Peek(ctx, t0, op)
+	if fb || d.Remaining != 6 {
+		t.Fatalf("after writing back 4 hits twice: remaining %d (fellBack %v), want 6", d.Remaining, fb)
+	}
+	counts := make([]float64, 1)
+	if err := c.Counts(ctx, t0, []enforcer.GlobalOp{gop}, counts); err != nil || counts[0] != 4 {
+		t.Fatalf("site count after writing back 4 hits twice = %v, %v; want 4", counts[0], err)
 	}
 }
 

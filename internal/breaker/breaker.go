@@ -2,13 +2,20 @@
 // (Redis in the enforcer), so that a failing dependency costs one fast local decision per
 // request instead of one timeout per request (DESIGN invariant 4).
 //
-// The model: Closed lets every call through and counts consecutive failures; after
-// Options.FailureThreshold of them, or at once on a failure reported as a trip (a timeout),
-// it opens. Open lets nothing through. Once Options.ProbeInterval has passed since it
-// opened, the next Allow is let through as a single probe and the breaker is HalfOpen; the
-// probe's Success closes it, its Failure opens it again for another interval. A probe whose
-// outcome is never reported is replaced by a new one after another ProbeInterval, so a lost
-// report cannot wedge the breaker.
+// The model: Closed lets every call through and keeps the outcomes of the last
+// Options.Window in buckets. It opens when, within that window, at least
+// Options.MinFailures calls failed and they are at least Options.ErrorRate of all calls.
+// Judging a rate rather than a run of failures is what lets the defaults survive load: a
+// busy but healthy dependency whose slowest calls now and then pass the caller's timeout
+// fails a tiny fraction of calls and keeps the breaker closed, while a dependency that is
+// down fails them all and opens it after MinFailures calls.
+//
+// Open lets nothing through. Once Options.ProbeInterval has passed since it opened, the
+// next Allow is let through as a probe and the breaker is HalfOpen: one probe at a time,
+// and Options.ProbeSuccesses successful probes in a row close it (with a clean window); a
+// failed probe opens it again for another interval. A probe whose outcome is never
+// reported (Cancel, or a lost report) is replaced by a new one after another
+// ProbeInterval, so a lost report cannot wedge the breaker.
 package breaker
 
 import (
@@ -43,14 +50,36 @@ func (s State) String() string {
 	return "unknown"
 }
 
-// Options configures a Breaker.
+// The defaults of Options, stated once.
+const (
+	DefaultWindow         = 10 * time.Second
+	DefaultMinFailures    = 10
+	DefaultErrorRate      = 0.5
+	DefaultProbeInterval  = time.Second
+	DefaultProbeSuccesses = 3
+)
+
+// buckets is the number of parts the error-rate window is kept in: the window slides by
+// Window/buckets.
+const buckets = 10
+
+// Options configures a Breaker. Zero fields take the Default* constants.
 type Options struct {
-	// FailureThreshold is the number of consecutive failures that opens the breaker.
-	// Default (0): 5.
-	FailureThreshold int
-	// ProbeInterval is how long the breaker stays open before it lets one probe through,
-	// and how long a probe may stay unreported before another is allowed. Default (0): 1 s.
+	// Window is the span over which the error rate is judged. Default DefaultWindow.
+	Window time.Duration
+	// MinFailures is the fewest failures within Window that can open the breaker.
+	// Default DefaultMinFailures.
+	MinFailures int
+	// ErrorRate, in (0, 1], is the share of failed calls within Window at or above which
+	// the breaker opens (given MinFailures). Default DefaultErrorRate.
+	ErrorRate float64
+	// ProbeInterval is how long the breaker stays open before it lets a probe through,
+	// and how long a probe may stay unreported before another is allowed. Default
+	// DefaultProbeInterval.
 	ProbeInterval time.Duration
+	// ProbeSuccesses is the number of successful probes in a row that close the breaker.
+	// Default DefaultProbeSuccesses.
+	ProbeSuccesses int
 	// Clock tells time. Default (nil): clock.Real{}.
 	Clock clock.Clock
 	// OnStateChange, if set, is called with the new state after every transition, with
@@ -61,71 +90,125 @@ type Options struct {
 // Breaker is a circuit breaker. Its methods are safe for simultaneous use by multiple
 // goroutines. Create it with New.
 type Breaker struct {
-	threshold int
+	width     time.Duration // Window / buckets
+	minFail   int
+	rate      float64
 	interval  time.Duration
+	successes int
 	clk       clock.Clock
 	onChange  func(State)
 
-	mu       sync.Mutex
-	state    State
-	failures int       // consecutive failures while Closed
-	since    time.Time // when the breaker last opened or let a probe through
+	mu      sync.Mutex
+	state   State
+	ring    [buckets]bucket
+	since   time.Time // when the breaker last opened or let a probe through
+	probing bool      // a probe is in flight (HalfOpen)
+	good    int       // successful probes in a row (HalfOpen)
+}
+
+// bucket holds the outcomes of one Window/buckets slice of time, numbered from the epoch.
+type bucket struct {
+	idx             int64
+	calls, failures int
 }
 
 // New returns a closed Breaker.
 func New(opts Options) *Breaker {
-	if opts.FailureThreshold <= 0 {
-		opts.FailureThreshold = 5
+	if opts.Window <= 0 {
+		opts.Window = DefaultWindow
+	}
+	if opts.MinFailures <= 0 {
+		opts.MinFailures = DefaultMinFailures
+	}
+	if opts.ErrorRate <= 0 || opts.ErrorRate > 1 {
+		opts.ErrorRate = DefaultErrorRate
 	}
 	if opts.ProbeInterval <= 0 {
-		opts.ProbeInterval = time.Second
+		opts.ProbeInterval = DefaultProbeInterval
 	}
-	return &Breaker{threshold: opts.FailureThreshold, interval: opts.ProbeInterval, clk: clock.Or(opts.Clock), onChange: opts.OnStateChange}
+	if opts.ProbeSuccesses <= 0 {
+		opts.ProbeSuccesses = DefaultProbeSuccesses
+	}
+	return &Breaker{
+		width: max(opts.Window/buckets, time.Nanosecond), minFail: opts.MinFailures, rate: opts.ErrorRate,
+		interval: opts.ProbeInterval, successes: opts.ProbeSuccesses, clk: clock.Or(opts.Clock), onChange: opts.OnStateChange,
+	}
 }
 
-// Allow reports whether a call may go to the dependency now. When it returns true the
-// caller must report the call's outcome with Success or Failure.
-func (b *Breaker) Allow() bool {
+// Allow reports whether a call may go to the dependency now, and whether it is a probe of
+// a half-open breaker (a caller with state to restore before trusting the dependency
+// again does so in the probe). When ok, the caller must report the call's outcome with
+// Success, Failure or Cancel.
+func (b *Breaker) Allow() (ok, probe bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch b.state {
 	case Closed:
-		return true
-	default: // Open, or HalfOpen with a probe that may have been lost
+		return true, false
+	case HalfOpen:
+		now := b.clk.Now()
+		if b.probing && now.Sub(b.since) < b.interval {
+			return false, false
+		}
+		b.since, b.probing = now, true
+		return true, true
+	default: // Open
 		now := b.clk.Now()
 		if now.Sub(b.since) < b.interval {
-			return false
+			return false, false
 		}
-		b.since = now
+		b.since, b.probing, b.good = now, true, 0
 		b.set(HalfOpen)
-		return true
+		return true, true
 	}
 }
 
-// Success reports a successful call: the breaker closes and the failure count restarts.
+// Success reports a successful call. A closed breaker records it; a half-open one closes
+// after ProbeSuccesses successful probes in a row.
 func (b *Breaker) Success() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.failures = 0
-	if b.state != Closed {
-		b.set(Closed)
+	switch b.state {
+	case Closed:
+		b.cur(b.clk.Now()).calls++
+	case HalfOpen:
+		b.probing = false
+		b.good++
+		if b.good >= b.successes {
+			b.ring = [buckets]bucket{}
+			b.set(Closed)
+		}
 	}
 }
 
-// Failure reports a failed call. trip opens the breaker at once (use it for timeouts: a
-// dependency that is slow hurts every request); otherwise the breaker opens after
-// FailureThreshold consecutive failures. A failed probe reopens it.
-func (b *Breaker) Failure(trip bool) {
+// Failure reports a failed call (an error or a timeout of the dependency). A closed
+// breaker opens when the window's failures reach MinFailures and ErrorRate of its calls;
+// a failed probe opens a half-open breaker again.
+func (b *Breaker) Failure() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.failures++
-	if b.state == Closed && !trip && b.failures < b.threshold {
-		return
+	now := b.clk.Now()
+	switch b.state {
+	case Closed:
+		c := b.cur(now)
+		c.calls++
+		c.failures++
+		calls, failures := b.totals(c.idx)
+		if failures >= b.minFail && float64(failures) >= b.rate*float64(calls) {
+			b.open(now)
+		}
+	case HalfOpen:
+		b.open(now)
 	}
-	b.failures = 0
-	b.since = b.clk.Now()
-	if b.state != Open {
-		b.set(Open)
+}
+
+// Cancel reports a call whose outcome says nothing about the dependency (the caller gave
+// up first). A probe so ended frees its place for the next caller.
+func (b *Breaker) Cancel() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state == HalfOpen {
+		b.probing = false
 	}
 }
 
@@ -134,6 +217,32 @@ func (b *Breaker) State() State {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.state
+}
+
+func (b *Breaker) open(now time.Time) {
+	b.since, b.probing, b.good = now, false, 0
+	b.set(Open)
+}
+
+// cur returns the bucket of now, reset if it last held an older slice of time.
+func (b *Breaker) cur(now time.Time) *bucket {
+	idx := now.UnixNano() / int64(b.width)
+	c := &b.ring[(idx%buckets+buckets)%buckets]
+	if c.idx != idx {
+		*c = bucket{idx: idx}
+	}
+	return c
+}
+
+// totals sums the buckets of the window that ends in bucket idx.
+func (b *Breaker) totals(idx int64) (calls, failures int) {
+	for i := range b.ring {
+		if c := &b.ring[i]; c.idx > idx-buckets && c.idx <= idx {
+			calls += c.calls
+			failures += c.failures
+		}
+	}
+	return calls, failures
 }
 
 func (b *Breaker) set(s State) {

@@ -1,102 +1,160 @@
 package breaker
 
 import (
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
-func TestThresholdProbeAndRecovery(t *testing.T) {
-	clk := clock.NewFake(time.Unix(1000, 0))
-	var changes []State
-	b := New(Options{FailureThreshold: 3, ProbeInterval: time.Second, Clock: clk, OnStateChange: func(s State) { changes = append(changes, s) }})
+func allowed(b *Breaker) bool {
+	ok, _ := b.Allow()
+	return ok
+}
 
-	for i := 0; i < 2; i++ {
-		if !b.Allow() {
-			t.Fatalf("closed breaker refused call %d", i)
+// TestSporadicFailuresUnderLoadKeepItClosed: a busy dependency whose slowest calls now and
+// then fail (one in 50) never opens the breaker, however many failures that adds up to.
+func TestSporadicFailuresUnderLoadKeepItClosed(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1000, 0))
+	b := New(Options{Clock: clk})
+	for i := range 100_000 {
+		if !allowed(b) {
+			t.Fatalf("call %d refused: state %v", i, b.State())
 		}
-		b.Failure(false)
-	}
-	b.Success() // a success in between resets the count
-	for i := 0; i < 2; i++ {
-		b.Allow()
-		b.Failure(false)
+		if i%50 == 0 {
+			b.Failure()
+		} else {
+			b.Success()
+		}
+		clk.Advance(100 * time.Microsecond)
 	}
 	if b.State() != Closed {
-		t.Fatalf("state after 2 consecutive failures = %v, want closed", b.State())
+		t.Fatalf("state = %v, want closed", b.State())
 	}
-	b.Allow()
-	b.Failure(false)
+}
+
+// TestErrorRateOpens: once MinFailures failures are ErrorRate of the window's calls, it
+// opens; fewer failures, or a lower rate, do not.
+func TestErrorRateOpens(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1000, 0))
+	b := New(Options{Clock: clk, MinFailures: 4, ErrorRate: 0.5, Window: time.Second})
+	for range 6 {
+		allowed(b)
+		b.Success()
+	}
+	for i := range 5 {
+		allowed(b)
+		b.Failure()
+		if b.State() != Closed {
+			t.Fatalf("opened after %d failures in 6+%d calls (rate under 0.5)", i+1, i+1)
+		}
+	}
+	allowed(b)
+	b.Failure() // 6 of 12
 	if b.State() != Open {
-		t.Fatalf("state after 3 consecutive failures = %v, want open", b.State())
+		t.Fatalf("state after 6 failures of 12 calls = %v, want open", b.State())
 	}
-	if b.Allow() {
-		t.Fatal("open breaker let a call through before the probe interval")
+}
+
+// TestOldFailuresLeaveTheWindow: failures older than Window no longer count.
+func TestOldFailuresLeaveTheWindow(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1000, 0))
+	b := New(Options{Clock: clk, MinFailures: 3, Window: time.Second})
+	for range 2 {
+		allowed(b)
+		b.Failure()
+	}
+	clk.Advance(1100 * time.Millisecond)
+	allowed(b)
+	b.Failure()
+	if b.State() != Closed {
+		t.Fatalf("state = %v: failures from before the window counted", b.State())
+	}
+	allowed(b)
+	b.Failure()
+	allowed(b)
+	b.Failure()
+	if b.State() != Open {
+		t.Fatalf("state after 3 failures within the window = %v, want open", b.State())
+	}
+}
+
+// TestProbesAndRecovery: open refuses until the probe interval; half-open lets one probe
+// at a time; a failed probe reopens for a full interval; ProbeSuccesses successful probes
+// close it.
+func TestProbesAndRecovery(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1000, 0))
+	var changes []State
+	b := New(Options{MinFailures: 1, ProbeSuccesses: 2, ProbeInterval: time.Second, Clock: clk,
+		OnStateChange: func(s State) { changes = append(changes, s) }})
+	allowed(b)
+	b.Failure()
+	if b.State() != Open || allowed(b) {
+		t.Fatalf("state = %v, want open and refusing", b.State())
 	}
 	clk.Advance(999 * time.Millisecond)
-	if b.Allow() {
-		t.Fatal("open breaker let a call through 1 ns before the probe interval")
+	if allowed(b) {
+		t.Fatal("open breaker let a call through 1 ms before the probe interval")
 	}
 	clk.Advance(time.Millisecond)
-	if !b.Allow() {
-		t.Fatal("no probe after the probe interval")
+	if ok, probe := b.Allow(); !ok || !probe {
+		t.Fatalf("Allow after the interval = %v, %v, want a probe", ok, probe)
 	}
-	if b.State() != HalfOpen {
-		t.Fatalf("state while probing = %v, want half-open", b.State())
+	if allowed(b) {
+		t.Fatal("half-open breaker let a second call through while probing")
 	}
-	if b.Allow() {
-		t.Fatal("half-open breaker let a second call through")
-	}
-	b.Failure(false) // failed probe: open again for a full interval
+	b.Failure()
 	if b.State() != Open {
 		t.Fatalf("state after failed probe = %v, want open", b.State())
 	}
 	clk.Advance(500 * time.Millisecond)
-	if b.Allow() {
+	if allowed(b) {
 		t.Fatal("reopened breaker let a call through early")
 	}
 	clk.Advance(500 * time.Millisecond)
-	if !b.Allow() {
+	if ok, probe := b.Allow(); !ok || !probe {
 		t.Fatal("no second probe")
 	}
 	b.Success()
-	if b.State() != Closed || !b.Allow() {
-		t.Fatalf("state after successful probe = %v, want closed", b.State())
+	if b.State() != HalfOpen {
+		t.Fatalf("state after 1 of 2 successful probes = %v, want half-open", b.State())
 	}
-	want := []State{Open, HalfOpen, Open, HalfOpen, Closed}
-	if len(changes) != len(want) {
+	if ok, probe := b.Allow(); !ok || !probe {
+		t.Fatal("no next probe after a successful one")
+	}
+	b.Success()
+	if b.State() != Closed {
+		t.Fatalf("state after 2 successful probes = %v, want closed", b.State())
+	}
+	if ok, probe := b.Allow(); !ok || probe {
+		t.Fatalf("closed Allow = %v, %v, want an ordinary call", ok, probe)
+	}
+	if want := []State{Open, HalfOpen, Open, HalfOpen, Closed}; !slices.Equal(changes, want) {
 		t.Fatalf("transitions = %v, want %v", changes, want)
 	}
-	for i := range want {
-		if changes[i] != want[i] {
-			t.Fatalf("transitions = %v, want %v", changes, want)
-		}
-	}
 }
 
-func TestTripOpensAtOnce(t *testing.T) {
+// TestLostAndCanceledProbes: a probe never reported is replaced after the interval; a
+// canceled one at once.
+func TestLostAndCanceledProbes(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
-	b := New(Options{Clock: clk})
-	b.Allow()
-	b.Failure(true)
-	if b.State() != Open || b.Allow() {
-		t.Fatalf("state after a trip = %v, want open and refusing", b.State())
-	}
-}
-
-func TestLostProbeIsReplaced(t *testing.T) {
-	clk := clock.NewFake(time.Unix(0, 0))
-	b := New(Options{FailureThreshold: 1, ProbeInterval: time.Second, Clock: clk})
-	b.Allow()
-	b.Failure(false)
+	b := New(Options{MinFailures: 1, ProbeInterval: time.Second, Clock: clk})
+	allowed(b)
+	b.Failure()
 	clk.Advance(time.Second)
-	if !b.Allow() {
+	if !allowed(b) {
 		t.Fatal("no probe")
 	}
-	// The probe's outcome is never reported.
 	clk.Advance(time.Second)
-	if !b.Allow() {
+	if !allowed(b) {
 		t.Fatal("a lost probe wedged the breaker")
+	}
+	b.Cancel()
+	if !allowed(b) {
+		t.Fatal("a canceled probe did not free its place")
+	}
+	if b.State() != HalfOpen {
+		t.Fatalf("state = %v, want half-open", b.State())
 	}
 }

@@ -101,7 +101,7 @@ func FloorDiv(a, b int64) int64 {
 }
 
 // Weighted returns ⌊prev × (w − elapsed) / w⌋: the previous window's count weighted by the
-// part of it the sliding window still overlaps, rounded down as seed 000 does.
+// part of it the sliding window still overlaps, rounded down.
 func Weighted(prev, w, elapsed int64) int64 {
 	if prev <= 0 {
 		return 0

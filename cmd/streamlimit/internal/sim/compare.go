@@ -19,7 +19,7 @@ const (
 	// FixedWindow is algo.FixedWindow: windows aligned to multiples of W.
 	FixedWindow Counter = "fixed window"
 	// TwoWindow is algo.SlidingWindow: the current aligned window plus the previous one
-	// weighted by its overlap (seed 003's "approximate sliding window").
+	// weighted by its overlap (the common "approximate sliding window").
 	TwoWindow Counter = "sliding window counter (2 windows)"
 	// SubWindows is the aggregator's rule (package aggregator/window) with the
 	// comparison's sub-bucket count, through enforcer.LocalCounter, which global limits use

@@ -24,5 +24,5 @@
 // history already held the limit in (t−W, t] (wrongly allowed), or denied one although it
 // held less (wrongly denied).
 //
-// Compare runs seed 003's comparison of counting methods on one local limiter.
+// Compare runs the comparison of counting methods on one local limiter.
 package sim

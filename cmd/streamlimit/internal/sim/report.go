@@ -19,7 +19,7 @@ type Matrix struct {
 	Base Config
 }
 
-// DefaultMatrix is the issue's matrix: four scenarios, 1, 3 and 5 sites, lags 0, 50 ms,
+// DefaultMatrix is the full matrix of docs/accuracy.md: four scenarios, 1, 3 and 5 sites, lags 0, 50 ms,
 // 200 ms and 1 s, and 2× and 10× load.
 func DefaultMatrix() Matrix {
 	return Matrix{
@@ -90,7 +90,7 @@ func RunMatrix(ctx context.Context, m Matrix, parallel int) ([]Result, error) {
 	return out, nil
 }
 
-// Targets are the accuracy goals of the issue, checked on the rows with 3 sites and
+// Targets are the project's accuracy goals for one client, checked on the rows with 3 sites and
 // 200 ms lag.
 const (
 	TargetMaxRatio     = 1.02

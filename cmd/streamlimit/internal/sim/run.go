@@ -23,6 +23,7 @@ type Tuning struct {
 	MinShare       float64
 	SiteStaleAfter time.Duration
 	ShareDamping   float64
+	DemandPrior    float64
 }
 
 // Config is one simulation run. Every zero field takes the default written in its comment.
@@ -269,7 +270,7 @@ func run(ctx context.Context, cfg Config, rc *rules.Config) (Result, error) {
 
 	clk := clock.NewFake(Start())
 	startMs := Start().UnixMilli()
-	agg, err := aggregator.NewMemory(aggregator.MemoryConfig{SubBuckets: cfg.SubBuckets, EmitInterval: cfg.EmitInterval})
+	agg, err := aggregator.NewMemory(aggregator.Config{SubBuckets: cfg.SubBuckets, EmitInterval: cfg.EmitInterval})
 	if err != nil {
 		return Result{}, err
 	}
@@ -283,7 +284,7 @@ func run(ctx context.Context, cfg Config, rc *rules.Config) (Result, error) {
 		s.pub = &publisher{clk: clk, sub: cfg.SubBuckets, widthMs: cfg.ProducerBucket.Milliseconds()}
 		s.lim, err = enforcer.New(enforcer.Config{
 			Rules: enforcer.StaticRules(rc), Site: s.name, Counter: s.ctr, Snapshot: s.snap, Publisher: s.pub, Clock: clk,
-			MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter, SubBuckets: cfg.SubBuckets, ShareDamping: cfg.Tuning.ShareDamping,
+			MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter, SubBuckets: cfg.SubBuckets, ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior,
 			DefaultShare: 1 / float64(cfg.Sites),
 		})
 		if err != nil {
@@ -391,7 +392,7 @@ func request(client string) enforcer.Request {
 
 // tracePoint records, at t, the exact sliding count of admitted requests over all sites
 // and site s's estimate of it: the remote part of its snapshot plus its exact local count,
-// which is what the enforcer compares with the limit (DESIGN invariant 3).
+// which is what the enforcer compares with the limit (docs/architecture.md, invariant 3).
 func tracePoint(t int64, now time.Time, acc *accounting, s *site, key string, w time.Duration) TracePoint {
 	p := TracePoint{T: t, Exact: acc.count(t)}
 	if key == "" {

@@ -115,7 +115,7 @@ func TestOneSiteNoLagIsNearlyExact(t *testing.T) {
 				sc, r.MaxRatio, r.WronglyAllowed, d, r.AdmittedVsIdeal())
 		}
 		// With the default 60 sub-buckets the oldest bucket is interpolated, which costs a
-		// few percent at most (seed 003: sub-windows are better, not perfect).
+		// few percent at most (sub-windows are better, not perfect).
 		r, err = Run(context.Background(), Config{Scenario: sc, Sites: 1, Load: 5, Windows: 3})
 		if err != nil {
 			t.Fatal(err)
@@ -224,7 +224,7 @@ func TestCompareBoundaryBurst(t *testing.T) {
 	if r := got[ExactLog]; r.WronglyAllowed != 0 || r.WronglyDenied != 0 || r.Admitted != r.Ideal.Admitted {
 		t.Errorf("exact log disagrees with the oracle: %+v", r.Result)
 	}
-	// The generated bursty traffic ranks the methods as seed 003 does.
+	// The generated bursty traffic ranks the methods as the textbook comparison does.
 	res, err = Compare(context.Background(), CompareConfig{Windows: 4, Seed: 3})
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,8 @@ import (
 	"io"
 	"math"
 	"strings"
+
+	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/svgplot"
 )
 
 // PlotOptions selects what WriteSVG draws.
@@ -19,22 +21,20 @@ type PlotOptions struct {
 
 // svg geometry, in px.
 const (
-	svgW, svgH      = 960, 555
-	plotL, plotR    = 70, 930
-	plotT, plotB    = 70, 400
-	tickA, tickD    = 462, 494 // rows of the admitted and denied ticks
-	tickH           = 22
-	colExact        = "#555555"
-	colEstimate     = "#e07b00"
-	colLocal        = "#3a7dc9"
-	colLimit        = "#c62828"
-	colAdmitted     = "#2e7d32"
-	colDenied       = "#c62828"
-	fontFamily      = "Helvetica, Arial, sans-serif"
-	legendLineWidth = 28
+	svgW, svgH   = 960, 555
+	plotL, plotR = 70, 930
+	plotT, plotB = 70, 400
+	tickA, tickD = 462, 494 // rows of the admitted and denied ticks
+	tickH        = 22
+	colExact     = "#555555"
+	colEstimate  = "#e07b00"
+	colLocal     = "#3a7dc9"
+	colLimit     = "#c62828"
+	colAdmitted  = "#2e7d32"
+	colDenied    = "#c62828"
 )
 
-// WriteSVG plots a traced run in the spirit of seed 003's figures: over time, the exact
+// WriteSVG plots a traced run in the style of the classic rate-limiter comparisons: over time, the exact
 // number of requests admitted in the sliding window (all sites), site dc1's estimate of it
 // (remote part from its snapshot plus its exact local count), dc1's local part, and the
 // limit; below, a tick per decision of the heavy client at every site, admitted and
@@ -63,58 +63,33 @@ func WriteSVG(w io.Writer, r Result, opts PlotOptions) error {
 			yMax = max(yMax, float64(p.Exact)*1.05, (p.Remote+p.Local)*1.05)
 		}
 	}
-	step := niceStep(yMax / 6)
+	step := svgplot.NiceStep(yMax / 6)
 	yMax = math.Ceil(yMax/step) * step
-	x := func(t int64) float64 { return plotL + float64(t-from)/float64(span)*(plotR-plotL) }
-	y := func(v float64) float64 { return plotB - v/yMax*(plotB-plotT) }
+
+	fr := svgplot.Frame{Left: plotL, Right: plotR, Top: plotT, Bottom: plotB, X0: float64(from), X1: float64(to), YMax: yMax, YStep: step,
+		XLabel: func(ms float64) string { return fmt.Sprintf("%g", ms/1000) },
+		XTitle: fmt.Sprintf("time (s since start; warm-up ends at %gs)", float64(tr.WarmupMs)/1000),
+		YTitle: "requests in the sliding window"}
+	tStep := svgplot.NiceStep(float64(span) / 1000 / 10)
+	for s := math.Ceil(float64(from)/1000/tStep) * tStep; s*1000 <= float64(to); s += tStep {
+		fr.XTicks = append(fr.XTicks, s*1000)
+	}
+	x := func(t int64) float64 { return fr.X(float64(t)) }
+	y := fr.Y
 
 	var b strings.Builder
-	fmt.Fprintf(&b, `<?xml version="1.0" encoding="UTF-8"?>
-<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="%s" font-size="13">
-<rect width="100%%" height="100%%" fill="white"/>
-<text x="%d" y="28" font-size="16" font-weight="bold">%s</text>
-<text x="%d" y="50" fill="#444">streamlimit sim — exact sliding-window count of admitted requests vs the estimate site dc1 decides on</text>
-`, svgW, svgH, svgW, svgH, fontFamily, plotL, esc(title), plotL)
-	// Grid and axes.
-	b.WriteString(`<g id="axes" stroke="#ddd" stroke-width="1">` + "\n")
-	for v := 0.0; v <= yMax+step/2; v += step {
-		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f"/>`+"\n", plotL, y(v), plotR, y(v))
-	}
-	tStep := niceStep(float64(span) / 1000 / 10)
-	for s := math.Ceil(float64(from)/1000/tStep) * tStep; s*1000 <= float64(to); s += tStep {
-		xs := x(int64(s * 1000))
-		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d"/>`+"\n", xs, plotT, xs, plotB)
-	}
-	b.WriteString("</g>\n")
-	fmt.Fprintf(&b, `<g stroke="black" stroke-width="1"><line x1="%d" y1="%d" x2="%d" y2="%d"/><line x1="%d" y1="%d" x2="%d" y2="%d"/></g>`+"\n",
-		plotL, plotT, plotL, plotB, plotL, plotB, plotR, plotB)
-	b.WriteString(`<g id="labels" fill="#333">` + "\n")
-	for v := 0.0; v <= yMax+step/2; v += step {
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%g</text>`+"\n", plotL-8, y(v)+4, v)
-	}
-	for s := math.Ceil(float64(from)/1000/tStep) * tStep; s*1000 <= float64(to); s += tStep {
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%g</text>`+"\n", x(int64(s*1000)), plotB+18, s)
-	}
-	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">time (s since start; warm-up ends at %gs)</text>`+"\n", (plotL+plotR)/2, plotB+34, float64(tr.WarmupMs)/1000)
-	fmt.Fprintf(&b, `<text transform="translate(20 %d) rotate(-90)" text-anchor="middle">requests in the sliding window</text>`+"\n", (plotT+plotB)/2)
-	b.WriteString("</g>\n")
+	svgplot.Header(&b, svgW, svgH, plotL, title, "streamlimit sim — exact sliding-window count of admitted requests vs the estimate site dc1 decides on")
+	fr.Write(&b)
 
 	// Series.
 	fmt.Fprintf(&b, `<line id="limit" x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="%s" stroke-width="1.5" stroke-dasharray="8 5"/>`+"\n",
 		plotL, y(float64(tr.Limit)), plotR, y(float64(tr.Limit)), colLimit)
 	poly := func(id, col string, width float64, dash string, v func(TracePoint) float64) {
-		fmt.Fprintf(&b, `<polyline id="%s" fill="none" stroke="%s" stroke-width="%g"`, id, col, width)
-		if dash != "" {
-			fmt.Fprintf(&b, ` stroke-dasharray="%s"`, dash)
-		}
-		b.WriteString(` points="`)
+		xy := make([][2]float64, len(pts))
 		for i, p := range pts {
-			if i > 0 {
-				b.WriteByte(' ')
-			}
-			fmt.Fprintf(&b, "%.1f,%.1f", x(p.T), y(v(p)))
+			xy[i] = [2]float64{float64(p.T), v(p)}
 		}
-		b.WriteString(`"/>` + "\n")
+		fr.Polyline(&b, id, col, width, dash, xy)
 	}
 	poly("local", colLocal, 1.2, "", func(p TracePoint) float64 { return p.Local })
 	poly("exact", colExact, 2.5, "", func(p TracePoint) float64 { return float64(p.Exact) })
@@ -139,42 +114,13 @@ func WriteSVG(w io.Writer, r Result, opts PlotOptions) error {
 	fmt.Fprintf(&b, `<path id="denied" stroke="%s" stroke-width="0.6" stroke-opacity="0.5" d="%s"/>`+"\n", colDenied, den.String())
 
 	// Legend, in the top right of the plot area on a white box.
-	items := []struct{ label, col, dash string }{
-		{"exact: admitted in (t−W, t], all sites", colExact, ""},
-		{"estimate at dc1: snapshot remote + local", colEstimate, "6 3"},
-		{"dc1 local exact count", colLocal, ""},
-		{fmt.Sprintf("limit (%d)", tr.Limit), colLimit, "8 5"},
-	}
-	lx, ly := plotR-348, plotT+8
-	fmt.Fprintf(&b, `<g id="legend"><rect x="%d" y="%d" width="340" height="%d" fill="white" fill-opacity="0.9" stroke="#bbb"/>`+"\n", lx, ly, 12+20*len(items))
-	for i, it := range items {
-		yy := ly + 18 + 20*i
-		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2.5"`, lx+10, yy-4, lx+10+legendLineWidth, yy-4, it.col)
-		if it.dash != "" {
-			fmt.Fprintf(&b, ` stroke-dasharray="%s"`, it.dash)
-		}
-		fmt.Fprintf(&b, `/><text x="%d" y="%d">%s</text>`+"\n", lx+16+legendLineWidth, yy, esc(it.label))
-	}
-	b.WriteString("</g>\n</svg>\n")
+	svgplot.Legend(&b, plotR-348, plotT+8, 340, []svgplot.LegendItem{
+		{Label: "exact: admitted in (t−W, t], all sites", Color: colExact},
+		{Label: "estimate at dc1: snapshot remote + local", Color: colEstimate, Dash: "6 3"},
+		{Label: "dc1 local exact count", Color: colLocal},
+		{Label: fmt.Sprintf("limit (%d)", tr.Limit), Color: colLimit, Dash: "8 5"},
+	})
+	svgplot.Footer(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
-}
-
-// niceStep rounds v up to 1, 2 or 5 times a power of ten.
-func niceStep(v float64) float64 {
-	if v <= 0 {
-		return 1
-	}
-	p := math.Pow(10, math.Floor(math.Log10(v)))
-	for _, m := range []float64{1, 2, 5, 10} {
-		if m*p >= v {
-			return m * p
-		}
-	}
-	return 10 * p
-}
-
-func esc(s string) string {
-	r := strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;")
-	return r.Replace(s)
 }

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// `aggregator --counts-format json` (README, Records) writes count records any JSON reader
+// decodes, with the counts of the hits it read.
+func TestAggregatorCommandCountsJSON(t *testing.T) {
+	brokers := testenv.Kafka(t)
+	cfg, err := topics.Config{}.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hits := testenv.CreateTopic(t, "hits", 2, nil)
+	counts := testenv.CreateTopic(t, "counts", 2, cfg.CountsConfigs())
+	now := time.Now()
+	h := topics.Hit{Key: "api|user=42#60s", Site: "eu-1", BucketStart: now.UnixMilli(), Window: 60_000, Count: 4}
+	v, err := h.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := testenv.KafkaClient(t, kgo.DefaultProduceTopic(hits))
+	if err := cl.ProduceSync(context.Background(), &kgo.Record{Key: []byte(h.Key), Value: v}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := newRootCmd()
+	var out, errOut syncBuffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs([]string{"aggregator", "--brokers", brokers, "--topics", hits, "--counts-topic", counts,
+		"--group", testenv.TopicName(t, "group"), "--admin-listen", "127.0.0.1:0", "--counts-format", "json"})
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil && ctx.Err() == nil {
+			t.Errorf("aggregator: %v", err)
+		}
+	}()
+
+	rd := testenv.KafkaClient(t, kgo.ConsumeTopics(counts), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		pctx, pcancel := context.WithTimeout(context.Background(), 2*time.Second)
+		fs := rd.PollFetches(pctx)
+		pcancel()
+		for _, r := range fs.Records() {
+			if string(r.Key) != h.Key || r.Value == nil {
+				continue
+			}
+			if !strings.HasPrefix(string(r.Value), "{") {
+				t.Fatalf("count record is not JSON: %q", r.Value)
+			}
+			c, err := topics.DecodeCount(r.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Total != 4 || c.Site("eu-1") != 4 {
+				t.Fatalf("count %+v, want 4 at eu-1", c)
+			}
+			return
+		}
+	}
+	t.Fatalf("no count of %s in %s within 60 s; aggregator said:\n%s", h.Key, counts, errOut.String())
+}

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// `sim dc` (docs/accuracy.md's first command) prints the table and every target's verdict;
+// a scenario it does not know is an error.
+func TestSimDCCommand(t *testing.T) {
+	out, _, err := runSplit(t, "sim", "dc", "--scenarios", "bursty,migrating", "--clients", "20", "--windows", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| scenario | clients |", "| bursty | 1 |", "| migrating | 20 |", "- bursty: max/limit ≤ 1.02: "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if _, _, err := runSplit(t, "sim", "dc", "--scenarios", "nope"); err == nil || !strings.Contains(err.Error(), "unknown scenario") {
+		t.Fatalf("unknown scenario: %v", err)
+	}
+}
+
+// `sim tiers` prints one row per third of the ramp.
+func TestSimTiersCommand(t *testing.T) {
+	out, _, err := runSplit(t, "sim", "tiers", "--clients", "100", "--capacity", "500")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "| offered (× capacity) |") || strings.Count(out, "\n| 0.")+strings.Count(out, "\n| 1.") != 3 {
+		t.Fatalf("output:\n%s", out)
+	}
+}
+
+// `sim wan` prints the multi-cluster test's table.
+func TestSimWANCommand(t *testing.T) {
+	out, _, err := runSplit(t, "sim", "wan", "--wan", "100ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "client      phase  requests") || strings.Count(out, "\n") != 22 {
+		t.Fatalf("output:\n%s", out)
+	}
+}

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# mm2.sh start|stop|status|log — Kafka's MirrorMaker 2 (dedicated mode), run
+# from Kafka's own jars, for the multi-cluster tests.
+#
+#   mm2.sh start CONFIG [ARGS...]  start MirrorMaker with the properties file
+#                                  CONFIG and MirrorMaker's own arguments
+#                                  (e.g. --clusters us: only the flows into
+#                                  us), and print its pid
+#   mm2.sh stop                    stop it
+#   mm2.sh status                  print the pid if running, else exit 1
+#   mm2.sh log                     print the path of its log
+#
+# MirrorMaker has no readiness signal worth trusting: `start` returns once the
+# JVM runs, and the caller proves replication by sending a record across.
+#
+# The jars (connect-mirror and connect-mirror-client of the same Kafka version
+# as kafka.sh's broker, and what they need) come from Maven Central through
+# the machine's Maven, cached in ~/.m2 and in
+# $STREAMLIMIT_CACHE/kafka-$VERSION/mm2-libs.
+#
+# Environment:
+#   STREAMLIMIT_RUN_DIR        run root, as for kafka.sh; this script uses
+#                              <root>/<instance>
+#   STREAMLIMIT_MM2_INSTANCE   instance name (default mm2), so that one
+#                              MirrorMaker per data center can run side by side
+#   STREAMLIMIT_CACHE          jar cache (default $HOME/.cache/streamlimit)
+#   STREAMLIMIT_KAFKA_VERSION  Kafka version (default 3.9.1)
+#   STREAMLIMIT_MM2_HEAP       JVM heap (default 256m)
+#   STREAMLIMIT_OWNER_PID      when set, MirrorMaker is stopped once that process
+#                              has exited (see watch_owner in lib.sh)
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
+
+VERSION=${STREAMLIMIT_KAFKA_VERSION:-3.9.1}
+# The logging binding Kafka 3.9's own distribution ships, as in kafka.sh.
+SLF4J_VERSION=1.7.36
+RELOAD4J_VERSION=1.2.25
+CACHE=${STREAMLIMIT_CACHE:-$HOME/.cache/streamlimit}/kafka-$VERSION
+LIBS=$CACHE/mm2-libs
+RUN=$(services_root)/${STREAMLIMIT_MM2_INSTANCE:-mm2}
+PIDFILE=$RUN/mm2.pid
+LOGFILE=$RUN/mm2.log       # log4j output
+OUTFILE=$RUN/mm2.out       # JVM stdout/stderr
+
+ensure_jars() {
+  if [[ -f $LIBS/.complete ]]; then
+    return
+  fi
+  need_cmd java default-jre-headless
+  need_cmd mvn maven
+  mkdir -p "$CACHE"
+  cat >"$CACHE/mm2-pom.xml" <<POM
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>streamlimit.testenv</groupId>
+  <artifactId>mm2-runtime</artifactId>
+  <version>$VERSION</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.kafka</groupId>
+      <artifactId>connect-mirror</artifactId>
+      <version>$VERSION</version>
+    </dependency>
+    <dependency>
+      <groupId>org.apache.kafka</groupId>
+      <artifactId>connect-mirror-client</artifactId>
+      <version>$VERSION</version>
+    </dependency>
+    <dependency>
+      <groupId>org.slf4j</groupId>
+      <artifactId>slf4j-reload4j</artifactId>
+      <version>$SLF4J_VERSION</version>
+    </dependency>
+    <dependency>
+      <groupId>ch.qos.reload4j</groupId>
+      <artifactId>reload4j</artifactId>
+      <version>$RELOAD4J_VERSION</version>
+    </dependency>
+  </dependencies>
+</project>
+POM
+  log "fetching MirrorMaker 2 ($VERSION) jars with Maven into $LIBS"
+  rm -rf "$LIBS"
+  if ! mvn -q -B -f "$CACHE/mm2-pom.xml" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$LIBS" >"$CACHE/mm2-mvn.log" 2>&1; then
+    tail -n 40 "$CACHE/mm2-mvn.log" >&2
+    die "mvn could not fetch org.apache.kafka:connect-mirror:$VERSION (log: $CACHE/mm2-mvn.log)"
+  fi
+  [[ -f $LIBS/connect-mirror-$VERSION.jar ]] || die "connect-mirror-$VERSION.jar missing from $LIBS"
+  touch "$LIBS/.complete"
+}
+
+write_log_config() {
+  cat >"$RUN/log4j.properties" <<L4J
+log4j.rootLogger=INFO, file
+log4j.appender.file=org.apache.log4j.FileAppender
+log4j.appender.file.File=$LOGFILE
+log4j.appender.file.Append=true
+log4j.appender.file.layout=org.apache.log4j.PatternLayout
+log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
+# The clients log every configuration they build, several per connector.
+log4j.logger.org.apache.kafka.clients=WARN
+log4j.logger.org.apache.kafka.common.config.AbstractConfig=WARN
+log4j.logger.org.reflections=ERROR
+L4J
+}
+
+cmd_start() {
+  local config=${1:-}
+  [[ -n $config ]] || die "start: missing the properties file"
+  [[ -f $config ]] || die "start: $config: no such file"
+  shift
+  mkdir -p "$RUN"
+  kill_pidfile "$PIDFILE" 10
+  ensure_jars
+  write_log_config
+  cp "$config" "$RUN/mm2.properties"
+  : >"$OUTFILE"
+  # setsid: MirrorMaker outlives the shell that started it; `stop` ends it by pid.
+  setsid nohup java -Xms64m -Xmx"${STREAMLIMIT_MM2_HEAP:-256m}" \
+    -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:TieredStopAtLevel=1 \
+    -Djava.awt.headless=true -Djava.net.preferIPv4Stack=true \
+    -Dlog4j.configuration="file:$RUN/log4j.properties" \
+    -cp "$LIBS/*" org.apache.kafka.connect.mirror.MirrorMaker "$RUN/mm2.properties" "$@" \
+    >>"$OUTFILE" 2>&1 </dev/null &
+  printf '%s\n' "$!" >"$PIDFILE"
+  watch_owner "$PIDFILE" "$RUN/mm2.properties"
+  sleep 1
+  if ! pid_alive "$PIDFILE"; then
+    tail -n 30 "$OUTFILE" >&2 || true
+    tail -n 60 "$LOGFILE" >&2 2>/dev/null || true
+    die "MirrorMaker exited at start"
+  fi
+  log "MirrorMaker 2 $VERSION started (pid $(<"$PIDFILE"), run dir $RUN)"
+  cat "$PIDFILE"
+}
+
+cmd_status() {
+  if pid_alive "$PIDFILE"; then
+    cat "$PIDFILE"
+    return
+  fi
+  log "not running (run dir $RUN)"
+  return 1
+}
+
+case ${1:-} in
+start) shift; cmd_start "$@" ;;
+stop) kill_pidfile "$PIDFILE" 30 ;;
+status) cmd_status ;;
+log) printf '%s\n' "$LOGFILE" ;;
+*)
+  printf 'usage: %s start CONFIG [ARGS...] | stop | status | log\n' "$0" >&2
+  exit 2
+  ;;
+esac

@@ -1,0 +1,54 @@
+package rules
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// Bounds on one request to decide, the same at every front door (the HTTP check API and
+// Envoy's gRPC service), so that a request one accepts the other accepts too.
+const (
+	// MaxRequestDescriptors is the most descriptors one request may carry.
+	MaxRequestDescriptors = 64
+	// MaxDescriptorEntries is the most entries one descriptor may carry.
+	MaxDescriptorEntries = 32
+)
+
+// RequestError says why a request to decide is invalid. Field names the offending part
+// as in the JSON form of Envoy's RateLimitRequest ("descriptors[0].entries[1].key").
+type RequestError struct {
+	Field  string
+	Reason string
+}
+
+func (e *RequestError) Error() string { return e.Field + ": " + e.Reason }
+
+// ValidateRequest checks a request to decide as every front door must before it decides:
+// a domain, 1..MaxRequestDescriptors descriptors, each with 1..MaxDescriptorEntries
+// entries, each with a key (a value may be empty). It returns a *RequestError for the
+// first problem, or nil.
+func ValidateRequest(domain string, descriptors [][]Entry) error {
+	switch {
+	case domain == "":
+		return &RequestError{"domain", "required"}
+	case len(descriptors) == 0:
+		return &RequestError{"descriptors", "at least one is required"}
+	case len(descriptors) > MaxRequestDescriptors:
+		return &RequestError{"descriptors", fmt.Sprintf("%d is more than %d", len(descriptors), MaxRequestDescriptors)}
+	}
+	for i, d := range descriptors {
+		f := "descriptors[" + strconv.Itoa(i) + "].entries"
+		switch {
+		case len(d) == 0:
+			return &RequestError{f, "at least one is required"}
+		case len(d) > MaxDescriptorEntries:
+			return &RequestError{f, fmt.Sprintf("%d is more than %d", len(d), MaxDescriptorEntries)}
+		}
+		for j, e := range d {
+			if e.Key == "" {
+				return &RequestError{f + "[" + strconv.Itoa(j) + "].key", "required"}
+			}
+		}
+	}
+	return nil
+}

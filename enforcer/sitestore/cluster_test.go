@@ -1,0 +1,114 @@
+package sitestore
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/algo"
+)
+
+// startCluster starts a 3-master Redis Cluster on loopback and returns its addresses.
+func startCluster(t *testing.T) []string {
+	t.Helper()
+	if _, err := exec.LookPath("redis-cli"); err != nil {
+		startPrivateRedis(t) // fails or skips the standard way when redis-server is missing
+		t.Fatalf("redis-cli is not installed: %v", err)
+	}
+	var addrs []string
+	for range 3 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		dir := t.TempDir()
+		cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--cluster-enabled", "yes", "--cluster-config-file", dir+"/nodes.conf",
+			"--save", "", "--appendonly", "no", "--dir", dir)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(port))
+	}
+	for _, a := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: a})
+		for deadline := time.Now().Add(10 * time.Second); c.Ping(context.Background()).Err() != nil; {
+			if time.Now().After(deadline) {
+				t.Fatalf("cluster node %s did not come up", a)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		_ = c.Close()
+	}
+	out, err := exec.Command("redis-cli", append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	c := redis.NewClient(&redis.Options{Addr: addrs[0]})
+	defer c.Close()
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		info, _ := c.ClusterInfo(context.Background()).Result()
+		if strings.Contains(info, "cluster_state:ok") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cluster not ok: %s", info)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return addrs
+}
+
+// TestCluster: on a real 3-master cluster, a Store and a Counter built from the three
+// addresses decide in Redis: counters of many domains land on all three masters (one hash
+// slot per domain), a request over two domains is decided per domain, and none falls back.
+func TestCluster(t *testing.T) {
+	addrs := startCluster(t)
+	s := newStore(t, nil, "sl:", func(c *Config) { c.Addrs = addrs })
+	c := NewCounter(s, CounterOptions{})
+	ctx := context.Background()
+	out := make([]algo.Decision, 2)
+	lim := algo.Limit{Requests: 2, Window: time.Minute}
+	for d := range 12 {
+		ops := []algo.Op{
+			{Key: fmt.Sprintf("d%d|u=1#1m", d), Algorithm: algo.SlidingWindow, Limit: lim, N: 1},
+			{Key: fmt.Sprintf("e%d|u=1#1m", d), Algorithm: algo.TokenBucket, Limit: lim, N: 1},
+		}
+		for i := range 3 {
+			ok, fb := s.AllowAll(ctx, t0, ops, out)
+			if fb || ok != (i < 2) {
+				t.Fatalf("domains d%d/e%d, request %d: allowed %v fellBack %v", d, d, i, ok, fb)
+			}
+		}
+		gop := []enforcer.GlobalOp{{Key: fmt.Sprintf("g%d|u=1#1m", d), Window: time.Minute, N: 1, Cap: 1}}
+		if ok, fb, _ := c.CommitReport(ctx, t0, gop, nil); !ok || fb {
+			t.Fatalf("site count on the cluster: %v, fell back %v", ok, fb)
+		}
+		if ok, fb, _ := c.CommitReport(ctx, t0, gop, nil); ok || fb {
+			t.Fatalf("site count on the cluster passed its cap: %v, fell back %v", ok, fb)
+		}
+	}
+	// The keys are spread over the masters.
+	used := 0
+	for _, a := range addrs {
+		n := redis.NewClient(&redis.Options{Addr: a})
+		if k, _ := n.DBSize(ctx).Result(); k > 0 {
+			used++
+		}
+		_ = n.Close()
+	}
+	if used != 3 {
+		t.Fatalf("counters of 36 domains landed on %d of 3 masters", used)
+	}
+}

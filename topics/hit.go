@@ -362,8 +362,11 @@ func decodeHitJSON(b []byte) (Hit, error) {
 }
 
 // decodeJSONStrict decodes exactly one JSON object from b into v; anything after it other
-// than white space is an error.
+// than white space is an error, and so is text that is not valid UTF-8 (ErrBadUTF8).
 func decodeJSONStrict(b []byte, v any) error {
+	if err := validJSONText(b); err != nil {
+		return err
+	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	if err := dec.Decode(v); err != nil {
 		return errorf(ErrBadJSON, "%v", err)
@@ -375,6 +378,66 @@ func decodeJSONStrict(b []byte, v any) error {
 		return errorf(ErrTrailingBytes, "after JSON object")
 	}
 	return nil
+}
+
+// validJSONText rejects JSON text that is not valid UTF-8, or that escapes a lone UTF-16
+// surrogate (\ud800 without its pair). encoding/json would turn either into U+FFFD
+// without a word, so that two different keys sent by a careless producer would share one
+// counter; the binary format refuses such keys, and JSON must not be a way around it.
+func validJSONText(b []byte) error {
+	if !utf8.Valid(b) {
+		return errorf(ErrBadUTF8, "JSON text is not valid UTF-8")
+	}
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' {
+			continue
+		}
+		if i+1 < len(b) && b[i+1] != 'u' {
+			i++ // \" \\ \n ...: the escaped byte is not the start of another escape
+			continue
+		}
+		r, ok := hex4(b, i+2)
+		if !ok {
+			continue // malformed: the decoder reports it
+		}
+		switch {
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return errorf(ErrBadUTF8, "lone low surrogate \\u%04x", r)
+		case r >= 0xD800 && r <= 0xDBFF:
+			lo, ok := rune(0), i+7 < len(b) && b[i+6] == '\\' && b[i+7] == 'u'
+			if ok {
+				lo, ok = hex4(b, i+8)
+			}
+			if !ok || lo < 0xDC00 || lo > 0xDFFF {
+				return errorf(ErrBadUTF8, "lone high surrogate \\u%04x", r)
+			}
+			i += 11 // the pair
+		default:
+			i += 5
+		}
+	}
+	return nil
+}
+
+// hex4 parses the 4 hex digits at b[i:i+4].
+func hex4(b []byte, i int) (rune, bool) {
+	if i+4 > len(b) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[i : i+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }
 
 // appendJSONString appends s as a JSON string, escaping what JSON requires.

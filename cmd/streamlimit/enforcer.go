@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime/debug"
 	"runtime/metrics"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,6 +32,9 @@ type enforcerFlags struct {
 	upstream            string
 	httpConfig          string
 	httpDomain          string
+	trustedProxies      []string
+	trustedProxiesSet   bool // --trusted-proxies given (flag, environment or --config)
+	authTokenFile       string
 	logFormat, logLevel string
 }
 
@@ -48,9 +52,13 @@ published to the hits topic. It serves:
   --grpc-listen   envoy.service.ratelimit.v3.RateLimitService (Envoy's rate-limit filter)
   --proxy-listen  with --upstream: a reverse proxy that answers 429 before the upstream
 
-The check API and the auth endpoint trust their callers: they bind loopback by default.`,
+Every listener binds loopback by default. Callers can be made to prove who they are with
+--tls-client-ca (mutual TLS) or --auth-token-file (bearer tokens); slow and idle clients are
+cut off by the timeouts, and connections and gRPC streams are bounded (--max-conns,
+--grpc-max-streams).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			ef.trustedProxiesSet = cmd.Flags().Changed("trusted-proxies")
 			cfg, err := ef.serverConfig()
 			if err != nil {
 				return err
@@ -96,11 +104,31 @@ The check API and the auth endpoint trust their callers: they bind loopback by d
 	f.StringVar(&c.HTTPAddr, "http-listen", "127.0.0.1:8081", "address of the check API, auth endpoint and admin endpoints")
 	f.StringVar(&c.GRPCAddr, "grpc-listen", "127.0.0.1:8082", `address of the Envoy rate-limit gRPC service ("off" to disable)`)
 	f.StringVar(&ef.upstream, "upstream", "", "URL of a service to reverse-proxy with rate limiting")
-	f.StringVar(&c.ProxyAddr, "proxy-listen", ":8080", "address of the reverse proxy (with --upstream)")
+	f.StringVar(&c.ProxyAddr, "proxy-listen", "127.0.0.1:8080", "address of the reverse proxy (with --upstream); \":8080\" to serve every interface")
 	f.DurationVar(&c.ProxyMaxDelay, "proxy-max-delay", 0, "with --upstream: hold a request that its limits will admit within this long until they do, instead of answering 429")
 	f.StringVar(&ef.httpConfig, "http-config", "", "YAML file saying how HTTP requests become descriptors (domain, descriptors, trusted_proxies, ipv6_prefix)")
 	f.StringVar(&ef.httpDomain, "http-domain", "http", "rules domain for proxied and /v1/auth requests when --http-config is not given (descriptor: remote_address)")
+	// Loopback by default, so that an nginx on the same host (the README's auth_request
+	// setup) is believed and nobody else is.
+	f.StringSliceVar(&ef.trustedProxies, "trusted-proxies", []string{"127.0.0.0/8", "::1/128"},
+		"proxies (CIDRs) whose X-Forwarded-For, and X-Real-IP at /v1/auth, name the client, when --http-config is not given (there: trusted_proxies)")
 	f.IntVar(&c.Auth.DeniedStatus, "auth-denied-status", 429, "status of a denied /v1/auth request (403 for nginx auth_request)")
+	l := &c.Limits
+	f.DurationVar(&l.ReadHeaderTimeout, "read-header-timeout", server.DefaultReadHeaderTimeout, "bound on reading a request's headers (every HTTP listener)")
+	f.DurationVar(&l.ReadTimeout, "read-timeout", server.DefaultReadTimeout, "bound on reading a whole request, body included (HTTP API)")
+	f.DurationVar(&l.WriteTimeout, "write-timeout", server.DefaultWriteTimeout, "bound on writing a response (HTTP API)")
+	f.DurationVar(&l.ProxyTimeout, "proxy-timeout", server.DefaultProxyTimeout, "bound on reading a request and writing its response (reverse proxy)")
+	f.DurationVar(&l.IdleTimeout, "idle-timeout", server.DefaultIdleTimeout, "how long a keep-alive connection may wait for its next request")
+	f.IntVar(&l.MaxHeaderBytes, "max-header-bytes", server.DefaultMaxHeaderBytes, "bound on a request's header block (431 beyond)")
+	f.Int64Var(&l.MaxBodyBytes, "max-body-bytes", httplimit.DefaultMaxBodyBytes, "bound on a check request's body (413 beyond) and a gRPC message")
+	f.IntVar(&l.MaxConns, "max-conns", server.DefaultMaxConns, "connections each listener holds at once; more wait to be accepted (-1: no bound)")
+	f.IntVar(&l.GRPCMaxStreams, "grpc-max-streams", server.DefaultGRPCMaxStreams, "concurrent calls per gRPC connection")
+	f.DurationVar(&l.GRPCKeepaliveMinTime, "grpc-keepalive-min-time", server.DefaultGRPCKeepaliveMinTime, "shortest keepalive ping interval a gRPC client may use before it is disconnected")
+	f.DurationVar(&l.GRPCMaxConnIdle, "grpc-max-conn-idle", server.DefaultGRPCMaxConnIdle, "close gRPC connections without calls for this long")
+	f.StringVar(&c.TLS.CertFile, "tls-cert", "", "PEM certificate of the HTTP API and gRPC (with --tls-key: serve TLS; reloaded when the file changes)")
+	f.StringVar(&c.TLS.KeyFile, "tls-key", "", "PEM key of --tls-cert")
+	f.StringVar(&c.TLS.ClientCAFile, "tls-client-ca", "", "PEM CAs whose client certificates the HTTP API and gRPC require (mutual TLS)")
+	f.StringVar(&ef.authTokenFile, "auth-token-file", "", "file of bearer tokens, one per line, that callers of the HTTP API and gRPC must present (/healthz, /readyz and gRPC health stay open)")
 	f.DurationVar(&c.AuthMaxDelay, "auth-max-delay", 0, "hold a /v1/auth request that its limits will admit within this long until they do (nginx's proxy_read_timeout must be longer)")
 	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on draining requests and flushing hits at shutdown")
 	f.StringVar(&ef.logFormat, "log-format", "text", "log format: text or json")
@@ -204,14 +232,45 @@ func (ef *enforcerFlags) serverConfig() (server.Config, error) {
 		cfg.Upstream = u
 	}
 	if ef.httpConfig != "" {
+		if ef.trustedProxiesSet {
+			errs = append(errs, errors.New("--trusted-proxies applies only without --http-config: set trusted_proxies in that file"))
+		}
 		if cfg.HTTP, err = loadHTTPConfig(ef.httpConfig); err != nil {
 			errs = append(errs, err)
 		}
 	} else if ef.httpDomain != "" {
-		cfg.HTTP = httplimit.Config{Domain: ef.httpDomain, Descriptors: []httplimit.Descriptor{{Entries: []httplimit.Source{{Type: "remote_address"}}}}}
+		cfg.HTTP = httplimit.Config{Domain: ef.httpDomain, TrustedProxies: ef.trustedProxies,
+			Descriptors: []httplimit.Descriptor{{Entries: []httplimit.Source{{Type: "remote_address"}}}}}
+		if err := cfg.HTTP.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("--trusted-proxies: %w", err))
+		}
+	}
+	if ef.authTokenFile != "" {
+		if cfg.AuthTokens, err = readTokens(ef.authTokenFile); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	cfg.Registry = newRegistry()
 	return cfg, errors.Join(errs...)
+}
+
+// readTokens reads bearer tokens, one per line; blank lines and lines starting with # are
+// skipped. A file without a token is an error: it would leave the API open unnoticed.
+func readTokens(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--auth-token-file: %w", err)
+	}
+	var out []string
+	for line := range strings.Lines(string(b)) {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			out = append(out, line)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--auth-token-file %s: no token in it", path)
+	}
+	return out, nil
 }
 
 // loadHTTPConfig reads an httplimit.Config from YAML, rejecting unknown fields.
@@ -225,6 +284,9 @@ func loadHTTPConfig(path string) (httplimit.Config, error) {
 	dec := yaml.NewDecoder(f)
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil {
+		return c, fmt.Errorf("%s: %w", path, err)
+	}
+	if err := c.Validate(); err != nil {
 		return c, fmt.Errorf("%s: %w", path, err)
 	}
 	return c, nil

@@ -86,3 +86,154 @@ func TestEnforcerFlagErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestEnforcerTrustedProxiesFlag(t *testing.T) {
+	dir := t.TempDir()
+	httpCfg := filepath.Join(dir, "http.yaml")
+	if err := os.WriteFile(httpCfg, []byte("domain: api\ndescriptors:\n  - entries: [{type: remote_address}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--http-config", httpCfg, "--trusted-proxies", "10.0.0.0/8"}, "--trusted-proxies applies only without --http-config"},
+		{[]string{"--trusted-proxies", "10.0.0.0/33"}, "trusted_proxies[0]"},
+	} {
+		_, err := run(t, append([]string{"enforcer", "--no-kafka", "--site", "s", "--rules", httpCfg}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want %q", c.args, err, c.want)
+		}
+	}
+}
+
+// TestEnforcerAuthTrustsLoopbackByDefault runs the enforcer as the README's nginx setup
+// does (no --http-config): X-Real-IP from a loopback peer names the client.
+func TestEnforcerAuthTrustsLoopbackByDefault(t *testing.T) {
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rules, []byte("domain: http\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 1, scope: local}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		cmd := newRootCmd()
+		cmd.SetArgs([]string{"enforcer", "--no-kafka", "--site", "s", "--rules", rules, "--http-listen", addr, "--grpc-listen", "off", "--log-level", "warn"})
+		cmd.SetOut(&strings.Builder{})
+		done <- cmd.ExecuteContext(ctx)
+	}()
+	auth := func(ip string) int {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			req, _ := http.NewRequest("GET", "http://"+addr+"/v1/auth", nil)
+			req.Header.Set("X-Real-IP", ip)
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("enforcer never answered: %v", err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	got := []int{auth("198.51.100.1"), auth("198.51.100.1"), auth("198.51.100.2")}
+	if got[0] != 204 || got[1] != 429 || got[2] != 204 {
+		t.Fatalf("codes %v, want [204 429 204]", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("enforcer exited with %v", err)
+	}
+}
+
+// Kafka and Redis TLS settings that would be ignored are errors; SASL PLAIN in clear warns.
+func TestIncompleteTLSFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--kafka-tls-key", "k.pem"}, "--kafka-tls-cert and --kafka-tls-key go together"},
+		{[]string{"--kafka-tls", "--kafka-tls-cert", "c.pem"}, "--kafka-tls-cert and --kafka-tls-key go together"},
+		{[]string{"--kafka-tls-insecure-skip-verify"}, "--kafka-tls-insecure-skip-verify without TLS"},
+		{[]string{"--redis-tls-insecure-skip-verify"}, "--redis-tls-insecure-skip-verify without TLS"},
+		{[]string{"--kafka-sasl-user", "u"}, "without a SASL mechanism"},
+	} {
+		_, err := run(t, append([]string{"topics", "ensure", "--brokers", "127.0.0.1:1"}, c.args...)...)
+		if c.args[0] == "--redis-tls-insecure-skip-verify" {
+			_, err = run(t, append([]string{"enforcer", "--site", "s", "--rules", "r.yaml"}, c.args...)...)
+		}
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want %q", c.args, err, c.want)
+		}
+	}
+	var stderr strings.Builder
+	cmd := newRootCmd()
+	cmd.SetOut(&strings.Builder{})
+	cmd.SetErr(&stderr)
+	cmd.SetArgs([]string{"enforcer", "--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "u", "--kafka-sasl-password", "p",
+		"--http-listen", "127.0.0.1:bad-port"})
+	_ = cmd.ExecuteContext(context.Background()) // fails for --site and --rules: only the warning matters
+	if !strings.Contains(stderr.String(), "SASL PLAIN without TLS") {
+		t.Fatalf("no warning for SASL PLAIN in clear; stderr: %s", stderr.String())
+	}
+}
+
+// --auth-token-file: the check API asks for a bearer token, /healthz does not; a file
+// without a token is refused.
+func TestEnforcerAuthTokenFile(t *testing.T) {
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	tokens := filepath.Join(dir, "tokens")
+	empty := filepath.Join(dir, "empty")
+	for f, b := range map[string]string{
+		rules:  "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5, scope: local}\n",
+		tokens: "# callers\nt0ken\n",
+		empty:  "# none yet\n\n",
+	} {
+		if err := os.WriteFile(f, []byte(b), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := run(t, "enforcer", "--no-kafka", "--site", "s", "--rules", rules, "--auth-token-file", empty); err == nil || !strings.Contains(err.Error(), "no token") {
+		t.Fatalf("empty token file: %v", err)
+	}
+	addr := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		cmd := newRootCmd()
+		cmd.SetArgs([]string{"enforcer", "--no-kafka", "--site", "s", "--rules", rules, "--http-listen", addr, "--grpc-listen", "off",
+			"--auth-token-file", tokens, "--log-level", "warn"})
+		cmd.SetOut(&strings.Builder{})
+		done <- cmd.ExecuteContext(ctx)
+	}()
+	status := func(method, path, token string) int {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			req, _ := http.NewRequest(method, "http://"+addr+path, strings.NewReader(`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"1"}]}]}`))
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("enforcer never answered: %v", err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if got := []int{status("GET", "/healthz", ""), status("POST", "/v1/check", ""), status("POST", "/v1/check", "t0ken")}; got[0] != 200 || got[1] != 401 || got[2] != 200 {
+		t.Fatalf("healthz, check without and with token: %v, want [200 401 200]", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("enforcer exited with %v", err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"log/slog"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -18,9 +19,12 @@ type kafkaFlags struct {
 	brokers []string
 	tls     tlsFlags
 	sasl    struct{ mechanism, user, password string }
+	// cmd receives the warnings of valid but unsafe settings on its error output.
+	cmd *cobra.Command
 }
 
 func (k *kafkaFlags) register(cmd *cobra.Command) {
+	k.cmd = cmd
 	f := cmd.Flags()
 	f.StringSliceVar(&k.brokers, "brokers", []string{"localhost:9092"}, "Kafka bootstrap brokers, comma separated (env STREAMLIMIT_BROKERS or STREAMLIMIT_KAFKA_BROKERS)")
 	k.tls.register(cmd, "kafka")
@@ -35,7 +39,18 @@ func (k *kafkaFlags) security() ([]kgo.Opt, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka TLS: %w", err)
 	}
-	return kafkaopt.Security{TLS: tc, SASLMechanism: k.sasl.mechanism, User: k.sasl.user, Password: k.sasl.password}.Opts()
+	sec := kafkaopt.Security{TLS: tc, SASLMechanism: k.sasl.mechanism, User: k.sasl.user, Password: k.sasl.password}
+	opts, err := sec.Opts()
+	if err != nil {
+		return nil, err
+	}
+	if w := sec.Warnings(); len(w) > 0 && k.cmd != nil {
+		log := slog.New(slog.NewTextHandler(k.cmd.ErrOrStderr(), nil))
+		for _, msg := range w {
+			log.Warn(msg)
+		}
+	}
+	return opts, nil
 }
 
 // opts returns the seed brokers and the security options.
@@ -60,15 +75,20 @@ func (k *kafkaFlags) client(extra ...kgo.Opt) (*kgo.Client, error) {
 	return cl, nil
 }
 
-// tlsFlags configure a TLS client: --<p>-tls turns it on; a CA file replaces the system
-// roots; a certificate and key enable client authentication.
+// tlsFlags configure a TLS client: --<p>-tls turns it on, and so does a CA file (which
+// replaces the system roots) or a client certificate (which, with its key, enables client
+// authentication). A setting that would otherwise be ignored — a key without its
+// certificate or the reverse, or skipping verification with TLS off — is an error, so that
+// a connection the operator meant to secure never silently stays plaintext.
 type tlsFlags struct {
 	on                 bool
 	ca, cert, key      string
 	insecureSkipVerify bool
+	p                  string // the flags' prefix, for errors
 }
 
 func (t *tlsFlags) register(cmd *cobra.Command, p string) {
+	t.p = p
 	f := cmd.Flags()
 	f.BoolVar(&t.on, p+"-tls", false, "use TLS for "+p)
 	f.StringVar(&t.ca, p+"-tls-ca", "", "PEM file of CA certificates to trust for "+p+" (default: the system's)")
@@ -79,7 +99,13 @@ func (t *tlsFlags) register(cmd *cobra.Command, p string) {
 
 // config returns nil when TLS is off.
 func (t *tlsFlags) config() (*tls.Config, error) {
+	if (t.cert == "") != (t.key == "") {
+		return nil, fmt.Errorf("--%[1]s-tls-cert and --%[1]s-tls-key go together: give both or neither", t.p)
+	}
 	if !t.on && t.ca == "" && t.cert == "" {
+		if t.insecureSkipVerify {
+			return nil, fmt.Errorf("--%[1]s-tls-insecure-skip-verify without TLS: add --%[1]s-tls", t.p)
+		}
 		return nil, nil
 	}
 	c := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: t.insecureSkipVerify} //nolint:gosec // opt-in flag

@@ -4,8 +4,12 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/topics"
@@ -45,6 +49,39 @@ func TestREADMERulesLoad(t *testing.T) {
 		t.Fatal("no rules example found in README.md")
 	}
 }
+
+// TestREADMEFlagsExist keeps the README's prose honest about flags: every `--flag` it
+// names outside code blocks is a flag of some streamlimit command.
+func TestREADMEFlagsExist(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := map[string]bool{}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		c.Flags().VisitAll(func(f *pflag.Flag) { known["--"+f.Name] = true })
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRootCmd())
+	parts := strings.Split(string(b), "```")
+	n := 0
+	for i := 0; i < len(parts); i += 2 { // outside code blocks
+		for _, m := range readmeFlag.FindAllStringSubmatch(parts[i], -1) {
+			n++
+			if !known[m[1]] {
+				t.Errorf("README names %s, which no command has", m[1])
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no flag found in README.md")
+	}
+}
+
+var readmeFlag = regexp.MustCompile("`(--[a-z][a-z0-9-]*)")
 
 // TestREADMECounterKeys derives the README's counter-key examples with the enforcer's own
 // rule matching and key builder, and checks that the README shows exactly those keys.

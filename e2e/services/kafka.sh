@@ -36,6 +36,11 @@
 #   STREAMLIMIT_KAFKA_HEAP     JVM heap (default 512m)
 #   STREAMLIMIT_OWNER_PID      when set, the broker is stopped once that process
 #                              has exited (see watch_owner in lib.sh)
+#   STREAMLIMIT_KAFKA_EXTRA_PROPERTIES  a file of broker settings appended to
+#                              the generated server.properties (later
+#                              settings win), with @PORT@ and @CPORT@ replaced
+#                              by the PLAINTEXT and controller ports: extra
+#                              listeners such as SASL_SSL for security tests
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -165,6 +170,13 @@ log4j.logger.kafka.request.logger=WARN
 log4j.logger.state.change.logger=WARN
 log4j.logger.kafka.log.LogCleaner=INFO
 L4J
+  if [[ -n ${STREAMLIMIT_KAFKA_EXTRA_PROPERTIES:-} ]]; then
+    [[ -f $STREAMLIMIT_KAFKA_EXTRA_PROPERTIES ]] || die "STREAMLIMIT_KAFKA_EXTRA_PROPERTIES: no file $STREAMLIMIT_KAFKA_EXTRA_PROPERTIES"
+    {
+      printf '# From %s\n' "$STREAMLIMIT_KAFKA_EXTRA_PROPERTIES"
+      sed -e "s/@PORT@/$port/g" -e "s/@CPORT@/$cport/g" "$STREAMLIMIT_KAFKA_EXTRA_PROPERTIES"
+    } >>"$RUN/server.properties"
+  fi
 }
 
 # ready succeeds when a real metadata request to the broker returns it.

@@ -38,10 +38,11 @@ const (
 	// FixedWindow counts requests in windows aligned to multiples of Limit.Window since the
 	// Unix epoch. Up to 2× the allowance can pass in a short span around a window boundary.
 	FixedWindow
-	// SlidingLog keeps the timestamp of every admitted request of the last Limit.Window
-	// (at most Limit.Allowance() of them per key) and admits a request only if no window of
-	// length Window ending now would then hold more than the allowance. Exact, but memory
-	// grows with the allowance.
+	// SlidingLog keeps the admissions of the last Limit.Window, each as its time and its
+	// number of hits, and admits a request only if no window of length Window ending now
+	// would then hold more than the allowance. Exact up to MaxLogEntries admission times
+	// per key (16 KiB); past them it coalesces, which can only deny more (see
+	// MaxLogEntries).
 	SlidingLog
 	// GCRA is the generic cell rate algorithm: a theoretical arrival time (TAT) advanced by
 	// the emission interval Window/Allowance per request, with a burst tolerance of

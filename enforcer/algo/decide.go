@@ -205,9 +205,15 @@ type entry struct {
 	cur   int64 // window algorithms: count in the current window
 	prev  int64 // sliding window: count in the previous window
 
-	log  []int64 // sliding log: ring of admitted timestamps, unix ns, oldest at head
-	head int
-	n    int
+	log   []logEntry // sliding log: ring of admissions, oldest at head
+	head  int
+	n     int   // entries in the ring
+	total int64 // hits the ring's entries hold
+	// logDid says what the last committed sliding-log op did to the ring, so that an
+	// AllowAll that fails can undo it: logPushed a new entry, or logMerged N into the
+	// newest, whose time was logPrevTS before.
+	logDid    uint8
+	logPrevTS int64
 
 	// expires is the instant from which the entry is indistinguishable from a new one, so
 	// removing it then changes no decision.
@@ -319,48 +325,104 @@ func (e *entry) sliding(now int64, op *Op, commit bool) Decision {
 
 func (e *entry) slidingLog(now int64, op *Op, commit bool) Decision {
 	a, w, n := op.Limit.Allowance(), int64(op.Limit.Window), op.N
-	// Drop timestamps that left the window (now − ts ≥ w); this never changes a decision.
-	for e.n > 0 && now-e.log[e.head] >= w {
+	// Drop entries that left the window (now − ts ≥ w); this never changes a decision.
+	for e.n > 0 && now-e.log[e.head].ts >= w {
+		e.total -= e.log[e.head].n
 		e.head++
 		if e.head == len(e.log) {
 			e.head = 0
 		}
 		e.n--
 	}
-	count := int64(e.n)
+	count := e.total
 	var newest, oldest int64
-	if count > 0 {
-		newest = e.log[(e.head+e.n-1)%len(e.log)] - now
+	if e.n > 0 {
+		newest = e.log[(e.head+e.n-1)%len(e.log)].ts - now
 	}
 	if j := count + n - a; j >= 1 && j <= count {
-		oldest = e.log[(e.head+int(j)-1)%len(e.log)] - now
+		// The time of the j-th oldest hit: walk the entries until they hold j.
+		for i, held := 0, int64(0); i < e.n; i++ {
+			le := &e.log[(e.head+i)%len(e.log)]
+			if held += le.n; held >= j {
+				oldest = le.ts - now
+				break
+			}
+		}
 	}
 	d := SlidingLogDecision(count, newest, oldest, op.Limit, n, commit)
+	e.logDid = logNone
 	if d.Allowed && commit && n > 0 {
-		for i := int64(0); i < n; i++ {
-			e.push(now, a)
-		}
+		e.record(now, n, a)
 		e.expires = now + w
 	}
 	return d
 }
 
-// push appends ts to the ring, growing it up to a entries.
-func (e *entry) push(ts, a int64) {
+// MaxLogEntries bounds the entries of one sliding log. Each entry holds the hits admitted
+// at one instant, so a log needs one entry per distinct admission time, not per hit; past
+// the bound, new hits are added to the newest entry, whose time moves to now. That only
+// keeps those hits in the window longer than they would be: coalescing can deny a request
+// an exact log would admit, never the reverse. Its cost is a key's memory: at most
+// MaxLogEntries × 16 bytes (16 KiB), whatever the limit and the hits per request.
+const MaxLogEntries = 1024
+
+// logEntry is n hits admitted at ts (unix ns).
+type logEntry struct{ ts, n int64 }
+
+// What the last committed sliding-log op did (entry.logDid).
+const (
+	logNone uint8 = iota
+	logPushed
+	logMerged
+)
+
+// record logs n hits at now: into the newest entry when it has the same time, or when the
+// ring holds MaxLogEntries (coalescing, see MaxLogEntries), else as a new entry. The ring
+// grows toward min(a, MaxLogEntries) entries: a log never holds more hits than a.
+func (e *entry) record(now, n, a int64) {
+	e.total += n
+	if e.n > 0 {
+		last := &e.log[(e.head+e.n-1)%len(e.log)]
+		if last.ts == now || e.n >= MaxLogEntries {
+			e.logDid, e.logPrevTS = logMerged, last.ts
+			last.ts, last.n = now, last.n+n
+			return
+		}
+	}
+	e.push(logEntry{ts: now, n: n}, min(a, MaxLogEntries))
+	e.logDid = logPushed
+}
+
+// unrecord undoes the last record of n hits, as logDid and logPrevTS describe it.
+func (e *entry) unrecord(did uint8, prevTS, n int64) {
+	switch did {
+	case logPushed:
+		e.n--
+	case logMerged:
+		last := &e.log[(e.head+e.n-1)%len(e.log)]
+		last.ts, last.n = prevTS, last.n-n
+	default:
+		return
+	}
+	e.total -= n
+}
+
+// push appends le to the ring, growing it up to size entries.
+func (e *entry) push(le logEntry, size int64) {
 	if e.n == len(e.log) {
-		size := max(2*len(e.log), 8)
-		if int64(size) > a {
-			size = int(a)
+		grow := max(2*len(e.log), 8)
+		if int64(grow) > size {
+			grow = int(size)
 		}
-		if size <= e.n {
-			size = e.n + 1
+		if grow <= e.n {
+			grow = e.n + 1
 		}
-		grown := make([]int64, size)
+		grown := make([]logEntry, grow)
 		for i := 0; i < e.n; i++ {
 			grown[i] = e.log[(e.head+i)%len(e.log)]
 		}
 		e.log, e.head = grown, 0
 	}
-	e.log[(e.head+e.n)%len(e.log)] = ts
+	e.log[(e.head+e.n)%len(e.log)] = le
 	e.n++
 }

@@ -57,8 +57,8 @@ type Stats struct {
 //
 // The store is split into 64 shards by key hash, each with its own mutex. A Store is safe
 // for simultaneous use by multiple goroutines. Once a key exists, Allow, AllowAll (up to 8
-// ops), Peek and Reserve do not allocate, except SlidingLog growing its log toward its
-// allowance.
+// ops), Peek and Reserve do not allocate, except SlidingLog growing its log toward
+// min(allowance, MaxLogEntries) entries.
 type Store struct {
 	seed        maphash.Seed
 	maxPerShard int
@@ -282,6 +282,7 @@ func (s *Store) AllowAll(now time.Time, ops []Op, out []Decision) bool {
 		e.adopt(op)
 		undo = append(undo, *e)
 		out[i] = e.decide(t, op, true)
+		undo[i].logDid, undo[i].logPrevTS = e.logDid, e.logPrevTS // what this op did to a sliding log
 		if !out[i].Allowed {
 			all = false
 		}
@@ -295,9 +296,9 @@ func (s *Store) AllowAll(now time.Time, ops []Op, out []Decision) bool {
 			}
 			saved := &undo[i]
 			if ops[i].Algorithm == SlidingLog {
-				// Pruning during the op only dropped expired timestamps; drop the ones it
-				// pushed and keep the ring it may have grown.
-				e.n -= int(ops[i].N)
+				// Pruning during the op only dropped expired entries; undo what it recorded
+				// and keep the ring it may have grown.
+				e.unrecord(saved.logDid, saved.logPrevTS, ops[i].N)
 				e.expires = saved.expires
 			} else {
 				e.tat, e.start, e.cur, e.prev, e.expires = saved.tat, saved.start, saved.cur, saved.prev, saved.expires

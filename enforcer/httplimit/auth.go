@@ -17,8 +17,10 @@ type AuthOptions struct {
 	// 429 overrides it, so one server can serve both.
 	DeniedStatus int
 	// ClientIPHeader carries the client address nginx saw ($remote_addr). Default
-	// "X-Real-IP". When absent or unparsable the client is resolved from the connection
-	// as in the middleware (Config.TrustedProxies).
+	// "X-Real-IP". It is believed only from a peer in Config.TrustedProxies (nginx):
+	// anyone else who can reach the endpoint could otherwise name a new client address on
+	// every request. When it is not believed, absent or unparsable, the client is resolved
+	// from the connection as in the middleware (Middleware.ClientIP).
 	ClientIPHeader string
 	// URIHeader carries the original request URI with its query ($request_uri). Default
 	// "X-Original-URI". The path and query sources read it; absent, they have no value.
@@ -36,8 +38,8 @@ type AuthOptions struct {
 //
 // An admitted request is answered 204 No Content, a denied one DeniedStatus with a problem
 // body; both carry the rate-limit fields, which nginx can copy with auth_request_set. The
-// endpoint believes ClientIPHeader, so it must be reachable only by nginx (bind it to
-// loopback).
+// endpoint believes ClientIPHeader only from trusted proxies, so list nginx's address in
+// Config.TrustedProxies.
 func (m *Middleware) AuthHandler(opts AuthOptions) http.Handler {
 	if opts.DeniedStatus == 0 {
 		opts.DeniedStatus = http.StatusTooManyRequests
@@ -66,7 +68,7 @@ func (m *Middleware) AuthHandler(opts AuthOptions) http.Handler {
 			}
 			v.path, v.rawQuery = p, q
 		}
-		if ip, ok := firstHeader(r.Header, ipH); ok {
+		if ip, ok := firstHeader(r.Header, ipH); ok && m.cfg.isTrusted(v.peer) {
 			if a, ok := parseNode(strings.TrimSpace(ip)); ok {
 				v.client = a
 			}

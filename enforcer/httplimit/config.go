@@ -36,6 +36,7 @@ const (
 //
 //	domain: api
 //	trusted_proxies: [10.0.0.0/8, "::1/128"]
+//	forwarded_header: X-Forwarded-For
 //	ipv6_prefix: 64
 //	descriptors:
 //	  - entries:
@@ -57,16 +58,32 @@ type Config struct {
 	// Descriptors are built for each request in order; each is matched against the rules
 	// on its own, and the request passes only if all pass.
 	Descriptors []Descriptor `yaml:"descriptors" json:"descriptors"`
-	// TrustedProxies are the CIDRs (or single addresses) of proxies whose X-Forwarded-For
-	// and Forwarded headers are believed. Default none: the client is the connection's
-	// peer and forwarding headers are ignored.
+	// TrustedProxies are the CIDRs (or single addresses) of proxies whose ForwardedHeader
+	// is believed (and, at the auth endpoint, whose AuthOptions.ClientIPHeader). Default
+	// none: the client is the connection's peer and every forwarding header is ignored.
 	TrustedProxies []string `yaml:"trusted_proxies" json:"trusted_proxies"`
+	// ForwardedHeader is the one header the trusted proxies write the client's address
+	// into; every other forwarding header is ignored, since a client can send any of them
+	// and a proxy passes through those it does not set. "Forwarded" is read in its own
+	// syntax (for= parameters); any other name as a comma-separated list of addresses, as
+	// X-Forwarded-For (or a single one, as X-Real-IP). Default DefaultForwardedHeader.
+	ForwardedHeader string `yaml:"forwarded_header" json:"forwarded_header,omitempty"`
 	// IPv4Prefix is the prefix length that groups IPv4 clients into one remote_address
 	// value. Default 32 (each address on its own).
 	IPv4Prefix int `yaml:"ipv4_prefix" json:"ipv4_prefix"`
 	// IPv6Prefix is the prefix length that groups IPv6 clients; one subscriber commonly
 	// holds a whole /64, so limiting single addresses would be pointless. Default 64.
 	IPv6Prefix int `yaml:"ipv6_prefix" json:"ipv6_prefix"`
+}
+
+// DefaultForwardedHeader is Config.ForwardedHeader when empty: the header that nginx
+// ($proxy_add_x_forwarded_for), Envoy, HAProxy and cloud load balancers append to.
+const DefaultForwardedHeader = "X-Forwarded-For"
+
+// Validate reports the first problem of c as a *ConfigError, or nil; New reports the same.
+func (c Config) Validate() error {
+	_, err := compile(c)
+	return err
 }
 
 // Descriptor is one descriptor: its entries in order.
@@ -117,6 +134,10 @@ type compiled struct {
 	domain  string
 	descs   [][]source
 	trusted []netip.Prefix
+	// fwd is the canonical name of Config.ForwardedHeader; fwdRFC is set when it is
+	// "Forwarded", whose syntax differs.
+	fwd     string
+	fwdRFC  bool
 	v4, v6  int
 	entries int // total entries, for sizing
 }
@@ -138,6 +159,14 @@ func compile(c Config) (*compiled, error) {
 	if out.v6 < 1 || out.v6 > 128 {
 		return nil, &ConfigError{"ipv6_prefix", fmt.Errorf("%d is not in 1..128", c.IPv6Prefix)}
 	}
+	out.fwd = http.CanonicalHeaderKey(strings.TrimSpace(c.ForwardedHeader))
+	if out.fwd == "" {
+		out.fwd = DefaultForwardedHeader
+	}
+	if strings.ContainsAny(out.fwd, " \t:,;") {
+		return nil, &ConfigError{"forwarded_header", fmt.Errorf("%q is not a header name", c.ForwardedHeader)}
+	}
+	out.fwdRFC = out.fwd == "Forwarded"
 	for i, s := range c.TrustedProxies {
 		p, err := parsePrefix(s)
 		if err != nil {

@@ -157,9 +157,11 @@ func (c *compiled) isTrusted(a netip.Addr) bool {
 }
 
 // ClientIP returns the client address of r: the connection's peer, unless the peer is a
-// trusted proxy; then the forwarding chain (Forwarded if present, else X-Forwarded-For,
-// every header line in order) is walked from the right, skipping trusted proxies, and the
-// first untrusted address is the client. If the chain holds only trusted proxies the
+// trusted proxy (Config.TrustedProxies); then Config.ForwardedHeader, and no other header,
+// is walked from the right (every header line in order), skipping trusted proxies, and the
+// first untrusted address is the client. Walking from the right matters: each proxy
+// appends the address it saw, so everything left of the nearest trusted proxy's entry was
+// written by the client and proves nothing. If the chain holds only trusted proxies the
 // left-most is the client; if an element does not parse (obfuscated, "unknown", garbage),
 // the walk stops and the last good address, a trusted proxy, is the client, since nothing
 // left of it can be believed. IPv4-mapped IPv6 addresses are returned as IPv4.
@@ -178,16 +180,17 @@ func peerAddr(r *http.Request) netip.Addr {
 }
 
 func (c *compiled) clientIP(peer netip.Addr, h http.Header) netip.Addr {
-	if !peer.IsValid() || len(c.trusted) == 0 || !c.isTrusted(peer) {
+	if !peer.IsValid() || !c.isTrusted(peer) {
 		return peer
 	}
-	if fw := h["Forwarded"]; len(fw) > 0 {
-		return c.walkForwarded(peer, fw)
+	lines := h[c.fwd]
+	if len(lines) == 0 {
+		return peer
 	}
-	if xff := h["X-Forwarded-For"]; len(xff) > 0 {
-		return c.walkXFF(peer, xff)
+	if c.fwdRFC {
+		return c.walkForwarded(peer, lines)
 	}
-	return peer
+	return c.walkXFF(peer, lines)
 }
 
 func (c *compiled) walkXFF(cur netip.Addr, lines []string) netip.Addr {

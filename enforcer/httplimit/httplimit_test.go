@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -193,11 +194,34 @@ func TestClientIP(t *testing.T) {
 		{"10.1.2.3:1000", map[string][]string{"X-Forwarded-For": {"10.2.2.2, 10.3.3.3"}}, "10.2.2.2"},
 		{"10.1.2.3:1000", map[string][]string{"X-Forwarded-For": {"6.6.6.6, garbage, 10.3.3.3"}}, "10.3.3.3"},
 		{"[2001:db8:ffff::1]:80", map[string][]string{"X-Forwarded-For": {"2001:db8:1::7"}}, "2001:db8:1::7"},
+		// Only the configured header (X-Forwarded-For) counts: Forwarded and X-Real-IP are
+		// whatever the client sent.
+		{"10.1.2.3:1000", map[string][]string{"Forwarded": {`for=6.6.6.6`}, "X-Real-IP": {"5.5.5.5"}, "X-Forwarded-For": {"7.7.7.7"}}, "7.7.7.7"},
+		{"10.1.2.3:1000", map[string][]string{"Forwarded": {`for=6.6.6.6`}, "X-Real-IP": {"5.5.5.5"}}, "10.1.2.3"},
+		{"[::ffff:10.1.2.3]:1000", map[string][]string{"X-Forwarded-For": {"::ffff:198.51.100.1"}}, "198.51.100.1"},
+	}
+	checkClientIPs(t, m, cases)
+
+	fwd := newMW(t, Config{Descriptors: one(Source{Type: SourceRemoteAddress}), TrustedProxies: []string{"10.0.0.0/8", "2001:db8:ffff::/48"}, ForwardedHeader: "forwarded"}, nil)
+	checkClientIPs(t, fwd, []struct {
+		peer string
+		hdr  map[string][]string
+		want string
+	}{
 		{"10.1.2.3:1000", map[string][]string{"Forwarded": {`for=6.6.6.6, for=198.51.100.17;proto=https;by=10.0.0.1, for="[2001:db8:ffff::9]:4711"`}, "X-Forwarded-For": {"7.7.7.7"}}, "198.51.100.17"},
 		{"10.1.2.3:1000", map[string][]string{"Forwarded": {`for="[2001:db8:cafe::17]:4711"`}}, "2001:db8:cafe::17"},
 		{"10.1.2.3:1000", map[string][]string{"Forwarded": {`for=unknown, for=10.4.4.4`}}, "10.4.4.4"},
-		{"[::ffff:10.1.2.3]:1000", map[string][]string{"X-Forwarded-For": {"::ffff:198.51.100.1"}}, "198.51.100.1"},
-	}
+		{"10.1.2.3:1000", map[string][]string{"X-Forwarded-For": {"7.7.7.7"}}, "10.1.2.3"},
+		{"203.0.113.5:1000", map[string][]string{"Forwarded": {`for=6.6.6.6`}}, "203.0.113.5"},
+	})
+}
+
+func checkClientIPs(t *testing.T, m *Middleware, cases []struct {
+	peer string
+	hdr  map[string][]string
+	want string
+}) {
+	t.Helper()
 	for _, c := range cases {
 		r := httptest.NewRequest("GET", "/", nil)
 		r.RemoteAddr = c.peer
@@ -208,6 +232,76 @@ func TestClientIP(t *testing.T) {
 			t.Errorf("peer %s %v: client %v, want %s", c.peer, c.hdr, got, c.want)
 		}
 	}
+}
+
+// TestSpoofedForwardingHeaders plays a client behind a trusted proxy (the test server's
+// peer, 127.0.0.1) that sends a new address in every forwarding header it can think of on
+// each request, while the proxy appends the address it really saw to X-Forwarded-For. The
+// client has 2 requests a minute (remote_address); whatever it sends, it gets 2.
+func TestSpoofedForwardingHeaders(t *testing.T) {
+	const real = "198.51.100.7"
+	attempts := map[string]func(i int) map[string]string{
+		"rotating Forwarded": func(i int) map[string]string {
+			return map[string]string{"Forwarded": fmt.Sprintf("for=203.0.113.%d", i), "X-Forwarded-For": real}
+		},
+		"rotating X-Forwarded-For": func(i int) map[string]string {
+			return map[string]string{"X-Forwarded-For": fmt.Sprintf("203.0.113.%d, %s", i, real)}
+		},
+		"rotating X-Real-IP": func(i int) map[string]string {
+			return map[string]string{"X-Real-IP": fmt.Sprintf("203.0.113.%d", i), "X-Forwarded-For": real}
+		},
+		"all at once": func(i int) map[string]string {
+			return map[string]string{
+				"Forwarded":       fmt.Sprintf(`for="[2001:db8::%d]", for=203.0.113.%d`, i, i),
+				"X-Real-IP":       fmt.Sprintf("192.0.2.%d", i),
+				"X-Forwarded-For": fmt.Sprintf("10.9.9.%d, 203.0.113.%d, %s", i, i, real),
+			}
+		},
+	}
+	for name, hdr := range attempts {
+		t.Run(name, func(t *testing.T) {
+			m := newMW(t, Config{Descriptors: one(Source{Type: SourceRemoteAddress}), TrustedProxies: []string{"127.0.0.1"}}, nil)
+			srv := httptest.NewServer(m.Handler(okHandler))
+			defer srv.Close()
+			if n := admitted(t, srv.Client(), srv.URL, 6, hdr); n != 2 {
+				t.Fatalf("admitted %d of 6, want 2 (the limit)", n)
+			}
+		})
+	}
+	t.Run("auth endpoint: X-Real-IP from an untrusted peer", func(t *testing.T) {
+		m := newMW(t, Config{Descriptors: one(Source{Type: SourceRemoteAddress}), TrustedProxies: []string{"10.0.0.0/8"}}, nil)
+		srv := httptest.NewServer(m.AuthHandler(AuthOptions{}))
+		defer srv.Close()
+		n := admitted(t, srv.Client(), srv.URL+"/v1/auth", 6, func(i int) map[string]string {
+			return map[string]string{"X-Real-IP": fmt.Sprintf("203.0.113.%d", i), "Forwarded": fmt.Sprintf("for=192.0.2.%d", i)}
+		})
+		if n != 2 {
+			t.Fatalf("admitted %d of 6, want 2 (the peer's limit)", n)
+		}
+	})
+	t.Run("auth endpoint: trusted nginx's X-Real-IP is the client", func(t *testing.T) {
+		m := newMW(t, Config{Descriptors: one(Source{Type: SourceRemoteAddress}), TrustedProxies: []string{"127.0.0.1"}}, nil)
+		srv := httptest.NewServer(m.AuthHandler(AuthOptions{}))
+		defer srv.Close()
+		n := admitted(t, srv.Client(), srv.URL+"/v1/auth", 6, func(i int) map[string]string {
+			return map[string]string{"X-Real-IP": fmt.Sprintf("203.0.113.%d", i)}
+		})
+		if n != 6 {
+			t.Fatalf("admitted %d of 6 distinct clients, want 6", n)
+		}
+	})
+}
+
+// admitted sends n requests with hdr(i) and returns how many were not answered 429.
+func admitted(t *testing.T, c *http.Client, u string, n int, hdr func(i int) map[string]string) int {
+	t.Helper()
+	ok := 0
+	for i := range n {
+		if resp := do(t, c, "GET", u, hdr(i), ""); resp.StatusCode != http.StatusTooManyRequests {
+			ok++
+		}
+	}
+	return ok
 }
 
 // The test server's peer is 127.0.0.1: trusted or not by configuration.
@@ -387,6 +481,7 @@ func TestConfigErrors(t *testing.T) {
 		{Config{Domain: "d", Descriptors: one(Source{Type: "cookie"})}, "descriptors[0].entries[0].type"},
 		{Config{Domain: "d", Descriptors: one(Source{Type: SourceHeader})}, "descriptors[0].entries[0].name"},
 		{Config{Domain: "d", Descriptors: one(Source{Type: SourceMethod}), TrustedProxies: []string{"10.0.0.0/33"}}, "trusted_proxies[0]"},
+		{Config{Domain: "d", Descriptors: one(Source{Type: SourceMethod}), ForwardedHeader: "X-Forwarded-For, Forwarded"}, "forwarded_header"},
 		{Config{Domain: "d", Descriptors: one(Source{Type: SourceMethod}), IPv6Prefix: 129}, "ipv6_prefix"},
 		{Config{Domain: "d", Descriptors: one(Source{Type: SourceRoute, Prefixes: []string{"api"}})}, "descriptors[0].entries[0].prefixes"},
 	} {
@@ -531,7 +626,7 @@ func TestAuthEndpoint(t *testing.T) {
 	m := newMW(t, Config{Descriptors: []Descriptor{
 		{Entries: []Source{{Type: SourceRemoteAddress}}},
 		{Entries: []Source{{Type: SourceRoute, Prefixes: []string{"/articles"}}}},
-	}}, nil)
+	}, TrustedProxies: []string{"127.0.0.1"}}, nil)
 	srv := httptest.NewServer(m.AuthHandler(AuthOptions{}))
 	defer srv.Close()
 	h := func(ip, method, uri string) map[string]string {

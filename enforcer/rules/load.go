@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -685,6 +686,19 @@ func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limi
 	}
 	if hardNode != nil && l.Hard && l.Scope != Global {
 		p.errorf(hardNode, prefix+"hard", "applies to global limits (local and site limits count exactly with sliding_log, or by whole windows with fixed_window)")
+	}
+	// Global counts are kept in uint32 buckets that saturate at 2³²−1 (window.Ring): a
+	// global limit above that could never be reached, so it would never deny.
+	if l.Scope == Global && len(p.errs) == nerr {
+		const most = math.MaxUint32
+		switch {
+		case l.Requests > most:
+			p.errorf(rpuNode, prefix+"requests_per_unit", "%d is above %d, the most a global count holds (use scope: local or site)", l.Requests, int64(most))
+		case float64(l.Requests)*float64(100+l.SoftPercent)/100 > most:
+			p.errorf(rpuNode, prefix+"requests_per_unit", "%d raised by soft_percent %d is above %d, the most a global count holds", l.Requests, l.SoftPercent, int64(most))
+		case l.Burst > most:
+			p.errorf(burstNode, prefix+"burst", "%d is above %d, the most a global count holds", l.Burst, int64(most))
+		}
 	}
 	if burstNode != nil && l.Algorithm != algo.TokenBucket && l.Algorithm != algo.LeakyBucket && l.Algorithm != algo.GCRA {
 		p.errorf(burstNode, prefix+"burst", "applies only to token_bucket, leaky_bucket and gcra, not %s", l.Algorithm)

@@ -310,6 +310,10 @@ func TestBrokenFiles(t *testing.T) {
 		{"unclosedquote", "domain: d\ndescriptors:\n  - key: k\n    value: \"v\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
 			`unclosedquote.yaml:4:5: found unexpected end of stream`},
 		{"type", "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: yes please\n", `type.yaml:4:18: descriptors[0].shadow_mode: want true or false, got "yes please"`},
+		{"globalover32", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 4294967296}\n",
+			`globalover32.yaml:4:51: descriptors[0].rate_limit.requests_per_unit: 4294967296 is above 4294967295, the most a global count holds (use scope: local or site)`},
+		{"globalsoft32", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 4000000000, soft_percent: 10}\n",
+			`globalsoft32.yaml:4:51: descriptors[0].rate_limit.requests_per_unit: 4000000000 raised by soft_percent 10 is above 4294967295, the most a global count holds`},
 		{"both", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n    rate_limits: [{unit: hour, requests_per_unit: 9}]\n",
 			`both.yaml:5:18: descriptors[0].rate_limits: use either rate_limit or rate_limits, not both`},
 	} {

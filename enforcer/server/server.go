@@ -25,7 +25,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
@@ -105,7 +108,8 @@ type Config struct {
 	// Upstream, when set, makes ProxyAddr a reverse proxy to it that rate-limits every
 	// request with HTTP.
 	Upstream *url.URL
-	// ProxyAddr is the reverse proxy's address. Default ":8080".
+	// ProxyAddr is the reverse proxy's address. Default "127.0.0.1:8080" (loopback, like
+	// the other listeners: serving the world is a decision to state).
 	ProxyAddr string
 	// ProxyMaxDelay makes the reverse proxy hold a request that its limits will admit
 	// within this long until they do, instead of answering 429 at once (httplimit.Delay).
@@ -120,6 +124,18 @@ type Config struct {
 	// long until they do, instead of denying it at once (nginx's proxy_read_timeout for
 	// the subrequest must be longer). Default 0: answer at once.
 	AuthMaxDelay time.Duration
+
+	// Limits bound what clients can hold of the listeners: timeouts, header and body
+	// sizes, connections, gRPC streams and keepalive. Each zero field takes its default
+	// (see Limits).
+	Limits Limits
+	// TLS, when set, serves the HTTP API and gRPC over TLS, and with a client CA requires
+	// client certificates. Default plaintext. The reverse proxy stays plaintext.
+	TLS TLSFiles
+	// AuthTokens, when set, are the bearer tokens a caller of the HTTP API (check, auth,
+	// metrics) and of gRPC must present ("Authorization: Bearer <token>"); /healthz,
+	// /readyz and the gRPC health service stay open. Default none: no token is asked.
+	AuthTokens []string
 
 	// ShutdownTimeout bounds the graceful shutdown (draining requests, flushing hits).
 	// Default 10s.
@@ -153,7 +169,11 @@ func (c Config) normalize() (Config, error) {
 		c.GRPCAddr = "127.0.0.1:8082"
 	}
 	if c.ProxyAddr == "" {
-		c.ProxyAddr = ":8080"
+		c.ProxyAddr = "127.0.0.1:8080"
+	}
+	var err error
+	if c.Limits, err = c.Limits.normalize(); err != nil {
+		errs = append(errs, fmt.Errorf("limits: %w", err))
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 10 * time.Second
@@ -191,6 +211,8 @@ type Server struct {
 	instance string
 
 	httpLn, grpcLn, proxyLn net.Listener
+	tls                     *tls.Config // nil: plaintext
+	tokens                  tokens
 
 	mu      sync.Mutex
 	started bool
@@ -210,6 +232,12 @@ func New(cfg Config) (_ *Server, err error) {
 		}
 	}()
 	reg := cfg.Registry
+	if s.tls, err = cfg.TLS.config(cfg.Clock, s.log); err != nil {
+		return nil, fmt.Errorf("enforcer: %w", err)
+	}
+	if s.tokens, err = newTokens(cfg.AuthTokens); err != nil {
+		return nil, fmt.Errorf("enforcer: %w", err)
+	}
 
 	s.reloader, err = rules.NewReloader(cfg.RulesPath, rules.ReloaderOptions{Interval: cfg.ReloadInterval, Logger: s.log, Clock: cfg.Clock})
 	if err != nil {
@@ -291,20 +319,87 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 	s.registerMetrics(reg)
 
-	if s.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+	if s.httpLn, err = s.listen(cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("enforcer: http listener: %w", err)
 	}
+	if s.tls != nil {
+		s.httpLn = tls.NewListener(s.httpLn, s.tls)
+	}
 	if s.rls != nil {
-		if s.grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+		// gRPC does its own TLS handshake (credentials), which negotiates HTTP/2.
+		if s.grpcLn, err = s.listen(cfg.GRPCAddr); err != nil {
 			return nil, fmt.Errorf("enforcer: grpc listener: %w", err)
 		}
 	}
 	if cfg.Upstream != nil {
-		if s.proxyLn, err = net.Listen("tcp", cfg.ProxyAddr); err != nil {
+		if s.proxyLn, err = s.listen(cfg.ProxyAddr); err != nil {
 			return nil, fmt.Errorf("enforcer: proxy listener: %w", err)
 		}
 	}
 	return s, nil
+}
+
+// listen binds addr, holding at most Limits.MaxConns connections at once.
+func (s *Server) listen(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if n := s.cfg.Limits.MaxConns; n > 0 {
+		ln = netutil.LimitListener(ln, n)
+	}
+	return ln, nil
+}
+
+// httpServer returns an http.Server for h with the Limits; proxy selects the reverse
+// proxy's timeouts.
+func (s *Server) httpServer(h http.Handler, proxy bool) *http.Server {
+	l := s.cfg.Limits
+	// A request held for room (AuthMaxDelay, ProxyMaxDelay) is answered that much later:
+	// the write timeout grows by the wait, so that the wait ends in a decision, not in a
+	// closed connection.
+	read, write := l.ReadTimeout, extend(l.WriteTimeout, s.cfg.AuthMaxDelay)
+	if proxy {
+		read, write = l.ProxyTimeout, extend(l.ProxyTimeout, s.cfg.ProxyMaxDelay)
+	}
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: l.ReadHeaderTimeout,
+		ReadTimeout:       read,
+		WriteTimeout:      write,
+		IdleTimeout:       l.IdleTimeout,
+		MaxHeaderBytes:    l.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+}
+
+// extend returns timeout lengthened by wait; 0 (no bound) stays 0.
+func extend(timeout, wait time.Duration) time.Duration {
+	if timeout <= 0 {
+		return 0
+	}
+	return timeout + max(wait, 0)
+}
+
+// grpcServer returns the gRPC server with the Limits, TLS and tokens.
+func (s *Server) grpcServer() *grpc.Server {
+	l := s.cfg.Limits
+	opts := []grpc.ServerOption{
+		// Stream workers keep their grown stacks from call to call: without them every call
+		// starts a goroutine whose stack grows (copies) several times, a seventh of the
+		// serving CPU in the profile of the serving benchmark.
+		grpc.NumStreamWorkers(uint32(64 * runtime.GOMAXPROCS(0))),
+		grpc.MaxRecvMsgSize(int(l.MaxBodyBytes)),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.GRPCKeepaliveMinTime, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: l.GRPCMaxConnIdle}),
+	}
+	if l.GRPCMaxStreams > 0 {
+		opts = append(opts, grpc.MaxConcurrentStreams(uint32(l.GRPCMaxStreams)))
+	}
+	if s.tls != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls)))
+	}
+	return grpc.NewServer(append(opts, s.tokens.grpcOptions()...)...)
 }
 
 func (s *Server) registerMetrics(reg prometheus.Registerer) {
@@ -390,10 +485,11 @@ func (s *Server) delaying(maxDelay time.Duration) (*httplimit.Middleware, error)
 	return httplimit.New(httplimit.Delay(s.lim, maxDelay), httplimit.Options{Config: s.cfg.HTTP, Logger: s.log})
 }
 
-// Handler returns the HTTP handler of HTTPAddr.
+// Handler returns the HTTP handler of HTTPAddr, asking for a bearer token when
+// Config.AuthTokens are set.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/check", httplimit.NewCheckHandler(s.lim, httplimit.CheckOptions{Logger: s.log}))
+	mux.Handle("POST /v1/check", httplimit.NewCheckHandler(s.lim, httplimit.CheckOptions{Logger: s.log, MaxBodyBytes: s.cfg.Limits.MaxBodyBytes}))
 	if s.rls != nil {
 		// envoyproxy/ratelimit's HTTP twin of the gRPC service, for drop-in clients.
 		mux.Handle("POST /json", s.rls.JSONHandler())
@@ -414,7 +510,7 @@ func (s *Server) Handler() http.Handler {
 		}
 		_, _ = w.Write([]byte(why + "\n"))
 	})
-	return mux
+	return s.tokens.requireToken(mux)
 }
 
 // Run serves until ctx ends, then stops accepting requests, drains those in flight,
@@ -458,10 +554,10 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	goRun("sweeper", func() error { s.sweep(ctx); return nil })
 
-	servers := []*http.Server{{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}}
+	servers := []*http.Server{s.httpServer(s.Handler(), false)}
 	lns := []net.Listener{s.httpLn}
 	if s.proxyLn != nil {
-		servers = append(servers, &http.Server{Handler: httplimit.NewProxy(s.cfg.Upstream, s.proxyMW), ReadHeaderTimeout: 10 * time.Second})
+		servers = append(servers, s.httpServer(httplimit.NewProxy(s.cfg.Upstream, s.proxyMW), true))
 		lns = append(lns, s.proxyLn)
 	}
 	for i, srv := range servers {
@@ -474,10 +570,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	var gs *grpc.Server
 	if s.rls != nil {
-		// Stream workers keep their grown stacks from call to call: without them every call
-		// starts a goroutine whose stack grows (copies) several times, a seventh of the
-		// serving CPU in the profile of the serving benchmark.
-		gs = grpc.NewServer(grpc.NumStreamWorkers(uint32(64 * runtime.GOMAXPROCS(0))))
+		gs = s.grpcServer()
 		s.rls.Register(gs)
 		goRun("grpc", func() error { return gs.Serve(s.grpcLn) })
 	}

@@ -44,14 +44,31 @@ func (s *Snapshot) applyHeartbeat(key, value []byte) error {
 		return fmt.Errorf("snapshot: heartbeat %q: %w", truncate(key), err)
 	}
 	if topics.HeartbeatKey(h.Topic, h.Partition) != string(key) {
-		s.met.bad("key_mismatch")
+		s.met.bad(ReasonKeyMismatch)
 		return fmt.Errorf("snapshot: %w: heartbeat key %q names topic %q partition %d", ErrKeyMismatch, truncate(key), h.Topic, h.Partition)
+	}
+	// A heartbeat from the future would keep the snapshot fresh until that time: refuse
+	// it. A site's time from the future would make a silent site look heard from until
+	// then; the site's own clock may run ahead of ours by up to the skew the aggregator
+	// allows, so the time is held to the bound (and counted) rather than the heartbeat lost.
+	if err := s.checkTime(h.AsOf, "heartbeat as-of"); err != nil {
+		return fmt.Errorf("snapshot: heartbeat %q: %w", truncate(key), err)
+	}
+	var clamped error
+	for site, ms := range h.Sites {
+		if err := s.checkTime(ms, "heartbeat time of site "+site); err != nil {
+			h.Sites[site] = s.cfg.Clock.Now().Add(s.cfg.MaxClockSkew).UnixMilli()
+			clamped = err
+		}
 	}
 	s.srcMu.Lock()
 	s.sources[string(key)] = h
 	s.recomputeLocked()
 	s.srcMu.Unlock()
 	s.met.heartbeats.Inc()
+	if clamped != nil {
+		return fmt.Errorf("snapshot: heartbeat %q applied with its site time held to the bound: %w", truncate(key), clamped)
+	}
 	return nil
 }
 

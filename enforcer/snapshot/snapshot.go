@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -36,6 +37,9 @@ const (
 	DefaultMaxStaleness = 10 * time.Second
 	// DefaultSweepInterval is Config.SweepInterval when zero.
 	DefaultSweepInterval = 10 * time.Second
+	// DefaultMaxClockSkew is Config.MaxClockSkew when zero: the bound the aggregator puts
+	// on hits from the future, so that a count is held to what its hits were.
+	DefaultMaxClockSkew = 30 * time.Second
 	// maxInternedSites bounds the table that shares site-name strings between entries.
 	maxInternedSites = 4096
 )
@@ -53,6 +57,22 @@ var (
 	// (reason "sub_buckets"): the aggregator and the enforcers are configured differently,
 	// and the own-site count the enforcer subtracts would not match the one it replaces.
 	ErrSubBuckets = errors.New("count made with another number of sub-buckets")
+	// ErrTooFarFuture: a count's as-of time, or a heartbeat's as-of or site time, is more
+	// than Config.MaxClockSkew ahead of the clock (reason "too_far_future"). Believed, a
+	// count from the future would hold its key until the future time plus a window, and a
+	// heartbeat from the future would make the snapshot, or a silent site, look fresh.
+	ErrTooFarFuture = errors.New("time too far in the future")
+	// ErrBadTotal: a count's total is not the sum of its sites' counts (reason
+	// "bad_total"), so the two views the decision reads would disagree.
+	ErrBadTotal = errors.New("total is not the sum of the sites' counts")
+)
+
+// Reasons of bad_records_total that Apply adds to topics.Reasons.
+const (
+	ReasonKeyMismatch  = "key_mismatch"
+	ReasonSubBuckets   = "sub_buckets"
+	ReasonTooFarFuture = "too_far_future"
+	ReasonBadTotal     = "bad_total"
 )
 
 // Config configures a Snapshot. Every field has a usable zero value, written in its comment,
@@ -84,6 +104,9 @@ type Config struct {
 	// SweepInterval is how often Run removes idle entries (see Sweep). Default
 	// DefaultSweepInterval (10 s).
 	SweepInterval time.Duration
+	// MaxClockSkew is how far ahead of Clock a count's or heartbeat's time may be before
+	// the record is refused (ErrTooFarFuture). Default DefaultMaxClockSkew.
+	MaxClockSkew time.Duration
 	// Clock tells the time for staleness and idle eviction. Default clock.Real{}.
 	Clock clock.Clock
 	// Logger receives the follower's progress and problems. Default: discard.
@@ -109,6 +132,9 @@ func (c Config) normalize() (Config, error) {
 	if c.SubBuckets == 0 {
 		c.SubBuckets = window.DefaultSubBuckets
 	}
+	if c.MaxClockSkew == 0 {
+		c.MaxClockSkew = DefaultMaxClockSkew
+	}
 	c.Clock = clock.Or(c.Clock)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -122,6 +148,9 @@ func (c Config) normalize() (Config, error) {
 	}
 	if c.SweepInterval < 0 {
 		errs = append(errs, fmt.Errorf("snapshot: SweepInterval %v is negative", c.SweepInterval))
+	}
+	if c.MaxClockSkew < 0 {
+		errs = append(errs, fmt.Errorf("snapshot: MaxClockSkew %v is negative", c.MaxClockSkew))
 	}
 	return c, errors.Join(errs...)
 }
@@ -287,9 +316,11 @@ func (s *Snapshot) Len() int { return int(s.keys.Load()) }
 // Apply applies one record of the counts topic: a count sets the key's entry (the last
 // record applied wins, as in the compacted log), a nil or empty value (tombstone) deletes
 // it, and a heartbeat key updates its source's freshness. Other keys with the reserved
-// prefix are ignored. A record that does not decode, or whose value names another key, is
-// skipped, counted in bad_records_total by reason, and its error returned (it wraps one of
-// the topics.Err* values or ErrKeyMismatch); a new key refused because the snapshot holds
+// prefix are ignored. A record that does not decode, whose value names another key, whose
+// time is more than MaxClockSkew ahead of the clock, or whose total is not the sum of its
+// sites, is skipped, counted in bad_records_total by reason, and its error returned (it
+// wraps one of the topics.Err* values, ErrKeyMismatch, ErrSubBuckets, ErrTooFarFuture or
+// ErrBadTotal); a new key refused because the snapshot holds
 // MaxKeys keys returns ErrFull. Apply is safe to call concurrently with readers and with
 // itself; Run calls it for every record it consumes.
 func (s *Snapshot) Apply(key, value []byte) error {
@@ -311,15 +342,18 @@ func (s *Snapshot) Apply(key, value []byte) error {
 		return fmt.Errorf("snapshot: count for key %q: %w", truncate(key), err)
 	}
 	if c.Key != string(key) {
-		s.met.bad("key_mismatch")
+		s.met.bad(ReasonKeyMismatch)
 		return fmt.Errorf("snapshot: %w: record key %q, value key %q", ErrKeyMismatch, truncate(key), truncate([]byte(c.Key)))
 	}
 	if c.SubBuckets != 0 && c.SubBuckets != s.cfg.SubBuckets {
-		s.met.bad("sub_buckets")
+		s.met.bad(ReasonSubBuckets)
 		err := fmt.Errorf("snapshot: %w: key %q counted with %d, this enforcer uses %d: configure the aggregators and enforcers alike (--sub-buckets)",
 			ErrSubBuckets, truncate(key), c.SubBuckets, s.cfg.SubBuckets)
 		s.logMismatch(err)
 		return err
+	}
+	if err := s.checkCount(&c); err != nil {
+		return fmt.Errorf("snapshot: count for key %q: %w", truncate(key), err)
 	}
 	for i := range c.Sites {
 		c.Sites[i].Site = s.internSite(c.Sites[i].Site)
@@ -330,6 +364,37 @@ func (s *Snapshot) Apply(key, value []byte) error {
 		return err
 	}
 	s.met.applied.Inc()
+	return nil
+}
+
+// checkCount refuses, and counts, a count from beyond the clock-skew bound or whose total
+// disagrees with its sites.
+func (s *Snapshot) checkCount(c *topics.Count) error {
+	if err := s.checkTime(c.AsOf, "as-of"); err != nil {
+		return err
+	}
+	if len(c.Sites) == 0 {
+		return nil
+	}
+	var sum float64
+	for _, sc := range c.Sites {
+		sum += sc.Count
+	}
+	// The aggregator adds the same numbers in another order: allow for rounding only.
+	if math.Abs(c.Total-sum) > 1e-9*max(1, c.Total, sum) {
+		s.met.bad(ReasonBadTotal)
+		return fmt.Errorf("%w: total %v, sites %v", ErrBadTotal, c.Total, sum)
+	}
+	return nil
+}
+
+// checkTime refuses, and counts, a time (unix ms) more than MaxClockSkew ahead of the clock.
+func (s *Snapshot) checkTime(ms int64, what string) error {
+	limit := s.cfg.Clock.Now().Add(s.cfg.MaxClockSkew).UnixMilli()
+	if ms > limit {
+		s.met.bad(ReasonTooFarFuture)
+		return fmt.Errorf("%w: %s %s is more than %v ahead", ErrTooFarFuture, what, time.UnixMilli(ms).UTC().Format(time.RFC3339), s.cfg.MaxClockSkew)
+	}
 	return nil
 }
 

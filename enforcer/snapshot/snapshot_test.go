@@ -171,9 +171,9 @@ func TestSetOverwriteTombstone(t *testing.T) {
 
 func TestJSONCountAccepted(t *testing.T) {
 	f := newFixture(t, Config{})
-	f.apply(t, "k", []byte(`{"key":"k","w":60000,"asof":1763740000123,"total":4,"sites":{"us":1,"eu":3}}`))
+	f.apply(t, "k", []byte(fmt.Sprintf(`{"key":"k","w":60000,"asof":%d,"total":4,"sites":{"us":1,"eu":3}}`, t0.UnixMilli())))
 	e, ok := f.s.Get("k")
-	if !ok || e.Total != 4 || e.Mine != 3 || e.AsOf != 1763740000123 {
+	if !ok || e.Total != 4 || e.Mine != 3 || e.AsOf != t0.UnixMilli() {
 		t.Fatalf("Get = %+v, %v", e, ok)
 	}
 }
@@ -530,5 +530,76 @@ func TestSiteConflictReported(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "site=eu") {
 		t.Fatalf("no error logged: %q", logs.String())
+	}
+}
+
+// A count or heartbeat from beyond the clock-skew bound is refused and counted; one within
+// it is applied.
+func TestFutureRecordsRefused(t *testing.T) {
+	f := newFixture(t, Config{})
+	tenYears := t0.AddDate(10, 0, 0)
+	if err := f.s.Apply([]byte("k"), countValue(t, "k", time.Minute, tenYears, map[string]float64{"us": 100})); !errors.Is(err, ErrTooFarFuture) {
+		t.Fatalf("count 10 years ahead: %v, want ErrTooFarFuture", err)
+	}
+	if _, ok := f.s.Get("k"); ok {
+		t.Fatal("count 10 years ahead was applied")
+	}
+	f.apply(t, "k", countValue(t, "k", time.Minute, t0.Add(DefaultMaxClockSkew), map[string]float64{"us": 1}))
+	if e, ok := f.s.Get("k"); !ok || e.Total != 1 {
+		t.Fatalf("count at the skew bound: %+v %v", e, ok)
+	}
+
+	hk, hv := heartbeat(t, "hits", 0, tenYears, false)
+	if err := f.s.Apply(hk, hv); !errors.Is(err, ErrTooFarFuture) {
+		t.Fatalf("heartbeat 10 years ahead: %v", err)
+	}
+	h := topics.Heartbeat{Instance: "a", Topic: "hits", Partition: 1, AsOf: t0.UnixMilli(), Sites: map[string]int64{"us": tenYears.UnixMilli()}}
+	hv, _ = h.MarshalBinary()
+	if err := f.s.Apply([]byte(topics.HeartbeatKey("hits", 1)), hv); !errors.Is(err, ErrTooFarFuture) {
+		t.Fatalf("heartbeat with a site 10 years ahead: %v", err)
+	}
+	// Only the second heartbeat is applied, with the site's time held to the bound.
+	if got := len(f.s.Sources(t0)); got != 1 {
+		t.Fatalf("%d sources after future heartbeats, want 1", got)
+	}
+	if heard, ok := f.s.SiteTimes().Heard("us"); !ok || heard != t0.Add(DefaultMaxClockSkew).UnixMilli() {
+		t.Fatalf("site us heard until %v (%v), want the skew bound", time.UnixMilli(heard).UTC(), ok)
+	}
+	if got := f.metric(t, "streamlimit_snapshot_bad_records_total", "reason", ReasonTooFarFuture); got != 3 {
+		t.Fatalf("bad_records_total{too_far_future} = %v, want 3", got)
+	}
+}
+
+// A total that is not the sum of the sites is refused: the decision reads both.
+func TestBadTotalRefused(t *testing.T) {
+	f := newFixture(t, Config{})
+	c := topics.Count{Key: "k", Window: 60000, AsOf: t0.UnixMilli(), Total: 1e12, Sites: []topics.SiteCount{{Site: "us", Count: 1}}}
+	v, err := c.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.s.Apply([]byte("k"), v); !errors.Is(err, ErrBadTotal) {
+		t.Fatalf("Apply: %v, want ErrBadTotal", err)
+	}
+	if got := f.metric(t, "streamlimit_snapshot_bad_records_total", "reason", ReasonBadTotal); got != 1 {
+		t.Fatalf("bad_records_total{bad_total} = %v", got)
+	}
+	// Rounding of a sum added in another order is not an error.
+	c = topics.Count{Key: "k", Window: 60000, AsOf: t0.UnixMilli(), Total: 0.1 + 0.2 + 0.3,
+		Sites: []topics.SiteCount{{Site: "a", Count: 0.3}, {Site: "b", Count: 0.2}, {Site: "c", Count: 0.1}}}
+	v, _ = c.MarshalBinary()
+	f.apply(t, "k", v)
+}
+
+// A JSON count whose key escapes a lone surrogate is skipped and counted as bad_utf8, not
+// applied under a key with U+FFFD in its place.
+func TestJSONCountBadUTF8Counted(t *testing.T) {
+	f := newFixture(t, Config{})
+	v := fmt.Sprintf(`{"key":"k\udc01","w":60000,"asof":%d,"total":1,"sites":{"us":1}}`, t0.UnixMilli())
+	if err := f.s.Apply([]byte("k\uFFFD"), []byte(v)); !errors.Is(err, topics.ErrBadUTF8) {
+		t.Fatalf("Apply: %v, want ErrBadUTF8", err)
+	}
+	if got := f.metric(t, "streamlimit_snapshot_bad_records_total", "reason", "bad_utf8"); got != 1 {
+		t.Fatalf("bad_records_total{bad_utf8} = %v", got)
 	}
 }

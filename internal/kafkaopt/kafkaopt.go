@@ -71,6 +71,15 @@ func (s Security) Opts() ([]kgo.Opt, error) {
 	return opts, nil
 }
 
+// Warnings lists what is valid in s but unsafe, for the caller to log: SASL PLAIN without
+// TLS sends the password in clear to anyone on the path.
+func (s Security) Warnings() []string {
+	if s.TLS == nil && strings.EqualFold(strings.TrimSpace(s.SASLMechanism), MechanismPlain) {
+		return []string{"SASL PLAIN without TLS sends the Kafka password in clear: enable TLS"}
+	}
+	return nil
+}
+
 // String describes s without its password, for logs.
 func (s Security) String() string {
 	var b strings.Builder

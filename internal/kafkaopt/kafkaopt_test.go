@@ -117,3 +117,17 @@ func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
 	pool.AddCert(leaf)
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, pool
 }
+
+func TestWarnings(t *testing.T) {
+	plain := Security{SASLMechanism: "plain", User: "u", Password: "p"}
+	if w := plain.Warnings(); len(w) != 1 || !strings.Contains(w[0], "in clear") {
+		t.Fatalf("PLAIN without TLS: warnings %q", w)
+	}
+	plain.TLS = &tls.Config{}
+	if w := plain.Warnings(); len(w) != 0 {
+		t.Fatalf("PLAIN with TLS: warnings %q", w)
+	}
+	if w := (Security{SASLMechanism: MechanismScramSHA512, User: "u", Password: "p"}).Warnings(); len(w) != 0 {
+		t.Fatalf("SCRAM without TLS: warnings %q", w)
+	}
+}

@@ -23,6 +23,7 @@ type Broker struct {
 	script string
 	dir    string
 	addr   string
+	env    []string // extra environment of kafka.sh
 }
 
 // PrivateKafka starts a private single-node broker and stops it, removing
@@ -32,12 +33,19 @@ type Broker struct {
 // must stop or restart Kafka.
 func PrivateKafka(t testing.TB) *Broker {
 	t.Helper()
+	return PrivateKafkaEnv(t)
+}
+
+// PrivateKafkaEnv is PrivateKafka with extra environment for kafka.sh, e.g.
+// "STREAMLIMIT_KAFKA_EXTRA_PROPERTIES=<file>" to add a secured listener.
+func PrivateKafkaEnv(t testing.TB, env ...string) *Broker {
+	t.Helper()
 	script, err := kafkaScript()
 	if err != nil {
 		missing(t, "kafka.sh", "Kafka (private broker)", err)
 		return nil
 	}
-	b := &Broker{t: t, script: script, dir: t.TempDir()}
+	b := &Broker{t: t, script: script, dir: t.TempDir(), env: env}
 	t.Cleanup(func() {
 		if err := b.run("stop"); err != nil {
 			t.Errorf("testenv: stopping private Kafka: %v", err)
@@ -90,7 +98,7 @@ func (b *Broker) output(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", append([]string{b.script}, args...)...)
-	cmd.Env = append(os.Environ(), "STREAMLIMIT_RUN_DIR="+b.dir)
+	cmd.Env = append(append(os.Environ(), "STREAMLIMIT_RUN_DIR="+b.dir), b.env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {

@@ -68,8 +68,8 @@ The broker listens on 127.0.0.1 only. Stop it with Ctrl-C.`,
 	f.StringVar(&df.rulesPath, "rules", "", `rules file or directory for the enforcer (default: the demo's rules, as "streamlimit demo --rules" prints them)`)
 	f.StringVar(&df.httpConfig, "http-config", "", `YAML file saying how /v1/auth requests become descriptors, as for the enforcer (default: domain demo, the client from the X-Client-Id header)`)
 	f.StringVar(&df.site, "site", "dev", "the enforcer's site")
-	f.StringVar(&df.httpAddr, "http-listen", "127.0.0.1:8081", "address of the enforcer's check API and admin endpoints")
-	f.StringVar(&df.grpcAddr, "grpc-listen", "127.0.0.1:8082", `address of the enforcer's Envoy rate-limit gRPC service ("off" to disable)`)
+	f.StringVar(&df.httpAddr, "http-listen", server.DefaultHTTPAddr, "address of the enforcer's check API and admin endpoints")
+	f.StringVar(&df.grpcAddr, "grpc-listen", server.DefaultGRPCAddr, `address of the enforcer's Envoy rate-limit gRPC service ("off" to disable)`)
 	f.StringVar(&df.logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&df.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
 	return cmd

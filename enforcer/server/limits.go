@@ -120,3 +120,14 @@ func (l Limits) normalize() (Limits, error) {
 	}
 	return l, errors.Join(errs...)
 }
+
+// The default listen addresses: loopback, so that a server started without flags is not
+// reachable from the network (the check API trusts its callers).
+const (
+	// DefaultHTTPAddr is Config.HTTPAddr when empty.
+	DefaultHTTPAddr = "127.0.0.1:8081"
+	// DefaultGRPCAddr is Config.GRPCAddr when empty.
+	DefaultGRPCAddr = "127.0.0.1:8082"
+	// DefaultProxyAddr is Config.ProxyAddr when empty.
+	DefaultProxyAddr = "127.0.0.1:8080"
+)

@@ -101,14 +101,15 @@ type Config struct {
 	SiteEnforcers int
 
 	// HTTPAddr serves POST /v1/check, the nginx endpoint /v1/auth, envoyproxy/ratelimit's
-	// POST /json (unless GRPCAddr is "off"), /metrics, /healthz and /readyz. Default "127.0.0.1:8081" (loopback: the check API trusts its callers).
+	// POST /json (unless GRPCAddr is "off"), /metrics, /healthz and /readyz. Default
+	// DefaultHTTPAddr.
 	HTTPAddr string
-	// GRPCAddr serves Envoy's RateLimitService. Default "127.0.0.1:8082"; "off" disables.
+	// GRPCAddr serves Envoy's RateLimitService. Default DefaultGRPCAddr; "off" disables.
 	GRPCAddr string
 	// Upstream, when set, makes ProxyAddr a reverse proxy to it that rate-limits every
 	// request with HTTP.
 	Upstream *url.URL
-	// ProxyAddr is the reverse proxy's address. Default "127.0.0.1:8080" (loopback, like
+	// ProxyAddr is the reverse proxy's address. Default DefaultProxyAddr (loopback, like
 	// the other listeners: serving the world is a decision to state).
 	ProxyAddr string
 	// ProxyMaxDelay makes the reverse proxy hold a request that its limits will admit
@@ -163,13 +164,13 @@ func (c Config) normalize() (Config, error) {
 		c.CountsTopic = topics.DefaultCountsTopic
 	}
 	if c.HTTPAddr == "" {
-		c.HTTPAddr = "127.0.0.1:8081"
+		c.HTTPAddr = DefaultHTTPAddr
 	}
 	if c.GRPCAddr == "" {
-		c.GRPCAddr = "127.0.0.1:8082"
+		c.GRPCAddr = DefaultGRPCAddr
 	}
 	if c.ProxyAddr == "" {
-		c.ProxyAddr = "127.0.0.1:8080"
+		c.ProxyAddr = DefaultProxyAddr
 	}
 	var err error
 	if c.Limits, err = c.Limits.normalize(); err != nil {

@@ -8,7 +8,7 @@
 // count at the aggregator's clock (topics.Count, binary encoding, AsOf = the instant the
 // count was computed for) keyed by the counter key.
 //
-// # One key, one owner (DESIGN invariant 2)
+// # One key, one owner (docs/architecture.md, invariant 2)
 //
 // Our producer partitions hits by key with Kafka's murmur2 partitioner, and every hits topic
 // has the same partition count (MirrorMaker 2 keeps partition numbers), so all hits of a key
@@ -36,7 +36,7 @@
 // rerouted_duplicates_total). Because the copies carry the original's timestamp, a replay
 // that seeks by time sees either all copies of an origin within the window or none.
 //
-// # Recovery (DESIGN invariant 1)
+// # Recovery (docs/architecture.md, invariant 1)
 //
 // Counts are absolute, so state can be rebuilt from the log instead of stored. The
 // aggregator never commits offsets (auto-commit is off): when a partition is assigned it

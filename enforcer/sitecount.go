@@ -29,7 +29,7 @@ type GlobalOp struct {
 }
 
 // SiteCounter keeps this site's exact sliding-window count of each global counter key:
-// the "local_exact" of DESIGN invariant 3. Counts use the aggregator's rule (package
+// the "local_exact" of docs/architecture.md, invariant 3. Counts use the aggregator's rule (package
 // window: sub-buckets with the oldest one interpolated), so that the snapshot's count of
 // this site and the local count are the same measure. Implementations must be safe for
 // simultaneous use by multiple goroutines.

@@ -145,7 +145,7 @@ func TestCountRoundTrip(t *testing.T) {
 }
 
 func TestHitJSONContractExample(t *testing.T) {
-	// The example of DESIGN §4 and the README, as a kcat user would send it.
+	// The README's example, as a kcat user would send it.
 	h, err := DecodeHit([]byte(`{"key":"api:POST /articles|user=42","site":"eu-1","ts":1763740000123,"w":60000,"n":1}`))
 	if err != nil {
 		t.Fatal(err)

@@ -3,7 +3,7 @@
 // process, over a bounded, sharded map of counters keyed by counter key.
 //
 // Everything here is driven by the time the caller passes in, never by the wall clock, so
-// that tests and the accuracy simulator control time (DESIGN invariant 6). Time is kept in
+// that tests and the accuracy simulator control time (docs/architecture.md, invariant 6). Time is kept in
 // integer nanoseconds and rates as exact rationals, so a decision, its remaining count and
 // its retry-after are exact to the nanosecond (rounded up where a wait is concerned).
 package algo

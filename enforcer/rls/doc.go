@@ -6,8 +6,8 @@
 // # Request
 //
 // The domain and each descriptor's entries go to the Limiter unchanged; descriptors are
-// matched independently and the request passes only if all pass (DESIGN §6, and the
-// Limiter's all-or-nothing rule).
+// matched independently and the request passes only if all pass (as in
+// envoyproxy/ratelimit, and the Limiter's all-or-nothing rule).
 //
 // The cost of a descriptor is its own hits_addend when set, else the request's
 // hits_addend; 0 (or unset) means 1, since the Limiter has no way to look without taking.

@@ -27,9 +27,10 @@ import (
 type Scope uint8
 
 const (
-	// Global counts across all sites through the Kafka pipeline (DESIGN §5). It is the
-	// default scope, since enforcing globally is the product's point, and it supports only
-	// the sliding_window algorithm.
+	// Global counts across all sites through the Kafka pipeline. It is the
+	// default scope, since enforcing globally is the product's point; it supports the
+	// sliding_window, token_bucket and gcra algorithms (the buckets counted as at most
+	// their burst in any burst / rate).
 	Global Scope = iota
 	// Site counts across the enforcers that share one DC's Redis.
 	Site

@@ -34,7 +34,7 @@ type CounterOptions struct {
 
 // Counter is the Redis enforcer.SiteCounter: the exact sliding-window count of each global
 // counter key for a site that is a whole data center, shared by all of its enforcers
-// through the Store's Redis (DESIGN invariant 3). It keeps package window's ring of
+// through the Store's Redis (docs/architecture.md, invariant 3). It keeps package window's ring of
 // sub-buckets per key, so for the same sequence of calls it gives the same counts and the
 // same Commit answers as enforcer.LocalCounter (see below for the one difference), and
 // counts by the aggregator's rule, except for an op with Hard set, whose oldest sub-bucket

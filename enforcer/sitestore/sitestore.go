@@ -1,4 +1,4 @@
-// Package sitestore is the site-scope counter store (DESIGN §5, invariant 3): the six
+// Package sitestore is the site-scope counter store (docs/architecture.md, invariant 3): the six
 // algorithms of package algo, with algo.Store's exact semantics and Decisions, kept in a
 // Redis shared by all the enforcers of one data center so that they count exactly
 // together. Each request is one atomic Lua script call (EVALSHA, re-sent with EVAL when the
@@ -51,7 +51,7 @@
 //
 // Counter (NewCounter, on a Store) is the Redis enforcer.SiteCounter: the exact count of
 // this site's hits of each global key, shared by all the enforcers of a data center
-// (DESIGN invariant 3). It keeps package window's ring of sub-buckets in one hash per key,
+// (docs/architecture.md, invariant 3). It keeps package window's ring of sub-buckets in one hash per key,
 // counts by the aggregator's rule, and answers exactly as enforcer.LocalCounter would for
 // the same calls. It uses the Store's client, key prefix, hash tags, timeout, breaker and
 // metrics, and falls back to an in-process enforcer.LocalCounter like the Store does.

@@ -2,7 +2,7 @@
 // key, the aggregator's latest absolute sliding-window count with its per-site breakdown,
 // and for every source partition of the hits topics, the aggregator's latest heartbeat.
 //
-// The enforcer's global decision reads the view on every request (DESIGN invariant 3:
+// The enforcer's global decision reads the view on every request (docs/architecture.md, invariant 3:
 // used = total − mine + local exact count), so a lookup is a lock-free map load that does
 // not allocate, while one follower goroutine applies the topic's records.
 // The view is also how the enforcer knows when to stop trusting it: Stale reports when the

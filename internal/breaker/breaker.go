@@ -1,6 +1,6 @@
 // Package breaker is a small circuit breaker for calls to a dependency on the request path
 // (Redis in the enforcer), so that a failing dependency costs one fast local decision per
-// request instead of one timeout per request (DESIGN invariant 4).
+// request instead of one timeout per request (docs/architecture.md, invariant 4).
 //
 // The model: Closed lets every call through and keeps the outcomes of the last
 // Options.Window in buckets. It opens when, within that window, at least

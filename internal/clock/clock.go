@@ -1,6 +1,6 @@
 // Package clock provides the time source that every streamlimit component takes, so that
 // tests and the accuracy simulator can drive time deterministically through real code paths
-// (DESIGN invariant 6).
+// (docs/architecture.md, invariant 6).
 package clock
 
 import (

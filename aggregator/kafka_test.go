@@ -167,18 +167,10 @@ func (e *env) run(cfg Config) (*Aggregator, func()) {
 	return a, stop
 }
 
-// eventually polls f until it holds. The timeout is stretched 4× because make test runs
-// with -race and several packages at once on two cores; it bounds a hang, not a speed.
+// eventually waits for f four times as long as timeout says: the machine may be loaded.
 func eventually(t *testing.T, what string, timeout time.Duration, f func() bool) {
 	t.Helper()
-	timeout *= 4
-	deadline := time.Now().Add(timeout)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.Eventually(t, 4*timeout, what, f)
 }
 
 // recorder follows the counts topic from its start.

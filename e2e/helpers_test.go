@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -120,17 +119,9 @@ func compacted() map[string]*string {
 	return map[string]*string{"cleanup.policy": &c, "segment.ms": &seg}
 }
 
-// eventually polls cond every 50 ms until it holds or timeout passes (then the test fails).
-// Timeouts are generous: they bound a hang, they do not assert speed.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.Eventually(t, timeout, what, cond)
 }
 
 // site is one data center of the test: its hits topic, its enforcers and maybe a Redis.
@@ -315,15 +306,7 @@ func startPrivateRedis(t *testing.T) *privateRedis {
 	return p
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t *testing.T) int { return testenv.FreePort(t) }
 
 func (p *privateRedis) addr() string { return "127.0.0.1:" + strconv.Itoa(p.port) }
 

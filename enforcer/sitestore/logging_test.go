@@ -1,38 +1,22 @@
 package sitestore
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
-// syncBuffer is a bytes.Buffer safe for the goroutines that log into it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
+// syncBuffer is a log or output read while it is written.
+type syncBuffer = testenv.SyncBuffer
 
 // TestGoRedisLogsThroughSlog: go-redis's own lines (here, its pool failing to dial) come
 // out of the slog handler installed with GoRedisLogger, as JSON.

@@ -16,16 +16,9 @@ import (
 	"github.com/streamlimit/streamlimit/topics"
 )
 
-// eventually polls cond every 20 ms until it holds, failing after a generous minute.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, what, cond)
 }
 
 // produce writes records synchronously, in order.

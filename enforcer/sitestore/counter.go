@@ -297,19 +297,5 @@ func capArg(c float64) any {
 
 // groups returns the index sets of ops per hash tag, in first-appearance order.
 func (c *Counter) groups(ops []enforcer.GlobalOp) [][]int {
-	var tags []string
-	var groups [][]int
-outer:
-	for i := range ops {
-		t := c.s.tag(ops[i].Key)
-		for g, tg := range tags {
-			if tg == t {
-				groups[g] = append(groups[g], i)
-				continue outer
-			}
-		}
-		tags = append(tags, t)
-		groups = append(groups, []int{i})
-	}
-	return groups
+	return groupByTag(len(ops), func(i int) string { return c.s.tag(ops[i].Key) })
 }

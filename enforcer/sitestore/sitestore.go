@@ -425,11 +425,17 @@ func (s *Store) fill(now time.Time, ops []algo.Op, st []opState, out []algo.Deci
 
 // groups returns the index sets of ops per hash tag, in first-appearance order.
 func (s *Store) groups(ops []algo.Op) [][]int {
+	return groupByTag(len(ops), func(i int) string { return s.tag(ops[i].Key) })
+}
+
+// groupByTag returns the indexes 0..n-1 grouped by tag(i), in first-appearance order: a
+// Redis Cluster runs one script per hash slot.
+func groupByTag(n int, tag func(i int) string) [][]int {
 	var tags []string
 	var groups [][]int
 outer:
-	for i := range ops {
-		t := s.tag(ops[i].Key)
+	for i := range n {
+		t := tag(i)
 		for g, tg := range tags {
 			if tg == t {
 				groups[g] = append(groups[g], i)

@@ -67,10 +67,11 @@ func TestSentinelFailover(t *testing.T) {
 	if ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out); !ok || fb {
 		t.Fatalf("through the Sentinel: allowed %v fellBack %v", ok, fb)
 	}
-	// Let the replica copy the count, then kill the master.
+	// Let the replica copy the count, then kill the master. Its first synchronisation (a
+	// full copy) can take seconds on a loaded machine.
 	r := redis.NewClient(&redis.Options{Addr: raddr})
 	defer r.Close()
-	for deadline := time.Now().Add(5 * time.Second); r.Exists(ctx, "sl:{d}d|sentinel#1m", s.aliveKey).Val() != 2; {
+	for deadline := time.Now().Add(30 * time.Second); r.Exists(ctx, "sl:{d}d|sentinel#1m", s.aliveKey).Val() != 2; {
 		if time.Now().After(deadline) {
 			t.Fatal("the replica did not copy the count")
 		}

@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -69,8 +72,54 @@ func TestAggregatorCommandCountsJSON(t *testing.T) {
 			if c.Total != 4 || c.Site("eu-1") != 4 {
 				t.Fatalf("count %+v, want 4 at eu-1", c)
 			}
+			readWithKcat(t, brokers, counts, h.Key)
 			return
 		}
 	}
 	t.Fatalf("no count of %s in %s within 60 s; aggregator said:\n%s", h.Key, counts, errOut.String())
+}
+
+// readWithKcat runs the README's kcat command on the counts topic and checks that it
+// prints key's count as JSON.
+func readWithKcat(t *testing.T, brokers, topic, key string) {
+	t.Helper()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var line string
+	for _, l := range strings.Split(string(readme), "\n") {
+		if strings.HasPrefix(l, "kcat -C ") && strings.Contains(l, "-t counts") {
+			line = l
+		}
+	}
+	if line == "" {
+		t.Fatal("README has no kcat command reading counts")
+	}
+	if _, err := exec.LookPath("kcat"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("kcat is not installed")
+		}
+		t.Skip("kcat is not installed")
+	}
+	line = strings.Replace(line, "-b localhost:9092", "-b "+brokers, 1)
+	line = strings.Replace(line, "-t counts", "-t "+topic, 1)
+	out, err := exec.Command("bash", "-c", line).Output()
+	if err != nil {
+		t.Fatalf("%s: %v", line, err)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		k, v, _ := strings.Cut(l, " ")
+		if k != key {
+			continue
+		}
+		var c struct {
+			Total float64 `json:"total"`
+		}
+		if err := json.Unmarshal([]byte(v), &c); err != nil || c.Total != 4 {
+			t.Fatalf("kcat printed %q: %v", l, err)
+		}
+		return
+	}
+	t.Fatalf("kcat printed no count of %s:\n%s", key, out)
 }

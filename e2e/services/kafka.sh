@@ -49,9 +49,6 @@ source "$HERE/lib.sh"
 
 VERSION=${STREAMLIMIT_KAFKA_VERSION:-3.9.1}
 SCALA=2.13
-# The logging binding Kafka 3.9's own distribution ships (libs/ of the tgz).
-SLF4J_VERSION=1.7.36
-RELOAD4J_VERSION=1.2.25
 CACHE=${STREAMLIMIT_CACHE:-$HOME/.cache/streamlimit}/kafka-$VERSION
 LIBS=$CACHE/libs
 RUN=$(services_root)/${STREAMLIMIT_KAFKA_INSTANCE:-kafka}
@@ -64,47 +61,7 @@ OUTFILE=$RUN/kafka.out       # JVM stdout/stderr
 READY_TIMEOUT=${STREAMLIMIT_KAFKA_READY_TIMEOUT:-90}
 
 ensure_jars() {
-  if [[ -f $LIBS/.complete ]]; then
-    return
-  fi
-  need_cmd java default-jre-headless
-  need_cmd mvn maven
-  mkdir -p "$CACHE"
-  cat >"$CACHE/pom.xml" <<POM
-<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>streamlimit.testenv</groupId>
-  <artifactId>kafka-runtime</artifactId>
-  <version>$VERSION</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency>
-      <groupId>org.apache.kafka</groupId>
-      <artifactId>kafka_$SCALA</artifactId>
-      <version>$VERSION</version>
-    </dependency>
-    <dependency>
-      <groupId>org.slf4j</groupId>
-      <artifactId>slf4j-reload4j</artifactId>
-      <version>$SLF4J_VERSION</version>
-    </dependency>
-    <dependency>
-      <groupId>ch.qos.reload4j</groupId>
-      <artifactId>reload4j</artifactId>
-      <version>$RELOAD4J_VERSION</version>
-    </dependency>
-  </dependencies>
-</project>
-POM
-  log "fetching Kafka $VERSION jars with Maven into $LIBS"
-  rm -rf "$LIBS"
-  if ! mvn -q -B -f "$CACHE/pom.xml" dependency:copy-dependencies \
-    -DincludeScope=runtime -DoutputDirectory="$LIBS" >"$CACHE/mvn.log" 2>&1; then
-    tail -n 40 "$CACHE/mvn.log" >&2
-    die "mvn could not fetch org.apache.kafka:kafka_$SCALA:$VERSION (log: $CACHE/mvn.log)"
-  fi
-  [[ -f $LIBS/kafka_$SCALA-$VERSION.jar ]] || die "kafka_$SCALA-$VERSION.jar missing from $LIBS"
-  touch "$LIBS/.complete"
+  fetch_jars kafka "$LIBS" "kafka_$SCALA-$VERSION.jar" "kafka_$SCALA"
 }
 
 address() {

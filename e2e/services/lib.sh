@@ -127,3 +127,62 @@ watch_owner() {
     kill -KILL "$pid" 2>/dev/null
   ' watch_owner "$owner" "$pid" "$2" >/dev/null 2>&1 </dev/null &
 }
+
+# The logging binding Kafka 3.9's own distribution ships (libs/ of the tgz), for every JVM
+# these scripts run from Maven's jars.
+SLF4J_VERSION=1.7.36
+RELOAD4J_VERSION=1.2.25
+
+# fetch_jars NAME LIBS CHECK_JAR ARTIFACT...: has Maven copy org.apache.kafka:ARTIFACT of
+# $VERSION (each), the logging binding and their runtime dependencies into LIBS, once
+# (LIBS/.complete marks a finished copy), using $CACHE for the POM and Maven's log.
+# CHECK_JAR must be among the copied files.
+fetch_jars() {
+  local name=$1 libs=$2 check=$3
+  shift 3
+  if [[ -f $libs/.complete ]]; then
+    return
+  fi
+  need_cmd java default-jre-headless
+  need_cmd mvn maven
+  mkdir -p "$CACHE"
+  local pom=$CACHE/$name-pom.xml mvnlog=$CACHE/$name-mvn.log deps="" a
+  for a in "$@"; do
+    deps+="    <dependency>
+      <groupId>org.apache.kafka</groupId>
+      <artifactId>$a</artifactId>
+      <version>$VERSION</version>
+    </dependency>
+"
+  done
+  cat >"$pom" <<POM
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>streamlimit.testenv</groupId>
+  <artifactId>$name-runtime</artifactId>
+  <version>$VERSION</version>
+  <packaging>pom</packaging>
+  <dependencies>
+$deps    <dependency>
+      <groupId>org.slf4j</groupId>
+      <artifactId>slf4j-reload4j</artifactId>
+      <version>$SLF4J_VERSION</version>
+    </dependency>
+    <dependency>
+      <groupId>ch.qos.reload4j</groupId>
+      <artifactId>reload4j</artifactId>
+      <version>$RELOAD4J_VERSION</version>
+    </dependency>
+  </dependencies>
+</project>
+POM
+  log "fetching $name ($VERSION) jars with Maven into $libs"
+  rm -rf "$libs"
+  if ! mvn -q -B -f "$pom" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$libs" >"$mvnlog" 2>&1; then
+    tail -n 40 "$mvnlog" >&2
+    die "mvn could not fetch org.apache.kafka:{$*}:$VERSION (log: $mvnlog)"
+  fi
+  [[ -f $libs/$check ]] || die "$check missing from $libs"
+  touch "$libs/.complete"
+}

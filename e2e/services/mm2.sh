@@ -35,9 +35,6 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/lib.sh"
 
 VERSION=${STREAMLIMIT_KAFKA_VERSION:-3.9.1}
-# The logging binding Kafka 3.9's own distribution ships, as in kafka.sh.
-SLF4J_VERSION=1.7.36
-RELOAD4J_VERSION=1.2.25
 CACHE=${STREAMLIMIT_CACHE:-$HOME/.cache/streamlimit}/kafka-$VERSION
 LIBS=$CACHE/mm2-libs
 RUN=$(services_root)/${STREAMLIMIT_MM2_INSTANCE:-mm2}
@@ -46,52 +43,7 @@ LOGFILE=$RUN/mm2.log       # log4j output
 OUTFILE=$RUN/mm2.out       # JVM stdout/stderr
 
 ensure_jars() {
-  if [[ -f $LIBS/.complete ]]; then
-    return
-  fi
-  need_cmd java default-jre-headless
-  need_cmd mvn maven
-  mkdir -p "$CACHE"
-  cat >"$CACHE/mm2-pom.xml" <<POM
-<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>streamlimit.testenv</groupId>
-  <artifactId>mm2-runtime</artifactId>
-  <version>$VERSION</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency>
-      <groupId>org.apache.kafka</groupId>
-      <artifactId>connect-mirror</artifactId>
-      <version>$VERSION</version>
-    </dependency>
-    <dependency>
-      <groupId>org.apache.kafka</groupId>
-      <artifactId>connect-mirror-client</artifactId>
-      <version>$VERSION</version>
-    </dependency>
-    <dependency>
-      <groupId>org.slf4j</groupId>
-      <artifactId>slf4j-reload4j</artifactId>
-      <version>$SLF4J_VERSION</version>
-    </dependency>
-    <dependency>
-      <groupId>ch.qos.reload4j</groupId>
-      <artifactId>reload4j</artifactId>
-      <version>$RELOAD4J_VERSION</version>
-    </dependency>
-  </dependencies>
-</project>
-POM
-  log "fetching MirrorMaker 2 ($VERSION) jars with Maven into $LIBS"
-  rm -rf "$LIBS"
-  if ! mvn -q -B -f "$CACHE/mm2-pom.xml" dependency:copy-dependencies \
-    -DincludeScope=runtime -DoutputDirectory="$LIBS" >"$CACHE/mm2-mvn.log" 2>&1; then
-    tail -n 40 "$CACHE/mm2-mvn.log" >&2
-    die "mvn could not fetch org.apache.kafka:connect-mirror:$VERSION (log: $CACHE/mm2-mvn.log)"
-  fi
-  [[ -f $LIBS/connect-mirror-$VERSION.jar ]] || die "connect-mirror-$VERSION.jar missing from $LIBS"
-  touch "$LIBS/.complete"
+  fetch_jars mm2 "$LIBS" "connect-mirror-$VERSION.jar" connect-mirror connect-mirror-client
 }
 
 write_log_config() {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/aggregator"
 	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
 // TestGrafanaDashboardMetricsExist checks deploy/grafana/streamlimit.json against the
@@ -122,13 +123,7 @@ func registered(reg *prometheus.Registry, name string) bool {
 // recorded series of alerts_test.yml as it should; and every streamlimit metric they use is
 // registered by the enforcer or the aggregator.
 func TestPrometheusAlerts(t *testing.T) {
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("promtool is missing: apt-get install prometheus")
-		}
-		t.Skip("promtool is missing: apt-get install prometheus")
-	}
+	promtool := testenv.Tool(t, "promtool", "apt-get install prometheus")
 	for _, args := range [][]string{{"check", "rules", "alerts.yml"}, {"test", "rules", "alerts_test.yml"}} {
 		cmd := exec.Command(promtool, args...)
 		cmd.Dir = "prometheus"

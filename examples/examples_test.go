@@ -24,10 +24,7 @@ import (
 // missing, with the hint to install it.
 func need(t *testing.T, what, hint string) {
 	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s is missing: %s", what, hint)
-	}
-	t.Skipf("%s is missing: %s", what, hint)
+	testenv.Unavailable(t, "%s is missing: %s", what, hint)
 }
 
 // kafkaClientJars returns the classpath of Apache Kafka's Java client: the jars that

@@ -6,7 +6,6 @@ import (
 	"math/big"
 	"math/rand/v2"
 	"net"
-	"os"
 	"os/exec"
 	"strconv"
 	"testing"
@@ -258,13 +257,7 @@ type privateRedis struct {
 
 func startPrivateRedis(t *testing.T, extra ...string) *privateRedis {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("redis-server is not installed (needed to stop and restart Redis mid-test): %v", err)
-		}
-		testenv.Redis(t) // skips (or fails under CI) the standard way when Redis is missing
-		t.Fatalf("redis-server is not installed: %v", err)
-	}
+	testenv.Tool(t, "redis-server", "apt-get install redis-server (needed to stop and restart Redis mid-test)")
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

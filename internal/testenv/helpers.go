@@ -3,6 +3,8 @@ package testenv
 import (
 	"bytes"
 	"net"
+	"os"
+	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -51,4 +53,25 @@ func (b *SyncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// Unavailable ends a test that cannot run here: it fails under CI=true, where everything a
+// test needs must be present (a skipped test proves nothing), and skips otherwise.
+func Unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf(format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
+// Tool returns the path of the command name, or ends the test with Unavailable and hint
+// (how to install it).
+func Tool(t testing.TB, name, hint string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		Unavailable(t, "%s is not installed: %s", name, hint)
+	}
+	return p
 }

@@ -122,12 +122,8 @@ func Redis(t testing.TB) string {
 // missing ends a test that needs a service nobody provided.
 func missing(t testing.TB, env, what string, dockerErr error) {
 	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("testenv: %s is not set and Docker is unusable (%v): CI must run `make test`, "+
-			"which starts real Kafka and Redis and sets %s and %s", env, dockerErr, EnvKafkaBrokers, EnvRedisAddr)
-	}
-	t.Skipf("testenv: needs real %s: %s is not set and Docker is unusable (%v); "+
-		"run `make test` to start real Kafka and Redis", what, env, dockerErr)
+	Unavailable(t, "testenv: needs real %s: %s is not set and Docker is unusable (%v); "+
+		"run `make test`, which starts real Kafka and Redis and sets %s and %s", what, env, dockerErr, EnvKafkaBrokers, EnvRedisAddr)
 }
 
 // docker reports whether a Docker daemon answers, checking once per binary.

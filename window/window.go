@@ -297,15 +297,8 @@ func (r *Ring) CountSpan(s *Spec, t int64) float64 {
 
 // CountSince returns the ring's hits after instant t0 (unix ms): the buckets after the one
 // holding t0, and the part of that one after t0 (by the span of its hits when the ring has
-// spans, else by the fraction of the bucket).
-func (r *Ring) CountSince(s *Spec, t0 int64) float64 {
-	i0, frac := s.Oldest(t0 + s.Window)
-	whole, oldest := r.parts(s, i0)
-	if r.spans(s) != nil {
-		frac = r.spanFrac(s, i0, t0+s.Window)
-	}
-	return float64(whole) + float64(oldest)*frac
-}
+// spans, else by the fraction of the bucket) — the count of the window that starts at t0.
+func (r *Ring) CountSince(s *Spec, t0 int64) float64 { return r.CountSpan(s, t0+s.Window) }
 
 // spanFrac is the fraction of bucket i0's hits still in the window starting at t−W, by its
 // span.

@@ -140,8 +140,7 @@ const (
 
 // rulesYAML is the one rule: every client value gets Limit per Window, global scope.
 func rulesYAML(limit int64, w time.Duration) string {
-	return fmt.Sprintf("domain: %s\ndescriptors:\n  - key: %s\n    rate_limit: {window: %dms, requests_per_unit: %d}\n",
-		domain, descKey, w.Milliseconds(), limit)
+	return dcRulesYAML(DCConfig{Limit: limit, Window: w})
 }
 
 // LoadRules loads the simulation's rule through the real rules loader.

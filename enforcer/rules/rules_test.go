@@ -378,7 +378,13 @@ func TestReloader(t *testing.T) {
 	path := filepath.Join(dir, "rules.yaml")
 	write := func(s string) {
 		t.Helper()
-		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+		// Written aside and renamed into place, as deployment tools do: the reloader must
+		// never see a half-written file here (one it would rightly reject as broken).
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
 			t.Fatal(err)
 		}
 	}

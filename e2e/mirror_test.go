@@ -137,53 +137,38 @@ func waitCrossed(t *testing.T, from, to *dc, timeout time.Duration) time.Duratio
 	}
 }
 
-// TestMirrorMakerCrosses proves the harness: two independent Kafka clusters, MirrorMaker 2
-// run from Kafka's jars on the repository's deploy/mm2.properties, links with WAN latency.
-// A hit produced in one data center arrives in the other's "<dc>.hits" in the partition it
-// was written to; once the link is cut, it no longer does, and after healing it does again.
-func TestMirrorMakerCrosses(t *testing.T) {
-	dcs := startMirroredDCs(t, "eu", "us")
-	eu, us := dcs[0], dcs[1]
-
-	// Cut the link into eu: us's MirrorMaker can no longer read eu's hits.
-	eu.link.Cut()
-	probeBlocked(t, eu, us, 5*time.Second)
-	if err := eu.link.Heal(); err != nil {
-		t.Fatal(err)
-	}
-	waitCrossed(t, eu, us, 2*time.Minute)
-}
-
-// probeBlocked asserts that a hit produced in from does not reach to within wait.
-func probeBlocked(t *testing.T, from, to *dc, wait time.Duration) {
-	t.Helper()
+// probeBlocked returns an error if a hit produced in from reaches to within wait. It
+// runs beside the load, off the test's goroutine, so it reports instead of failing.
+func probeBlocked(from, to *dc, wait time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	key := fmt.Sprintf("probe|blocked=%s,n=%d#1s", from.Name, time.Now().UnixNano())
 	val, err := topics.Hit{Key: key, Site: from.Name, BucketStart: time.Now().UnixMilli(), Window: 1000, Count: 1}.MarshalBinary()
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	prod, err := kgo.NewClient(kgo.SeedBrokers(from.Addr), kgo.DefaultProduceTopic(topics.DefaultHitsTopic))
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer prod.Close()
 	if err := prod.ProduceSync(ctx, &kgo.Record{Key: []byte(key), Value: val}).FirstErr(); err != nil {
-		t.Fatalf("producing to %s: %v", from.Name, err)
+		return fmt.Errorf("producing to %s: %w", from.Name, err)
 	}
 	cons, err := kgo.NewClient(kgo.SeedBrokers(to.Addr), kgo.ConsumeTopics(topics.RemoteHitsTopic(from.Name, topics.DefaultHitsTopic)),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer cons.Close()
 	for ctx.Err() == nil {
-		fs := cons.PollFetches(ctx)
-		fs.EachRecord(func(r *kgo.Record) {
-			if string(r.Key) == key {
-				t.Errorf("a hit crossed %s → %s while the link was cut", from.Name, to.Name)
-			}
+		var crossed bool
+		cons.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+			crossed = crossed || string(r.Key) == key
 		})
+		if crossed {
+			return fmt.Errorf("a hit crossed %s → %s while the link was cut", from.Name, to.Name)
+		}
 	}
+	return nil
 }

@@ -74,7 +74,7 @@ type mcClient struct {
 // one at 3× its limit spread over both data centers, a migrating one at 1.5× that switches
 // data center every 8 s and a lighter one at 0.8× on the same schedule, and a failover group
 // under their limits at eu that all move to us at once; then both links are cut for 25 s and
-// healed. Every admission is measured
+// healed (a probe hit must not cross while cut, and must once healed). Every admission is measured
 // against an exact global sliding-window log on the same requests; the figures are logged
 // as a table (docs/multidc.md) and bounded.
 func TestMultiClusterWAN(t *testing.T) {
@@ -113,6 +113,10 @@ func TestMultiClusterWAN(t *testing.T) {
 			d.link.Cut()
 		}
 		t.Logf("links cut at %.1fs", time.Since(g.start).Seconds())
+		// The harness itself: while cut, MirrorMaker can no longer carry a hit across.
+		if err := probeBlocked(dcs[0], dcs[1], 5*time.Second); err != nil {
+			t.Error(err)
+		}
 		if !sleepUntil(ctx, g.start.Add(mcHealAt)) {
 			return
 		}
@@ -125,6 +129,8 @@ func TestMultiClusterWAN(t *testing.T) {
 	})
 	runClients(ctx, g, clients)
 	links.Wait()
+	// And once healed, it carries hits again.
+	waitCrossed(t, dcs[0], dcs[1], 2*time.Minute)
 	rs := g.snapshot()
 
 	all := summarize(rs, 0, mcEnd)

@@ -36,7 +36,8 @@ const (
 	// requests leave at the constant leak rate.
 	LeakyBucket
 	// FixedWindow counts requests in windows aligned to multiples of Limit.Window since the
-	// Unix epoch. Up to 2× the allowance can pass in a short span around a window boundary.
+	// Unix epoch, or to calendar months or years (Limit.Calendar). Up to 2× the allowance
+	// can pass in a short span around a window boundary.
 	FixedWindow
 	// SlidingLog keeps the admissions of the last Limit.Window, each as its time and its
 	// number of hits, and admits a request only if no window of length Window ending now
@@ -52,39 +53,72 @@ const (
 	numAlgorithms
 )
 
-var algorithmNames = [numAlgorithms]string{
-	SlidingWindow: "sliding_window",
-	TokenBucket:   "token_bucket",
-	LeakyBucket:   "leaky_bucket",
-	FixedWindow:   "fixed_window",
-	SlidingLog:    "sliding_log",
-	GCRA:          "gcra",
+// algorithms is the registration table: every Algorithm's name and in-process
+// implementation, which lives in one file per algorithm (bucket.go for the TAT family,
+// fixed_window.go, sliding_window.go, sliding_log.go). The Store and the parsers find an
+// algorithm only through this table; package sitestore keeps the Redis side's.
+var algorithms = [numAlgorithms]impl{
+	SlidingWindow: slidingWindowImpl,
+	TokenBucket:   bucketImpl("token_bucket"),
+	LeakyBucket:   bucketImpl("leaky_bucket"),
+	FixedWindow:   fixedWindowImpl,
+	SlidingLog:    slidingLogImpl,
+	GCRA:          bucketImpl("gcra"),
+}
+
+// impl is one algorithm's in-process implementation: its state is a part of entry, and
+// these functions are all that the Store knows of it.
+type impl struct {
+	// name is the algorithm's configuration name (rules' algorithm:).
+	name string
+	// bucket marks the TAT family: a request fits only up to Limit.Capacity(), and
+	// Store.Reserve shapes with it.
+	bucket bool
+	// decide evaluates op against e at now (unix ns) and, when commit is set and the
+	// request fits, takes op.N. e is already adopted for op.
+	decide func(e *entry, now int64, op *Op, commit bool) Decision
+	// keep carries e's state over to op's allowance when only that changed (a rules
+	// reload); nil when the state does not depend on the allowance.
+	keep func(e *entry, op *Op)
+	// note records in saved, e's copy from before op was taken, what taking it did that
+	// the copy cannot tell (nil: nothing), for undo.
+	note func(saved, e *entry)
+	// undo takes op back out of e after an AllowAll that failed; saved is e's copy from
+	// before op was taken (with note's record).
+	undo func(e, saved *entry, op *Op)
 }
 
 // String returns the configuration name of a, e.g. "token_bucket".
 func (a Algorithm) String() string {
 	if a < numAlgorithms {
-		return algorithmNames[a]
+		return algorithms[a].name
 	}
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
 
 // Names lists the configuration names of all algorithms, in declaration order.
-func Names() []string { return append([]string(nil), algorithmNames[:]...) }
+func Names() []string {
+	names := make([]string, numAlgorithms)
+	for i := range algorithms {
+		names[i] = algorithms[i].name
+	}
+	return names
+}
 
 // ParseAlgorithm returns the Algorithm whose configuration name is s.
 func ParseAlgorithm(s string) (Algorithm, error) {
-	for i, n := range algorithmNames {
-		if n == s {
+	for i := range algorithms {
+		if algorithms[i].name == s {
 			return Algorithm(i), nil
 		}
 	}
 	return 0, fmt.Errorf("unknown algorithm %q", s)
 }
 
-// bucket reports whether a belongs to the TAT family (token bucket, leaky bucket, GCRA),
-// which share one state and one exact implementation.
-func (a Algorithm) bucket() bool { return a == TokenBucket || a == LeakyBucket || a == GCRA }
+// bucket reports whether a belongs to the TAT family (token bucket, leaky bucket, GCRA):
+// its size is Limit.Capacity() rather than Limit.Allowance(), and it can shape traffic
+// (Store.Reserve).
+func (a Algorithm) bucket() bool { return a < numAlgorithms && algorithms[a].bucket }
 
 // Never is the RetryAfter of a request that can never be admitted: its size exceeds the
 // limit's capacity, or the limit admits nothing (Requests 0).
@@ -107,6 +141,10 @@ type Limit struct {
 	// 110% of Requests. The extra is rounded down (10% of 7 is 0), so a soft limit is never
 	// more generous than stated. 0 is a hard limit.
 	SoftPercent int
+	// Calendar makes FixedWindow's windows calendar months or years in UTC rather than
+	// multiples of Window since the Unix epoch (see FixedBounds); Window then stays the
+	// limit's nominal period. The other algorithms ignore it. Default: Epoch.
+	Calendar Calendar
 }
 
 // Allowance is the number of requests admitted per Window: Requests plus
@@ -132,7 +170,7 @@ func soft(n int64, pct int) int64 {
 }
 
 // Validate reports whether l can be enforced: Requests ≥ 0, Window > 0, Burst ≥ 0,
-// SoftPercent ≥ 0, and the bucket capacity expressed as time (Capacity × Window /
+// SoftPercent ≥ 0, a known Calendar, and the bucket capacity expressed as time (Capacity × Window /
 // Allowance) below 2⁶² ns (about 146 years).
 func (l Limit) Validate() error {
 	switch {
@@ -144,6 +182,8 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("burst %d < 0", l.Burst)
 	case l.SoftPercent < 0:
 		return fmt.Errorf("soft percent %d < 0", l.SoftPercent)
+	case l.Calendar > Year:
+		return fmt.Errorf("unknown calendar %v", l.Calendar)
 	}
 	if a := l.Allowance(); a > 0 {
 		if q, _, ok := exact.MulDiv(uint64(l.Capacity()), uint64(l.Window), uint64(a)); !ok || q >= 1<<62 {

@@ -589,3 +589,20 @@ func BenchmarkAllowAll3(b *testing.B) {
 		s.AllowAll(base, ops, out)
 	}
 }
+
+// Every Algorithm is registered with a name and an in-process implementation: a constant
+// added without its row in the table fails here.
+func TestRegistrationTable(t *testing.T) {
+	for a := Algorithm(0); a < numAlgorithms; a++ {
+		im := algorithms[a]
+		if im.name == "" || im.decide == nil || im.undo == nil {
+			t.Errorf("algorithm %d is not fully registered: %+v", a, im)
+		}
+		if got, err := ParseAlgorithm(im.name); err != nil || got != a {
+			t.Errorf("ParseAlgorithm(%q) = %v, %v; want %d", im.name, got, err, a)
+		}
+	}
+	if len(Names()) != int(numAlgorithms) || len(all) != int(numAlgorithms) {
+		t.Errorf("Names() lists %d, the tests %d, of %d algorithms", len(Names()), len(all), numAlgorithms)
+	}
+}

@@ -282,7 +282,9 @@ func (s *Store) AllowAll(now time.Time, ops []Op, out []Decision) bool {
 		e.adopt(op)
 		undo = append(undo, *e)
 		out[i] = e.decide(t, op, true)
-		undo[i].logDid, undo[i].logPrevTS = e.logDid, e.logPrevTS // what this op did to a sliding log
+		if note := algorithms[op.Algorithm].note; note != nil {
+			note(&undo[i], e)
+		}
 		if !out[i].Allowed {
 			all = false
 		}
@@ -295,14 +297,8 @@ func (s *Store) AllowAll(now time.Time, ops []Op, out []Decision) bool {
 				continue
 			}
 			saved := &undo[i]
-			if ops[i].Algorithm == SlidingLog {
-				// Pruning during the op only dropped expired entries; undo what it recorded
-				// and keep the ring it may have grown.
-				e.unrecord(saved.logDid, saved.logPrevTS, ops[i].N)
-				e.expires = saved.expires
-			} else {
-				e.tat, e.start, e.cur, e.prev, e.expires = saved.tat, saved.start, saved.cur, saved.prev, saved.expires
-			}
+			algorithms[ops[i].Algorithm].undo(e, saved, &ops[i])
+			e.expires = saved.expires
 		}
 		for i := range ops {
 			if es[i] != nil && out[i].Allowed {

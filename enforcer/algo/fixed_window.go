@@ -1,0 +1,119 @@
+package algo
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/streamlimit/streamlimit/internal/exact"
+)
+
+var fixedWindowImpl = impl{
+	name:   "fixed_window",
+	decide: (*entry).fixed,
+	undo:   func(e, saved *entry, _ *Op) { e.windowState = saved.windowState },
+}
+
+// windowState is the window algorithms' part of an entry: the count of the window that
+// starts at start. (SlidingWindow keeps the previous window's count beside it.)
+type windowState struct {
+	start int64 // start of the current aligned window, unix ns
+	cur   int64 // count in the current window
+}
+
+// Calendar says where FixedWindow's windows start (Limit.Calendar).
+type Calendar uint8
+
+const (
+	// Epoch windows start at multiples of Limit.Window since the Unix epoch: for windows of
+	// a second, minute, hour or day these are the calendar's boundaries in UTC (a week's
+	// start on Thursdays, as the epoch did).
+	Epoch Calendar = iota
+	// Month windows are the calendar months in UTC, each from the first of the month.
+	Month
+	// Year windows are the calendar years in UTC, each from January 1st.
+	Year
+)
+
+var calendarNames = [...]string{Epoch: "epoch", Month: "month", Year: "year"}
+
+// String returns c's name: "epoch", "month" or "year".
+func (c Calendar) String() string {
+	if int(c) < len(calendarNames) {
+		return calendarNames[c]
+	}
+	return fmt.Sprintf("Calendar(%d)", uint8(c))
+}
+
+// FixedBounds returns the start and the end (unix ns) of l's FixedWindow window that
+// contains now: [k × Window, (k+1) × Window) since the Unix epoch, or with l.Calendar the
+// calendar month or year in UTC.
+func FixedBounds(now int64, l Limit) (start, end int64) {
+	switch l.Calendar {
+	case Month, Year:
+		t := time.Unix(0, now).UTC()
+		y, m := t.Year(), t.Month()
+		if l.Calendar == Year {
+			m = time.January
+		}
+		first := time.Date(y, m, 1, 0, 0, 0, 0, time.UTC)
+		next := first.AddDate(0, 1, 0)
+		if l.Calendar == Year {
+			next = first.AddDate(1, 0, 0)
+		}
+		return first.UnixNano(), next.UnixNano()
+	}
+	ws := windowStart(now, l)
+	return ws, ws + int64(l.Window)
+}
+
+// windowStart returns the start of the window of l containing now: the largest multiple
+// of l.Window (since the Unix epoch) at or before now.
+func windowStart(now int64, l Limit) int64 {
+	w := int64(l.Window)
+	return exact.FloorDiv(now, w) * w
+}
+
+// FixedDecision returns the Decision of a request of n under l for FixedWindow at now,
+// where cur is the count already taken in the window containing now (see FixedBounds).
+//
+// The request fits when cur + n ≤ l.Allowance(). ResetAfter is the time until the window
+// ends, or 0 when its count (after the request, with take) is 0; RetryAfter is the time
+// until the window ends, or Never when n exceeds the allowance.
+func FixedDecision(now, cur int64, l Limit, n int64, take bool) Decision {
+	_, end := FixedBounds(now, l)
+	return fixedDecision(now, end, cur, l, n, take)
+}
+
+// fixedDecision is FixedDecision with the window's end given.
+func fixedDecision(now, end, cur int64, l Limit, n int64, take bool) Decision {
+	a := l.Allowance()
+	allowed := n <= a && cur+n <= a
+	if allowed && take && n > 0 {
+		cur += n
+	}
+	d := Decision{Allowed: allowed, Limit: max(a, 0), Remaining: max(a-cur, 0)}
+	if cur > 0 {
+		d.ResetAfter = time.Duration(end - now)
+	}
+	if !allowed {
+		if n > a {
+			d.RetryAfter = Never
+		} else {
+			d.RetryAfter = time.Duration(end - now)
+		}
+	}
+	return d
+}
+
+func (e *entry) fixed(now int64, op *Op, commit bool) Decision {
+	ws, end := FixedBounds(now, op.Limit)
+	cur := int64(0)
+	if e.start == ws {
+		cur = e.cur
+	}
+	d := fixedDecision(now, end, cur, op.Limit, op.N, commit)
+	if d.Allowed && commit && op.N > 0 {
+		e.start, e.cur, e.expires = ws, cur+op.N, end
+	}
+	return d
+}

@@ -30,6 +30,9 @@ var bucketSite = siteAlgorithm{
 		return algo.BucketDecision(time.Duration(st.r1), st.r2, op.Limit, op.N, commit)
 	},
 	check: func(lim algo.Limit) error {
+		if err := nsWindow(lim); err != nil {
+			return err
+		}
 		a, c := lim.Allowance(), lim.Capacity()
 		if a > 0 && c > 0 && exact.Span(c, int64(lim.Window), a).NS >= maxExact {
 			return fmt.Errorf("bucket capacity %d at %d per %v lasts longer than 2^52 ns", c, a, lim.Window)

@@ -11,8 +11,10 @@ import (
 var fixedWindowLua string
 
 // fixedWindowSite is the fixed window in Redis. The window's bounds (calendar ones
-// included) come from algo.FixedBounds, so Lua only compares the start and sets the TTL:
-// the counter's hash expires when its window has ended (plus the slack).
+// included) come from algo.FixedBounds, so Lua only compares the start and sets the TTL
+// in milliseconds: the counter's hash expires when its window has ended (plus the
+// slack). Lua does no arithmetic on the window in nanoseconds, so windows longer than 2^52
+// ns (a year) are kept in Redis too.
 var fixedWindowSite = siteAlgorithm{
 	lua: "fixed_window", src: fixedWindowLua,
 	args: func(args []any, now int64, op *algo.Op) []any {

@@ -28,10 +28,11 @@
 // exactly as in algo, with the spans Capacity×Window/Allowance and N×Window/Allowance
 // computed in Go; the sliding window's weighted estimate is compared exactly with 24-bit
 // limbs. Only the Decision's counts and durations are derived in Go from the state the
-// script reports, with algo's own arithmetic. The exact range is: Window, the bucket
-// capacity as time, Allowance, Capacity and N at most 2⁵² (Window ≤ 52 days), a time not
-// before 1970, and for SlidingLog an allowance of at most 65536 (one list entry per
-// admitted request). A request with an op outside it is decided by the fallback store and
+// script reports, with algo's own arithmetic. The exact range is: Allowance, Capacity and
+// N at most 2⁵², a time not before 1970, and per algorithm (its check in the registration
+// table): Window and the bucket capacity as time at most 2⁵² ns (52 days) for every
+// algorithm but FixedWindow, whose Lua counts time in milliseconds; for SlidingLog an
+// allowance of at most 65536 (one list entry per admitted request). A request with an op outside it is decided by the fallback store and
 // counted as fallback_decisions_total{reason="out_of_range"}; CheckLimit lets a rules
 // loader reject such limits up front.
 //
@@ -480,12 +481,19 @@ func CheckLimit(alg algo.Algorithm, lim algo.Limit) error {
 	switch {
 	case !ok:
 		return fmt.Errorf("%v is not kept in Redis: %s", alg, notInRedis[alg])
-	case int64(lim.Window) > maxExact:
-		return fmt.Errorf("window %v is longer than site scope's 2^52 ns (about 52 days)", lim.Window)
 	case a > maxExact || c > maxExact:
 		return fmt.Errorf("allowance %d or capacity %d is over site scope's 2^52", a, c)
 	case sa.check != nil:
 		return sa.check(lim)
+	}
+	return nil
+}
+
+// nsWindow is the range check of the algorithms whose Lua does arithmetic on the window
+// in nanoseconds: at most 2^52 ns.
+func nsWindow(lim algo.Limit) error {
+	if int64(lim.Window) > maxExact {
+		return fmt.Errorf("window %v is longer than site scope's 2^52 ns (about 52 days) for this algorithm", lim.Window)
 	}
 	return nil
 }

@@ -28,6 +28,9 @@ var slidingLogSite = siteAlgorithm{
 		return algo.SlidingLogDecision(st.r1, st.r2, st.r3, op.Limit, op.N, commit)
 	},
 	check: func(lim algo.Limit) error {
+		if err := nsWindow(lim); err != nil {
+			return err
+		}
 		if a := lim.Allowance(); a > maxLogAllowance {
 			return fmt.Errorf("sliding_log allowance %d is over site scope's %d", a, maxLogAllowance)
 		}

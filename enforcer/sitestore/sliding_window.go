@@ -20,6 +20,7 @@ var slidingWindowSite = siteAlgorithm{
 		ws := exact.FloorDiv(now, w) * w
 		return append(args, strconv.FormatInt(ws, 10), strconv.FormatInt(ws-w, 10), ws+w-now, w, ceilMs(ws+2*w-now))
 	},
+	check: nsWindow,
 	// r1, r2 = counts in the current and previous window
 	decide: func(op *algo.Op, now int64, st opState, commit bool) algo.Decision {
 		return algo.SlidingDecision(now, st.r1, st.r2, op.Limit, op.N, commit)

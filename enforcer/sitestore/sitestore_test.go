@@ -57,7 +57,10 @@ func limitsFor(alg algo.Algorithm) []algo.Limit {
 
 func TestMatchesAlgoStore(t *testing.T) {
 	client := testenv.RedisClient(t)
-	for a := algo.SlidingWindow; a <= algo.GCRA; a++ {
+	for a := range algo.Algorithm(len(algo.Names())) { // every algorithm, new ones included
+		if _, ok := notInRedis[a]; ok {
+			continue
+		}
 		t.Run(a.String(), func(t *testing.T) {
 			rs := newStore(t, client, testenv.KeyPrefix(t), nil)
 			ls := algo.New(algo.Options{})

@@ -67,25 +67,25 @@ var algorithms = [numAlgorithms]impl{
 }
 
 // impl is one algorithm's in-process implementation: its state is a part of entry, and
-// these functions are all that the Store knows of it.
+// these functions are all that the Store knows of it. Called through this table, their
+// pointer arguments escape as far as the compiler can tell, so they take the limit and the
+// cost by value and only entries that are on the heap already (the Store's, or a shard's
+// scratch copy): a decision allocates nothing.
 type impl struct {
 	// name is the algorithm's configuration name (rules' algorithm:).
 	name string
 	// bucket marks the TAT family: a request fits only up to Limit.Capacity(), and
 	// Store.Reserve shapes with it.
 	bucket bool
-	// decide evaluates op against e at now (unix ns) and, when commit is set and the
-	// request fits, takes op.N. e is already adopted for op.
-	decide func(e *entry, now int64, op *Op, commit bool) Decision
-	// keep carries e's state over to op's allowance when only that changed (a rules
+	// decide evaluates a request of n under l against e at now (unix ns) and, when commit
+	// is set and the request fits, takes n. e is already adopted for it.
+	decide func(e *entry, now int64, l Limit, n int64, commit bool) Decision
+	// keep carries e's state over to l's allowance when only that changed (a rules
 	// reload); nil when the state does not depend on the allowance.
-	keep func(e *entry, op *Op)
-	// note records in saved, e's copy from before op was taken, what taking it did that
-	// the copy cannot tell (nil: nothing), for undo.
-	note func(saved, e *entry)
-	// undo takes op back out of e after an AllowAll that failed; saved is e's copy from
-	// before op was taken (with note's record).
-	undo func(e, saved *entry, op *Op)
+	keep func(e *entry, l Limit)
+	// undo takes n back out of e after an AllowAll that failed; saved is e as it was
+	// before n was taken, with entry.noteUndo's record of what taking it did.
+	undo func(e *entry, saved entry, n int64)
 }
 
 // String returns the configuration name of a, e.g. "token_bucket".

@@ -14,12 +14,12 @@ import (
 func bucketImpl(name string) impl {
 	return impl{
 		name: name, bucket: true,
-		decide: func(e *entry, now int64, op *Op, commit bool) Decision {
-			d, _ := e.bucket(now, op, commit, -1)
+		decide: func(e *entry, now int64, l Limit, n int64, commit bool) Decision {
+			d, _ := e.bucket(now, l, n, commit, -1)
 			return d
 		},
 		keep: keepBucket,
-		undo: func(e, saved *entry, _ *Op) { e.tat = saved.tat },
+		undo: func(e *entry, saved entry, _ int64) { e.tat = saved.tat },
 	}
 }
 
@@ -31,8 +31,8 @@ type bucketState struct {
 
 // keepBucket keeps the TAT when only the allowance changed, rescaling its fraction of a
 // nanosecond to the new allowance.
-func keepBucket(e *entry, op *Op) {
-	if a := op.Limit.Allowance(); a > 0 && a != e.den {
+func keepBucket(e *entry, l Limit) {
+	if a := l.Allowance(); a > 0 && a != e.den {
 		if e.den > 0 {
 			q, _, _ := exact.MulDiv(uint64(e.tat.Rem), uint64(a), uint64(e.den))
 			e.tat.Rem = int64(q)
@@ -97,10 +97,10 @@ func neverIf(b bool) time.Duration {
 // bucket level after it stays within capacity. With maxDelay ≥ 0 it is a shaper as well:
 // the request also needs its start delay (the time until the bucket has drained what was
 // queued before it) to be at most maxDelay; the delay is returned.
-func (e *entry) bucket(now int64, op *Op, commit bool, maxDelay time.Duration) (Decision, time.Duration) {
-	a, c, n := op.Limit.Allowance(), op.Limit.Capacity(), op.N
+func (e *entry) bucket(now int64, l Limit, n int64, commit bool, maxDelay time.Duration) (Decision, time.Duration) {
+	a, c := l.Allowance(), l.Capacity()
 	if a <= 0 || c <= 0 {
-		d, _ := bucketDecision(exact.Time{}, op.Limit, n, false)
+		d, _ := bucketDecision(exact.Time{}, l, n, false)
 		return d, 0
 	}
 	if e.den == 0 {
@@ -113,7 +113,7 @@ func (e *entry) bucket(now int64, op *Op, commit bool, maxDelay time.Duration) (
 	}
 	delay := time.Duration(backlog.Ceil())
 	shaped := maxDelay >= 0 && delay > maxDelay
-	d, over := bucketDecision(backlog, op.Limit, n, commit && !shaped)
+	d, over := bucketDecision(backlog, l, n, commit && !shaped)
 	if shaped {
 		d.Allowed = false
 		if r := delay - maxDelay; r > d.RetryAfter {

@@ -25,7 +25,7 @@ func (e *entry) adopt(op *Op) {
 	w := int64(op.Limit.Window)
 	if e.alg == op.Algorithm && e.window == w && e.window != 0 {
 		if keep := algorithms[e.alg].keep; keep != nil {
-			keep(e, op)
+			keep(e, op.Limit)
 		}
 		return
 	}
@@ -38,5 +38,12 @@ func (e *entry) adopt(op *Op) {
 // decide evaluates op against e at now (unix ns) and, when commit is set and the request
 // fits, takes op.N. e must already be adopted for op.
 func (e *entry) decide(now int64, op *Op, commit bool) Decision {
-	return algorithms[op.Algorithm].decide(e, now, op, commit)
+	return algorithms[op.Algorithm].decide(e, now, op.Limit, op.N, commit)
+}
+
+// noteUndo records in saved, e's copy from before an op of an AllowAll, what the op did
+// that the copy cannot tell (which sliding-log entry it changed), so that the op can be
+// undone if the AllowAll fails.
+func (saved *entry) noteUndo(e *entry) {
+	saved.logDid, saved.logPrevTS = e.logDid, e.logPrevTS
 }

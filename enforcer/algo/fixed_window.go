@@ -10,7 +10,7 @@ import (
 var fixedWindowImpl = impl{
 	name:   "fixed_window",
 	decide: (*entry).fixed,
-	undo:   func(e, saved *entry, _ *Op) { e.windowState = saved.windowState },
+	undo:   func(e *entry, saved entry, _ int64) { e.windowState = saved.windowState },
 }
 
 // windowState is the window algorithms' part of an entry: the count of the window that
@@ -105,15 +105,15 @@ func fixedDecision(now, end, cur int64, l Limit, n int64, take bool) Decision {
 	return d
 }
 
-func (e *entry) fixed(now int64, op *Op, commit bool) Decision {
-	ws, end := FixedBounds(now, op.Limit)
+func (e *entry) fixed(now int64, l Limit, n int64, commit bool) Decision {
+	ws, end := FixedBounds(now, l)
 	cur := int64(0)
 	if e.start == ws {
 		cur = e.cur
 	}
-	d := fixedDecision(now, end, cur, op.Limit, op.N, commit)
-	if d.Allowed && commit && op.N > 0 {
-		e.start, e.cur, e.expires = ws, cur+op.N, end
+	d := fixedDecision(now, end, cur, l, n, commit)
+	if d.Allowed && commit && n > 0 {
+		e.start, e.cur, e.expires = ws, cur+n, end
 	}
 	return d
 }

@@ -5,10 +5,9 @@ import "time"
 var slidingLogImpl = impl{
 	name:   "sliding_log",
 	decide: (*entry).slidingLog,
-	note:   func(saved, e *entry) { saved.logDid, saved.logPrevTS = e.logDid, e.logPrevTS },
 	// Pruning during the op only dropped expired entries; undo what it recorded and keep
 	// the ring it may have grown.
-	undo: func(e, saved *entry, op *Op) { e.unrecord(saved.logDid, saved.logPrevTS, op.N) },
+	undo: func(e *entry, saved entry, n int64) { e.unrecord(saved.logDid, saved.logPrevTS, n) },
 }
 
 // logState is SlidingLog's part of an entry.
@@ -55,8 +54,8 @@ func SlidingLogDecision(count, newest, oldest int64, l Limit, n int64, take bool
 	return d
 }
 
-func (e *entry) slidingLog(now int64, op *Op, commit bool) Decision {
-	a, w, n := op.Limit.Allowance(), int64(op.Limit.Window), op.N
+func (e *entry) slidingLog(now int64, l Limit, n int64, commit bool) Decision {
+	a, w := l.Allowance(), int64(l.Window)
 	// Drop entries that left the window (now − ts ≥ w); this never changes a decision.
 	for e.n > 0 && now-e.log[e.head].ts >= w {
 		e.total -= e.log[e.head].n
@@ -81,7 +80,7 @@ func (e *entry) slidingLog(now int64, op *Op, commit bool) Decision {
 			}
 		}
 	}
-	d := SlidingLogDecision(count, newest, oldest, op.Limit, n, commit)
+	d := SlidingLogDecision(count, newest, oldest, l, n, commit)
 	e.logDid = logNone
 	if d.Allowed && commit && n > 0 {
 		e.record(now, n, a)

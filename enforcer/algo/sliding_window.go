@@ -9,7 +9,7 @@ import (
 var slidingWindowImpl = impl{
 	name:   "sliding_window",
 	decide: (*entry).sliding,
-	undo: func(e, saved *entry, _ *Op) {
+	undo: func(e *entry, saved entry, _ int64) {
 		e.windowState, e.slidingState = saved.windowState, saved.slidingState
 	},
 }
@@ -73,9 +73,9 @@ func slidingDecision(now, ws, cur, prev int64, l Limit, n int64, take bool) Deci
 	return d
 }
 
-func (e *entry) sliding(now int64, op *Op, commit bool) Decision {
-	w := int64(op.Limit.Window)
-	ws := windowStart(now, op.Limit)
+func (e *entry) sliding(now int64, l Limit, n int64, commit bool) Decision {
+	w := int64(l.Window)
+	ws := windowStart(now, l)
 	cur, prev := int64(0), int64(0)
 	switch e.start {
 	case ws:
@@ -83,9 +83,9 @@ func (e *entry) sliding(now int64, op *Op, commit bool) Decision {
 	case ws - w:
 		prev = e.cur
 	}
-	d := slidingDecision(now, ws, cur, prev, op.Limit, op.N, commit)
-	if d.Allowed && commit && op.N > 0 {
-		e.start, e.cur, e.prev, e.expires = ws, cur+op.N, prev, ws+2*w
+	d := slidingDecision(now, ws, cur, prev, l, n, commit)
+	if d.Allowed && commit && n > 0 {
+		e.start, e.cur, e.prev, e.expires = ws, cur+n, prev, ws+2*w
 	}
 	return d
 }

@@ -6,6 +6,7 @@
 package algo
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -16,9 +17,9 @@ import (
 func TestNoAllocation(t *testing.T) {
 	s := New(Options{})
 	l := Limit{Requests: 1 << 40, Window: time.Minute}
-	for _, a := range all {
-		op := Op{Key: "k" + a.String(), Algorithm: a, Limit: l, N: 1}
-		deny := Op{Key: "d" + a.String(), Algorithm: a, Limit: Limit{Requests: 1, Window: time.Minute}, N: 1}
+	for _, a := range Algorithms() {
+		op := Op{Key: fmt.Sprint("k", a, a.Calendar()), Algorithm: a, Limit: l, N: 1}
+		deny := Op{Key: fmt.Sprint("d", a, a.Calendar()), Algorithm: a, Limit: Limit{Requests: 1, Window: time.Minute}, N: 1}
 		ops := []Op{op, deny}
 		out := make([]Decision, 2)
 		now := base

@@ -12,20 +12,21 @@ func utc(y int, m time.Month, d, h, min, s int) time.Time {
 func TestFixedBounds(t *testing.T) {
 	for _, c := range []struct {
 		now        time.Time
-		l          Limit
+		w          time.Duration
+		cal        Calendar
 		start, end time.Time
 	}{
-		{utc(2026, 1, 31, 23, 59, 59), Limit{Window: 30 * 24 * time.Hour, Calendar: Month}, utc(2026, 1, 1, 0, 0, 0), utc(2026, 2, 1, 0, 0, 0)},
-		{utc(2028, 2, 29, 12, 0, 0), Limit{Window: 30 * 24 * time.Hour, Calendar: Month}, utc(2028, 2, 1, 0, 0, 0), utc(2028, 3, 1, 0, 0, 0)},
-		{utc(2026, 12, 31, 23, 0, 0), Limit{Window: 365 * 24 * time.Hour, Calendar: Year}, utc(2026, 1, 1, 0, 0, 0), utc(2027, 1, 1, 0, 0, 0)},
-		{utc(2026, 11, 21, 13, 45, 10), Limit{Window: time.Hour}, utc(2026, 11, 21, 13, 0, 0), utc(2026, 11, 21, 14, 0, 0)},
-		{utc(2026, 11, 21, 13, 45, 10), Limit{Window: 24 * time.Hour}, utc(2026, 11, 21, 0, 0, 0), utc(2026, 11, 22, 0, 0, 0)},
+		{utc(2026, 1, 31, 23, 59, 59), 30 * 24 * time.Hour, Month, utc(2026, 1, 1, 0, 0, 0), utc(2026, 2, 1, 0, 0, 0)},
+		{utc(2028, 2, 29, 12, 0, 0), 30 * 24 * time.Hour, Month, utc(2028, 2, 1, 0, 0, 0), utc(2028, 3, 1, 0, 0, 0)},
+		{utc(2026, 12, 31, 23, 0, 0), 365 * 24 * time.Hour, Year, utc(2026, 1, 1, 0, 0, 0), utc(2027, 1, 1, 0, 0, 0)},
+		{utc(2026, 11, 21, 13, 45, 10), time.Hour, Epoch, utc(2026, 11, 21, 13, 0, 0), utc(2026, 11, 21, 14, 0, 0)},
+		{utc(2026, 11, 21, 13, 45, 10), 24 * time.Hour, Epoch, utc(2026, 11, 21, 0, 0, 0), utc(2026, 11, 22, 0, 0, 0)},
 		// A week of the epoch starts on a Thursday, as envoyproxy/ratelimit's does.
-		{utc(2026, 11, 21, 13, 45, 10), Limit{Window: 7 * 24 * time.Hour}, utc(2026, 11, 19, 0, 0, 0), utc(2026, 11, 26, 0, 0, 0)},
+		{utc(2026, 11, 21, 13, 45, 10), 7 * 24 * time.Hour, Epoch, utc(2026, 11, 19, 0, 0, 0), utc(2026, 11, 26, 0, 0, 0)},
 	} {
-		s, e := FixedBounds(c.now.UnixNano(), c.l)
+		s, e := FixedBounds(c.now.UnixNano(), c.w, c.cal)
 		if s != c.start.UnixNano() || e != c.end.UnixNano() {
-			t.Errorf("FixedBounds(%v, %v %v) = %v … %v, want %v … %v", c.now, c.l.Window, c.l.Calendar,
+			t.Errorf("FixedBounds(%v, %v %v) = %v … %v, want %v … %v", c.now, c.w, c.cal,
 				time.Unix(0, s).UTC(), time.Unix(0, e).UTC(), c.start, c.end)
 		}
 	}
@@ -35,8 +36,8 @@ func TestFixedBounds(t *testing.T) {
 // 30 days since the epoch; Retry-After and the reset are the boundary.
 func TestCalendarMonthAcrossTheBoundary(t *testing.T) {
 	s := New(Options{})
-	l := Limit{Requests: 2, Window: 30 * 24 * time.Hour, Calendar: Month}
-	op := Op{Key: "k", Algorithm: FixedWindow, Limit: l, N: 1}
+	l := Limit{Requests: 2, Window: 30 * 24 * time.Hour}
+	op := Op{Key: "k", Algorithm: FixedWindowOn(Month), Limit: l, N: 1}
 	jan := utc(2026, 1, 31, 23, 59, 58)
 	for i := range 2 {
 		if d := s.Allow(jan, op); !d.Allowed || d.ResetAfter != 2*time.Second {
@@ -56,7 +57,7 @@ func TestCalendarMonthAcrossTheBoundary(t *testing.T) {
 		t.Fatalf("reset on Feb 1st = %v, want %v (Mar 1st)", d.ResetAfter, want)
 	}
 	// The same limit on the epoch's grid of 30 days has no boundary there.
-	op.Key, op.Limit.Calendar = "e", Epoch
+	op.Key, op.Algorithm = "e", FixedWindow
 	for range 2 {
 		s.Allow(jan, op)
 	}
@@ -67,7 +68,7 @@ func TestCalendarMonthAcrossTheBoundary(t *testing.T) {
 
 func TestCalendarYearAcrossTheBoundary(t *testing.T) {
 	s := New(Options{})
-	op := Op{Key: "k", Algorithm: FixedWindow, Limit: Limit{Requests: 1, Window: 365 * 24 * time.Hour, Calendar: Year}, N: 1}
+	op := Op{Key: "k", Algorithm: FixedWindowOn(Year), Limit: Limit{Requests: 1, Window: 365 * 24 * time.Hour}, N: 1}
 	if !s.Allow(utc(2027, 12, 31, 23, 0, 0), op).Allowed {
 		t.Fatal("first of 2027 denied")
 	}

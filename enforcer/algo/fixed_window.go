@@ -7,10 +7,15 @@ import (
 	"github.com/streamlimit/streamlimit/internal/exact"
 )
 
-var fixedWindowImpl = impl{
-	name:   "fixed_window",
-	decide: (*entry).fixed,
-	undo:   func(e *entry, saved entry, _ int64) { e.windowState = saved.windowState },
+// fixedWindowImpl registers FixedWindow on cal (its calendar variants share its name).
+func fixedWindowImpl(cal Calendar) impl {
+	return impl{
+		name: "fixed_window",
+		decide: func(e *entry, now int64, l Limit, n int64, commit bool) Decision {
+			return e.fixed(now, l, cal, n, commit)
+		},
+		undo: func(e *entry, saved entry, _ int64) { e.windowState = saved.windowState },
+	}
 }
 
 // windowState is the window algorithms' part of an entry: the count of the window that
@@ -20,13 +25,13 @@ type windowState struct {
 	cur   int64 // count in the current window
 }
 
-// Calendar says where FixedWindow's windows start (Limit.Calendar).
+// Calendar says where a fixed window's windows start (FixedWindowOn).
 type Calendar uint8
 
 const (
 	// Epoch windows start at multiples of Limit.Window since the Unix epoch: for windows of
 	// a second, minute, hour or day these are the calendar's boundaries in UTC (a week's
-	// start on Thursdays, as the epoch did).
+	// start on Thursdays, as the epoch's).
 	Epoch Calendar = iota
 	// Month windows are the calendar months in UTC, each from the first of the month.
 	Month
@@ -44,26 +49,50 @@ func (c Calendar) String() string {
 	return fmt.Sprintf("Calendar(%d)", uint8(c))
 }
 
-// FixedBounds returns the start and the end (unix ns) of l's FixedWindow window that
-// contains now: [k × Window, (k+1) × Window) since the Unix epoch, or with l.Calendar the
-// calendar month or year in UTC.
-func FixedBounds(now int64, l Limit) (start, end int64) {
-	switch l.Calendar {
+// FixedWindowOn returns the fixed window algorithm whose windows follow cal: FixedWindow
+// for Epoch. Its variants are FixedWindow in every other respect, and named so.
+func FixedWindowOn(cal Calendar) Algorithm {
+	switch cal {
+	case Month:
+		return fixedWindowMonth
+	case Year:
+		return fixedWindowYear
+	}
+	return FixedWindow
+}
+
+// Calendar returns the calendar whose windows a counts in: Month or Year for the
+// variants of FixedWindow (FixedWindowOn), else Epoch.
+func (a Algorithm) Calendar() Calendar {
+	switch a {
+	case fixedWindowMonth:
+		return Month
+	case fixedWindowYear:
+		return Year
+	}
+	return Epoch
+}
+
+// FixedBounds returns the start and the end (unix ns) of the fixed window of length w on
+// cal that contains now: [k × w, (k+1) × w) since the Unix epoch, or the calendar month or
+// year in UTC (w is then only the limit's nominal window).
+func FixedBounds(now int64, w time.Duration, cal Calendar) (start, end int64) {
+	switch cal {
 	case Month, Year:
 		t := time.Unix(0, now).UTC()
 		y, m := t.Year(), t.Month()
-		if l.Calendar == Year {
+		if cal == Year {
 			m = time.January
 		}
 		first := time.Date(y, m, 1, 0, 0, 0, 0, time.UTC)
 		next := first.AddDate(0, 1, 0)
-		if l.Calendar == Year {
+		if cal == Year {
 			next = first.AddDate(1, 0, 0)
 		}
 		return first.UnixNano(), next.UnixNano()
 	}
-	ws := windowStart(now, l)
-	return ws, ws + int64(l.Window)
+	ws := exact.FloorDiv(now, int64(w)) * int64(w)
+	return ws, ws + int64(w)
 }
 
 // windowStart returns the start of the window of l containing now: the largest multiple
@@ -73,14 +102,15 @@ func windowStart(now int64, l Limit) int64 {
 	return exact.FloorDiv(now, w) * w
 }
 
-// FixedDecision returns the Decision of a request of n under l for FixedWindow at now,
-// where cur is the count already taken in the window containing now (see FixedBounds).
+// FixedDecision returns the Decision of a request of n under l for FixedWindow on cal at
+// now, where cur is the count already taken in the window containing now (see
+// FixedBounds).
 //
 // The request fits when cur + n ≤ l.Allowance(). ResetAfter is the time until the window
 // ends, or 0 when its count (after the request, with take) is 0; RetryAfter is the time
 // until the window ends, or Never when n exceeds the allowance.
-func FixedDecision(now, cur int64, l Limit, n int64, take bool) Decision {
-	_, end := FixedBounds(now, l)
+func FixedDecision(now, cur int64, l Limit, cal Calendar, n int64, take bool) Decision {
+	_, end := FixedBounds(now, l.Window, cal)
 	return fixedDecision(now, end, cur, l, n, take)
 }
 
@@ -105,8 +135,8 @@ func fixedDecision(now, end, cur int64, l Limit, n int64, take bool) Decision {
 	return d
 }
 
-func (e *entry) fixed(now int64, l Limit, n int64, commit bool) Decision {
-	ws, end := FixedBounds(now, l)
+func (e *entry) fixed(now int64, l Limit, cal Calendar, n int64, commit bool) Decision {
+	ws, end := FixedBounds(now, l.Window, cal)
 	cur := int64(0)
 	if e.start == ws {
 		cur = e.cur

@@ -690,10 +690,17 @@ func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limi
 				at = alignNode
 			}
 			p.errorf(at, prefix+"align", "calendar windows are not available in global scope, whose counts slide over sub-buckets across sites (set scope: local or site)")
-		case algNode == nil:
-			l.Algorithm = algo.FixedWindow
-		case l.Algorithm != algo.FixedWindow:
+		case algNode != nil && l.Algorithm != algo.FixedWindow:
 			p.errorf(algNode, prefix+"algorithm", "%s does not combine with align: calendar, which counts by fixed windows (omit algorithm or write fixed_window)", l.Algorithm)
+		default:
+			cal := algo.Epoch
+			switch {
+			case strings.EqualFold(l.Unit, "month"):
+				cal = algo.Month
+			case strings.EqualFold(l.Unit, "year"):
+				cal = algo.Year
+			}
+			l.Algorithm = algo.FixedWindowOn(cal)
 		}
 	}
 	if l.Scope == Global && l.Algorithm != algo.SlidingWindow && l.Algorithm != algo.TokenBucket && l.Algorithm != algo.GCRA {

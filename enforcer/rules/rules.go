@@ -93,9 +93,10 @@ type Limit struct {
 	Scope Scope
 	// Calendar (align: calendar) makes the limit a fixed window that starts at its unit's
 	// calendar boundary in UTC and resets there, as envoyproxy/ratelimit's counters do: a
-	// calendar month or year for unit month or year, else a multiple of Window since the
-	// Unix epoch (for a second, minute, hour or day, the calendar's boundaries). It
-	// implies algorithm fixed_window, and local or site scope.
+	// calendar month or year for unit month or year (Algorithm is then
+	// algo.FixedWindowOn(algo.Month) or (algo.Year)), else a multiple of Window since the
+	// Unix epoch (for a second, minute, hour or day, the calendar's boundaries; Algorithm
+	// is algo.FixedWindow). Only in local or site scope.
 	Calendar bool
 	// SoftPercent makes the limit soft: 10 admits 110% (see algo.Limit).
 	SoftPercent int
@@ -121,16 +122,7 @@ type Limit struct {
 
 // Algo returns the limit in the form package algo takes.
 func (l *Limit) Algo() algo.Limit {
-	a := algo.Limit{Requests: l.Requests, Window: l.Window, Burst: l.Burst, SoftPercent: l.SoftPercent}
-	if l.Calendar {
-		switch {
-		case strings.EqualFold(l.Unit, "month"):
-			a.Calendar = algo.Month
-		case strings.EqualFold(l.Unit, "year"):
-			a.Calendar = algo.Year
-		}
-	}
-	return a
+	return algo.Limit{Requests: l.Requests, Window: l.Window, Burst: l.Burst, SoftPercent: l.SoftPercent}
 }
 
 // CountWindow is the sliding window a global limit is counted over, and GlobalAllowance

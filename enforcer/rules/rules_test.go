@@ -575,13 +575,13 @@ descriptors:
 		t.Fatal(err)
 	}
 	plan := c.Match("api", e("plan", "pro")).Limits[0]
-	if !plan.Calendar || plan.Algorithm != algo.FixedWindow || plan.Scope != Site || plan.Algo().Calendar != algo.Month {
-		t.Errorf("plan: %+v (algo %+v)", plan, plan.Algo())
+	if !plan.Calendar || plan.Algorithm != algo.FixedWindowOn(algo.Month) || plan.Algorithm.String() != "fixed_window" || plan.Scope != Site {
+		t.Errorf("plan: %+v", plan)
 	}
 	ls := c.Match("api", e("user", "7")).Limits
 	for i, want := range []algo.Calendar{algo.Epoch, algo.Year, algo.Epoch} {
-		if l := ls[i]; !l.Calendar || l.Algorithm != algo.FixedWindow || l.Algo().Calendar != want {
-			t.Errorf("limit %d: calendar %v, algorithm %v, algo calendar %v; want %v", i, l.Calendar, l.Algorithm, l.Algo().Calendar, want)
+		if l := ls[i]; !l.Calendar || l.Algorithm != algo.FixedWindowOn(want) || l.Algorithm.Calendar() != want {
+			t.Errorf("limit %d: calendar %v, algorithm %v on %v; want fixed_window on %v", i, l.Calendar, l.Algorithm, l.Algorithm.Calendar(), want)
 		}
 	}
 	if ls[2].Line != 9 || ls[2].Window != 3*time.Hour {

@@ -16,9 +16,12 @@ var siteAlgorithms = map[algo.Algorithm]siteAlgorithm{
 	algo.SlidingWindow: slidingWindowSite,
 	algo.TokenBucket:   bucketSite,
 	algo.LeakyBucket:   bucketSite,
-	algo.FixedWindow:   fixedWindowSite,
+	algo.FixedWindow:   fixedWindowSite(algo.Epoch),
 	algo.SlidingLog:    slidingLogSite,
 	algo.GCRA:          bucketSite,
+
+	algo.FixedWindowOn(algo.Month): fixedWindowSite(algo.Month),
+	algo.FixedWindowOn(algo.Year):  fixedWindowSite(algo.Year),
 }
 
 // notInRedis names the algorithms of package algo that site scope does not keep in Redis,
@@ -62,7 +65,7 @@ func buildScript() string {
 	var b strings.Builder
 	b.WriteString("local algos = {}\n")
 	seen := map[string]bool{}
-	for a := range algo.Algorithm(len(algo.Names())) {
+	for _, a := range algo.Algorithms() {
 		sa, ok := siteAlgorithms[a]
 		if !ok {
 			continue

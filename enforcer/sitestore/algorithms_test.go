@@ -18,15 +18,22 @@ import (
 // added to one side only fails here.
 func TestEveryAlgorithmRegistered(t *testing.T) {
 	s := newStore(t, testenv.RedisClient(t), testenv.KeyPrefix(t), nil)
-	for _, name := range algo.Names() {
-		a, err := algo.ParseAlgorithm(name)
-		if err != nil {
-			t.Fatalf("algo.Names lists %q, which it cannot parse: %v", name, err)
-		}
+	for _, a := range algo.Algorithms() {
+		name := fmt.Sprintf("%v (calendar %v)", a, a.Calendar())
 		for _, scope := range []string{"local", "site"} {
-			src := fmt.Sprintf("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 5, unit: second, scope: %s, algorithm: %s}\n", scope, name)
-			if _, err := rules.Parse("reg.yaml", []byte(src)); err != nil {
+			// A calendar variant is what align: calendar makes of its unit.
+			limit := fmt.Sprintf("unit: second, algorithm: %v", a)
+			if cal := a.Calendar(); cal != algo.Epoch {
+				limit = fmt.Sprintf("unit: %v, align: calendar", cal)
+			}
+			src := fmt.Sprintf("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 5, scope: %s, %s}\n", scope, limit)
+			c, err := rules.Parse("reg.yaml", []byte(src))
+			if err != nil {
 				t.Errorf("%s in %s scope: rejected by the rules parser: %v", name, scope, err)
+				continue
+			}
+			if got := c.Match("d", []rules.Entry{{Key: "k", Value: "v"}}).Limits[0].Algorithm; got != a {
+				t.Errorf("%s in %s scope: the rules parser made it %v (calendar %v)", name, scope, got, got.Calendar())
 			}
 		}
 		sa, inRedis := siteAlgorithms[a]
@@ -51,7 +58,7 @@ func TestEveryAlgorithmRegistered(t *testing.T) {
 		if !strings.Contains(siteScript, fmt.Sprintf("algos['%d'] = %s\n", a, sa.lua)) {
 			t.Errorf("%s: the script does not map code %d to %s", name, a, sa.lua)
 		}
-		op := algo.Op{Key: "d|k=" + name + "#1s", Algorithm: a, Limit: algo.Limit{Requests: 1, Window: time.Second}, N: 1}
+		op := algo.Op{Key: fmt.Sprintf("d|k=%d#1s", a), Algorithm: a, Limit: algo.Limit{Requests: 1, Window: time.Second}, N: 1}
 		out := make([]algo.Decision, 1)
 		if ok, fb := s.AllowAll(context.Background(), t0, []algo.Op{op}, out); !ok || fb {
 			t.Errorf("%s: first request in Redis: allowed %v fellBack %v", name, ok, fb)

@@ -16,8 +16,8 @@ func TestCalendarMonthInRedis(t *testing.T) {
 	s := newStore(t, client, testenv.KeyPrefix(t), nil)
 	ls := algo.New(algo.Options{})
 	ctx := context.Background()
-	op := algo.Op{Key: "d|plan=pro#2592000s", Algorithm: algo.FixedWindow, N: 1,
-		Limit: algo.Limit{Requests: 2, Window: 30 * 24 * time.Hour, Calendar: algo.Month}}
+	op := algo.Op{Key: "d|plan=pro#2592000s", Algorithm: algo.FixedWindowOn(algo.Month), N: 1,
+		Limit: algo.Limit{Requests: 2, Window: 30 * 24 * time.Hour}}
 	allow := func(now time.Time) algo.Decision {
 		t.Helper()
 		out := make([]algo.Decision, 1)
@@ -63,8 +63,8 @@ func TestCalendarLateRequestKeepsTheLongerMonth(t *testing.T) {
 	client := testenv.RedisClient(t)
 	s := newStore(t, client, testenv.KeyPrefix(t), nil)
 	ctx := context.Background()
-	op := algo.Op{Key: "d|plan=pro#2592000s", Algorithm: algo.FixedWindow, N: 1,
-		Limit: algo.Limit{Requests: 5, Window: 30 * 24 * time.Hour, Calendar: algo.Month}}
+	op := algo.Op{Key: "d|plan=pro#2592000s", Algorithm: algo.FixedWindowOn(algo.Month), N: 1,
+		Limit: algo.Limit{Requests: 5, Window: 30 * 24 * time.Hour}}
 	out := make([]algo.Decision, 1)
 	aug := time.Date(2026, 8, 1, 0, 0, 0, 0, time.UTC)
 	if ok, fb := s.AllowAll(ctx, aug, []algo.Op{op}, out); !ok || fb {
@@ -89,8 +89,8 @@ func TestCalendarLateRequestKeepsTheLongerMonth(t *testing.T) {
 func TestCalendarYearInRedis(t *testing.T) {
 	s := newStore(t, testenv.RedisClient(t), testenv.KeyPrefix(t), nil)
 	ctx := context.Background()
-	op := algo.Op{Key: "d|org=a#31536000s", Algorithm: algo.FixedWindow, N: 1,
-		Limit: algo.Limit{Requests: 1, Window: 365 * 24 * time.Hour, Calendar: algo.Year}}
+	op := algo.Op{Key: "d|org=a#31536000s", Algorithm: algo.FixedWindowOn(algo.Year), N: 1,
+		Limit: algo.Limit{Requests: 1, Window: 365 * 24 * time.Hour}}
 	out := make([]algo.Decision, 1)
 	for _, c := range []struct {
 		at    time.Time

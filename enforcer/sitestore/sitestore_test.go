@@ -57,7 +57,7 @@ func limitsFor(alg algo.Algorithm) []algo.Limit {
 
 func TestMatchesAlgoStore(t *testing.T) {
 	client := testenv.RedisClient(t)
-	for a := range algo.Algorithm(len(algo.Names())) { // every algorithm, new ones included
+	for _, a := range algo.Algorithms() { // every algorithm, new ones included
 		if _, ok := notInRedis[a]; ok {
 			continue
 		}
@@ -410,7 +410,7 @@ func TestCheckLimit(t *testing.T) {
 		t.Fatal("a 1-year sliding window was accepted")
 	}
 	// The fixed window's Lua counts time in milliseconds: a (calendar) year is in range.
-	if err := CheckLimit(algo.FixedWindow, algo.Limit{Requests: 10, Window: 365 * 24 * time.Hour, Calendar: algo.Year}); err != nil {
+	if err := CheckLimit(algo.FixedWindowOn(algo.Year), algo.Limit{Requests: 10, Window: 365 * 24 * time.Hour}); err != nil {
 		t.Fatalf("a 1-year fixed window was rejected: %v", err)
 	}
 	if err := CheckLimit(algo.SlidingLog, algo.Limit{Requests: 1 << 20, Window: time.Second}); err == nil {

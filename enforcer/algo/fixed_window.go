@@ -91,15 +91,15 @@ func FixedBounds(now int64, w time.Duration, cal Calendar) (start, end int64) {
 		}
 		return first.UnixNano(), next.UnixNano()
 	}
-	ws := exact.FloorDiv(now, int64(w)) * int64(w)
+	ws := windowStart(now, w)
 	return ws, ws + int64(w)
 }
 
-// windowStart returns the start of the window of l containing now: the largest multiple
-// of l.Window (since the Unix epoch) at or before now.
-func windowStart(now int64, l Limit) int64 {
-	w := int64(l.Window)
-	return exact.FloorDiv(now, w) * w
+// windowStart returns the start of the aligned window of length w containing now: the
+// largest multiple of w (since the Unix epoch) at or before now. Both window algorithms
+// count on this grid.
+func windowStart(now int64, w time.Duration) int64 {
+	return exact.FloorDiv(now, int64(w)) * int64(w)
 }
 
 // FixedDecision returns the Decision of a request of n under l for FixedWindow on cal at

@@ -22,8 +22,8 @@ type slidingState struct {
 
 // SlidingDecision returns the Decision of a request of n under l for SlidingWindow at now,
 // where cur is the count already taken in the window containing now and prev the count of
-// the window before it (windows are aligned to multiples of l.Window since the Unix
-// epoch).
+// the window before it (windows are aligned to multiples of l.Window since the Unix epoch,
+// as FixedBounds(now, l.Window, Epoch) gives them).
 //
 // The estimate is cur plus prev weighted by the part of the previous window that the
 // sliding window ending now still overlaps, rounded down; the request fits when estimate +
@@ -34,10 +34,10 @@ type slidingState struct {
 // first instant, from now, at which the estimate leaves room for n, or Never when n
 // exceeds the allowance.
 func SlidingDecision(now, cur, prev int64, l Limit, n int64, take bool) Decision {
-	return slidingDecision(now, windowStart(now, l), cur, prev, l, n, take)
+	return slidingDecision(now, windowStart(now, l.Window), cur, prev, l, n, take)
 }
 
-// slidingDecision is SlidingDecision with the window start ws = windowStart(now, l) given.
+// slidingDecision is SlidingDecision with the window start ws = windowStart(now, l.Window) given.
 func slidingDecision(now, ws, cur, prev int64, l Limit, n int64, take bool) Decision {
 	a, w := l.Allowance(), int64(l.Window)
 	est := cur + exact.Weighted(prev, w, now-ws)
@@ -75,7 +75,7 @@ func slidingDecision(now, ws, cur, prev int64, l Limit, n int64, take bool) Deci
 
 func (e *entry) sliding(now int64, l Limit, n int64, commit bool) Decision {
 	w := int64(l.Window)
-	ws := windowStart(now, l)
+	ws := windowStart(now, l.Window)
 	cur, prev := int64(0), int64(0)
 	switch e.start {
 	case ws:

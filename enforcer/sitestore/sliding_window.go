@@ -5,7 +5,6 @@ import (
 	"strconv"
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
-	"github.com/streamlimit/streamlimit/internal/exact"
 )
 
 //go:embed sliding_window.lua
@@ -17,7 +16,7 @@ var slidingWindowSite = siteAlgorithm{
 	lua: "sliding_window", src: slidingWindowLua,
 	args: func(args []any, now int64, op *algo.Op) []any {
 		w := int64(op.Limit.Window)
-		ws := exact.FloorDiv(now, w) * w
+		ws, _ := algo.FixedBounds(now, op.Limit.Window, algo.Epoch) // the grid algo counts on
 		return append(args, strconv.FormatInt(ws, 10), strconv.FormatInt(ws-w, 10), ws+w-now, w, ceilMs(ws+2*w-now))
 	},
 	check: nsWindow,

@@ -5,9 +5,9 @@
 -- write back hits admitted elsewhere (every op takes its n whether it fits or not);
 -- ARGV[6] = number of ops. Then 10 ARGV per op: algorithm code, window (decimal ns), n,
 -- allowance, capacity and five parameters of its algorithm (its Go file's args). KEYS: 2
--- per op, the counter's hash and its sliding-log list. A write back also has a marker key after them
--- and its TTL (ms) as the last ARGV: when the marker exists, the batch was written already
--- and nothing is done (so a retried write back never counts twice).
+-- per op, the counter's hash and its sliding-log list. A write back also has a marker key
+-- after them and its TTL (ms) as the last ARGV: when the marker exists, the batch was
+-- written already and nothing is done (so a retried write back never counts twice).
 --
 -- Lua numbers are doubles: every value this script does arithmetic on is an integer below
 -- 2^53 (the Go side routes limits outside that range to the in-process store), and times
@@ -78,6 +78,9 @@ end
 
 local states, order = {}, {}
 
+-- load returns the state of op i's counter: its hash's fields (the bucket family keeps ts,
+-- tn, tr and d, the window algorithms st, cur and prev), and what this call has done to
+-- its list (sliding log). A counter used with another algorithm or window starts empty.
 local function load(i, alg, w, a)
   local hk = KEYS[2 * i - 1]
   local st = states[hk]
@@ -97,7 +100,6 @@ local function load(i, alg, w, a)
   end
   return st
 end
-
 
 -- The algorithms: one file each (bucket.lua, fixed_window.lua, sliding_window.lua,
 -- sliding_log.lua), each defining a table with decide(st, b, n, a, c) -> allowed, r1, r2,

@@ -21,6 +21,9 @@ func TestFixedBounds(t *testing.T) {
 		{utc(2026, 12, 31, 23, 0, 0), 365 * 24 * time.Hour, Year, utc(2026, 1, 1, 0, 0, 0), utc(2027, 1, 1, 0, 0, 0)},
 		{utc(2026, 11, 21, 13, 45, 10), time.Hour, Epoch, utc(2026, 11, 21, 13, 0, 0), utc(2026, 11, 21, 14, 0, 0)},
 		{utc(2026, 11, 21, 13, 45, 10), 24 * time.Hour, Epoch, utc(2026, 11, 21, 0, 0, 0), utc(2026, 11, 22, 0, 0, 0)},
+		// envoyproxy/ratelimit's month and year: 30 and 365 days since the epoch.
+		{utc(2026, 1, 31, 23, 59, 59), 30 * 24 * time.Hour, Epoch, utc(2026, 1, 7, 0, 0, 0), utc(2026, 2, 6, 0, 0, 0)},
+		{utc(2026, 11, 21, 0, 0, 0), 365 * 24 * time.Hour, Epoch, utc(2025, 12, 18, 0, 0, 0), utc(2026, 12, 18, 0, 0, 0)},
 		// A week of the epoch starts on a Thursday, as envoyproxy/ratelimit's does.
 		{utc(2026, 11, 21, 13, 45, 10), 7 * 24 * time.Hour, Epoch, utc(2026, 11, 19, 0, 0, 0), utc(2026, 11, 26, 0, 0, 0)},
 	} {

@@ -84,6 +84,7 @@ type limitRow struct {
 	SoftBand    *[2]int64 `json:"soft_band,omitempty"`
 	Burst       int64     `json:"burst,omitempty"`
 	Hard        bool      `json:"hard,omitempty"`
+	Align       string    `json:"align,omitempty"`
 	Pool        string    `json:"pool,omitempty"`
 	ElasticMax  int64     `json:"elastic_max,omitempty"`
 	ElasticTill int       `json:"elastic_until,omitempty"`
@@ -154,6 +155,9 @@ func rowsOf(cfg *rules.Config, domain, file string, line int, path []rules.Entry
 		}
 		row.Burst = l.Burst
 		row.Hard = l.Hard
+		if l.Calendar {
+			row.Align = "calendar"
+		}
 		if l.Pool != nil {
 			row.Pool = l.Pool.Name
 		}
@@ -249,6 +253,9 @@ func flags(r limitRow) string {
 	}
 	if r.Hard {
 		f = append(f, "hard")
+	}
+	if r.Align != "" {
+		f = append(f, "align "+r.Align)
 	}
 	if r.Pool != "" {
 		f = append(f, "pool="+r.Pool)

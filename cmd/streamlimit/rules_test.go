@@ -130,3 +130,21 @@ func TestRulesCheckPools(t *testing.T) {
 		}
 	}
 }
+
+// rules check lists a calendar-aligned limit as the fixed window it is, flagged.
+func TestRulesCheckAlign(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "rules.yaml")
+	src := "domain: api\ndescriptors:\n  - key: plan\n    rate_limit: {requests_per_unit: 100, unit: month, scope: site, align: calendar}\n"
+	if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := runSplit(t, "rules", "check", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"fixed_window", "site", "align calendar"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in:\n%s", want, out)
+		}
+	}
+}

@@ -11,6 +11,7 @@ package algo
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/streamlimit/streamlimit/internal/exact"
@@ -36,7 +37,9 @@ const (
 	// requests leave at the constant leak rate.
 	LeakyBucket
 	// FixedWindow counts requests in windows aligned to multiples of Limit.Window since the
-	// Unix epoch. Up to 2× the allowance can pass in a short span around a window boundary.
+	// Unix epoch; its variants FixedWindowOn(Month) and FixedWindowOn(Year) count in
+	// calendar months or years. Up to 2× the allowance can pass in a short span around a
+	// window boundary.
 	FixedWindow
 	// SlidingLog keeps the admissions of the last Limit.Window, each as its time and its
 	// number of hits, and admits a request only if no window of length Window ending now
@@ -49,42 +52,97 @@ const (
 	// Capacity()−1 intervals. Its admissions equal a token bucket's of the same capacity
 	// and rate (the two are dual views of one model); it needs one timestamp per key.
 	GCRA
+	// fixedWindowMonth and fixedWindowYear are FixedWindow on calendar months and years
+	// (FixedWindowOn). They are algorithms of their own, rather than a field of Limit,
+	// because a Limit of more than four fields is no longer kept in registers, which
+	// slows every decision by a third.
+	fixedWindowMonth
+	fixedWindowYear
 	numAlgorithms
 )
 
-var algorithmNames = [numAlgorithms]string{
-	SlidingWindow: "sliding_window",
-	TokenBucket:   "token_bucket",
-	LeakyBucket:   "leaky_bucket",
-	FixedWindow:   "fixed_window",
-	SlidingLog:    "sliding_log",
-	GCRA:          "gcra",
+// algorithms is the registration table: every Algorithm's name and in-process
+// implementation, which lives in one file per algorithm (bucket.go for the TAT family,
+// fixed_window.go, sliding_window.go, sliding_log.go). The Store and the parsers find an
+// algorithm only through this table; package sitestore keeps the Redis side's.
+var algorithms = [numAlgorithms]impl{
+	SlidingWindow: slidingWindowImpl,
+	TokenBucket:   bucketImpl("token_bucket"),
+	LeakyBucket:   bucketImpl("leaky_bucket"),
+	FixedWindow:   fixedWindowImpl(Epoch),
+	SlidingLog:    slidingLogImpl,
+	GCRA:          bucketImpl("gcra"),
+
+	fixedWindowMonth: fixedWindowImpl(Month),
+	fixedWindowYear:  fixedWindowImpl(Year),
+}
+
+// impl is one algorithm's in-process implementation: its state is a part of entry, and
+// these functions are all that the Store knows of it. Called through this table, their
+// pointer arguments escape as far as the compiler can tell, so they take the limit and the
+// cost by value and only entries that are on the heap already (the Store's, or a shard's
+// scratch copy): a decision allocates nothing.
+type impl struct {
+	// name is the algorithm's configuration name (rules' algorithm:).
+	name string
+	// bucket marks the TAT family: a request fits only up to Limit.Capacity(), and
+	// Store.Reserve shapes with it.
+	bucket bool
+	// decide evaluates a request of n under l against e at now (unix ns) and, when commit
+	// is set and the request fits, takes n. e is already adopted for it.
+	decide func(e *entry, now int64, l Limit, n int64, commit bool) Decision
+	// keep carries e's state over to l's allowance when only that changed (a rules
+	// reload); nil when the state does not depend on the allowance.
+	keep func(e *entry, l Limit)
+	// undo takes n back out of e after an AllowAll that failed; saved is e as it was
+	// before n was taken, with entry.noteUndo's record of what taking it did.
+	undo func(e *entry, saved entry, n int64)
 }
 
 // String returns the configuration name of a, e.g. "token_bucket".
 func (a Algorithm) String() string {
 	if a < numAlgorithms {
-		return algorithmNames[a]
+		return algorithms[a].name
 	}
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
 
-// Names lists the configuration names of all algorithms, in declaration order.
-func Names() []string { return append([]string(nil), algorithmNames[:]...) }
+// Names lists the configuration names of all algorithms, in declaration order (the
+// calendar variants of FixedWindow share its name).
+func Names() []string {
+	var names []string
+	for i := range algorithms {
+		if !slices.Contains(names, algorithms[i].name) {
+			names = append(names, algorithms[i].name)
+		}
+	}
+	return names
+}
+
+// Algorithms lists every Algorithm, the calendar variants of FixedWindow included, in
+// declaration order.
+func Algorithms() []Algorithm {
+	all := make([]Algorithm, numAlgorithms)
+	for i := range all {
+		all[i] = Algorithm(i)
+	}
+	return all
+}
 
 // ParseAlgorithm returns the Algorithm whose configuration name is s.
 func ParseAlgorithm(s string) (Algorithm, error) {
-	for i, n := range algorithmNames {
-		if n == s {
+	for i := range algorithms {
+		if algorithms[i].name == s {
 			return Algorithm(i), nil
 		}
 	}
 	return 0, fmt.Errorf("unknown algorithm %q", s)
 }
 
-// bucket reports whether a belongs to the TAT family (token bucket, leaky bucket, GCRA),
-// which share one state and one exact implementation.
-func (a Algorithm) bucket() bool { return a == TokenBucket || a == LeakyBucket || a == GCRA }
+// bucket reports whether a belongs to the TAT family (token bucket, leaky bucket, GCRA):
+// its size is Limit.Capacity() rather than Limit.Allowance(), and it can shape traffic
+// (Store.Reserve).
+func (a Algorithm) bucket() bool { return a < numAlgorithms && algorithms[a].bucket }
 
 // Never is the RetryAfter of a request that can never be admitted: its size exceeds the
 // limit's capacity, or the limit admits nothing (Requests 0).

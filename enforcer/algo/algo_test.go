@@ -589,3 +589,27 @@ func BenchmarkAllowAll3(b *testing.B) {
 		s.AllowAll(base, ops, out)
 	}
 }
+
+// Every Algorithm is registered with a name and an in-process implementation: a constant
+// added without its row in the table fails here.
+func TestRegistrationTable(t *testing.T) {
+	for a := Algorithm(0); a < numAlgorithms; a++ {
+		im := algorithms[a]
+		if im.name == "" || im.decide == nil || im.undo == nil {
+			t.Errorf("algorithm %d is not fully registered: %+v", a, im)
+		}
+		want := a
+		if a.Calendar() != Epoch {
+			want = FixedWindow // a calendar variant goes by its algorithm's name
+		}
+		if got, err := ParseAlgorithm(im.name); err != nil || got != want {
+			t.Errorf("ParseAlgorithm(%q) = %v, %v; want %d", im.name, got, err, want)
+		}
+		if FixedWindowOn(a.Calendar()).Calendar() != a.Calendar() {
+			t.Errorf("%d: FixedWindowOn(%v) is not on %v", a, a.Calendar(), a.Calendar())
+		}
+	}
+	if len(Names()) != len(all) || len(Algorithms()) != int(numAlgorithms) {
+		t.Errorf("Names() lists %d, the tests %d; Algorithms() %d of %d", len(Names()), len(all), len(Algorithms()), numAlgorithms)
+	}
+}

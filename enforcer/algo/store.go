@@ -72,7 +72,11 @@ type shard struct {
 	mu        sync.Mutex
 	m         map[string]*entry
 	nextSweep int64
-	_         [40]byte // keep hot mutexes on separate cache lines
+	// scratch is the copy a peek decides on (see peek), here rather than on the stack
+	// because the algorithms are called through their registration table, which would
+	// move a stack copy to the heap on every call.
+	scratch entry
+	_       [40]byte // keep hot mutexes on separate cache lines
 }
 
 // New returns an empty Store.
@@ -192,7 +196,7 @@ func (s *Store) Allow(now time.Time, op Op) Decision {
 	defer sh.mu.Unlock()
 	if !op.fits() {
 		e := s.get(sh, op.Key, t, false)
-		return peekEntry(e, t, &op)
+		return sh.peek(e, t, &op)
 	}
 	e := s.get(sh, op.Key, t, true)
 	e.adopt(&op)
@@ -205,7 +209,7 @@ func (s *Store) Peek(now time.Time, op Op) Decision {
 	sh := &s.shards[s.shardOf(op.Key)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return peekEntry(s.get(sh, op.Key, t, false), t, &op)
+	return sh.peek(s.get(sh, op.Key, t, false), t, &op)
 }
 
 // fits reports whether op could ever be admitted, so that hopeless requests do not create
@@ -217,15 +221,19 @@ func (op *Op) fits() bool {
 	return op.N <= op.Limit.Allowance()
 }
 
-func peekEntry(e *entry, now int64, op *Op) Decision {
-	var tmp entry
+// peek decides op on e (nil: a new counter) without changing it. The shard must be
+// locked.
+func (sh *shard) peek(e *entry, now int64, op *Op) Decision {
+	// Decide on a copy: the sliding log only prunes, and pruning changes no decision, but a
+	// copy keeps Peek free of side effects for every algorithm.
+	tmp := &sh.scratch
 	if e != nil {
-		// Decide on a copy: the sliding log only prunes, and pruning changes no decision,
-		// but a copy keeps Peek free of side effects for every algorithm.
-		tmp = *e
+		*tmp = *e
 	}
 	tmp.adopt(op)
-	return tmp.decide(now, op, false)
+	d := tmp.decide(now, op, false)
+	*tmp = entry{} // hold no sliding log of a counter that may go
+	return d
 }
 
 // AllowAll decides all ops at now as one atomic step: if every op fits, each takes its N
@@ -271,7 +279,7 @@ func (s *Store) AllowAll(now time.Time, ops []Op, out []Decision) bool {
 		op := &ops[i]
 		sh := &s.shards[s.shardOf(op.Key)]
 		if !op.fits() {
-			out[i] = peekEntry(s.get(sh, op.Key, t, false), t, op)
+			out[i] = sh.peek(s.get(sh, op.Key, t, false), t, op)
 			all = false
 			undo = append(undo, entry{})
 			continue
@@ -282,7 +290,7 @@ func (s *Store) AllowAll(now time.Time, ops []Op, out []Decision) bool {
 		e.adopt(op)
 		undo = append(undo, *e)
 		out[i] = e.decide(t, op, true)
-		undo[i].logDid, undo[i].logPrevTS = e.logDid, e.logPrevTS // what this op did to a sliding log
+		undo[i].noteUndo(e)
 		if !out[i].Allowed {
 			all = false
 		}
@@ -295,19 +303,13 @@ func (s *Store) AllowAll(now time.Time, ops []Op, out []Decision) bool {
 				continue
 			}
 			saved := &undo[i]
-			if ops[i].Algorithm == SlidingLog {
-				// Pruning during the op only dropped expired entries; undo what it recorded
-				// and keep the ring it may have grown.
-				e.unrecord(saved.logDid, saved.logPrevTS, ops[i].N)
-				e.expires = saved.expires
-			} else {
-				e.tat, e.start, e.cur, e.prev, e.expires = saved.tat, saved.start, saved.cur, saved.prev, saved.expires
-			}
+			algorithms[ops[i].Algorithm].undo(e, *saved, ops[i].N)
+			e.expires = saved.expires
 		}
 		for i := range ops {
 			if es[i] != nil && out[i].Allowed {
 				allowed := out[i].Allowed
-				out[i] = peekEntry(es[i], t, &ops[i])
+				out[i] = s.shards[s.shardOf(ops[i].Key)].peek(es[i], t, &ops[i])
 				out[i].Allowed = allowed
 			}
 		}
@@ -338,11 +340,11 @@ func (s *Store) Reserve(now time.Time, op Op, maxDelay time.Duration) (time.Dura
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if !op.fits() {
-		return 0, peekEntry(s.get(sh, op.Key, t, false), t, &op)
+		return 0, sh.peek(s.get(sh, op.Key, t, false), t, &op)
 	}
 	e := s.get(sh, op.Key, t, true)
 	e.adopt(&op)
-	d, delay := e.bucket(t, &op, true, maxDelay)
+	d, delay := e.bucket(t, op.Limit, op.N, true, maxDelay)
 	if !d.Allowed {
 		delay = 0
 	}

@@ -529,7 +529,7 @@ func (p *parser) limitList(seq *yaml.Node, field string, r *Rule) {
 }
 
 var limitFields = []string{"unit", "requests_per_unit", "name", "replaces", "unlimited",
-	"window", "algorithm", "scope", "soft_percent", "burst", "hard", "pool", "elastic"}
+	"window", "algorithm", "scope", "soft_percent", "burst", "hard", "pool", "elastic", "align"}
 
 // units are envoyproxy/ratelimit's units, with its lengths for month and year.
 var units = []struct {
@@ -555,8 +555,8 @@ func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limi
 	l.Line = m.Line
 	l.Algorithm, l.Scope = DefaultAlgorithm, DefaultScope
 	var (
-		unitNode, rpuNode, windowNode, algNode, scopeNode, burstNode, unlimitedNode, hardNode *yaml.Node
-		window                                                                                time.Duration
+		unitNode, rpuNode, windowNode, algNode, scopeNode, burstNode, unlimitedNode, hardNode, alignNode *yaml.Node
+		window                                                                                           time.Duration
 	)
 	p.envoyFields(m, prefix, limitFields, func(key string, k, v *yaml.Node) {
 		f := prefix + key
@@ -632,6 +632,14 @@ func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limi
 			l.pool, _ = p.str(v, f)
 		case "elastic":
 			l.Elastic = p.elastic(v, f)
+		case "align":
+			alignNode = v
+			if s, ok := p.str(v, f); ok {
+				if s != "calendar" {
+					p.errorf(v, f, "unknown alignment %q (want calendar)", s)
+				}
+				l.Calendar = true
+			}
 		case "burst":
 			burstNode = v
 			if n, ok := p.integer(v, f); ok {
@@ -673,6 +681,27 @@ func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limi
 	}
 	if l.Window <= 0 && windowNode != nil && len(p.errs) == nerr {
 		p.errorf(windowNode, prefix+"window", "must be positive")
+	}
+	if alignNode != nil && l.Calendar && len(p.errs) == nerr {
+		switch {
+		case l.Scope == Global:
+			at := scopeNode
+			if at == nil {
+				at = alignNode
+			}
+			p.errorf(at, prefix+"align", "calendar windows are not available in global scope, whose counts slide over sub-buckets across sites (set scope: local or site)")
+		case algNode != nil && l.Algorithm != algo.FixedWindow:
+			p.errorf(algNode, prefix+"algorithm", "%s does not combine with align: calendar, which counts by fixed windows (omit algorithm or write fixed_window)", l.Algorithm)
+		default:
+			cal := algo.Epoch
+			switch {
+			case strings.EqualFold(l.Unit, "month"):
+				cal = algo.Month
+			case strings.EqualFold(l.Unit, "year"):
+				cal = algo.Year
+			}
+			l.Algorithm = algo.FixedWindowOn(cal)
+		}
 	}
 	if l.Scope == Global && l.Algorithm != algo.SlidingWindow && l.Algorithm != algo.TokenBucket && l.Algorithm != algo.GCRA {
 		at := algNode

@@ -4,7 +4,7 @@
 // and optional value, rate_limit with unit and requests_per_unit, name, replaces,
 // unlimited, shadow_mode, detailed_metric, …), so its files load unchanged and match the
 // same way. streamlimit adds, on a limit: window (any duration, "3h", "7d"), algorithm,
-// scope, soft_percent and burst; and on a descriptor, rate_limits: a list of limits that
+// scope, soft_percent, burst and align; and on a descriptor, rate_limits: a list of limits that
 // must all pass. See Limit for the fields, defaults and checks.
 //
 // A Config is immutable once loaded and safe for simultaneous use; a Reloader swaps in a
@@ -91,6 +91,13 @@ type Limit struct {
 	Algorithm algo.Algorithm
 	// Scope defaults to DefaultScope.
 	Scope Scope
+	// Calendar (align: calendar) makes the limit a fixed window that starts at its unit's
+	// calendar boundary in UTC and resets there, as envoyproxy/ratelimit's counters do: a
+	// calendar month or year for unit month or year (Algorithm is then
+	// algo.FixedWindowOn(algo.Month) or (algo.Year)), else a multiple of Window since the
+	// Unix epoch (for a second, minute, hour or day, the calendar's boundaries; Algorithm
+	// is algo.FixedWindow). Only in local or site scope.
+	Calendar bool
 	// SoftPercent makes the limit soft: 10 admits 110% (see algo.Limit).
 	SoftPercent int
 	// Burst is the bucket capacity of token_bucket, leaky_bucket and gcra; 0 means

@@ -314,6 +314,14 @@ func TestBrokenFiles(t *testing.T) {
 			`globalover32.yaml:4:51: descriptors[0].rate_limit.requests_per_unit: 4294967296 is above 4294967295, the most a global count holds (use scope: local or site)`},
 		{"globalsoft32", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 4000000000, soft_percent: 10}\n",
 			`globalsoft32.yaml:4:51: descriptors[0].rate_limit.requests_per_unit: 4000000000 raised by soft_percent 10 is above 4294967295, the most a global count holds`},
+		{"alignglobal", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5, align: calendar}\n",
+			`alignglobal.yaml:4:61: descriptors[0].rate_limit.align: calendar windows are not available in global scope, whose counts slide over sub-buckets across sites (set scope: local or site)`},
+		{"alignscope", "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: minute\n      requests_per_unit: 5\n      scope: global\n      align: calendar\n",
+			`alignscope.yaml:7:14: descriptors[0].rate_limit.align: calendar windows are not available in global scope, whose counts slide over sub-buckets across sites (set scope: local or site)`},
+		{"alignalgo", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5, scope: site, align: calendar, algorithm: token_bucket}\n",
+			`alignalgo.yaml:4:95: descriptors[0].rate_limit.algorithm: token_bucket does not combine with align: calendar, which counts by fixed windows (omit algorithm or write fixed_window)`},
+		{"alignword", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5, scope: local, align: clock}\n",
+			`alignword.yaml:4:75: descriptors[0].rate_limit.align: unknown alignment "clock" (want calendar)`},
 		{"both", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n    rate_limits: [{unit: hour, requests_per_unit: 9}]\n",
 			`both.yaml:5:18: descriptors[0].rate_limits: use either rate_limit or rate_limits, not both`},
 	} {
@@ -545,5 +553,38 @@ descriptors:
 		if _, err := Parse(name+".yaml", []byte(yaml)); err == nil || !strings.Contains(err.Error(), "unknown field") {
 			t.Errorf("%s: %v, want an unknown field error", name, err)
 		}
+	}
+}
+
+// align: calendar loads as a fixed window (local or site scope) whose windows are the
+// calendar's: months and years by the calendar, shorter units and durations as multiples
+// of themselves since the epoch.
+func TestAlignCalendar(t *testing.T) {
+	src := `domain: api
+descriptors:
+  - key: plan
+    rate_limit: {requests_per_unit: 1000, unit: MONTH, scope: site, align: calendar}
+  - key: user
+    rate_limits:
+      - {requests_per_unit: 10, unit: minute, scope: local, align: calendar, algorithm: fixed_window}
+      - {requests_per_unit: 9000, unit: year, scope: local, align: calendar}
+      - {requests_per_unit: 300, window: 3h, scope: local, align: calendar}
+`
+	c, err := Parse("align.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := c.Match("api", e("plan", "pro")).Limits[0]
+	if !plan.Calendar || plan.Algorithm != algo.FixedWindowOn(algo.Month) || plan.Algorithm.String() != "fixed_window" || plan.Scope != Site {
+		t.Errorf("plan: %+v", plan)
+	}
+	ls := c.Match("api", e("user", "7")).Limits
+	for i, want := range []algo.Calendar{algo.Epoch, algo.Year, algo.Epoch} {
+		if l := ls[i]; !l.Calendar || l.Algorithm != algo.FixedWindowOn(want) || l.Algorithm.Calendar() != want {
+			t.Errorf("limit %d: calendar %v, algorithm %v on %v; want fixed_window on %v", i, l.Calendar, l.Algorithm, l.Algorithm.Calendar(), want)
+		}
+	}
+	if ls[2].Line != 9 || ls[2].Window != 3*time.Hour {
+		t.Errorf("3h limit: line %d window %v", ls[2].Line, ls[2].Window)
 	}
 }

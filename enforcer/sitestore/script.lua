@@ -4,10 +4,10 @@
 -- ARGV[4] = expiry slack (ms); ARGV[5] = '1' to take (AllowAll), '0' to peek, or '2' to
 -- write back hits admitted elsewhere (every op takes its n whether it fits or not);
 -- ARGV[6] = number of ops. Then 10 ARGV per op: algorithm code, window (decimal ns), n,
--- allowance, capacity and five algorithm parameters (see ops.go). KEYS: 2 per op, the
--- counter's hash and its sliding-log list. A write back also has a marker key after them
--- and its TTL (ms) as the last ARGV: when the marker exists, the batch was written already
--- and nothing is done (so a retried write back never counts twice).
+-- allowance, capacity and five parameters of its algorithm (its Go file's args). KEYS: 2
+-- per op, the counter's hash and its sliding-log list. A write back also has a marker key
+-- after them and its TTL (ms) as the last ARGV: when the marker exists, the batch was
+-- written already and nothing is done (so a retried write back never counts twice).
 --
 -- Lua numbers are doubles: every value this script does arithmetic on is an integer below
 -- 2^53 (the Go side routes limits outside that range to the in-process store), and times
@@ -78,6 +78,9 @@ end
 
 local states, order = {}, {}
 
+-- load returns the state of op i's counter: its hash's fields (the bucket family keeps ts,
+-- tn, tr and d, the window algorithms st, cur and prev), and what this call has done to
+-- its list (sliding log). A counter used with another algorithm or window starts empty.
 local function load(i, alg, w, a)
   local hk = KEYS[2 * i - 1]
   local st = states[hk]
@@ -94,19 +97,16 @@ local function load(i, alg, w, a)
     -- a new counter, or one reused with another algorithm or window: start empty
     st.alg, st.w, st.ts, st.tn, st.tr, st.d, st.st, st.cur, st.prev = alg, w, 0, 0, 0, a, '', 0, 0
     st.llen, st.drop, st.push, st.reset = 0, 0, 0, true
-  elseif (alg == '1' or alg == '2' or alg == '5') and a > 0 and a ~= st.d then
-    -- the allowance changed: keep the TAT, rescale its fraction of a nanosecond
-    if st.d > 0 then st.tr = math.floor(st.tr * a / st.d) else st.tr = 0 end
-    st.d = a
   end
   return st
 end
 
-local function logat(st, i)
-  local idx = st.drop + i
-  if idx < st.llen then return rel(redis.call('LINDEX', st.lk, idx)) end
-  return 0 -- pushed by this call, at now
-end
+-- The algorithms: one file each (bucket.lua, fixed_window.lua, sliding_window.lua,
+-- sliding_log.lua), each defining a table with decide(st, b, n, a, c) -> allowed, r1, r2,
+-- r3, ttl (b: the op's ARGV offset; r1..r3 what its Go file turns into a Decision; ttl in
+-- ms, when it took) and optionally save(st, taken, ttl) for state beyond the hash. Go puts
+-- them here, and the table algos that maps each algorithm code to one of them.
+-- ALGORITHMS
 
 local out = {1}
 local all = true
@@ -115,85 +115,7 @@ for i = 1, nops do
   local alg, w = ARGV[b + 1], ARGV[b + 2]
   local n, a, c = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   local st = load(i, alg, w, a)
-  local allowed, r1, r2, r3 = false, 0, 0, 0
-  local ttl = 0
-  if alg == '1' or alg == '2' or alg == '5' then
-    if a <= 0 or c <= 0 then
-      allowed = n == 0
-    else
-      local cap_ns, cap_rem = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7])
-      local d = (st.ts - now_s) * E9 + (st.tn - now_ns)
-      if d >= 0 then r1, r2 = d, st.tr end
-      local ons, orem = r1 + tonumber(ARGV[b + 8]), r2 + tonumber(ARGV[b + 9])
-      if orem >= a then ons, orem = ons + 1, orem - a end
-      allowed = force or (n <= c and not (cap_ns < ons or (cap_ns == ons and cap_rem < orem)))
-      if allowed and commit and n > 0 then
-        local tot = now_ns + ons
-        local carry = math.floor(tot / E9)
-        st.ts, st.tn, st.tr, st.d = now_s + carry, tot - carry * E9, orem, a
-        st.dirty = true
-        if orem > 0 then ons = ons + 1 end
-        ttl = math.ceil(ons / 1000000)
-      end
-    end
-  elseif alg == '3' then
-    local ws = ARGV[b + 6]
-    local cur, late = 0, 0
-    if st.st == ws then
-      cur = st.cur
-    elseif after(st.st, ws) then
-      -- A request stamped before the window a concurrent caller already started (it
-      -- queued longer on its way here): it counts in that newer window, never resets it.
-      ws, cur, late = st.st, st.cur, math.ceil(tonumber(w) / 1000000)
-    end
-    r1 = cur
-    allowed = force or (n <= a and cur + n <= a)
-    if allowed and commit and n > 0 then
-      st.st, st.cur, st.prev, st.dirty = ws, cur + n, 0, true
-      ttl = tonumber(ARGV[b + 7]) + late
-    end
-  elseif alg == '4' then
-    local wn = tonumber(ARGV[b + 6])
-    if st.llen == nil then st.llen = redis.call('LLEN', st.lk) end
-    local count = st.llen - st.drop + st.push
-    while count > 0 and -logat(st, 0) >= wn do
-      st.drop = st.drop + 1
-      count = count - 1
-    end
-    r1 = count
-    if count > 0 then r2 = logat(st, count - 1) end
-    allowed = n <= a and count + n <= a
-    if not allowed and n <= a then r3 = logat(st, count + n - a - 1) end
-    allowed = allowed or force
-    if allowed and commit and n > 0 then
-      st.push, st.dirty = st.push + n, true
-      ttl = tonumber(ARGV[b + 7])
-    end
-    st.islog = true
-  else
-    local ws, pws = ARGV[b + 6], ARGV[b + 7]
-    local x, wn = tonumber(ARGV[b + 8]), tonumber(ARGV[b + 9])
-    local cur, prev, late = 0, 0, 0
-    if st.st == ws then
-      cur, prev = st.cur, st.prev
-    elseif st.st == pws then
-      prev = st.cur
-    elseif after(st.st, ws) then
-      -- A request stamped before the window a concurrent caller already started: it
-      -- counts in that newer window, with the previous one weighed whole (the strictest
-      -- estimate), and never resets it.
-      ws, cur, prev, x, late = st.st, st.cur, st.prev, wn, math.ceil(wn / 1000000)
-    end
-    r1, r2 = cur, prev
-    local k = a - n - cur
-    -- the estimate cur + floor(prev*x/w) + n fits when floor(prev*x/w) <= k,
-    -- that is prev*x < (k+1)*w
-    allowed = force or (n <= a and k >= 0 and (prev <= k or mulcmp(prev, x, k + 1, wn) < 0))
-    if allowed and commit and n > 0 then
-      st.st, st.cur, st.prev, st.dirty = ws, cur + n, prev, true
-      ttl = tonumber(ARGV[b + 10]) + late
-    end
-  end
+  local allowed, r1, r2, r3, ttl = algos[alg].decide(st, b, n, a, c)
   if ttl > st.ttl then st.ttl = ttl end
   if not allowed then all = false end
   local ai = 0
@@ -206,30 +128,15 @@ end
 
 if commit then
   for _, st in ipairs(order) do
-    if all and st.dirty then
+    local taken = all and st.dirty
+    local ttl = st.ttl + slack
+    if taken then
       redis.call('HSET', st.hk, 'alg', st.alg, 'w', st.w, 'ts', fmt(st.ts), 'tn', fmt(st.tn),
         'tr', fmt(st.tr), 'd', fmt(st.d), 'st', st.st, 'cur', fmt(st.cur), 'prev', fmt(st.prev))
-      local ttl = st.ttl + slack
       redis.call('PEXPIRE', st.hk, ttl)
-      if st.islog then
-        if st.reset then
-          redis.call('DEL', st.lk)
-        elseif st.drop > 0 then
-          redis.call('LTRIM', st.lk, st.drop, -1)
-        end
-        local left = st.push
-        while left > 0 do
-          local batch = {}
-          for j = 1, math.min(left, 1000) do batch[j] = now_str end
-          redis.call('RPUSH', st.lk, unpack(batch))
-          left = left - #batch
-        end
-        redis.call('PEXPIRE', st.lk, ttl)
-      end
-    elseif st.islog and not st.reset and st.drop > 0 then
-      -- drop expired timestamps even when nothing is taken: it changes no decision
-      redis.call('LTRIM', st.lk, st.drop, -1)
     end
+    local save = algos[st.alg].save
+    if save then save(st, taken, ttl) end
   end
 end
 if not all then out[1] = 0 end

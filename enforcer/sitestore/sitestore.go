@@ -28,12 +28,14 @@
 // exactly as in algo, with the spans Capacity×Window/Allowance and N×Window/Allowance
 // computed in Go; the sliding window's weighted estimate is compared exactly with 24-bit
 // limbs. Only the Decision's counts and durations are derived in Go from the state the
-// script reports, with algo's own arithmetic. The exact range is: Window, the bucket
-// capacity as time, Allowance, Capacity and N at most 2⁵² (Window ≤ 52 days), a time not
-// before 1970, and for SlidingLog an allowance of at most 65536 (one list entry per
-// admitted request). A request with an op outside it is decided by the fallback store and
-// counted as fallback_decisions_total{reason="out_of_range"}; CheckLimit lets a rules
-// loader reject such limits up front.
+// script reports, with algo's own arithmetic. The exact range is: Allowance, Capacity and
+// N at most 2⁵², a time not before 1970, and per algorithm (its check in the registration
+// table): Window and the bucket capacity as time at most 2⁵² ns (52 days) for every
+// algorithm but the fixed window, whose Lua counts time in milliseconds; for SlidingLog
+// an allowance of at most 65536 (one list entry per admitted request). A request with an
+// op outside it is decided by the fallback store and counted as
+// fallback_decisions_total{reason="out_of_range"}; CheckLimit lets a rules loader reject
+// such limits up front.
 //
 // # Hash tags
 //
@@ -84,8 +86,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/streamlimit/streamlimit/internal/exact"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
@@ -94,6 +94,8 @@ import (
 	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
+// scriptSrc is the site-scope script without its algorithms (see siteScript).
+//
 //go:embed script.lua
 var scriptSrc string
 
@@ -232,7 +234,7 @@ func New(cfg Config) (*Store, error) {
 	s := &Store{
 		client: cfg.Client, prefix: cfg.KeyPrefix, tag: cfg.HashTag, timeout: cfg.Timeout,
 		slackMs: int64((cfg.ExpirySlack + time.Millisecond - 1) / time.Millisecond), fallback: cfg.Fallback, fallbackShare: cfg.FallbackShare,
-		log: cfg.Logger, script: redis.NewScript(scriptSrc), known: newKnownTable(), pend: newPending(),
+		log: cfg.Logger, script: redis.NewScript(siteScript), known: newKnownTable(), pend: newPending(),
 	}
 	s.outage.Store(1)
 	s.aliveKey = s.prefix + "{_alive}" + s.pend.prefix
@@ -467,10 +469,7 @@ func (s *Store) allowGroups(ctx context.Context, now time.Time, ops []algo.Op, o
 }
 
 // maxExact bounds every quantity the script does arithmetic on (see the package doc).
-const (
-	maxExact        = 1 << 52
-	maxLogAllowance = 1 << 16
-)
+const maxExact = 1 << 52
 
 // CheckLimit reports whether lim with alg is within site scope's exact range (see the
 // package doc); outside it, requests are decided in process.
@@ -479,15 +478,23 @@ func CheckLimit(alg algo.Algorithm, lim algo.Limit) error {
 		return err
 	}
 	a, c := lim.Allowance(), lim.Capacity()
+	sa, ok := siteAlgorithms[alg]
 	switch {
-	case int64(lim.Window) > maxExact:
-		return fmt.Errorf("window %v is longer than site scope's 2^52 ns (about 52 days)", lim.Window)
+	case !ok:
+		return fmt.Errorf("%v is not kept in Redis: %s", alg, notInRedis[alg])
 	case a > maxExact || c > maxExact:
 		return fmt.Errorf("allowance %d or capacity %d is over site scope's 2^52", a, c)
-	case alg == algo.SlidingLog && a > maxLogAllowance:
-		return fmt.Errorf("sliding_log allowance %d is over site scope's %d", a, maxLogAllowance)
-	case isBucket(alg) && a > 0 && c > 0 && exact.Span(c, int64(lim.Window), a).NS >= maxExact:
-		return fmt.Errorf("bucket capacity %d at %d per %v lasts longer than 2^52 ns", c, a, lim.Window)
+	case sa.check != nil:
+		return sa.check(lim)
+	}
+	return nil
+}
+
+// nsWindow is the range check of the algorithms whose Lua does arithmetic on the window
+// in nanoseconds: at most 2^52 ns.
+func nsWindow(lim algo.Limit) error {
+	if int64(lim.Window) > maxExact {
+		return fmt.Errorf("window %v is longer than site scope's 2^52 ns (about 52 days) for this algorithm", lim.Window)
 	}
 	return nil
 }
@@ -505,8 +512,6 @@ func (s *Store) usable(now time.Time, ops []algo.Op) string {
 	}
 	return ""
 }
-
-const argsPerOp = 10
 
 // call runs the script and returns the per-op states, or a fallback reason.
 func (s *Store) call(ctx context.Context, now time.Time, ops []algo.Op, commit bool) ([]opState, string) {
@@ -627,25 +632,9 @@ func (s *Store) redisKey(counterKey string) string {
 
 func ceilMs(ns int64) int64 { return (ns + int64(time.Millisecond) - 1) / int64(time.Millisecond) }
 
-// appendOpArgs appends op's 10 script arguments: algorithm, window, n, allowance,
-// capacity, and five per-algorithm parameters (see script.lua).
+// appendOpArgs appends op's argsPerOp script arguments: algorithm, window, n, allowance,
+// capacity, and its algorithm's parameters (siteAlgorithm.args).
 func (s *Store) appendOpArgs(args []any, now int64, op *algo.Op) []any {
-	a, c, w := op.Limit.Allowance(), op.Limit.Capacity(), int64(op.Limit.Window)
-	args = append(args, int(op.Algorithm), strconv.FormatInt(w, 10), op.N, a, c)
-	switch op.Algorithm {
-	case algo.TokenBucket, algo.LeakyBucket, algo.GCRA:
-		var capT, sp exact.Time
-		if a > 0 && c > 0 {
-			capT, sp = exact.Span(c, w, a), exact.Span(op.N, w, a)
-		}
-		return append(args, capT.NS, capT.Rem, sp.NS, sp.Rem, 0)
-	case algo.FixedWindow:
-		ws := exact.FloorDiv(now, w) * w
-		return append(args, strconv.FormatInt(ws, 10), ceilMs(ws+w-now), 0, 0, 0)
-	case algo.SlidingLog:
-		return append(args, w, ceilMs(w), 0, 0, 0)
-	default:
-		ws := exact.FloorDiv(now, w) * w
-		return append(args, strconv.FormatInt(ws, 10), strconv.FormatInt(ws-w, 10), ws+w-now, w, ceilMs(ws+2*w-now))
-	}
+	args = append(args, int(op.Algorithm), strconv.FormatInt(int64(op.Limit.Window), 10), op.N, op.Limit.Allowance(), op.Limit.Capacity())
+	return siteAlgorithms[op.Algorithm].args(args, now, op)
 }

@@ -106,6 +106,9 @@ type Config struct {
 	HTTPAddr string
 	// GRPCAddr serves Envoy's RateLimitService. Default DefaultGRPCAddr; "off" disables.
 	GRPCAddr string
+	// LimitOverrides says what the gRPC service and /json do with a descriptor's own
+	// limit. Default rls.HonourOverrides, as envoyproxy/ratelimit.
+	LimitOverrides rls.OverrideMode
 	// Upstream, when set, makes ProxyAddr a reverse proxy to it that rate-limits every
 	// request with HTTP.
 	Upstream *url.URL
@@ -313,7 +316,7 @@ func New(cfg Config) (_ *Server, err error) {
 		}
 	}
 	if cfg.GRPCAddr != "off" {
-		s.rls, err = rls.NewServer(s.lim, rls.Options{Logger: s.log, Registerer: reg})
+		s.rls, err = rls.NewServer(s.lim, rls.Options{Logger: s.log, Registerer: reg, Overrides: cfg.LimitOverrides})
 		if err != nil {
 			return nil, err
 		}

@@ -50,7 +50,8 @@ func newEnforcerCmd() *cobra.Command {
 the counts topic's snapshot plus this site's exact count. Admitted hits of global limits are
 published to the hits topic. It serves:
 
-  --http-listen   POST /v1/check, /v1/auth (nginx auth_request), /metrics, /healthz, /readyz
+  --http-listen   POST /v1/check, /json, /v1/auth (nginx auth_request), /metrics, /healthz,
+                  /readyz, and /openapi.yaml (the OpenAPI document of this API)
   --grpc-listen   envoy.service.ratelimit.v3.RateLimitService (Envoy's rate-limit filter)
   --proxy-listen  with --upstream: a reverse proxy that answers 429 before the upstream
 

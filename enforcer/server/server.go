@@ -101,8 +101,8 @@ type Config struct {
 	SiteEnforcers int
 
 	// HTTPAddr serves POST /v1/check, the nginx endpoint /v1/auth, envoyproxy/ratelimit's
-	// POST /json (unless GRPCAddr is "off"), /metrics, /healthz and /readyz. Default
-	// DefaultHTTPAddr.
+	// POST /json (unless GRPCAddr is "off"), /metrics, /healthz, /readyz and the API's
+	// OpenAPI document (OpenAPIPath). Default DefaultHTTPAddr.
 	HTTPAddr string
 	// GRPCAddr serves Envoy's RateLimitService. Default DefaultGRPCAddr; "off" disables.
 	GRPCAddr string
@@ -501,6 +501,7 @@ func (s *Server) Handler() http.Handler {
 	if s.mw != nil {
 		mux.Handle("/v1/auth", s.authMW.AuthHandler(s.cfg.Auth))
 	}
+	mux.HandleFunc("GET "+OpenAPIPath, serveOpenAPI)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

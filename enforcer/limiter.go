@@ -326,7 +326,7 @@ func (l *Limiter) match(req Request, res *Result, s *scratch, n int64) {
 		if cfg != nil {
 			r = cfg.Match(req.Domain, entries)
 		}
-		if l.overridden(cfg, req, d, r, s, n) {
+		if len(req.Overrides) > 0 && l.overridden(cfg, req, d, r, s, n) {
 			r = nil // the override is in force instead of the rule, which replaces nothing
 		}
 		s.matched = append(s.matched, r)

@@ -75,7 +75,6 @@ func (s *Server) override(lo *ratelimitv3.RateLimitDescriptor_RateLimitOverride,
 		}
 		w *= time.Duration(m.GetValue())
 	}
-	s.metrics.overrides.Inc()
 	return enforcer.Override{Requests: int64(lo.GetRequestsPerUnit()), Window: w}, nil
 }
 

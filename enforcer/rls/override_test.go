@@ -154,3 +154,21 @@ func TestParseOverrideMode(t *testing.T) {
 		t.Error("honor accepted")
 	}
 }
+
+// TestLimitOverrideCountedOnlyWhenDecided: an override of a request rejected as invalid,
+// or of a refund (not decided), is not counted as honoured.
+func TestLimitOverrideCountedOnlyWhenDecided(t *testing.T) {
+	f := start(t, testRules, Options{})
+	bad := overridden(descriptor("user", "b"), 5, typev3.RateLimitUnit_UNKNOWN)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := f.client.ShouldRateLimit(ctx, request(overridden(descriptor("user", "a"), 5, typev3.RateLimitUnit_SECOND), bad)); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("bad unit: %v", err)
+	}
+	refund := overridden(descriptor("user", "r"), 5, typev3.RateLimitUnit_SECOND)
+	refund.IsNegativeHits = true
+	f.call(t, request(refund, overridden(descriptor("user", "c"), 5, typev3.RateLimitUnit_SECOND)))
+	if got := testutil.ToFloat64(f.srv.metrics.overrides); got != 1 {
+		t.Fatalf("limit_overrides_total = %v, want 1 (the decided descriptor)", got)
+	}
+}

@@ -177,6 +177,11 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		s.opts.Logger.Debug("invalid rate limit request", "err", err)
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	for i := range sc.over {
+		if sc.over[i].Window > 0 && sc.hits[i] > 0 {
+			s.metrics.overrides.Inc()
+		}
+	}
 	res := &sc.all
 	if uniform {
 		s.lim.DecideInto(ctx, enforcer.Request{Domain: req.GetDomain(), Descriptors: sc.descs, Hits: reqHits, Overrides: sc.over}, res)

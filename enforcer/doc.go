@@ -3,7 +3,8 @@
 //
 // A Limiter takes an Envoy-style Request (a domain and several descriptors, each a list of
 // key/value entries), matches each descriptor most-specific-first against the rules of
-// package rules, and decides every limit in force:
+// package rules (a descriptor that carries its own limit, an Override, is limited by that
+// instead), and decides every limit in force:
 //
 //   - scope local: in this process, with one of the six algorithms of package algo;
 //   - scope site: shared by all enforcers of one site through a SiteStore (package

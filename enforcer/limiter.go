@@ -321,10 +321,13 @@ func (l *Limiter) match(req Request, res *Result, s *scratch, n int64) {
 	cfg := l.cfg.Rules()
 	res.Code = CodeOK
 	res.Statuses = res.Statuses[:0]
-	for _, entries := range req.Descriptors {
+	for d, entries := range req.Descriptors {
 		var r *rules.Rule
 		if cfg != nil {
 			r = cfg.Match(req.Domain, entries)
+		}
+		if len(req.Overrides) > 0 && l.overridden(cfg, req, d, r, s, n) {
+			r = nil // the override is in force instead of the rule, which replaces nothing
 		}
 		s.matched = append(s.matched, r)
 		res.Statuses = append(res.Statuses, Status{Code: CodeOK, Rule: r})

@@ -38,6 +38,9 @@ type Request struct {
 	Descriptors [][]rules.Entry
 	// Hits is the request's cost; 0 means 1.
 	Hits int64
+	// Overrides is nil, or holds one Override per descriptor: a descriptor whose Override
+	// has a Window is limited by it instead of by the rules (see Override).
+	Overrides []Override
 }
 
 // Result is the decision for a Request.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
+	"github.com/streamlimit/streamlimit/enforcer/rls"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/topics"
@@ -35,6 +36,7 @@ type enforcerFlags struct {
 	trustedProxies      []string
 	trustedProxiesSet   bool // --trusted-proxies given (flag, environment or --config)
 	authTokenFile       string
+	limitOverrides      string
 	logFormat, logLevel string
 }
 
@@ -48,7 +50,8 @@ func newEnforcerCmd() *cobra.Command {
 the counts topic's snapshot plus this site's exact count. Admitted hits of global limits are
 published to the hits topic. It serves:
 
-  --http-listen   POST /v1/check, /v1/auth (nginx auth_request), /metrics, /healthz, /readyz
+  --http-listen   POST /v1/check, /json, /v1/auth (nginx auth_request), /metrics, /healthz,
+                  /readyz, and /openapi.yaml (the OpenAPI document of this API)
   --grpc-listen   envoy.service.ratelimit.v3.RateLimitService (Envoy's rate-limit filter)
   --proxy-listen  with --upstream: a reverse proxy that answers 429 before the upstream
 
@@ -103,6 +106,8 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	f.DurationVar(&c.RedisTimeout, "redis-timeout", sitestore.DefaultTimeout, "bound on each Redis call (a hung Redis, not a latency target); past it, decide in process")
 	f.StringVar(&c.HTTPAddr, "http-listen", server.DefaultHTTPAddr, "address of the check API, auth endpoint and admin endpoints")
 	f.StringVar(&c.GRPCAddr, "grpc-listen", server.DefaultGRPCAddr, `address of the Envoy rate-limit gRPC service ("off" to disable)`)
+	f.StringVar(&ef.limitOverrides, "limit-overrides", rls.HonourOverrides.String(),
+		"what the gRPC service and /json do with a descriptor's own limit (Envoy's override): honour (a caller can raise its own quota) or ignore (the rules decide)")
 	f.StringVar(&ef.upstream, "upstream", "", "URL of a service to reverse-proxy with rate limiting")
 	f.StringVar(&c.ProxyAddr, "proxy-listen", server.DefaultProxyAddr, "address of the reverse proxy (with --upstream); \":8080\" to serve every interface")
 	f.DurationVar(&c.ProxyMaxDelay, "proxy-max-delay", 0, "with --upstream: hold a request that its limits will admit within this long until they do, instead of answering 429")
@@ -244,6 +249,9 @@ func (ef *enforcerFlags) serverConfig() (server.Config, error) {
 		if err := cfg.HTTP.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("--trusted-proxies: %w", err))
 		}
+	}
+	if cfg.LimitOverrides, err = rls.ParseOverrideMode(ef.limitOverrides); err != nil {
+		errs = append(errs, fmt.Errorf("--limit-overrides: %w", err))
 	}
 	if ef.authTokenFile != "" {
 		if cfg.AuthTokens, err = readTokens(ef.authTokenFile); err != nil {

@@ -72,6 +72,11 @@ func TestEnforcerFlagErrors(t *testing.T) {
 	if err == nil {
 		t.Fatal("no error")
 	}
+	_, err = run(t, "enforcer", "--no-kafka", "--limit-overrides", "honor")
+	if err == nil || !strings.Contains(err.Error(), `--limit-overrides: limit overrides "honor": want honour or ignore`) {
+		t.Errorf("--limit-overrides honor: error %v", err)
+	}
+	_, err = run(t, "enforcer", "--no-kafka", "--upstream", "not a url")
 	for _, want := range []string{"--site is required", "--rules is required", `--upstream "not a url"`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)

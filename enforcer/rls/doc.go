@@ -17,14 +17,20 @@
 // so that later groups take nothing, but groups already admitted keep what they took.
 // Descriptors of groups that were not decided are reported OK with no current_limit.
 //
-// Two request features are not supported, and are counted in
-// streamlimit_rls_ignored_total{feature}:
+// A descriptor's own limit (limit, Envoy's RateLimitOverride) is honoured by default, as
+// envoyproxy/ratelimit honours it: the descriptor is limited by requests_per_unit per
+// unit (times unit_multiplier, when set) instead of by its rule, in the scope and with the
+// algorithm of the rule's first limit (global sliding_window when no rule matches), on a
+// counter of its own (see enforcer.Override); 0 requests denies every request. A unit
+// that is not one of Envoy's (UNKNOWN, or an undefined number) or a unit_multiplier of 0
+// is InvalidArgument. Such descriptors are counted in
+// streamlimit_rls_limit_overrides_total. Since a caller that sets its own limit can raise
+// its own quota, Options.Overrides = IgnoreOverrides lets the rules decide instead and
+// counts such descriptors in streamlimit_rls_ignored_total{feature="limit_override"}.
 //
-//   - limit (RateLimitOverride): the rules in force decide; a per-request limit would let
-//     any caller change its own quota, and the Limiter's counters are keyed by configured
-//     limits.
-//   - is_negative_hits (refunds): such a descriptor takes nothing and is reported OK with
-//     no current_limit; the Limiter's counters only grow.
+// Refunds (is_negative_hits) are not supported: such a descriptor takes nothing and is
+// reported OK with no current_limit, since the Limiter's counters only grow; it is counted
+// in streamlimit_rls_ignored_total{feature="negative_hits"}.
 //
 // A request that rules.ValidateRequest rejects (an empty domain, no descriptors or more
 // than rules.MaxRequestDescriptors, a descriptor with no entries or more than
@@ -63,7 +69,9 @@
 // # Metrics
 //
 // streamlimit_rls_requests_total{result} counts calls by result (ok, over_limit,
-// invalid); streamlimit_rls_ignored_total{feature} counts descriptors whose
+// invalid); streamlimit_rls_limit_overrides_total counts descriptors limited by their
+// own limit; streamlimit_rls_ignored_total{feature} counts descriptors whose
 // limit_override or negative_hits was ignored. Per-rule decisions are counted by the
-// Limiter's own metrics.
+// Limiter's own metrics (a descriptor limited by its own limit has no rule and is not
+// counted there).
 package rls

@@ -17,6 +17,7 @@ const (
 type metrics struct {
 	ok, overLimit, invalid prometheus.Counter
 	override, negative     prometheus.Counter
+	overrides              prometheus.Counter // honoured
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -26,10 +27,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}, []string{"result"})
 	ignored := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "streamlimit", Subsystem: "rls", Name: "ignored_total",
-		Help: "Descriptors that used an unsupported feature, which was ignored: limit_override or negative_hits.",
+		Help: "Descriptors that used a feature which was ignored: limit_override (with --limit-overrides=ignore) or negative_hits.",
 	}, []string{"feature"})
+	overrides := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "streamlimit", Subsystem: "rls", Name: "limit_overrides_total",
+		Help: "Descriptors limited by their own limit (Envoy's per-descriptor override) instead of the rules'.",
+	})
 	if reg != nil {
-		for _, c := range []prometheus.Collector{requests, ignored} {
+		for _, c := range []prometheus.Collector{requests, ignored, overrides} {
 			if err := reg.Register(c); err != nil {
 				var are prometheus.AlreadyRegisteredError
 				if !errors.As(err, &are) {
@@ -42,6 +47,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 					requests = are.ExistingCollector.(*prometheus.CounterVec)
 				case ignored:
 					ignored = are.ExistingCollector.(*prometheus.CounterVec)
+				case overrides:
+					overrides = are.ExistingCollector.(prometheus.Counter)
 				}
 			}
 		}
@@ -52,6 +59,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		invalid:   requests.WithLabelValues("invalid"),
 		override:  ignored.WithLabelValues(featureOverride),
 		negative:  ignored.WithLabelValues(featureNegative),
+		overrides: overrides,
 	}, nil
 }
 

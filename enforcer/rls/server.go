@@ -39,6 +39,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the Server's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
+	// Overrides says what a descriptor's own limit does. Default HonourOverrides, as
+	// envoyproxy/ratelimit.
+	Overrides OverrideMode
 }
 
 // Server answers ShouldRateLimit with an enforcer.Limiter; see the package documentation
@@ -101,8 +104,10 @@ func (s *Server) SetServing(serving bool) {
 type scratch struct {
 	entries []rules.Entry
 	descs   [][]rules.Entry
-	hits    []int64 // per request descriptor; 0 = not decided (negative hits)
-	index   []int   // request descriptor index of each descriptor of the current group
+	hits    []int64             // per request descriptor; 0 = not decided (negative hits)
+	over    []enforcer.Override // per request descriptor, when any has one in force
+	groupOv []enforcer.Override
+	index   []int // request descriptor index of each descriptor of the current group
 	group   [][]rules.Entry
 	res     enforcer.Result // per group
 	all     enforcer.Result // whole request
@@ -131,6 +136,8 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	sc.entries = sc.entries[:0]
 	sc.descs = sc.descs[:0]
 	sc.hits = sc.hits[:0]
+	sc.over = sc.over[:0]
+	var badOverride error
 	reqHits := int64(req.GetHitsAddend())
 	if reqHits <= 0 {
 		reqHits = 1
@@ -147,16 +154,37 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			uniform = false
 		}
 		sc.hits = append(sc.hits, h)
+		if lo := d.GetLimit(); lo != nil {
+			o, err := s.override(lo, len(sc.descs)-1)
+			if err != nil && badOverride == nil {
+				badOverride = err
+			}
+			if o.Window > 0 {
+				if len(sc.over) == 0 {
+					sc.over = grow(sc.over, len(descs))
+				}
+				sc.over[len(sc.descs)-1] = o
+			}
+		}
 	}
 
-	if err := rules.ValidateRequest(req.GetDomain(), sc.descs); err != nil {
+	err := rules.ValidateRequest(req.GetDomain(), sc.descs)
+	if err == nil {
+		err = badOverride
+	}
+	if err != nil {
 		s.metrics.invalid.Inc()
 		s.opts.Logger.Debug("invalid rate limit request", "err", err)
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	for i := range sc.over {
+		if sc.over[i].Window > 0 && sc.hits[i] > 0 {
+			s.metrics.overrides.Inc()
+		}
+	}
 	res := &sc.all
 	if uniform {
-		s.lim.DecideInto(ctx, enforcer.Request{Domain: req.GetDomain(), Descriptors: sc.descs, Hits: reqHits}, res)
+		s.lim.DecideInto(ctx, enforcer.Request{Domain: req.GetDomain(), Descriptors: sc.descs, Hits: reqHits, Overrides: sc.over}, res)
 	} else {
 		s.decideGroups(ctx, req.GetDomain(), sc)
 	}
@@ -167,10 +195,6 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 // descriptorHits returns the cost of d: its hits_addend, else the request's; 0 for a
 // refund, which is not decided.
 func (s *Server) descriptorHits(d *ratelimitv3.RateLimitDescriptor, reqHits int64) int64 {
-	if d.GetLimit() != nil {
-		s.metrics.ignored(featureOverride)
-		s.opts.Logger.Debug("rate limit override ignored; the configured rules decide")
-	}
 	if d.GetIsNegativeHits() {
 		s.metrics.ignored(featureNegative)
 		s.opts.Logger.Debug("negative hits (refund) ignored; the descriptor is not decided")
@@ -210,14 +234,17 @@ func (s *Server) decideGroups(ctx context.Context, domain string, sc *scratch) {
 		if seen {
 			continue
 		}
-		sc.index, sc.group = sc.index[:0], sc.group[:0]
+		sc.index, sc.group, sc.groupOv = sc.index[:0], sc.group[:0], sc.groupOv[:0]
 		for j := i; j < len(sc.hits); j++ {
 			if sc.hits[j] == h {
 				sc.index = append(sc.index, j)
 				sc.group = append(sc.group, sc.descs[j])
+				if len(sc.over) > 0 {
+					sc.groupOv = append(sc.groupOv, sc.over[j])
+				}
 			}
 		}
-		s.lim.DecideInto(ctx, enforcer.Request{Domain: domain, Descriptors: sc.group, Hits: h}, &sc.res)
+		s.lim.DecideInto(ctx, enforcer.Request{Domain: domain, Descriptors: sc.group, Hits: h, Overrides: sc.groupOv}, &sc.res)
 		for k, j := range sc.index {
 			all.Statuses[j] = sc.res.Statuses[k]
 		}

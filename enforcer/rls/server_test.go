@@ -16,7 +16,6 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
@@ -374,19 +373,6 @@ func TestHitsAddend(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(f.srv.metrics.negative); got != 1 {
 		t.Fatalf("ignored_total{negative_hits} = %v", got)
-	}
-}
-
-func TestLimitOverrideIsIgnored(t *testing.T) {
-	f := start(t, testRules, Options{})
-	d := descriptor("user", "o")
-	d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1000, Unit: typev3.RateLimitUnit_SECOND}
-	r := f.call(t, &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}})
-	if lim := r.GetStatuses()[0].GetCurrentLimit(); lim.GetRequestsPerUnit() != 3 || lim.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE {
-		t.Fatalf("override applied: %v", lim)
-	}
-	if got := testutil.ToFloat64(f.srv.metrics.override); got != 1 {
-		t.Fatalf("ignored_total{limit_override} = %v", got)
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/streamlimit/streamlimit/enforcer/headers"
 	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
@@ -159,8 +160,13 @@ func (t tokens) ok(header string) bool {
 	return match == 1
 }
 
-// openPaths stay reachable without a token: orchestrators probe them.
-var openPaths = map[string]bool{"/healthz": true, "/readyz": true}
+// openPaths stay reachable without a token: orchestrators probe the first two, and the
+// API's description holds nothing secret.
+var openPaths = map[string]bool{"/healthz": true, "/readyz": true, OpenAPIPath: true}
+
+// unauthorizedProblem is the problem body of a request without a valid token, in the
+// form of the HTTP API's other problems.
+const unauthorizedProblem = `{"type":"about:blank","title":"Unauthorized","status":401,"detail":"a valid bearer token is required"}`
 
 // requireToken answers 401 to a request without a valid bearer token, except on
 // openPaths.
@@ -170,8 +176,11 @@ func (t tokens) requireToken(h http.Handler) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !openPaths[r.URL.Path] && !t.ok(r.Header.Get("Authorization")) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="streamlimit"`)
-			http.Error(w, "a valid bearer token is required", http.StatusUnauthorized)
+			h := w.Header()
+			h.Set("WWW-Authenticate", `Bearer realm="streamlimit"`)
+			h.Set("Content-Type", headers.ProblemContentType)
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = w.Write([]byte(unauthorizedProblem))
 			return
 		}
 		h.ServeHTTP(w, r)

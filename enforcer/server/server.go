@@ -101,11 +101,14 @@ type Config struct {
 	SiteEnforcers int
 
 	// HTTPAddr serves POST /v1/check, the nginx endpoint /v1/auth, envoyproxy/ratelimit's
-	// POST /json (unless GRPCAddr is "off"), /metrics, /healthz and /readyz. Default
-	// DefaultHTTPAddr.
+	// POST /json (unless GRPCAddr is "off"), /metrics, /healthz, /readyz and the API's
+	// OpenAPI document (OpenAPIPath). Default DefaultHTTPAddr.
 	HTTPAddr string
 	// GRPCAddr serves Envoy's RateLimitService. Default DefaultGRPCAddr; "off" disables.
 	GRPCAddr string
+	// LimitOverrides says what the gRPC service and /json do with a descriptor's own
+	// limit. Default rls.HonourOverrides, as envoyproxy/ratelimit.
+	LimitOverrides rls.OverrideMode
 	// Upstream, when set, makes ProxyAddr a reverse proxy to it that rate-limits every
 	// request with HTTP.
 	Upstream *url.URL
@@ -313,7 +316,7 @@ func New(cfg Config) (_ *Server, err error) {
 		}
 	}
 	if cfg.GRPCAddr != "off" {
-		s.rls, err = rls.NewServer(s.lim, rls.Options{Logger: s.log, Registerer: reg})
+		s.rls, err = rls.NewServer(s.lim, rls.Options{Logger: s.log, Registerer: reg, Overrides: cfg.LimitOverrides})
 		if err != nil {
 			return nil, err
 		}
@@ -498,6 +501,7 @@ func (s *Server) Handler() http.Handler {
 	if s.mw != nil {
 		mux.Handle("/v1/auth", s.authMW.AuthHandler(s.cfg.Auth))
 	}
+	mux.HandleFunc("GET "+OpenAPIPath, serveOpenAPI)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -384,12 +384,11 @@ func (a *Aggregator) Run(ctx context.Context) error {
 
 func (a *Aggregator) pollLoop(ctx context.Context, cl *kgo.Client) {
 	for {
-		// Everything buffered is taken at once: the client sends its next fetch request as
-		// soon as the buffered fetch has been taken, so that it fetches and decodes while
-		// this loop counts. Taken a few thousand records at a time, one fetch (a
-		// partition's FetchMaxPartitionBytes each) would keep it idle until the last of
-		// them were counted.
-		fetches := cl.PollFetches(ctx)
+		// At most 10 000 records a poll. Taking everything buffered instead (PollFetches)
+		// lets the client fetch and decode the next fetch while this loop counts, but on
+		// a busy two-core machine that cost more CPU than it saved in waiting: replays of
+		// 1 M hits were slower with it (docs/benchmarks.md).
+		fetches := cl.PollRecords(ctx, 10000)
 		if ctx.Err() != nil || fetches.IsClientClosed() {
 			cl.AllowRebalance()
 			return

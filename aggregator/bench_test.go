@@ -15,13 +15,13 @@ import (
 	"github.com/streamlimit/streamlimit/topics"
 )
 
-// BenchmarkEndToEnd writes hitsPerRun binary hits to a 4-partition topic, then reads them
-// twice: with a raw franz-go consumer (no decoding) and with an Aggregator replaying the
-// topic (decode, validate, count). It reports both rates in hits/s and their ratio. Each
+// BenchmarkEndToEnd writes hitsPerRun binary hits of endToEndKeys keys to a 4-partition
+// topic, then reads them twice: with a raw franz-go consumer (no decoding) and with an
+// Aggregator replaying the topic (decode, validate, count). It reports both rates in hits/s and their ratio. Each
 // side is timed from its first partition positioning to its last record, so group join
 // time is left out.
 func BenchmarkEndToEnd(b *testing.B) {
-	const hitsPerRun = 1_000_000
+	const hitsPerRun, endToEndKeys = 1_000_000, 100_000
 	brokers := testenv.Brokers(b)
 	var tc topics.Config
 	tc, _ = tc.Normalize()
@@ -32,7 +32,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	sites := []string{"eu-1", "us-1", "ap-1"}
 	ctx := context.Background()
 	for i := range hitsPerRun {
-		h := topics.Hit{Key: "bench|user=" + strconv.Itoa(i%20_000), Site: sites[i%3],
+		h := topics.Hit{Key: "bench|user=" + strconv.Itoa(i%endToEndKeys), Site: sites[i%3],
 			BucketStart: now.Add(-time.Duration(hitsPerRun-i) * 30 * time.Microsecond).UnixMilli(), Window: 60_000, Count: 1}
 		v, _ := h.MarshalBinary()
 		prod.Produce(ctx, &kgo.Record{Topic: hits, Key: []byte(h.Key), Value: v, Timestamp: h.BucketTime()}, nil)
@@ -79,8 +79,8 @@ func BenchmarkEndToEnd(b *testing.B) {
 		a.mu.Unlock()
 		cancel()
 		<-done
-		if keys != 20_000 {
-			b.Fatalf("aggregator holds %d keys, want 20000", keys)
+		if keys != endToEndKeys {
+			b.Fatalf("aggregator holds %d keys, want %d", keys, endToEndKeys)
 		}
 		aggRate = hitsPerRun / last.Sub(first).Seconds()
 	}

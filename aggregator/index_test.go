@@ -3,6 +3,8 @@ package aggregator
 import (
 	"math/rand/v2"
 	"testing"
+
+	"github.com/streamlimit/streamlimit/topics"
 )
 
 // TestIndexAgreesWithMap runs random sets, deletions and lookups on an index and on a map,
@@ -61,4 +63,59 @@ func TestIndexAgreesWithMap(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStateRemoveKeepsIndex removes counters from a state in every position that matters
+// to the index — the first of a chain of counters sharing a hash (one key's several
+// windows), the middle of one, and the counter that the removal moves within the list — and
+// checks after each that every counter left is found and every removed one is not.
+func TestStateRemoveKeepsIndex(t *testing.T) {
+	s := testState(1000)
+	now := int64(1_763_740_000_000)
+	windows := []int64{10_000, 20_000, 30_000}
+	keys := []string{"a", "b", "c", "d"}
+	for _, k := range keys {
+		for _, w := range windows {
+			h := topics.Hit{Key: k, Site: "eu", BucketStart: now, Window: w, Count: 1}
+			s.add(now, 0, &h, "", 0)
+		}
+	}
+	held := map[counterID]bool{}
+	for _, k := range keys {
+		for _, w := range windows {
+			held[counterID{k, w}] = true
+		}
+	}
+	check := func(step string) {
+		t.Helper()
+		for id, ok := range held {
+			if got := s.get(id.key, id.window) != nil; got != ok {
+				t.Fatalf("%s: %s/%d found %v, want %v", step, id.key, id.window, got, ok)
+			}
+		}
+		if s.size() != countTrue(held) {
+			t.Fatalf("%s: %d counters, want %d", step, s.size(), countTrue(held))
+		}
+	}
+	for _, id := range []counterID{
+		{"b", 30_000},                // the first of b's chain (the last created)
+		{"c", 20_000},                // the middle of c's chain
+		{"d", 30_000},                // the last counter in the list
+		{"a", 10_000},                // the end of a's chain
+		{"b", 20_000}, {"b", 10_000}, // b's chain to empty
+	} {
+		s.remove(s.get(id.key, id.window))
+		held[id] = false
+		check("after removing " + id.key)
+	}
+}
+
+func countTrue(m map[counterID]bool) int {
+	n := 0
+	for _, v := range m {
+		if v {
+			n++
+		}
+	}
+	return n
 }

@@ -15,13 +15,14 @@ import (
 	"github.com/streamlimit/streamlimit/topics"
 )
 
-// BenchmarkEndToEnd writes hitsPerRun binary hits to a 4-partition topic, then reads them
-// twice: with a raw franz-go consumer (no decoding) and with an Aggregator replaying the
-// topic (decode, validate, count). It reports both rates in hits/s and their ratio. Each
-// side is timed from its first partition positioning to its last record, so group join
-// time is left out.
+// BenchmarkEndToEnd writes hitsPerRun binary hits of endToEndKeys keys to a 4-partition
+// topic, then reads them twice: with a raw franz-go consumer (no decoding) and with an
+// Aggregator replaying the topic (decode, validate, count). It reports both rates in
+// hits/s and their ratio, and the ratio of the CPU time each took. Each side's rate is
+// timed from its first partition positioning to its last record, so group join time is
+// left out.
 func BenchmarkEndToEnd(b *testing.B) {
-	const hitsPerRun = 1_000_000
+	const hitsPerRun, endToEndKeys = 1_000_000, 100_000
 	brokers := testenv.Brokers(b)
 	var tc topics.Config
 	tc, _ = tc.Normalize()
@@ -32,7 +33,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	sites := []string{"eu-1", "us-1", "ap-1"}
 	ctx := context.Background()
 	for i := range hitsPerRun {
-		h := topics.Hit{Key: "bench|user=" + strconv.Itoa(i%20_000), Site: sites[i%3],
+		h := topics.Hit{Key: "bench|user=" + strconv.Itoa(i%endToEndKeys), Site: sites[i%3],
 			BucketStart: now.Add(-time.Duration(hitsPerRun-i) * 30 * time.Microsecond).UnixMilli(), Window: 60_000, Count: 1}
 		v, _ := h.MarshalBinary()
 		prod.Produce(ctx, &kgo.Record{Topic: hits, Key: []byte(h.Key), Value: v, Timestamp: h.BucketTime()}, nil)
@@ -40,10 +41,10 @@ func BenchmarkEndToEnd(b *testing.B) {
 	if err := prod.Flush(ctx); err != nil {
 		b.Fatal(err)
 	}
-	var rawRate, aggRate float64
+	var rawRate, aggRate, cpuRatio float64
 	for b.Loop() {
 		// Raw consumer.
-		start := time.Now()
+		start, cpu0 := time.Now(), processCPU()
 		cl := testenv.KafkaClient(b, kgo.ConsumeTopics(hits), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 		n := 0
 		for n < hitsPerRun {
@@ -51,6 +52,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 			fs.EachRecord(func(*kgo.Record) { n++ })
 		}
 		rawRate = hitsPerRun / time.Since(start).Seconds()
+		rawCPU := processCPU() - cpu0
 		cl.Close()
 
 		// Aggregator replay.
@@ -61,9 +63,13 @@ func BenchmarkEndToEnd(b *testing.B) {
 		}
 		rctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
+		cpu0 = processCPU()
 		go func() { done <- a.Run(rctx) }()
 		for !a.Ready() {
 			time.Sleep(10 * time.Millisecond)
+		}
+		if rawCPU > 0 {
+			cpuRatio = float64(processCPU()-cpu0) / float64(rawCPU)
 		}
 		a.mu.Lock()
 		var first, last time.Time
@@ -79,14 +85,18 @@ func BenchmarkEndToEnd(b *testing.B) {
 		a.mu.Unlock()
 		cancel()
 		<-done
-		if keys != 20_000 {
-			b.Fatalf("aggregator holds %d keys, want 20000", keys)
+		if keys != endToEndKeys {
+			b.Fatalf("aggregator holds %d keys, want %d", keys, endToEndKeys)
 		}
 		aggRate = hitsPerRun / last.Sub(first).Seconds()
 	}
 	b.ReportMetric(rawRate, "raw_hits/s")
 	b.ReportMetric(aggRate, "agg_hits/s")
 	b.ReportMetric(aggRate/rawRate, "ratio")
+	// The CPU the process spent replaying (from Run until Ready, group join included) over
+	// what it spent in the raw read: unlike the rates, it hardly moves with what else the
+	// machine runs. 0 where the platform does not tell (processCPU).
+	b.ReportMetric(cpuRatio, "cpu_agg/raw")
 }
 
 // memoryPerCounter returns the heap per counter (with its bookkeeping) of a state holding

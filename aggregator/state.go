@@ -60,11 +60,12 @@ type stateConfig struct {
 type state struct {
 	cfg   stateConfig
 	specs map[int64]*window.Spec
-	// m indexes the counters by the murmur2 hash of their key, which the ownership check
-	// computes for every hit anyway; counters whose keys share a hash (a key's several
-	// windows, or a collision) are chained. A uint32-keyed map is markedly cheaper per hit
-	// than a string-keyed one: no string hash, and no read of the key bytes in the table.
-	m    map[uint32]*entry
+	// m indexes the counters (their positions in list) by the murmur2 hash of their key,
+	// which the ownership check computes for every hit anyway; counters whose keys share a
+	// hash (a key's several windows, or a collision) are chained from the first. Indexed
+	// by a uint32 it is markedly cheaper per hit than a string-keyed map: no string hash,
+	// and no read of the key bytes in the table (index.go).
+	m    index
 	list []*entry // every counter, for iteration; len(list) is the number held
 	// seen dedupes re-routed hits per slot: origin id → expiry (ms).
 	seen     map[int32]map[string]int64
@@ -107,7 +108,6 @@ func newState(cfg stateConfig) *state {
 	return &state{
 		cfg:    cfg,
 		specs:  map[int64]*window.Spec{},
-		m:      map[uint32]*entry{},
 		seen:   map[int32]map[string]int64{},
 		paused: map[int32]bool{},
 		sites:  map[string]string{},
@@ -272,15 +272,15 @@ func (s *state) addRaw(now int64, slot int32, h hitRef, origin string, expiry in
 		h.hash = murmur2(h.key)
 	}
 	var e *entry
-	for e = s.m[h.hash]; e != nil && (e.id.window != h.window || e.id.key != string(h.key)); e = e.next {
+	for e = s.head(h.hash); e != nil && (e.id.window != h.window || e.id.key != string(h.key)); e = e.next {
 	}
 	if e == nil {
 		if len(s.list) >= s.cfg.maxKeys {
 			return refusedKey
 		}
 		e = &entry{id: counterID{string(h.key), h.window}, spec: s.spec(h.window), slot: slot, hash: h.hash, idx: int32(len(s.list))}
-		e.next = s.m[h.hash]
-		s.m[h.hash] = e
+		e.next = s.head(h.hash)
+		s.m.set(h.hash, e.idx)
 		s.list = append(s.list, e)
 	}
 	if !e.c.AddSite(e.spec, now, h.site, s.intern, h.bucketStart, h.count, h.denied) {
@@ -292,7 +292,7 @@ func (s *state) addRaw(now int64, slot int32, h hitRef, origin string, expiry in
 
 // get returns the counter of (key, w), or nil.
 func (s *state) get(key string, w int64) *entry {
-	for e := s.m[murmur2([]byte(key))]; e != nil; e = e.next {
+	for e := s.head(murmur2([]byte(key))); e != nil; e = e.next {
 		if e.id.window == w && e.id.key == key {
 			return e
 		}
@@ -304,16 +304,11 @@ func (s *state) get(key string, w int64) *entry {
 func (s *state) size() int { return len(s.list) }
 
 func (s *state) remove(e *entry) {
-	last := s.list[len(s.list)-1]
-	s.list[e.idx] = last
-	last.idx = e.idx
-	s.list = s.list[:len(s.list)-1]
-	head := s.m[e.hash]
-	switch {
+	switch head := s.head(e.hash); {
 	case head == e && e.next == nil:
-		delete(s.m, e.hash)
+		s.m.del(e.hash)
 	case head == e:
-		s.m[e.hash] = e.next
+		s.m.set(e.hash, e.next.idx)
 	default:
 		for p := head; p != nil; p = p.next {
 			if p.next == e {
@@ -323,6 +318,24 @@ func (s *state) remove(e *entry) {
 		}
 	}
 	e.next = nil
+	// The last counter takes e's place in list; if it heads its chain, the index follows.
+	last := s.list[len(s.list)-1]
+	if last != e {
+		if s.head(last.hash) == last {
+			s.m.set(last.hash, e.idx)
+		}
+		s.list[e.idx] = last
+		last.idx = e.idx
+	}
+	s.list = s.list[:len(s.list)-1]
+}
+
+// head returns the first counter whose key hashes to h, or nil.
+func (s *state) head(h uint32) *entry {
+	if i := s.m.get(h); i >= 0 {
+		return s.list[i]
+	}
+	return nil
 }
 
 // dropSlot forgets every counter and dedupe entry of slot.

@@ -159,28 +159,65 @@ func TestMaxKeysAndDedupe(t *testing.T) {
 
 // BenchmarkProcessHit measures the in-process cost of one binary hit record over 100k
 // counters and three sites: decode, validation, ownership check (murmur2) and bucket update
-// (no Kafka).
+// (no Kafka), on the poll loop's path (Aggregator.count over a partition's records).
 func BenchmarkProcessHit(b *testing.B) {
 	a, err := New(Config{Brokers: []string{"unused:9092"}, MaxKeys: 1 << 20})
 	if err != nil {
 		b.Fatal(err)
 	}
 	now := time.Now().UnixMilli()
-	const keys = 100_000
-	recs := make([]*kgo.Record, keys)
-	for i := range recs {
+	const keys, parts = 100_000, 12
+	byPart := make([][]topics.Hit, parts)
+	for i := range keys {
 		h := topics.Hit{Key: "api:POST /articles|user=" + strconv.Itoa(i), Site: []string{"eu", "us", "ap"}[i%3], BucketStart: now, Window: 60_000, Count: 1}
-		v, _ := h.MarshalBinary()
-		recs[i] = &kgo.Record{Topic: "hits", Key: []byte(h.Key), Value: v, Timestamp: time.UnixMilli(now), Partition: kafkaPartition([]byte(h.Key), 12)}
+		p := kafkaPartition([]byte(h.Key), parts)
+		byPart[p] = append(byPart[p], h)
 	}
-	ps := &partState{}
+	// The records of a partition side by side, their bytes in one buffer, as the client
+	// decodes a fetched batch; the keys' counters lie in memory in another order.
+	recs := make([]kgo.Record, 0, keys)
+	buf := make([]byte, 0, keys*64)
+	for p, hits := range byPart {
+		for _, h := range hits {
+			k := len(buf)
+			buf = append(buf, h.Key...)
+			buf, _ = h.AppendBinary(buf)
+			recs = append(recs, kgo.Record{Topic: "hits", Key: buf[k : k+len(h.Key)], Value: buf[k+len(h.Key):], Timestamp: time.UnixMilli(now), Partition: int32(p)})
+		}
+	}
+	byRec := make([][]*kgo.Record, parts)
+	for i := range recs {
+		byRec[recs[i].Partition] = append(byRec[recs[i].Partition], &recs[i])
+	}
+	// Fetches as the poll loop gets them: a partition's records, a lockChunk at a time.
+	var fetches []kgo.FetchTopicPartition
+	for p, recs := range byRec {
+		a.parts[tp{"hits", int32(p)}] = &partState{}
+		for len(recs) > 0 {
+			n := min(len(recs), lockChunk)
+			fetches = append(fetches, kgo.FetchTopicPartition{Topic: "hits", FetchPartition: kgo.FetchPartition{Partition: int32(p), Records: recs[:n]}})
+			recs = recs[n:]
+		}
+	}
+	a.nparts["hits"] = parts
 	ctx := context.Background()
-	for _, r := range recs { // warm: every counter exists
-		a.process(ctx, nil, now, ps, 12, r)
+	for i := range fetches { // warm: every counter exists
+		a.count(ctx, nil, now, &fetches[i], fetches[i].Records)
+	}
+	if a.st.size() != keys {
+		b.Fatalf("%d counters, want %d", a.st.size(), keys)
 	}
 	b.ReportAllocs()
-	for i := 0; b.Loop(); i++ {
-		a.process(ctx, nil, now, ps, 12, recs[i%keys])
+	// Each iteration is one hit; a fetch is counted when the hits of the last one have
+	// all been accounted for.
+	next, left := 0, 0
+	for b.Loop() {
+		if left == 0 {
+			f := &fetches[next%len(fetches)]
+			a.count(ctx, nil, now, f, f.Records)
+			next, left = next+1, len(f.Records)
+		}
+		left--
 	}
 }
 

@@ -28,7 +28,9 @@
 # global rule high enough to admit everything), SERVING_LOADGEN_FLAGS (more loadgen flags,
 # e.g. "-rate-per-key 100" for a paced hot-key table with SERVING_KEYS=10),
 # SERVING_WARMUP (2s of unpaced calls on the same keys before each run; 0 for none, as a
-# table of limited keys wants), GO (go).
+# table of limited keys wants), SERVING_PERF (a directory: record each server's CPU profile
+# during its run with `perf record -e cpu-clock -g`, into DIR/<api>-<server>-r<round>.data, to
+# read with `perf report -i FILE`; the servers need no profiling code), GO (go).
 # A hot-key table of a site rule:
 #
 #   SERVING_SERVERS="null streamlimit-redis" SERVING_KEYS=10 SERVING_RULES=site.yaml \
@@ -44,6 +46,11 @@ keys=${SERVING_KEYS:-10000}
 apis=${SERVING_APIS:-grpc http}
 servers=${SERVING_SERVERS:-null streamlimit streamlimit-kafka envoy-ratelimit}
 warmup=${SERVING_WARMUP:-2s}
+perfdir=${SERVING_PERF:-}
+if [ -n "$perfdir" ]; then
+  command -v perf >/dev/null || { echo "serving: SERVING_PERF needs perf (linux-perf)" >&2; exit 1; }
+  mkdir -p "$perfdir"
+fi
 
 work=$(mktemp -d)
 pids=()
@@ -181,10 +188,16 @@ for round in $(seq "$rounds"); do
         GOMAXPROCS=1 $pin_load "$work/loadgen" -api "$api" -addr "$addr" -callers "$callers" -conns "$conns" \
           -keys "$keys" -duration "$warmup" -prefix "r$round-" >/dev/null
       fi
+      perfpid=""
+      if [ -n "$perfdir" ]; then
+        perf record -q -e cpu-clock -F 999 -g -p "$spid" -o "$perfdir/$api-$name-r$round.data" -- sleep "$duration" 2>/dev/null &
+        perfpid=$!
+      fi
       t0=$(cpu_ticks "$spid")
       line=$(GOMAXPROCS=1 $pin_load "$work/loadgen" -api "$api" -addr "$addr" -callers "$callers" -conns "$conns" \
         -keys "$keys" -duration "$duration" -prefix "r$round-" "${extra[@]}" -bench "Serving/api=$api/server=$name")
       t1=$(cpu_ticks "$spid")
+      [ -z "$perfpid" ] || wait "$perfpid" || log "perf record failed for $name ($api)"
       calls=$(awk '{for (i = 1; i < NF; i++) if ($(i+1) == "admitted" || $(i+1) == "denied") s += $i} END {print s + 0}' <<<"$line")
       hz=$(getconf CLK_TCK)
       cpu=$(awk -v t="$((t1 - t0))" -v hz="$hz" -v n="$calls" 'BEGIN {if (n > 0) printf "%.2f", t / hz * 1e6 / n; else print 0}')

@@ -84,8 +84,8 @@ type Config struct {
 	// FlushInterval is the period of the background flush, which hands every finished
 	// bucket to Kafka. Its ticks fall just after multiples of FlushInterval, so with a
 	// FlushInterval that divides BucketWidth a bucket leaves at its end plus its shard's
-	// part of FlushSpread. Default DefaultFlushInterval (5 ms: a tick costs a pass over
-	// the counters holding hits, microseconds). A negative value disables the background
+	// part of FlushSpread. Default DefaultFlushInterval (a tick costs a pass over the
+	// counters holding hits, microseconds). A negative value disables the background
 	// flush: hits then leave only through Flush and Close (for tests and simulations
 	// driven by a fake clock).
 	FlushInterval time.Duration

@@ -525,7 +525,7 @@ func (p *Producer) reserve() bool {
 
 // loop is the background flush. Its ticks fall just after multiples of FlushInterval on
 // the Producer's clock, the instants at which buckets end when FlushInterval divides
-// BucketWidth (the defaults: 50 ms and 100 ms), so that a finished bucket leaves within a
+// BucketWidth (as DefaultFlushInterval divides DefaultBucketWidth), so that a finished bucket leaves within a
 // millisecond or two of its end instead of waiting up to a whole interval for the next
 // tick.
 func (p *Producer) loop() {

@@ -4,6 +4,7 @@ import (
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 )
@@ -12,30 +13,68 @@ import (
 // and gets back a string without allocating once the key has been seen. Each key comes
 // with a keyHandle that caches what the decision path would otherwise look up again by key
 // in other maps (the LocalCounter's ring, the snapshot's entry): a decision's cost is
-// dominated by memory latency, and one map lookup instead of three is most of the saving.
-// It is bounded: a full shard is emptied, which costs only re-interning and refilling the
-// handles' caches.
+// dominated by memory latency, and one lookup instead of three is most of the saving.
+//
+// Lookups take no lock: each shard is an open-addressing table of (hash, handle) slots
+// behind an atomic pointer, written only under the shard's mutex (a slot's handle is
+// stored before its hash, so a reader that sees the hash sees the handle) and replaced
+// whole when it grows or is emptied. A read-write mutex's read lock would write its shared
+// counter on every lookup, and that cache line moves between cores at every decision.
+//
+// It is bounded in keys and in bytes: a shard that would go past either is emptied, which
+// costs only re-interning and refilling the handles' caches (handles are hints).
 type keyCache struct {
-	seed   maphash.Seed
-	max    int
-	shards [32]keyShard
+	seed     maphash.Seed
+	maxKeys  int   // per shard
+	maxBytes int64 // per shard; 0: no bound
+	shards   [keyShards]keyShard
 }
 
+const (
+	keyShardBits = 5
+	keyShards    = 1 << keyShardBits
+	// minKeySlots is a new table's size: a power of two.
+	minKeySlots = 64
+)
+
 type keyShard struct {
-	mu sync.RWMutex
-	m  map[string]*keyHandle
-	_  [32]byte // one shard per cache line: the read lock's counter is written
+	tab atomic.Pointer[keyTable]
+	mu  sync.Mutex // held to change tab or its slots
+	n   int        // keys in tab
+	// bytes is what the shard keeps alive: its table and its handles (keyHandleBytes),
+	// global state included. Written under mu, or atomically by globalOf.
+	bytes atomic.Int64
+	_     [32]byte // keep shards' mutexes on separate cache lines
+}
+
+// keyTable is one shard's open-addressing table, kept at most half full so that every
+// probe sequence ends at an empty slot.
+type keyTable struct {
+	mask  uint64
+	slots []keySlot
+}
+
+// keySlot is one slot of a keyTable: empty while hash is 0 (hashes are made odd).
+type keySlot struct {
+	hash atomic.Uint64
+	h    atomic.Pointer[keyHandle]
 }
 
 // keyHandle is one interned counter key and the per-key state cached for it. The caches
 // are hints, each re-validated before use, so a dropped or stale handle costs only a
-// lookup.
+// lookup. A key used only by local or site limits keeps just the key: what global
+// decisions cache is in g, made the first time the key is decided globally.
 type keyHandle struct {
 	key string
 	// ring is the key's entry in a LocalCounter, valid while the entry is not dead
 	// (checked under the entry's shard lock).
 	ring atomic.Pointer[ringEntry]
+	// g is the state cached for global decisions; nil until the first.
+	g atomic.Pointer[keyGlobal]
+}
 
+// keyGlobal is what a global decision caches for one key.
+type keyGlobal struct {
 	// snap caches the snapshot's entry for the key as of version ver: valid while
 	// Snapshot.Version still returns ver. Guarded by mu, so that refreshing it does not
 	// allocate.
@@ -49,42 +88,156 @@ type keyHandle struct {
 	cc capCache
 	// unknownAt is when a decision last found no count for the key (unix ns).
 	unknownAt int64
-
-	// ringMem is memory for the key's first LocalCounter entry, claimed by ringUsed, so
-	// that the entry shares cache lines with the handle. It is last so that the fields
-	// above and the entry's header share the first lines, its buckets after them.
-	ringUsed atomic.Bool
-	ringMem  ringEntry
 }
 
-func (c *keyCache) init(maxKeys int) {
+// Per-entry byte estimates of the key cache: the structures' sizes rounded up to the
+// allocator's size classes, and a slot of the table at its worst load (half full).
+const (
+	keyHandleSize = 32 // unsafe.Sizeof(keyHandle{}), checked by TestKeyCacheSizes
+	keyGlobalSize = 224
+	keySlotBytes  = 2 * int64(unsafe.Sizeof(keySlot{}))
+)
+
+// keyHandleBytes is what one handle of a key of n bytes keeps alive, without its global
+// state: the handle, the key's bytes and its table slot.
+func keyHandleBytes(n int) int64 { return keyHandleSize + allocBytes(n) + keySlotBytes }
+
+// allocBytes is what an allocation of n bytes takes: the allocator's small size classes
+// step by 16 bytes up to 256 (8 for the smallest), more coarsely beyond, by up to an
+// eighth.
+func allocBytes(n int) int64 {
+	switch {
+	case n <= 0:
+		return 0
+	case n <= 8:
+		return 8
+	case n <= 256:
+		return int64(n+15) &^ 15
+	}
+	return int64(n) + int64(n)/8
+}
+
+// init sets the bounds: at most maxKeys keys and maxBytes bytes (0: no byte bound).
+func (c *keyCache) init(maxKeys int, maxBytes int64) {
 	c.seed = maphash.MakeSeed()
-	c.max = max(maxKeys/len(c.shards), 1)
+	c.maxKeys = max(maxKeys/keyShards, 1)
+	if maxBytes > 0 {
+		c.maxBytes = max(maxBytes/keyShards, 1)
+	}
 	for i := range c.shards {
-		c.shards[i].m = make(map[string]*keyHandle)
+		c.shards[i].tab.Store(newKeyTable(minKeySlots))
+		c.shards[i].bytes.Store(int64(minKeySlots) * keySlotBytes / 2)
 	}
 }
 
-// handle returns the handle of key b, creating it when new.
-func (c *keyCache) handle(b []byte) *keyHandle {
-	sh := &c.shards[maphash.Bytes(c.seed, b)%uint64(len(c.shards))]
-	sh.mu.RLock()
-	h, ok := sh.m[string(b)]
-	sh.mu.RUnlock()
-	if ok {
+func newKeyTable(slots int) *keyTable {
+	return &keyTable{mask: uint64(slots - 1), slots: make([]keySlot, slots)}
+}
+
+// find returns the handle of key b, of hash hash, or nil.
+func (t *keyTable) find(hash uint64, b []byte) *keyHandle {
+	for i := hash & t.mask; ; i = (i + 1) & t.mask {
+		s := &t.slots[i]
+		switch s.hash.Load() {
+		case 0:
+			return nil
+		case hash:
+			if h := s.h.Load(); h != nil && h.key == string(b) {
+				return h
+			}
+		}
+	}
+}
+
+// put stores h, of hash hash, in the first empty slot of its probe sequence. The caller
+// holds the shard's mutex and has made room.
+func (t *keyTable) put(hash uint64, h *keyHandle) {
+	for i := hash & t.mask; ; i = (i + 1) & t.mask {
+		s := &t.slots[i]
+		if s.hash.Load() == 0 {
+			s.h.Store(h)
+			s.hash.Store(hash)
+			return
+		}
+	}
+}
+
+func (c *keyCache) hash(b []byte) uint64 { return maphash.Bytes(c.seed, b) | 1 }
+
+func (c *keyCache) shardOf(hash uint64) *keyShard { return &c.shards[hash>>(64-keyShardBits)] }
+
+// handle returns the handle of key b, creating it when new; global makes the new handle
+// ready for global decisions.
+func (c *keyCache) handle(b []byte, global bool) *keyHandle {
+	hash := c.hash(b)
+	sh := c.shardOf(hash)
+	if h := sh.tab.Load().find(hash, b); h != nil {
 		return h
 	}
+	return c.insert(sh, hash, b, global)
+}
+
+func (c *keyCache) insert(sh *keyShard, hash uint64, b []byte, global bool) *keyHandle {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if h, ok = sh.m[string(b)]; ok {
+	t := sh.tab.Load()
+	if h := t.find(hash, b); h != nil {
 		return h
 	}
-	if len(sh.m) >= c.max {
-		clear(sh.m)
+	h := &keyHandle{key: string(b)}
+	cost := keyHandleBytes(len(b))
+	if global {
+		h.g.Store(new(keyGlobal))
+		cost += keyGlobalSize
 	}
-	h = &keyHandle{key: string(b)}
-	sh.m[h.key] = h
+	slots := len(t.slots)
+	if 2*(sh.n+1) > slots {
+		slots *= 2
+	}
+	tabBytes := int64(slots) * keySlotBytes / 2
+	if sh.n+1 > c.maxKeys || (c.maxBytes > 0 && sh.bytes.Load()+cost+tabBytes-int64(len(t.slots))*keySlotBytes/2 > c.maxBytes) {
+		// Full: start the shard afresh. Handles held by decisions in flight stay valid.
+		t, sh.n = newKeyTable(minKeySlots), 0
+		sh.bytes.Store(int64(minKeySlots) * keySlotBytes / 2)
+		sh.tab.Store(t)
+	} else if slots > len(t.slots) {
+		nt := newKeyTable(slots)
+		for i := range t.slots {
+			if hs := t.slots[i].hash.Load(); hs != 0 {
+				nt.put(hs, t.slots[i].h.Load())
+			}
+		}
+		sh.bytes.Add(int64(slots-len(t.slots)) * keySlotBytes / 2)
+		t = nt
+		sh.tab.Store(t)
+	}
+	t.put(hash, h)
+	sh.n++
+	sh.bytes.Add(cost)
 	return h
 }
 
-func (c *keyCache) intern(b []byte) string { return c.handle(b).key }
+// globalOf returns h's global state, making it when h was made for a local limit only.
+func (c *keyCache) globalOf(h *keyHandle) *keyGlobal {
+	if g := h.g.Load(); g != nil {
+		return g
+	}
+	g := new(keyGlobal)
+	if !h.g.CompareAndSwap(nil, g) {
+		return h.g.Load()
+	}
+	c.shardOf(maphash.String(c.seed, h.key) | 1).bytes.Add(keyGlobalSize)
+	return g
+}
+
+// intern returns the interned copy of key b.
+func (c *keyCache) intern(b []byte) string { return c.handle(b, false).key }
+
+// bytes returns what the cache keeps alive, by the estimates above.
+func (c *keyCache) bytes() int64 {
+	var n int64
+	for i := range c.shards {
+		n += c.shards[i].bytes.Load()
+	}
+	return n
+}

@@ -12,10 +12,10 @@ func TestLocalCounterHandlesSurviveEviction(t *testing.T) {
 	ctx := context.Background()
 	c := NewLocalCounter(LocalCounterOptions{MaxKeys: 64})
 	var kc keyCache
-	kc.init(1 << 10)
+	kc.init(1<<10, 0)
 	now := time.Unix(1_700_000_000, 0)
 	op := func(key string) GlobalOp {
-		return GlobalOp{Key: key, Window: time.Minute, N: 1, Cap: 1e9, h: kc.handle([]byte(key))}
+		return GlobalOp{Key: key, Window: time.Minute, N: 1, Cap: 1e9, h: kc.handle([]byte(key), true)}
 	}
 	a := []GlobalOp{op("a")}
 	for range 3 {

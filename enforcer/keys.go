@@ -73,6 +73,13 @@ type keyHandle struct {
 	g atomic.Pointer[keyGlobal]
 }
 
+// globalHandle is a handle made for a global limit, allocated with its global state, so
+// that a decision reads both from adjacent memory.
+type globalHandle struct {
+	keyHandle
+	g keyGlobal
+}
+
 // keyGlobal is what a global decision caches for one key.
 type keyGlobal struct {
 	// snap caches the snapshot's entry for the key as of version ver: valid while
@@ -93,9 +100,11 @@ type keyGlobal struct {
 // Per-entry byte estimates of the key cache: the structures' sizes rounded up to the
 // allocator's size classes, and a slot of the table at its worst load (half full).
 const (
-	keyHandleSize = 32 // unsafe.Sizeof(keyHandle{}), checked by TestKeyCacheSizes
-	keyGlobalSize = 224
-	keySlotBytes  = 2 * int64(unsafe.Sizeof(keySlot{}))
+	keyHandleSize = 32  // unsafe.Sizeof(keyHandle{}), checked by TestKeyCacheSizes
+	keyGlobalSize = 192 // unsafe.Sizeof(keyGlobal{}), for a handle given its state later
+	// globalHandleSize is unsafe.Sizeof(globalHandle{}), a size class of its own.
+	globalHandleSize = 224
+	keySlotBytes     = 2 * int64(unsafe.Sizeof(keySlot{}))
 )
 
 // keyHandleBytes is what one handle of a key of n bytes keeps alive, without its global
@@ -184,11 +193,15 @@ func (c *keyCache) insert(sh *keyShard, hash uint64, b []byte, global bool) *key
 	if h := t.find(hash, b); h != nil {
 		return h
 	}
-	h := &keyHandle{key: string(b)}
+	var h *keyHandle
 	cost := keyHandleBytes(len(b))
 	if global {
-		h.g.Store(new(keyGlobal))
-		cost += keyGlobalSize
+		gh := &globalHandle{keyHandle: keyHandle{key: string(b)}}
+		gh.keyHandle.g.Store(&gh.g)
+		h = &gh.keyHandle
+		cost += globalHandleSize - keyHandleSize
+	} else {
+		h = &keyHandle{key: string(b)}
 	}
 	slots := len(t.slots)
 	if 2*(sh.n+1) > slots {

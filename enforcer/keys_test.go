@@ -17,6 +17,7 @@ func TestKeyCacheSizes(t *testing.T) {
 		{"keyHandle", unsafe.Sizeof(keyHandle{}), keyHandleSize},
 		{"keyGlobal", unsafe.Sizeof(keyGlobal{}), keyGlobalSize},
 		{"ringEntry", unsafe.Sizeof(ringEntry{}), ringEntrySize},
+		{"globalHandle", unsafe.Sizeof(globalHandle{}), globalHandleSize},
 	} {
 		if c.size > c.est {
 			t.Errorf("%s is %d bytes, estimated %d", c.name, c.size, c.est)

@@ -238,6 +238,10 @@ func New(cfg Config) (*Limiter, error) {
 // Config returns the Limiter's configuration with defaults filled in.
 func (l *Limiter) Config() Config { return l.cfg }
 
+// KeyCacheBytes returns what the key cache keeps alive, by the estimate
+// Config.KeyCacheBytes bounds.
+func (l *Limiter) KeyCacheBytes() int64 { return l.keys.bytes() }
+
 // Decide decides req. See DecideInto.
 func (l *Limiter) Decide(ctx context.Context, req Request) Result {
 	var res Result

@@ -360,7 +360,7 @@ func (c *LocalCounter) makeRoom(sh *countShard, ms, cost int64, keep []*ringEntr
 	if ms >= sh.nextSweep {
 		sh.nextSweep = ms + 1000
 		for k, e := range sh.m {
-			if ms-e.last > e.spec.Window+e.spec.Width {
+			if ms-e.last > e.spec.Window+e.spec.Width && !slices.Contains(keep, e) {
 				remove(sh, k, e)
 			}
 		}

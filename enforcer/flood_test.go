@@ -27,8 +27,8 @@ import (
 // new IP (a local limit: key cache, local counters), and with the Go soft memory limit at
 // the target, as the command sets it. The Go runtime's memory (what it has mapped and not
 // returned) must stay within the target throughout: without the byte budgets the same
-// flood holds about 1.5 GiB live. The structures must also be full (the budget is used,
-// not avoided) and still decide the newest keys exactly.
+// flood holds about 1.5 GiB live. The counters and the snapshot must also be at least half
+// full (the budget is used, not avoided), and the newest key still counted exactly.
 func TestKeyFloodAllocatesWithinBudget(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a million keys: not in -short")
@@ -99,13 +99,16 @@ descriptors:
 	for _, s := range []struct {
 		name         string
 		held, budget int64
+		least        int64
 	}{
-		{"key cache", l.keys.bytes(), mem.KeyCache},
-		{"local counters", local.Bytes(), mem.Local},
-		{"site counter", counter.Bytes(), mem.Counter},
-		{"snapshot", sn.Bytes(), mem.Snapshot},
+		// The key cache empties a full part at once, and its parts fill together: it may
+		// be anywhere between empty and full.
+		{"key cache", l.keys.bytes(), mem.KeyCache, 1},
+		{"local counters", local.Bytes(), mem.Local, mem.Local / 2},
+		{"site counter", counter.Bytes(), mem.Counter, mem.Counter / 2},
+		{"snapshot", sn.Bytes(), mem.Snapshot, mem.Snapshot / 2},
 	} {
-		if s.held > s.budget || s.held < s.budget/2 {
+		if s.held > s.budget || s.held < s.least {
 			t.Errorf("%s holds %d bytes of its %d", s.name, s.held, s.budget)
 		}
 	}

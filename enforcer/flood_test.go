@@ -101,9 +101,9 @@ descriptors:
 		held, budget int64
 		least        int64
 	}{
-		// The key cache empties a full part at once, and its parts fill together: it may
-		// be anywhere between empty and full.
-		{"key cache", l.keys.bytes(), mem.KeyCache, 1},
+		// The key cache drops a generation at once, and its parts fill together: it is
+		// between half full and full.
+		{"key cache", l.keys.bytes(), mem.KeyCache, mem.KeyCache / 3},
 		{"local counters", local.Bytes(), mem.Local, mem.Local / 2},
 		{"site counter", counter.Bytes(), mem.Counter, mem.Counter / 2},
 		{"snapshot", sn.Bytes(), mem.Snapshot, mem.Snapshot / 2},

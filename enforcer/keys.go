@@ -21,12 +21,16 @@ import (
 // whole when it grows or is emptied. A read-write mutex's read lock would write its shared
 // counter on every lookup, and that cache line moves between cores at every decision.
 //
-// It is bounded in keys and in bytes: a shard that would go past either is emptied, which
-// costs only re-interning and refilling the handles' caches (handles are hints).
+// It is bounded in keys and in bytes, in two generations per shard, each given half of the
+// shard's bounds: new keys go to the current table; when it is full it becomes the old
+// one and the previous old one is dropped. A key found in the old table is copied to the
+// current one with its handle, so that keys in use survive a flood of new ones with their
+// caches, and only keys unused for a whole generation are dropped, which costs them a new
+// handle and refilling its caches (handles are hints).
 type keyCache struct {
 	seed     maphash.Seed
-	maxKeys  int   // per shard
-	maxBytes int64 // per shard; 0: no bound
+	maxKeys  int   // per shard and generation
+	maxBytes int64 // per shard and generation; 0: no bound
 	shards   [keyShards]keyShard
 }
 
@@ -38,13 +42,16 @@ const (
 )
 
 type keyShard struct {
-	tab atomic.Pointer[keyTable]
-	mu  sync.Mutex // held to change tab or its slots
-	n   int        // keys in tab
-	// bytes is what the shard keeps alive: its table and its handles (keyHandleBytes),
-	// global state included. Written under mu, or atomically by globalOf.
+	tab atomic.Pointer[keyTable] // the current generation
+	old atomic.Pointer[keyTable] // the previous generation; nil until the first is full
+	mu  sync.Mutex               // held to change tab, old or their slots
+	n   int                      // keys in tab
+	// cur and prev are the bytes of tab and old: their tables and handles
+	// (keyHandleBytes), global state included. Under mu.
+	cur, prev int64
+	// bytes is cur + prev, for readers without the lock.
 	bytes atomic.Int64
-	_     [32]byte // keep shards' mutexes on separate cache lines
+	_     [16]byte // keep shards' mutexes on separate cache lines
 }
 
 // keyTable is one shard's open-addressing table, kept at most half full so that every
@@ -126,16 +133,21 @@ func allocBytes(n int) int64 {
 	return int64(n) + int64(n)/8
 }
 
+// tableBytes is what a table of n slots takes.
+func tableBytes(n int) int64 { return int64(n) * keySlotBytes / 2 }
+
 // init sets the bounds: at most maxKeys keys and maxBytes bytes (0: no byte bound).
 func (c *keyCache) init(maxKeys int, maxBytes int64) {
 	c.seed = maphash.MakeSeed()
-	c.maxKeys = max(maxKeys/keyShards, 1)
+	c.maxKeys = max(maxKeys/keyShards/2, 1)
 	if maxBytes > 0 {
-		c.maxBytes = max(maxBytes/keyShards, 1)
+		c.maxBytes = max(maxBytes/keyShards/2, 1)
 	}
 	for i := range c.shards {
-		c.shards[i].tab.Store(newKeyTable(minKeySlots))
-		c.shards[i].bytes.Store(int64(minKeySlots) * keySlotBytes / 2)
+		sh := &c.shards[i]
+		sh.tab.Store(newKeyTable(minKeySlots))
+		sh.cur = tableBytes(minKeySlots)
+		sh.bytes.Store(sh.cur)
 	}
 }
 
@@ -186,6 +198,8 @@ func (c *keyCache) handle(b []byte, global bool) *keyHandle {
 	return c.insert(sh, hash, b, global)
 }
 
+// insert puts the handle of key b, of hash hash, in sh's current table: the old table's
+// when it has one, else a new one.
 func (c *keyCache) insert(sh *keyShard, hash uint64, b []byte, global bool) *keyHandle {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -194,24 +208,32 @@ func (c *keyCache) insert(sh *keyShard, hash uint64, b []byte, global bool) *key
 		return h
 	}
 	var h *keyHandle
-	cost := keyHandleBytes(len(b))
-	if global {
+	if o := sh.old.Load(); o != nil {
+		h = o.find(hash, b)
+	}
+	switch {
+	case h != nil: // from the old generation, with its caches
+	case global:
 		gh := &globalHandle{keyHandle: keyHandle{key: string(b)}}
 		gh.keyHandle.g.Store(&gh.g)
 		h = &gh.keyHandle
-		cost += globalHandleSize - keyHandleSize
-	} else {
+	default:
 		h = &keyHandle{key: string(b)}
+	}
+	cost := keyHandleBytes(len(h.key))
+	if h.g.Load() != nil {
+		cost += globalHandleSize - keyHandleSize
 	}
 	slots := len(t.slots)
 	if 2*(sh.n+1) > slots {
 		slots *= 2
 	}
-	tabBytes := int64(slots) * keySlotBytes / 2
-	if sh.n+1 > c.maxKeys || (c.maxBytes > 0 && sh.bytes.Load()+cost+tabBytes-int64(len(t.slots))*keySlotBytes/2 > c.maxBytes) {
-		// Full: start the shard afresh. Handles held by decisions in flight stay valid.
-		t, sh.n = newKeyTable(minKeySlots), 0
-		sh.bytes.Store(int64(minKeySlots) * keySlotBytes / 2)
+	if sh.n+1 > c.maxKeys || (c.maxBytes > 0 && sh.cur+cost+tableBytes(slots)-tableBytes(len(t.slots)) > c.maxBytes) {
+		// The current generation is full: it becomes the old one, and the old one is
+		// dropped (handles held by decisions in flight stay valid).
+		sh.old.Store(t)
+		sh.prev = sh.cur
+		t, sh.n, sh.cur = newKeyTable(minKeySlots), 0, tableBytes(minKeySlots)
 		sh.tab.Store(t)
 	} else if slots > len(t.slots) {
 		nt := newKeyTable(slots)
@@ -220,17 +242,19 @@ func (c *keyCache) insert(sh *keyShard, hash uint64, b []byte, global bool) *key
 				nt.put(hs, t.slots[i].h.Load())
 			}
 		}
-		sh.bytes.Add(int64(slots-len(t.slots)) * keySlotBytes / 2)
+		sh.cur += tableBytes(slots) - tableBytes(len(t.slots))
 		t = nt
 		sh.tab.Store(t)
 	}
 	t.put(hash, h)
 	sh.n++
-	sh.bytes.Add(cost)
+	sh.cur += cost
+	sh.bytes.Store(sh.cur + sh.prev)
 	return h
 }
 
-// globalOf returns h's global state, making it when h was made for a local limit only.
+// globalOf returns h's global state, making it when h was made for a local limit only
+// (and counting it in the current generation's bytes).
 func (c *keyCache) globalOf(h *keyHandle) *keyGlobal {
 	if g := h.g.Load(); g != nil {
 		return g
@@ -239,7 +263,11 @@ func (c *keyCache) globalOf(h *keyHandle) *keyGlobal {
 	if !h.g.CompareAndSwap(nil, g) {
 		return h.g.Load()
 	}
-	c.shardOf(maphash.String(c.seed, h.key) | 1).bytes.Add(keyGlobalSize)
+	sh := c.shardOf(c.hash([]byte(h.key)))
+	sh.mu.Lock()
+	sh.cur += keyGlobalSize
+	sh.bytes.Store(sh.cur + sh.prev)
+	sh.mu.Unlock()
 	return g
 }
 

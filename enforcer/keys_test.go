@@ -65,3 +65,28 @@ func TestKeyCacheBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyCacheKeepsKeysInUse floods a small cache with new keys while one key is asked for
+// every 100: that key keeps its handle (and the caches in it) through every generation,
+// while a key asked for once is dropped after two.
+func TestKeyCacheKeepsKeysInUse(t *testing.T) {
+	var kc keyCache
+	kc.init(1<<20, 1<<20)
+	hot := []byte("api|user=hot#60s")
+	h := kc.handle(hot, true)
+	cold := kc.handle([]byte("api|user=cold#60s"), true)
+	for i := range 200_000 {
+		kc.handle([]byte("api|user="+strconv.Itoa(i)+"#60s"), true)
+		if i%100 == 0 {
+			if kc.handle(hot, true) != h {
+				t.Fatalf("after %d new keys, the key in use has a new handle", i)
+			}
+		}
+	}
+	if kc.handle([]byte("api|user=cold#60s"), true) == cold {
+		t.Error("a key unused for 200 000 new keys kept its handle")
+	}
+	if b := kc.bytes(); b > 1<<20 {
+		t.Errorf("%d bytes, bound %d", b, 1<<20)
+	}
+}

@@ -104,19 +104,19 @@ type keyGlobal struct {
 	unknownAt int64
 }
 
-// Per-entry byte estimates of the key cache: the structures' sizes rounded up to the
-// allocator's size classes, and a slot of the table at its worst load (half full).
+// Byte estimates of the key cache: the structures' sizes, each a size class of the
+// allocator. The tables are counted whole (tableBytes), a quarter to a half full.
 const (
 	keyHandleSize = 32  // unsafe.Sizeof(keyHandle{}), checked by TestKeyCacheSizes
 	keyGlobalSize = 192 // unsafe.Sizeof(keyGlobal{}), for a handle given its state later
 	// globalHandleSize is unsafe.Sizeof(globalHandle{}), a size class of its own.
 	globalHandleSize = 224
-	keySlotBytes     = 2 * int64(unsafe.Sizeof(keySlot{}))
+	keySlotBytes     = int64(unsafe.Sizeof(keySlot{}))
 )
 
 // keyHandleBytes is what one handle of a key of n bytes keeps alive, without its global
-// state: the handle, the key's bytes and its table slot.
-func keyHandleBytes(n int) int64 { return keyHandleSize + allocBytes(n) + keySlotBytes }
+// state: the handle and the key's bytes.
+func keyHandleBytes(n int) int64 { return keyHandleSize + allocBytes(n) }
 
 // allocBytes is what an allocation of n bytes takes: the allocator's small size classes
 // step by 16 bytes up to 256 (8 for the smallest), more coarsely beyond, by up to an
@@ -134,7 +134,7 @@ func allocBytes(n int) int64 {
 }
 
 // tableBytes is what a table of n slots takes.
-func tableBytes(n int) int64 { return int64(n) * keySlotBytes / 2 }
+func tableBytes(n int) int64 { return int64(n) * keySlotBytes }
 
 // init sets the bounds: at most maxKeys keys and maxBytes bytes (0: no byte bound).
 func (c *keyCache) init(maxKeys int, maxBytes int64) {

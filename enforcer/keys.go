@@ -38,7 +38,7 @@ const (
 	keyShardBits = 5
 	keyShards    = 1 << keyShardBits
 	// minKeySlots is a new table's size: a power of two.
-	minKeySlots = 64
+	minKeySlots = 8
 )
 
 type keyShard struct {

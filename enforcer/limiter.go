@@ -107,6 +107,13 @@ type Config struct {
 	// outage are still being delivered and counted, so the first fresh counts are low, and
 	// every site would spend the room they seem to leave. Default 30s.
 	RecoveryHold time.Duration
+	// MaxKeys bounds the counter keys the Limiter interns (its key cache; the counters
+	// have their own bounds). A full part of the cache is emptied, which costs only
+	// interning the keys again. Default DefaultMaxKeys.
+	MaxKeys int
+	// KeyCacheBytes bounds the bytes the key cache keeps alive, by an estimate per key;
+	// both bounds apply. Default 0: no bound in bytes (see MemoryBudget).
+	KeyCacheBytes int64
 	// MaxWaiters bounds the requests Await keeps waiting at once. Default
 	// DefaultMaxWaiters.
 	MaxWaiters int
@@ -154,6 +161,8 @@ const (
 	DefaultShareDamping = 0.15
 	// DefaultDemandPrior is Config.DemandPrior when zero.
 	DefaultDemandPrior = 0.05
+	// DefaultMaxKeys is Config.MaxKeys when zero, and LocalCounterOptions.MaxKeys.
+	DefaultMaxKeys = 1 << 20
 )
 
 // New returns a Limiter.
@@ -205,6 +214,9 @@ func New(cfg Config) (*Limiter, error) {
 	if cfg.MaxWaiters <= 0 {
 		cfg.MaxWaiters = DefaultMaxWaiters
 	}
+	if cfg.MaxKeys <= 0 {
+		cfg.MaxKeys = DefaultMaxKeys
+	}
 	if cfg.Sleep == nil {
 		cfg.Sleep = algo.Sleep
 	}
@@ -218,13 +230,17 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	l := &Limiter{cfg: cfg, metrics: m,
 		share: sharing{site: cfg.Site, minShare: cfg.MinShare, defaultShare: cfg.DefaultShare, siteStale: cfg.SiteStaleAfter, damping: cfg.ShareDamping, prior: cfg.DemandPrior}}
-	l.keys.init(1 << 20)
+	l.keys.init(cfg.MaxKeys, cfg.KeyCacheBytes)
 	l.scratch.New = func() any { return new(scratch) }
 	return l, nil
 }
 
 // Config returns the Limiter's configuration with defaults filled in.
 func (l *Limiter) Config() Config { return l.cfg }
+
+// KeyCacheBytes returns what the key cache keeps alive, by the estimate
+// Config.KeyCacheBytes bounds.
+func (l *Limiter) KeyCacheBytes() int64 { return l.keys.bytes() }
 
 // Decide decides req. See DecideInto.
 func (l *Limiter) Decide(ctx context.Context, req Request) Result {
@@ -344,7 +360,7 @@ func (l *Limiter) match(req Request, res *Result, s *scratch, n int64) {
 			}
 			lim := &r.Limits[j]
 			s.buf = r.AppendKey(s.buf[:0], entries, j)
-			h := l.keys.handle(s.buf)
+			h := l.keys.handle(s.buf, lim.Scope == rules.Global)
 			ref := opRef{desc: d, limit: lim, key: h.key, h: h, shadow: r.ShadowMode}
 			if lim.Pool != nil {
 				if lim.Elastic != nil {
@@ -421,7 +437,7 @@ func (l *Limiter) addPool(s *scratch, pl *rules.Pool, desc int, n int64) {
 	}
 	allow := pl.Limit.Algo().Allowance() * int64(fill) / 100
 	s.buf = append(s.buf[:0], pl.Key...)
-	h := l.keys.handle(s.buf)
+	h := l.keys.handle(s.buf, true)
 	s.globOps = append(s.globOps, GlobalOp{Key: h.key, Window: pl.Limit.Window, N: n, h: h})
 	s.globRefs = append(s.globRefs, opRef{desc: desc, limit: &pl.Limit, key: h.key, h: h, allow: allow, pooled: true})
 }
@@ -790,28 +806,29 @@ type capCache struct {
 func (l *Limiter) cachedCap(now time.Time, op *GlobalOp, h *keyHandle, sn *snapshot.Snapshot, st *snapshot.SiteTimes, allowance float64) (capLocal, total float64, fallback bool, e snapshot.Entry, known, ok bool) {
 	v := sn.Version()
 	bits, cacheable := l.share.staleBits(now, st)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if !h.snapSet || h.snapFor != sn || h.ver != v {
-		h.entry, h.known = sn.Get(h.key)
-		h.snapSet, h.snapFor, h.ver = true, sn, v
+	g := l.keys.globalOf(h)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.snapSet || g.snapFor != sn || g.ver != v {
+		g.entry, g.known = sn.Get(h.key)
+		g.snapSet, g.snapFor, g.ver = true, sn, v
 	}
-	e, known = h.entry, h.known && usable(&h.entry, op, now)
+	e, known = g.entry, g.known && usable(&g.entry, op, now)
 	if known {
 		total = e.Total
 	} else {
-		h.unknownAt = now.UnixNano()
+		g.unknownAt = now.UnixNano()
 	}
-	newKey := known && now.UnixNano()-h.unknownAt < int64(l.cfg.NewKeyHold)
+	newKey := known && now.UnixNano()-g.unknownAt < int64(l.cfg.NewKeyHold)
 	k := capKey{ver: v, sites: st, stale: bits, allow: allowance, known: known, newKey: newKey, salt: salt(&e, known, now)}
-	if cacheable && h.cc.set && h.cc.key == k {
-		return l.seenAsOthers(now, op, &e, known, st, h.cc.raw, h.cc.f), total, h.cc.fallback, e, known, true
+	if cacheable && g.cc.set && g.cc.key == k {
+		return l.seenAsOthers(now, op, &e, known, st, g.cc.raw, g.cc.f), total, g.cc.fallback, e, known, true
 	}
 	var f float64
 	capLocal, fallback, f = l.share.capFor(now, op.Key, allowance, &e, known, newKey, st)
 	raw := capLocal
 	capLocal = l.seenAsOthers(now, op, &e, known, st, capLocal, f)
-	h.cc = capCache{key: k, set: cacheable, cap: capLocal, fallback: fallback, raw: raw, f: f}
+	g.cc = capCache{key: k, set: cacheable, cap: capLocal, fallback: fallback, raw: raw, f: f}
 	return capLocal, total, fallback, e, known, true
 }
 
@@ -858,13 +875,14 @@ type recentCounter interface {
 // Apply racing with the refresh makes the next decision refresh again.
 func (l *Limiter) snapEntry(sn *snapshot.Snapshot, h *keyHandle) (snapshot.Entry, bool) {
 	v := sn.Version()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if !h.snapSet || h.snapFor != sn || h.ver != v {
-		h.entry, h.known = sn.Get(h.key)
-		h.snapSet, h.snapFor, h.ver = true, sn, v
+	g := l.keys.globalOf(h)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.snapSet || g.snapFor != sn || g.ver != v {
+		g.entry, g.known = sn.Get(h.key)
+		g.snapSet, g.snapFor, g.ver = true, sn, v
 	}
-	return h.entry, h.known
+	return g.entry, g.known
 }
 
 // decideGlobal decides one global limit given this site's count before the request and

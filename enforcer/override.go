@@ -40,7 +40,7 @@ func (l *Limiter) overridden(cfg *rules.Config, req Request, d int, r *rules.Rul
 	entries := req.Descriptors[d]
 	lim := rules.Override(req.Domain, r, entries, o.Requests, o.Window)
 	s.buf = rules.AppendOverrideKey(s.buf[:0], req.Domain, entries, lim)
-	h := l.keys.handle(s.buf)
+	h := l.keys.handle(s.buf, lim.Scope == rules.Global)
 	l.addOp(s, opRef{desc: d, limit: lim, key: h.key, h: h}, n)
 	return true
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"hash/maphash"
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,8 +57,12 @@ type LocalCounterOptions struct {
 	// aggregator's. Default window.DefaultSubBuckets.
 	SubBuckets int
 	// MaxKeys bounds the counters held; idle counters (zero count) are dropped first, then
-	// the least recently used of a sample. Default 1<<20.
+	// the least recently used of a sample. Default DefaultMaxKeys.
 	MaxKeys int
+	// MaxBytes bounds the bytes the counters keep alive, by an estimate per counter
+	// (Bytes), with the same eviction as MaxKeys; both bounds apply. Default 0: no bound
+	// in bytes.
+	MaxBytes int64
 	// Interpolate counts the window's oldest sub-bucket by the fraction of it inside the
 	// window, as the aggregator does, instead of by the span of its hits (the default, more
 	// exact for a site that knows its own hits' times). A hard limit counts it whole either
@@ -72,6 +77,7 @@ type LocalCounter struct {
 	sub         int
 	interpolate bool
 	maxPerShard int
+	maxBytes    int64 // per shard; 0: no bound
 	seed        maphash.Seed
 	shards      [64]countShard
 	evicted     atomic.Uint64
@@ -80,7 +86,12 @@ type LocalCounter struct {
 type countShard struct {
 	mu sync.Mutex
 	m  map[string]*ringEntry
-	_  [48]byte
+	// bytes is what the shard's entries keep alive (entryBytes), under mu.
+	bytes int64
+	// nextSweep is when a full shard may next scan itself for idle entries (unix ms), so
+	// that a flood of new keys costs O(1) per key, not O(shard).
+	nextSweep int64
+	_         [32]byte
 }
 
 type ringEntry struct {
@@ -104,9 +115,12 @@ func NewLocalCounter(opts LocalCounterOptions) *LocalCounter {
 		opts.SubBuckets = window.DefaultSubBuckets
 	}
 	if opts.MaxKeys <= 0 {
-		opts.MaxKeys = 1 << 20
+		opts.MaxKeys = DefaultMaxKeys
 	}
 	c := &LocalCounter{sub: opts.SubBuckets, interpolate: opts.Interpolate, maxPerShard: max(opts.MaxKeys/64, 1), seed: maphash.MakeSeed()}
+	if opts.MaxBytes > 0 {
+		c.maxBytes = max(opts.MaxBytes/int64(len(c.shards)), 1)
+	}
 	for i := range c.shards {
 		c.shards[i].m = make(map[string]*ringEntry)
 	}
@@ -142,23 +156,53 @@ func (c *LocalCounter) lookup(sh *countShard, op *GlobalOp) *ringEntry {
 	return e
 }
 
-// newEntry returns a new entry for op, in the memory of op's handle the first time.
+// newEntry returns a new entry for op.
 func (c *LocalCounter) newEntry(op *GlobalOp, shard uint8) *ringEntry {
-	var e *ringEntry
-	if op.h != nil && op.h.ringUsed.CompareAndSwap(false, true) {
-		e = &op.h.ringMem
-	} else {
-		e = new(ringEntry)
-	}
-	*e = ringEntry{spec: window.NewSpec(op.Window, c.sub, 0), owner: c, shard: shard}
+	e := &ringEntry{spec: window.NewSpec(op.Window, c.sub, 0), owner: c, shard: shard}
 	e.ring.UseSpans(&e.spec, e.buf[:])
 	return e
+}
+
+// Per-counter byte estimates: a ringEntry rounded up to its size class, and a map slot
+// (key header, value pointer, control byte) at the map's lowest load after it grows,
+// which also covers the old table kept while it grows.
+const (
+	ringEntrySize = 640 // unsafe.Sizeof(ringEntry{}) is 608, checked by TestKeyCacheSizes
+	mapSlotBytes  = 64
+)
+
+// entryBytes is what counter e of key keeps alive: the entry, its buckets when they do
+// not fit in it, its key's bytes and its map slot.
+func entryBytes(key string, e *ringEntry) int64 {
+	n := ringEntrySize + allocBytes(len(key)) + mapSlotBytes
+	if slots := 2 * e.spec.Slots; slots > inlineSlots {
+		n += allocBytes(4 * slots)
+	}
+	return n
+}
+
+// add puts e in sh (locked) under key.
+func (sh *countShard) add(key string, e *ringEntry) {
+	sh.m[key] = e
+	sh.bytes += entryBytes(key, e)
 }
 
 // remove deletes key from sh (locked) and marks its entry dead.
 func remove(sh *countShard, key string, e *ringEntry) {
 	e.dead = true
 	delete(sh.m, key)
+	sh.bytes -= entryBytes(key, e)
+}
+
+// Bytes returns what the counters keep alive, by the estimate of entryBytes.
+func (c *LocalCounter) Bytes() int64 {
+	var n int64
+	for i := range c.shards {
+		c.shards[i].mu.Lock()
+		n += c.shards[i].bytes
+		c.shards[i].mu.Unlock()
+	}
+	return n
 }
 
 // Len returns the number of counters held.
@@ -284,14 +328,13 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 			sid := c.shardOf(ops[i].Key)
 			sh := &c.shards[sid]
 			if e = sh.m[ops[i].Key]; e == nil || e.spec.Window != ops[i].Window.Milliseconds() {
-				if e == nil && len(sh.m) >= c.maxPerShard {
-					c.makeRoom(sh, ms)
-				}
 				if e != nil {
-					e.dead = true // replaced: the window changed with the rules
+					remove(sh, ops[i].Key, e) // replaced: the window changed with the rules
 				}
 				e = c.newEntry(&ops[i], uint8(sid))
-				sh.m[ops[i].Key] = e
+				c.makeRoom(sh, ms, entryBytes(ops[i].Key, e), entries)
+				sh.add(ops[i].Key, e)
+				entries[i] = e
 			}
 			if ops[i].h != nil {
 				ops[i].h.ring.Store(e)
@@ -303,33 +346,46 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 	return true, nil
 }
 
-// makeRoom drops idle counters of a full shard (their count is zero, so nothing is lost),
-// or else the least recently used of a few.
-func (c *LocalCounter) makeRoom(sh *countShard, ms int64) {
-	for k, e := range sh.m {
-		if ms-e.last > e.spec.Window+e.spec.Width {
-			remove(sh, k, e)
-		}
+// makeRoom drops counters of sh (locked) until a new one of cost bytes fits in both
+// bounds: idle counters (their count is zero, so nothing is lost), found by a scan of the
+// shard at most once a second, else the least recently used of a few. Counters in keep
+// (the request's own) are never dropped.
+func (c *LocalCounter) makeRoom(sh *countShard, ms, cost int64, keep []*ringEntry) {
+	full := func() bool {
+		return len(sh.m) >= c.maxPerShard || (c.maxBytes > 0 && sh.bytes+cost > c.maxBytes)
 	}
-	if len(sh.m) < c.maxPerShard {
+	if !full() {
 		return
 	}
-	var (
-		victim  string
-		victimE *ringEntry
-	)
-	oldest := int64(1<<63 - 1)
-	n := 0
-	for k, e := range sh.m {
-		if e.last < oldest {
-			victim, victimE, oldest = k, e, e.last
-		}
-		if n++; n == 8 {
-			break
+	if ms >= sh.nextSweep {
+		sh.nextSweep = ms + 1000
+		for k, e := range sh.m {
+			if ms-e.last > e.spec.Window+e.spec.Width && !slices.Contains(keep, e) {
+				remove(sh, k, e)
+			}
 		}
 	}
-	remove(sh, victim, victimE)
-	c.evicted.Add(1)
+	for full() && len(sh.m) > 0 {
+		var (
+			victim  string
+			victimE *ringEntry
+		)
+		oldest := int64(1<<63 - 1)
+		n := 0
+		for k, e := range sh.m {
+			if e.last < oldest && !slices.Contains(keep, e) {
+				victim, victimE, oldest = k, e, e.last
+			}
+			if n++; n == 8 {
+				break
+			}
+		}
+		if victimE == nil {
+			return
+		}
+		remove(sh, victim, victimE)
+		c.evicted.Add(1)
+	}
 }
 
 // Sweep drops every counter whose count is zero at now, and returns how many it dropped.

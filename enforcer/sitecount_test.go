@@ -2,6 +2,7 @@ package enforcer
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -12,10 +13,10 @@ func TestLocalCounterHandlesSurviveEviction(t *testing.T) {
 	ctx := context.Background()
 	c := NewLocalCounter(LocalCounterOptions{MaxKeys: 64})
 	var kc keyCache
-	kc.init(1 << 10)
+	kc.init(1<<10, 0)
 	now := time.Unix(1_700_000_000, 0)
 	op := func(key string) GlobalOp {
-		return GlobalOp{Key: key, Window: time.Minute, N: 1, Cap: 1e9, h: kc.handle([]byte(key))}
+		return GlobalOp{Key: key, Window: time.Minute, N: 1, Cap: 1e9, h: kc.handle([]byte(key), true)}
 	}
 	a := []GlobalOp{op("a")}
 	for range 3 {
@@ -64,5 +65,35 @@ func TestLocalCounterHandlesSurviveEviction(t *testing.T) {
 		if got := c.shards[e.shard].m["a"]; got != e {
 			t.Fatalf("handle points at an entry that is not in the map")
 		}
+	}
+}
+
+// TestLocalCounterMaxBytes commits many keys into a counter bounded in bytes: the bytes
+// stay within the bound, live counters are evicted and counted, and a request's own
+// counters, new or old, are never the ones evicted for its other keys.
+func TestLocalCounterMaxBytes(t *testing.T) {
+	ctx := context.Background()
+	const budget = 64 * 4 << 10 // 4 KiB a shard: five counters
+	c := NewLocalCounter(LocalCounterOptions{MaxBytes: budget})
+	now := time.Unix(1_700_000_000, 0)
+	for i := range 5000 {
+		ops := []GlobalOp{
+			{Key: "a" + strconv.Itoa(i), Window: time.Minute, N: 1, Cap: 1e9},
+			{Key: "b" + strconv.Itoa(i), Window: time.Minute, N: 1, Cap: 1e9},
+			{Key: "c" + strconv.Itoa(i%7), Window: time.Minute, N: 1, Cap: 1e9},
+		}
+		if ok, err := c.Commit(ctx, now, ops, nil); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+		out := make([]float64, 3)
+		if c.Counts(ctx, now, ops, out); out[0] != 1 || out[1] != 1 || out[2] == 0 {
+			t.Fatalf("request %d: counts %v just after its commit", i, out)
+		}
+		if b := c.Bytes(); b > budget {
+			t.Fatalf("request %d: %d bytes, bound %d", i, b, budget)
+		}
+	}
+	if c.Evicted() == 0 || c.Len() > budget/ringEntrySize {
+		t.Errorf("evicted %d, %d counters held", c.Evicted(), c.Len())
 	}
 }

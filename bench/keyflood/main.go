@@ -3,10 +3,13 @@
 // limit per user, counted in this site's in-process counter and the snapshot, and a local
 // limit per IP), decides -keys requests each naming a new user and a new IP, applies a
 // count per user to the snapshot as the counts topic would, and prints the process's
-// resident memory and Go heap after each step. With -log-hits it then sends two requests
-// of that many hits and of twice as many to a sliding_log limit.
+// resident memory and Go heap after each step, and the bytes each structure accounts for.
+// With -max-memory the structures get the byte budgets, and the Go runtime the soft memory
+// limit, that `streamlimit enforcer --max-memory` gives them. With -log-hits it then sends
+// two requests of that many hits and of twice as many to a sliding_log limit.
 //
 //	go run ./bench/keyflood -keys 1000000 -log-hits 10000000
+//	go run ./bench/keyflood -keys 1000000 -log-hits 0 -max-memory 268435456
 //
 // docs/hardening.md has the figures.
 package main
@@ -18,6 +21,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -46,8 +50,9 @@ func main() {
 	maxKeys := flag.Int("max-keys", 1<<20, "bound on keys per structure, as the enforcer's --max-keys")
 	logHits := flag.Int64("log-hits", 10_000_000, "hits of the first large sliding_log request (the second has twice as many); 0 to skip")
 	memprofile := flag.String("memprofile", "", "write a heap profile here at the end")
+	maxMemory := flag.Int64("max-memory", 0, "memory target in bytes, as the enforcer's --max-memory; 0: none (bound by -max-keys only)")
 	flag.Parse()
-	err := run(*keys, *maxKeys, *logHits)
+	err := run(*keys, *maxKeys, *maxMemory, *logHits)
 	if err == nil && *memprofile != "" {
 		err = writeHeap(*memprofile)
 	}
@@ -57,24 +62,33 @@ func main() {
 	}
 }
 
-func run(keys, maxKeys int, logHits int64) error {
+func run(keys, maxKeys int, maxMemory, logHits int64) error {
 	rc, err := rules.Parse("rules.yaml", []byte(rulesYAML))
 	if err != nil {
 		return err
 	}
-	snap, err := snapshot.NewMemory(snapshot.Config{Site: "eu", MaxKeys: maxKeys})
+	mem := enforcer.SplitMemory(maxMemory)
+	if maxMemory > 0 {
+		debug.SetMemoryLimit(maxMemory)
+	}
+	snap, err := snapshot.NewMemory(snapshot.Config{Site: "eu", MaxKeys: maxKeys, MaxBytes: mem.Snapshot})
 	if err != nil {
 		return err
 	}
+	local := algo.New(algo.Options{MaxKeys: maxKeys, MaxBytes: mem.Local})
+	counter := enforcer.NewLocalCounter(enforcer.LocalCounterOptions{MaxKeys: maxKeys, MaxBytes: mem.Counter})
 	lim, err := enforcer.New(enforcer.Config{
-		Rules: enforcer.StaticRules(rc), Site: "eu", Snapshot: snap,
-		Local:   algo.New(algo.Options{MaxKeys: maxKeys}),
-		Counter: enforcer.NewLocalCounter(enforcer.LocalCounterOptions{MaxKeys: maxKeys}),
+		Rules: enforcer.StaticRules(rc), Site: "eu", Snapshot: snap, Local: local, Counter: counter,
+		MaxKeys: maxKeys, KeyCacheBytes: mem.KeyCache,
 	})
 	if err != nil {
 		return err
 	}
 	report("start")
+	held := func() {
+		fmt.Printf("  accounted: local counters %d MiB (%d keys), site counter %d MiB (%d keys), snapshot %d MiB (%d keys)\n",
+			local.Bytes()>>20, local.Len(), counter.Bytes()>>20, counter.Len(), snap.Bytes()>>20, snap.Len())
+	}
 
 	ctx := context.Background()
 	var res enforcer.Result
@@ -86,6 +100,7 @@ func run(keys, maxKeys int, logHits int64) error {
 		}}, &res)
 	}
 	report(fmt.Sprintf("%d new users and IPs decided (%.1f s)", keys, time.Since(start).Seconds()))
+	held()
 
 	now := time.Now().UnixMilli()
 	refused := 0
@@ -101,6 +116,7 @@ func run(keys, maxKeys int, logHits int64) error {
 		}
 	}
 	report(fmt.Sprintf("%d counts applied to the snapshot (%d refused, %d held)", keys, refused, snap.Len()))
+	held()
 
 	if logHits > 0 {
 		for _, n := range []int64{logHits, 2 * logHits} {

@@ -33,6 +33,7 @@ type devFlags struct {
 	site                string
 	httpAddr, grpcAddr  string
 	httpConfig          string
+	maxMemory           byteSize
 	logFormat, logLevel string
 }
 
@@ -70,6 +71,8 @@ The broker listens on 127.0.0.1 only. Stop it with Ctrl-C.`,
 	f.StringVar(&df.site, "site", "dev", "the enforcer's site")
 	f.StringVar(&df.httpAddr, "http-listen", server.DefaultHTTPAddr, "address of the enforcer's check API and admin endpoints")
 	f.StringVar(&df.grpcAddr, "grpc-listen", server.DefaultGRPCAddr, `address of the enforcer's Envoy rate-limit gRPC service ("off" to disable)`)
+	df.maxMemory = server.DefaultMaxMemory
+	f.Var(&df.maxMemory, "max-memory", "the enforcer's "+memoryUsage)
 	f.StringVar(&df.logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&df.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
 	return cmd
@@ -135,6 +138,7 @@ func (df *devFlags) run(cmd *cobra.Command) error {
 	srv, err := server.New(server.Config{
 		Site: df.site, RulesPath: rulesPath, Brokers: brokers,
 		HTTPAddr: df.httpAddr, GRPCAddr: df.grpcAddr, HTTP: httpCfg, Logger: log, Registry: reg,
+		MaxMemory: int64(df.maxMemory),
 	})
 	if err != nil {
 		return err

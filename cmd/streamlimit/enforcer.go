@@ -37,6 +37,7 @@ type enforcerFlags struct {
 	trustedProxiesSet   bool // --trusted-proxies given (flag, environment or --config)
 	authTokenFile       string
 	limitOverrides      string
+	maxMemory           byteSize
 	logFormat, logLevel string
 }
 
@@ -67,6 +68,7 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 				return err
 			}
 			tuneGC(cmd.Context())
+			limitMemory(cfg.MaxMemory)
 			if len(cfg.RedisAddrs) > 0 {
 				// go-redis keeps one logger per process; this command is the process.
 				redis.SetLogger(sitestore.GoRedisLogger{Logger: cfg.Logger})
@@ -96,7 +98,9 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	f.Float64Var(&c.DefaultShare, "default-share", 0, "this site's share of a global limit for keys never seen, and the share a silent site is assumed to spend (0: 1/the number of sites heard from)")
 	f.DurationVar(&c.SiteStaleAfter, "site-stale-after", enforcer.DefaultSiteStaleAfter, "how long a remote site may go unheard before it is assumed to spend its share of every global limit")
 	f.IntVar(&c.SubBuckets, "sub-buckets", window.DefaultSubBuckets, "sub-window buckets per window (must equal the aggregator's)")
-	f.IntVar(&c.MaxKeys, "max-keys", 1<<20, "bound on keys held per structure (local counters, site counts, snapshot); idle keys go first")
+	f.IntVar(&c.MaxKeys, "max-keys", 1<<20, "bound on keys held per structure (local counters, site counts, snapshot, key cache); idle keys go first")
+	ef.maxMemory = server.DefaultMaxMemory
+	f.Var(&ef.maxMemory, "max-memory", memoryUsage)
 	f.StringSliceVar(&c.RedisAddrs, "redis-addr", nil, "the site's Redis (several: Cluster); default none: site counts in process")
 	f.StringVar(&c.RedisMasterName, "redis-sentinel-master", "", "name of the master the Redis Sentinels at --redis-addr watch; default none: --redis-addr is Redis itself")
 	f.StringVar(&c.RedisUsername, "redis-username", "", "Redis ACL user")
@@ -158,6 +162,19 @@ const (
 	gcPercentMax = 400
 )
 
+// memoryUsage is the usage of --max-memory, shared by enforcer and dev.
+const memoryUsage = "memory target: the per-key structures keep at most half of it alive, idle keys evicted first (256MiB, 2GiB; none: bound by --max-keys only)"
+
+// limitMemory sets the Go runtime's soft memory limit to the enforcer's memory target
+// (--max-memory), unless GOMEMLIMIT chose one: the per-key structures keep at most half of
+// it alive, and the limit makes the collector run before the heap's garbage takes the
+// process past it. A soft limit, not the bound: the structures' own budgets are.
+func limitMemory(target int64) {
+	if target > 0 && os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(target)
+	}
+}
+
 // gcPercentFor returns the GOGC that gives a live heap of live bytes gcHeadroom of growth,
 // within [gcPercentMin, gcPercentMax].
 func gcPercentFor(live uint64) int {
@@ -205,6 +222,7 @@ func orNone(s string) string {
 // serverConfig turns the flags into a server.Config.
 func (ef *enforcerFlags) serverConfig() (server.Config, error) {
 	cfg := ef.cfg
+	cfg.MaxMemory = int64(ef.maxMemory)
 	var errs []error
 	if cfg.Site == "" {
 		errs = append(errs, errors.New("--site is required"))

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/streamlimit/streamlimit/internal/clock"
 )
@@ -30,6 +31,10 @@ type Options struct {
 	// count is forgotten: the bound on memory wins over exactness for that key).
 	// Default (0): 1<<20.
 	MaxKeys int
+	// MaxBytes bounds the bytes the counters keep alive, by an estimate per counter (its
+	// entry, key, map slot and sliding log), with the same eviction as MaxKeys; both
+	// bounds apply. Default 0: no bound in bytes.
+	MaxBytes int64
 }
 
 // Stats are the Store's counters since it was created.
@@ -41,6 +46,8 @@ type Stats struct {
 	// EvictedLive counts counters removed while still holding state, because the store was
 	// full.
 	EvictedLive uint64
+	// Bytes is what the counters keep alive now, by the estimate MaxBytes bounds.
+	Bytes int64
 }
 
 // Store holds the state of many counters, one per counter key, and decides Ops against
@@ -62,6 +69,7 @@ type Stats struct {
 type Store struct {
 	seed        maphash.Seed
 	maxPerShard int
+	maxBytes    int64 // per shard; 0: no bound
 	shards      [numShards]shard
 
 	evictedIdle atomic.Uint64
@@ -72,11 +80,12 @@ type shard struct {
 	mu        sync.Mutex
 	m         map[string]*entry
 	nextSweep int64
+	bytes     int64 // what the shard's counters keep alive (entryBytes)
 	// scratch is the copy a peek decides on (see peek), here rather than on the stack
 	// because the algorithms are called through their registration table, which would
 	// move a stack copy to the heap on every call.
 	scratch entry
-	_       [40]byte // keep hot mutexes on separate cache lines
+	_       [32]byte // keep hot mutexes on separate cache lines
 }
 
 // New returns an empty Store.
@@ -85,6 +94,9 @@ func New(opts Options) *Store {
 		opts.MaxKeys = 1 << 20
 	}
 	s := &Store{seed: maphash.MakeSeed(), maxPerShard: (opts.MaxKeys + numShards - 1) / numShards}
+	if opts.MaxBytes > 0 {
+		s.maxBytes = max(opts.MaxBytes/numShards, 1)
+	}
 	for i := range s.shards {
 		s.shards[i].m = make(map[string]*entry)
 	}
@@ -104,43 +116,88 @@ func (s *Store) get(sh *shard, key string, now int64, create bool) *entry {
 	if !create {
 		return nil
 	}
-	if len(sh.m) >= s.maxPerShard {
-		s.makeRoom(sh, now)
-	}
 	e := &entry{}
+	s.makeRoom(sh, now, 1, entryBytes(key, e))
 	sh.m[key] = e
+	sh.bytes += entryBytes(key, e)
 	return e
 }
 
-// makeRoom removes idle entries from a full shard (at most once per sweepEvery) and, if it
-// is still full, the sampled entry that goes idle first.
-func (s *Store) makeRoom(sh *shard, now int64) {
+// Byte estimates of a counter: its entry rounded up to a size class, and a map slot (key
+// header, value pointer, control byte) at the map's lowest load after it grows, which
+// also covers the old table kept while it grows.
+const (
+	entrySize    = (int64(unsafe.Sizeof(entry{})) + 15) &^ 15
+	mapSlotBytes = 64
+)
+
+// entryBytes is what counter e of key keeps alive: its entry, key bytes, map slot, and
+// sliding log.
+func entryBytes(key string, e *entry) int64 {
+	return entrySize + (int64(len(key))+15)&^15 + mapSlotBytes + int64(cap(e.log))*int64(unsafe.Sizeof(logEntry{}))
+}
+
+// over reports whether sh would pass a bound with n more counters and cost more bytes.
+func (s *Store) over(sh *shard, n int, cost int64) bool {
+	return len(sh.m)+n > s.maxPerShard || (s.maxBytes > 0 && sh.bytes+cost > s.maxBytes)
+}
+
+// makeRoom removes entries from sh until n more counters of cost bytes fit in its bounds:
+// its idle entries (by a scan at most once per sweepEvery), then the sampled entry that
+// goes idle first, until they fit. Busy entries stay.
+func (s *Store) makeRoom(sh *shard, now int64, n int, cost int64) {
+	if !s.over(sh, n, cost) {
+		return
+	}
 	if now >= sh.nextSweep {
 		sh.nextSweep = now + sweepEvery
-		if s.sweepShard(sh, now) > 0 {
+		if s.sweepShard(sh, now) > 0 && !s.over(sh, n, cost) {
 			return
 		}
 	}
-	var victim string
-	var victimExp int64
-	found, seen := false, 0
-	for k, e := range sh.m {
-		if e.busy {
-			continue
+	for s.over(sh, n, cost) {
+		var victim string
+		var victimE *entry
+		seen := 0
+		for k, e := range sh.m {
+			if e.busy {
+				continue
+			}
+			if victimE == nil || e.expires < victimE.expires {
+				victim, victimE = k, e
+			}
+			if seen++; seen >= evictSample {
+				break
+			}
 		}
-		if !found || e.expires < victimExp {
-			victim, victimExp, found = k, e.expires, true
+		if victimE == nil {
+			return
 		}
-		if seen++; seen >= evictSample {
-			break
-		}
-	}
-	if found {
-		delete(sh.m, victim)
-		if victimExp <= now {
+		s.drop(sh, victim, victimE)
+		if victimE.expires <= now {
 			s.evictedIdle.Add(1)
 		} else {
 			s.evictedLive.Add(1)
+		}
+	}
+}
+
+// drop removes key's entry e from sh.
+func (s *Store) drop(sh *shard, key string, e *entry) {
+	delete(sh.m, key)
+	sh.bytes -= entryBytes(key, e)
+}
+
+// grew accounts for e's log having been of logCap entries before an op, and keeps sh
+// within its byte bound, e excepted.
+func (s *Store) grew(sh *shard, key string, e *entry, logCap int, now int64) {
+	if d := cap(e.log) - logCap; d != 0 {
+		sh.bytes += int64(d) * int64(unsafe.Sizeof(logEntry{}))
+		if d > 0 && s.maxBytes > 0 && sh.bytes > s.maxBytes {
+			busy := e.busy
+			e.busy = true
+			s.makeRoom(sh, now, 0, 0)
+			e.busy = busy
 		}
 	}
 }
@@ -149,7 +206,7 @@ func (s *Store) sweepShard(sh *shard, now int64) int {
 	removed := 0
 	for k, e := range sh.m {
 		if e.expires <= now && !e.busy {
-			delete(sh.m, k)
+			s.drop(sh, k, e)
 			removed++
 		}
 	}
@@ -183,9 +240,21 @@ func (s *Store) Len() int {
 	return n
 }
 
+// Bytes returns what the counters keep alive, by the estimate Options.MaxBytes bounds.
+func (s *Store) Bytes() int64 {
+	var n int64
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += sh.bytes
+		sh.mu.Unlock()
+	}
+	return n
+}
+
 // Stats returns the store's counters.
 func (s *Store) Stats() Stats {
-	return Stats{Keys: s.Len(), EvictedIdle: s.evictedIdle.Load(), EvictedLive: s.evictedLive.Load()}
+	return Stats{Keys: s.Len(), EvictedIdle: s.evictedIdle.Load(), EvictedLive: s.evictedLive.Load(), Bytes: s.Bytes()}
 }
 
 // Allow decides op at now and, if it fits, takes op.N from its counter.
@@ -199,8 +268,11 @@ func (s *Store) Allow(now time.Time, op Op) Decision {
 		return sh.peek(e, t, &op)
 	}
 	e := s.get(sh, op.Key, t, true)
+	logCap := cap(e.log)
 	e.adopt(&op)
-	return e.decide(t, &op, true)
+	d := e.decide(t, &op, true)
+	s.grew(sh, op.Key, e, logCap, t)
+	return d
 }
 
 // Peek decides op at now without taking anything and without creating its counter.
@@ -287,9 +359,11 @@ func (s *Store) AllowAll(now time.Time, ops []Op, out []Decision) bool {
 		e := s.get(sh, op.Key, t, true)
 		e.busy = true
 		es[i] = e
+		logCap := cap(e.log)
 		e.adopt(op)
 		undo = append(undo, *e)
 		out[i] = e.decide(t, op, true)
+		s.grew(sh, op.Key, e, logCap, t)
 		undo[i].noteUndo(e)
 		if !out[i].Allowed {
 			all = false
@@ -343,8 +417,10 @@ func (s *Store) Reserve(now time.Time, op Op, maxDelay time.Duration) (time.Dura
 		return 0, sh.peek(s.get(sh, op.Key, t, false), t, &op)
 	}
 	e := s.get(sh, op.Key, t, true)
+	logCap := cap(e.log)
 	e.adopt(&op)
 	d, delay := e.bucket(t, op.Limit, op.N, true, maxDelay)
+	s.grew(sh, op.Key, e, logCap, t)
 	if !d.Allowed {
 		delay = 0
 	}

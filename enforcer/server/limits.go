@@ -131,3 +131,8 @@ const (
 	// DefaultProxyAddr is Config.ProxyAddr when empty.
 	DefaultProxyAddr = "127.0.0.1:8080"
 )
+
+// DefaultMaxMemory is Config.MaxMemory when zero: 2 GiB. The structures then keep up to
+// 1 GiB alive: some 700 000 keys of global limits with their snapshot counts, or 550 000
+// keys of local limits (docs/hardening.md has the measurements).
+const DefaultMaxMemory = 2 << 30

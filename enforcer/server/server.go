@@ -76,9 +76,14 @@ type Config struct {
 	// Default window.DefaultSubBuckets.
 	SubBuckets int
 	// MaxKeys bounds each per-key structure of the enforcer: local counters, this site's
-	// global counts and the snapshot. Idle keys are dropped first; evictions are counted.
-	// Default 1,048,576 (the snapshot: 1,000,000).
+	// global counts, the snapshot and the key cache. Idle keys are dropped first; evictions
+	// are counted. Default 1,048,576 (the snapshot: 1,000,000).
 	MaxKeys int
+	// MaxMemory is the memory target of the enforcer's per-key structures, in bytes: they
+	// keep at most half of it alive, split as enforcer.SplitMemory says, the other half
+	// being the garbage collector's room. MaxKeys applies too. Default DefaultMaxMemory;
+	// negative: no bound in bytes.
+	MaxMemory int64
 	// MinShare tunes the global decision for hot keys; see enforcer.Config. Default: the
 	// enforcer's.
 	MinShare float64
@@ -182,6 +187,9 @@ func (c Config) normalize() (Config, error) {
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 10 * time.Second
 	}
+	if c.MaxMemory == 0 {
+		c.MaxMemory = DefaultMaxMemory
+	}
 	if c.Upstream != nil && c.HTTP.Domain == "" {
 		errs = append(errs, errors.New("a reverse proxy needs the HTTP descriptor config (domain and descriptors)"))
 	}
@@ -247,9 +255,12 @@ func New(cfg Config) (_ *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.local = algo.New(algo.Options{MaxKeys: cfg.MaxKeys})
-	s.counter = enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: cfg.SubBuckets, MaxKeys: cfg.MaxKeys})
+	mem := enforcer.SplitMemory(cfg.MaxMemory)
+	s.local = algo.New(algo.Options{MaxKeys: cfg.MaxKeys, MaxBytes: mem.Local})
+	s.counter = enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxBytes: mem.Counter})
 	lcfg := enforcer.Config{
+		MaxKeys:        cfg.MaxKeys,
+		KeyCacheBytes:  mem.KeyCache,
 		Rules:          s.reloader.Current,
 		Site:           cfg.Site,
 		Local:          s.local,
@@ -278,7 +289,7 @@ func New(cfg Config) (_ *Server, err error) {
 	if len(cfg.Brokers) > 0 {
 		s.snap, err = snapshot.New(snapshot.Config{
 			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.CountsTopic, Site: cfg.Site,
-			MaxStaleness: cfg.MaxStaleness, MaxKeys: cfg.MaxKeys, SubBuckets: cfg.SubBuckets, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
+			MaxStaleness: cfg.MaxStaleness, MaxKeys: cfg.MaxKeys, MaxBytes: mem.Snapshot, SubBuckets: cfg.SubBuckets, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("enforcer: snapshot: %w", err)
@@ -419,6 +430,9 @@ func (s *Server) registerMetrics(reg prometheus.Registerer) {
 		counter("local_evicted_live_total", "Local counters dropped while live, to keep within the bound.", func() float64 { return float64(s.local.Stats().EvictedLive) }),
 		gauge("global_keys", "Global keys with a count of this site held in process.", func() float64 { return float64(s.counter.Len()) }),
 		counter("global_evicted_total", "Global site counters dropped to keep within the bound.", func() float64 { return float64(s.counter.Evicted()) }),
+		gauge("local_bytes", "Bytes the local counters keep alive, by the estimate --max-memory bounds.", func() float64 { return float64(s.local.Bytes()) }),
+		gauge("global_bytes", "Bytes this site's in-process global counters keep alive, by the estimate --max-memory bounds.", func() float64 { return float64(s.counter.Bytes()) }),
+		gauge("key_cache_bytes", "Bytes the key cache keeps alive, by the estimate --max-memory bounds.", func() float64 { return float64(s.lim.KeyCacheBytes()) }),
 		counter("rules_reloads_total", "Successful rules reloads.", func() float64 { return float64(s.reloader.Stats().Reloads) }),
 		counter("rules_reload_errors_total", "Rejected rules edits (the last good rules stay in force).", func() float64 { return float64(s.reloader.Stats().Failures) }),
 	}

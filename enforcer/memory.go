@@ -1,0 +1,35 @@
+package enforcer
+
+// MemoryBudget is how many bytes each of an enforcer's per-key structures may keep alive,
+// by the estimate each makes of its own entries. Zero leaves a structure bounded in keys
+// only.
+type MemoryBudget struct {
+	// KeyCache is Config.KeyCacheBytes: the interned keys and what global decisions
+	// cache per key.
+	KeyCache int64
+	// Local is algo.Options.MaxBytes: the local-scope counters (and the site-scope ones
+	// decided in process).
+	Local int64
+	// Counter is LocalCounterOptions.MaxBytes: this site's exact count of each global key
+	// (in process, or the fallback of a Redis-backed site).
+	Counter int64
+	// Snapshot is snapshot.Config.MaxBytes: the counts topic's view.
+	Snapshot int64
+}
+
+// SplitMemory divides a process's memory target of total bytes between the per-key
+// structures. They get half of it: the other half is the garbage collector's room, since
+// Go's collector lets the heap grow to twice its live part before it collects (GOGC 100,
+// or a soft memory limit of total, which the streamlimit command sets). Of their half, the
+// site counter gets one half (its entry, a ring of sub-window buckets and their spans, is
+// the largest: about 740 bytes per key), the snapshot one quarter (about 270 bytes per key
+// with two sites), the local counters and the key cache one eighth each (about 260 and
+// 100–330 bytes per key; an evicted key costs the key cache only a new lookup). A flood of
+// new keys, half of them global, then fills the structures in roughly even proportions.
+func SplitMemory(total int64) MemoryBudget {
+	if total <= 0 {
+		return MemoryBudget{}
+	}
+	half := total / 2
+	return MemoryBudget{KeyCache: half / 8, Local: half / 8, Counter: half / 2, Snapshot: half / 4}
+}

@@ -162,7 +162,8 @@ func write(w io.Writer, rawPath string, r *run) {
 	}
 	p("\n")
 	p("The machine is shared: other jobs (tests of other packages, the broker's JVM) ran during the run, " +
-		"so figures are noisy; the load average above is the 1/5/15-minute one at the start and the end.\n\n")
+		"so figures are noisy; the load average above is the 1/5/15-minute one at the start and the end. " +
+		"Why a missed target is missed, with the profiles that show it: [performance.md](performance.md).\n\n")
 
 	writeTargets(w, r)
 	writeServing(w, r)

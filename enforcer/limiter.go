@@ -809,10 +809,7 @@ func (l *Limiter) cachedCap(now time.Time, op *GlobalOp, h *keyHandle, sn *snaps
 	g := l.keys.globalOf(h)
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.snapSet || g.snapFor != sn || g.ver != v {
-		g.entry, g.known = sn.Get(h.key)
-		g.snapSet, g.snapFor, g.ver = true, sn, v
-	}
+	g.refresh(sn, v, h.key)
 	e, known = g.entry, g.known && usable(&g.entry, op, now)
 	if known {
 		total = e.Total
@@ -878,11 +875,18 @@ func (l *Limiter) snapEntry(sn *snapshot.Snapshot, h *keyHandle) (snapshot.Entry
 	g := l.keys.globalOf(h)
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.refresh(sn, v, h.key)
+	return g.entry, g.known
+}
+
+// refresh fills g's copy of key's snapshot entry unless it is already that of sn at
+// version v. Version is read by the caller before Get, so that an Apply racing with the
+// refresh makes the next decision refresh again. Called with g.mu held.
+func (g *keyGlobal) refresh(sn *snapshot.Snapshot, v uint64, key string) {
 	if !g.snapSet || g.snapFor != sn || g.ver != v {
-		g.entry, g.known = sn.Get(h.key)
+		g.entry, g.known = sn.Get(key)
 		g.snapSet, g.snapFor, g.ver = true, sn, v
 	}
-	return g.entry, g.known
 }
 
 // decideGlobal decides one global limit given this site's count before the request and

@@ -96,12 +96,3 @@ func overrideUnit(u typev3.RateLimitUnit) (string, bool) {
 	}
 	return "", false
 }
-
-func grow[T any](s []T, n int) []T {
-	if cap(s) < n {
-		return make([]T, n)
-	}
-	s = s[:n]
-	clear(s)
-	return s
-}

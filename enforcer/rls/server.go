@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -161,7 +162,9 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			}
 			if o.Window > 0 {
 				if len(sc.over) == 0 {
-					sc.over = grow(sc.over, len(descs))
+					// Every descriptor gets a slot, zero (no override) unless set below.
+					sc.over = slices.Grow(sc.over[:0], len(descs))[:len(descs)]
+					clear(sc.over)
 				}
 				sc.over[len(sc.descs)-1] = o
 			}

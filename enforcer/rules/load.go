@@ -155,8 +155,9 @@ func build(srcs []source) (*Config, error) {
 }
 
 type parser struct {
-	file string
-	errs []error
+	file  string
+	errs  []error
+	rules []*Rule // the file's rules in the order they were parsed (the file's order)
 }
 
 func (p *parser) errorf(n *yaml.Node, field, format string, args ...any) {
@@ -464,6 +465,7 @@ func (p *parser) descriptor(m *yaml.Node, parent *node, d *domain, path []Level,
 			p.limitList(rls, prefix+"rate_limits", r)
 		}
 		n.rule = r
+		p.rules = append(p.rules, r)
 	}
 	if children != nil {
 		p.descriptors(children, n, d, path, prefix+"descriptors")

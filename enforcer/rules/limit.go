@@ -3,7 +3,6 @@ package rules
 import (
 	"fmt"
 	"math"
-	"slices"
 	"strings"
 	"time"
 
@@ -36,16 +35,9 @@ func (b *limitBlock) set(key string) bool { return b.at[key] != nil }
 // clean reports whether p has found no error in the block so far.
 func (p *parser) clean(b *limitBlock) bool { return len(p.errs) == b.nerr }
 
-// limitField parses one field of a rate_limit block, whose value is v, into b; f is the
-// field's path, for errors.
-type limitField struct {
-	name  string
-	parse func(p *parser, b *limitBlock, v *yaml.Node, f string)
-}
-
 // limitFields are the fields of a rate_limit block, in the order that an unknown field's
 // error lists them.
-var limitFields = []limitField{
+var limitFields = []field[*limitBlock]{
 	{"unit", (*parser).limitUnit},
 	{"requests_per_unit", (*parser).limitRequests},
 	{"name", func(p *parser, b *limitBlock, v *yaml.Node, f string) { b.l.Name, _ = p.str(v, f) }},
@@ -63,13 +55,7 @@ var limitFields = []limitField{
 }
 
 // limitFieldNames are the names of limitFields, in their order.
-var limitFieldNames = func() []string {
-	names := make([]string, len(limitFields))
-	for i, f := range limitFields {
-		names[i] = f.name
-	}
-	return names
-}()
+var limitFieldNames = fieldNames(limitFields)
 
 // limitChecks are the checks across the fields of a limit (not an unlimited one), in the
 // order in which they run, and so report.
@@ -86,14 +72,10 @@ var limitChecks = []func(p *parser, b *limitBlock){
 // limit parses one rate_limit block. unlimited is reported when the block says so (only
 // allowed where allowUnlimited).
 func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limit, unlimited, ok bool) {
-	b := &limitBlock{m: m, prefix: prefix, nerr: len(p.errs), at: make(map[string]*yaml.Node, len(limitFields))}
+	b := &limitBlock{m: m, prefix: prefix, nerr: len(p.errs)}
 	b.l.Line = m.Line
 	b.l.Algorithm, b.l.Scope = DefaultAlgorithm, DefaultScope
-	p.envoyFields(m, prefix, limitFieldNames, func(key string, _, v *yaml.Node) {
-		b.at[key] = v
-		i := slices.IndexFunc(limitFields, func(f limitField) bool { return f.name == key })
-		limitFields[i].parse(p, b, v, prefix+key)
-	})
+	b.at = envoyTable(p, m, prefix, limitFields, limitFieldNames, b)
 	if m.Kind != yaml.MappingNode || !p.clean(b) {
 		return b.l, false, false
 	}

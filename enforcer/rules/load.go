@@ -209,6 +209,38 @@ func (p *parser) fieldsTolerating(m *yaml.Node, prefix string, known, tolerated 
 	}
 }
 
+// field is one field of a mapping that the parser knows, for the table of a block being
+// built (a limit, a descriptor): its name, and how its value v goes into the block b (f
+// is the field's path, for errors). parse is nil for a field whose node is read once every
+// field has been (a nested block), or that is accepted and ignored.
+type field[B any] struct {
+	name  string
+	parse func(p *parser, b B, v *yaml.Node, f string)
+}
+
+// fieldNames returns the names of table, in its order.
+func fieldNames[B any](table []field[B]) []string {
+	names := make([]string, len(table))
+	for i, f := range table {
+		names[i] = f.name
+	}
+	return names
+}
+
+// envoyTable is envoyFields over the fields of table (whose names are names): each field
+// of m is parsed into b by its row, in the order of the file. It returns the value node
+// of each field, by name.
+func envoyTable[B any](p *parser, m *yaml.Node, prefix string, table []field[B], names []string, b B) map[string]*yaml.Node {
+	at := make(map[string]*yaml.Node, len(table))
+	p.envoyFields(m, prefix, names, func(key string, _, v *yaml.Node) {
+		at[key] = v
+		if f := table[slices.Index(names, key)]; f.parse != nil {
+			f.parse(p, b, v, prefix+key)
+		}
+	})
+	return at
+}
+
 func kindName(n *yaml.Node) string {
 	switch n.Kind {
 	case yaml.MappingNode:
@@ -350,151 +382,4 @@ func syntaxErrorAt(data []byte) (line, column int) {
 		col = 0
 	}
 	return good + 1, col + 1
-}
-
-func newNode() *node { return &node{exact: make(map[Entry]*node)} }
-
-var descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode",
-	"quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "priority"}
-
-func (p *parser) descriptors(seq *yaml.Node, parent *node, d *domain, path []Level, field string) {
-	if seq.Kind != yaml.SequenceNode {
-		if seq.Tag != "!!null" {
-			p.errorf(seq, field, "want a list, got %s", kindName(seq))
-		}
-		return
-	}
-	for i, item := range seq.Content {
-		p.descriptor(item, parent, d, path, fmt.Sprintf("%s[%d].", field, i))
-	}
-}
-
-func (p *parser) descriptor(m *yaml.Node, parent *node, d *domain, path []Level, prefix string) {
-	var (
-		lv                    Level
-		keyNode, valNode      *yaml.Node
-		rl, rls, children     *yaml.Node
-		shadow, quota, detail bool
-		valueToMetric, share  bool
-		shareNode             *yaml.Node
-	)
-	p.envoyFields(m, prefix, descriptorFields, func(key string, k, v *yaml.Node) {
-		switch key {
-		case "key":
-			keyNode = v
-			lv.Key, _ = p.str(v, prefix+key)
-		case "value":
-			valNode = v
-			lv.Value, _ = p.str(v, prefix+key)
-		case "rate_limit":
-			rl = v
-		case "rate_limits":
-			rls = v
-		case "descriptors":
-			children = v
-		case "shadow_mode":
-			shadow = p.boolean(v, prefix+key)
-		case "quota_mode":
-			quota = p.boolean(v, prefix+key)
-		case "detailed_metric":
-			detail = p.boolean(v, prefix+key)
-		case "value_to_metric":
-			valueToMetric = p.boolean(v, prefix+key)
-		case "share_threshold":
-			share, shareNode = p.boolean(v, prefix+key), v
-		case "metadata":
-			// Free-form in envoyproxy/ratelimit; accepted and ignored.
-		case "priority":
-			lv.Priority, _ = p.str(v, prefix+key)
-		}
-	})
-	if m.Kind != yaml.MappingNode {
-		return
-	}
-	if keyNode == nil || lv.Key == "" {
-		p.errorf(m, prefix+"key", "missing or empty (every descriptor needs a key)")
-		return
-	}
-	lv.Wildcard = strings.Contains(lv.Value, "*")
-	if share && !lv.Wildcard {
-		p.errorf(shareNode, prefix+"share_threshold", "needs a wildcard value (containing '*')")
-	}
-	lv.ShareThreshold = share && lv.Wildcard
-	n := newNode()
-	entry := Entry{Key: lv.Key, Value: lv.Value}
-	if lv.Wildcard {
-		for _, w := range parent.wild {
-			if w.key == lv.Key && strings.Join(w.parts, "*") == lv.Value {
-				p.errorf(valNode, prefix+"value", "duplicate descriptor %s=%s at this level", lv.Key, lv.Value)
-				return
-			}
-		}
-		parent.wild = append(parent.wild, wildNode{key: lv.Key, parts: strings.Split(lv.Value, "*"), n: n})
-	} else {
-		if _, dup := parent.exact[entry]; dup {
-			at := keyNode
-			if valNode != nil {
-				at = valNode
-			}
-			p.errorf(at, prefix+"key", "duplicate descriptor %s at this level", describe(entry))
-			return
-		}
-		parent.exact[entry] = n
-	}
-	path = append(path[:len(path):len(path)], lv)
-
-	if rl != nil || rls != nil {
-		r := &Rule{Domain: d.name, File: p.file, Line: keyNode.Line, Levels: path,
-			ShadowMode: shadow, QuotaMode: quota, DetailedMetric: detail, ValueToMetric: valueToMetric, Priority: nearestPriority(path)}
-		r.ID = ruleID(d.name, path)
-		switch {
-		case rl != nil && rls != nil:
-			p.errorf(rls, prefix+"rate_limits", "use either rate_limit or rate_limits, not both")
-		case rl != nil:
-			l, unlimited, ok := p.limit(rl, prefix+"rate_limit.", true)
-			if ok && unlimited {
-				r.Unlimited, r.replaces = true, l.Replaces
-			} else if ok {
-				r.Limits = append(r.Limits, l)
-			}
-		default:
-			p.limitList(rls, prefix+"rate_limits", r)
-		}
-		n.rule = r
-		p.rules = append(p.rules, r)
-	}
-	if children != nil {
-		p.descriptors(children, n, d, path, prefix+"descriptors")
-	}
-}
-
-// nearestPriority returns the priority of the deepest level of path that has one.
-func nearestPriority(path []Level) string {
-	for i := len(path) - 1; i >= 0; i-- {
-		if path[i].Priority != "" {
-			return path[i].Priority
-		}
-	}
-	return ""
-}
-
-func describe(e Entry) string {
-	if e.Value == "" {
-		return e.Key + " (no value)"
-	}
-	return e.Key + "=" + e.Value
-}
-
-func ruleID(domainName string, path []Level) string {
-	var b strings.Builder
-	b.WriteString(domainName)
-	for _, l := range path {
-		b.WriteByte('.')
-		b.WriteString(l.Key)
-		if l.Value != "" {
-			b.WriteByte('_')
-			b.WriteString(l.Value)
-		}
-	}
-	return b.String()
 }

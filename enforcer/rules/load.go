@@ -284,26 +284,29 @@ func (p *parser) integer(n *yaml.Node, field string) (int64, bool) {
 	return v, true
 }
 
+// rootFields are the fields at the root of a file. pools and descriptors are read from
+// their nodes once every field has been: pools first, which the descriptors' limits name.
+var rootFields = []field[*domain]{
+	{"domain", func(p *parser, d *domain, v *yaml.Node, f string) {
+		if s, ok := p.str(v, f); ok {
+			if s == "" {
+				p.errorf(v, f, "must not be empty")
+			}
+			d.name = s
+		}
+	}},
+	{"descriptors", nil},
+	{"pools", nil},
+}
+
+// rootFieldNames are the names of rootFields, in their order.
+var rootFieldNames = fieldNames(rootFields)
+
 // file1 parses one file into a domain, returning the domain node for positions.
 func (p *parser) file1(data []byte) (*domain, *yaml.Node) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		e := &Error{File: p.file, Reason: strings.TrimPrefix(err.Error(), "yaml: ")}
-		var te *yaml.TypeError
-		if !errors.As(err, &te) {
-			// yaml.v3 reports syntax errors as "yaml: line N: …", where N is the line on
-			// which the enclosing block began, not the offending line: keep the reason,
-			// and find the line ourselves.
-			if _, after, ok := strings.Cut(e.Reason, "line "); ok {
-				if n, rest, ok := strings.Cut(after, ": "); ok {
-					if _, err := strconv.Atoi(n); err == nil {
-						e.Reason = rest
-					}
-				}
-			}
-			e.Line, e.Column = syntaxErrorAt(data)
-		}
-		p.errs = append(p.errs, e)
+		p.errs = append(p.errs, yamlError(p.file, data, err))
 		return nil, nil
 	}
 	if doc.Kind == 0 || len(doc.Content) == 0 {
@@ -312,33 +315,17 @@ func (p *parser) file1(data []byte) (*domain, *yaml.Node) {
 	}
 	root := doc.Content[0]
 	d := &domain{file: p.file, root: newNode()}
-	var domNode, descs, pools *yaml.Node
-	p.envoyFields(root, "", []string{"domain", "descriptors", "pools"}, func(key string, k, v *yaml.Node) {
-		switch key {
-		case "domain":
-			if s, ok := p.str(v, "domain"); ok {
-				if s == "" {
-					p.errorf(v, "domain", "must not be empty")
-				}
-				d.name = s
-			}
-			domNode = v
-		case "descriptors":
-			descs = v
-		case "pools":
-			pools = v
-		}
-	})
+	at := envoyTable(p, root, "", rootFields, rootFieldNames, d)
 	if root.Kind != yaml.MappingNode {
 		return nil, nil
 	}
-	if pools != nil {
+	if pools := at["pools"]; pools != nil {
 		p.pools(pools, d)
 	}
-	if domNode == nil {
+	if at["domain"] == nil {
 		p.errorf(root, "domain", "missing")
 	}
-	if descs != nil {
+	if descs := at["descriptors"]; descs != nil {
 		p.descriptors(descs, d.root, d, nil, "descriptors")
 	}
 	if len(p.errs) == 0 {
@@ -347,7 +334,28 @@ func (p *parser) file1(data []byte) (*domain, *yaml.Node) {
 	if len(p.errs) > 0 || d.name == "" {
 		return nil, nil
 	}
-	return d, domNode
+	return d, at["domain"]
+}
+
+// yamlError is the Error for a file that is not YAML, or not the YAML a rules file is.
+func yamlError(file string, data []byte, err error) *Error {
+	e := &Error{File: file, Reason: strings.TrimPrefix(err.Error(), "yaml: ")}
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		return e
+	}
+	// yaml.v3 reports syntax errors as "yaml: line N: …", where N is the line on which the
+	// enclosing block began, not the offending line: keep the reason, and find the line
+	// ourselves.
+	if _, after, ok := strings.Cut(e.Reason, "line "); ok {
+		if n, rest, ok := strings.Cut(after, ": "); ok {
+			if _, err := strconv.Atoi(n); err == nil {
+				e.Reason = rest
+			}
+		}
+	}
+	e.Line, e.Column = syntaxErrorAt(data)
+	return e
 }
 
 // maxBisectLines bounds the files whose syntax errors syntaxErrorAt locates: it parses the

@@ -5,9 +5,13 @@ import (
 	"cmp"
 	"flag"
 	"fmt"
+	"go/ast"
+	goparser "go/parser"
+	"go/token"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -181,4 +185,102 @@ func dumpLimit(b *strings.Builder, l *Limit) {
 	fmt.Fprintf(b, "limit line %d name %q replaces %q requests %d window %v unit %q algorithm %s/%d calendar %v/%d scope %s soft %d burst %d hard %v pool %s/%q elastic %s tag %s\n",
 		l.Line, l.Name, l.Replaces, l.Requests, l.Window, l.Unit, l.Algorithm, uint8(l.Algorithm), l.Calendar, uint8(l.Algorithm.Calendar()),
 		l.Scope, l.SoftPercent, l.Burst, l.Hard, pool, l.pool, elastic, l.tag)
+}
+
+// TestRuleFieldDocs keeps the "new rule field" part of docs/architecture.md true to the
+// parser: every name it gives in backquotes is a file, a directory, a declaration (or a
+// struct field) of this package, and its command runs TestParsedGolden with -update.
+func TestRuleFieldDocs(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join(repoRoot, "docs", "architecture.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, _ := strings.Cut(string(doc), "- **A new rule field**")
+	section, _, _ = strings.Cut(section, "- **A new record field**")
+	if section == "" {
+		t.Fatal(`docs/architecture.md has no "A new rule field" item`)
+	}
+	names := declaredNames(t)
+	quoted := regexp.MustCompile("`([^`]+)`").FindAllStringSubmatch(section, -1)
+	ident := regexp.MustCompile(`^[A-Za-z_]\w*(\.\w+)?$`)
+	checked := 0
+	for _, q := range quoted {
+		s := q[1]
+		switch {
+		case strings.HasPrefix(s, "go test "):
+			if !strings.Contains(s, " ./enforcer/rules ") || !strings.Contains(s, "-run TestParsedGolden") || !strings.HasSuffix(s, " -update") {
+				t.Errorf("command %q does not run TestParsedGolden -update in enforcer/rules", s)
+			}
+		case strings.HasSuffix(s, ".go"), strings.HasSuffix(s, "/"), strings.Contains(s, "/"):
+			if _, err := os.Stat(s); err != nil {
+				if _, err2 := os.Stat(filepath.Join(repoRoot, s)); err2 != nil {
+					if _, err3 := os.Stat(filepath.Join("testdata", s)); err3 != nil {
+						t.Errorf("%q names no file or directory: %v", s, err)
+					}
+				}
+			}
+		case ident.MatchString(s):
+			s = strings.TrimPrefix(s, "rules.")
+			if !names[s] && !isDir(filepath.Join(repoRoot, "enforcer", s)) && !isDir(filepath.Join(repoRoot, s)) {
+				t.Errorf("%q is not declared in package rules (nor a package)", s)
+			}
+		default:
+			continue
+		}
+		checked++
+	}
+	if checked < 10 {
+		t.Errorf("checked %d names of the section, expected the parser's tables and checks", checked)
+	}
+}
+
+// declaredNames returns the top-level names of the package's Go files, and each struct
+// field as "Type.Field".
+func declaredNames(t *testing.T) map[string]bool {
+	t.Helper()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := make(map[string]bool)
+	fset := token.NewFileSet()
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		af, err := goparser.ParseFile(fset, f, nil, goparser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range af.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				names[d.Name.Name] = true
+			case *ast.GenDecl:
+				for _, sp := range d.Specs {
+					switch sp := sp.(type) {
+					case *ast.ValueSpec:
+						for _, n := range sp.Names {
+							names[n.Name] = true
+						}
+					case *ast.TypeSpec:
+						names[sp.Name.Name] = true
+						if st, ok := sp.Type.(*ast.StructType); ok {
+							for _, fl := range st.Fields.List {
+								for _, n := range fl.Names {
+									names[sp.Name.Name+"."+n.Name] = true
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return names
+}
+
+func isDir(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
 }

@@ -43,6 +43,7 @@ var descriptorFieldNames = fieldNames(descriptorFields)
 
 func newNode() *node { return &node{exact: make(map[Entry]*node)} }
 
+// descriptors parses a descriptors: list into the children of parent.
 func (p *parser) descriptors(seq *yaml.Node, parent *node, d *domain, path []Level, field string) {
 	if seq.Kind != yaml.SequenceNode {
 		if seq.Tag != "!!null" {

@@ -58,7 +58,9 @@ var limitFields = []field[*limitBlock]{
 var limitFieldNames = fieldNames(limitFields)
 
 // limitChecks are the checks across the fields of a limit (not an unlimited one), in the
-// order in which they run, and so report.
+// order in which they run and so report. Those that depend on the fields being coherent
+// (the calendar, the range of a global count, algo's check) skip a block that an earlier
+// check has already faulted.
 var limitChecks = []func(p *parser, b *limitBlock){
 	(*parser).limitPeriod,
 	(*parser).limitCalendar,

@@ -4,17 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"gopkg.in/yaml.v3"
-
-	"github.com/streamlimit/streamlimit/enforcer/algo"
 )
 
 // Error is a problem in a rules file, with its position.
@@ -155,8 +151,9 @@ func build(srcs []source) (*Config, error) {
 }
 
 type parser struct {
-	file string
-	errs []error
+	file  string
+	errs  []error
+	rules []*Rule // the file's rules in the order they were parsed (the file's order)
 }
 
 func (p *parser) errorf(n *yaml.Node, field, format string, args ...any) {
@@ -212,6 +209,38 @@ func (p *parser) fieldsTolerating(m *yaml.Node, prefix string, known, tolerated 
 	}
 }
 
+// field is one field of a mapping that the parser knows, for the table of a block being
+// built (a limit, a descriptor): its name, and how its value v goes into the block b (f
+// is the field's path, for errors). parse is nil for a field whose node is read once every
+// field has been (a nested block), or that is accepted and ignored.
+type field[B any] struct {
+	name  string
+	parse func(p *parser, b B, v *yaml.Node, f string)
+}
+
+// fieldNames returns the names of table, in its order.
+func fieldNames[B any](table []field[B]) []string {
+	names := make([]string, len(table))
+	for i, f := range table {
+		names[i] = f.name
+	}
+	return names
+}
+
+// envoyTable is envoyFields over the fields of table (whose names are names): each field
+// of m is parsed into b by its row, in the order of the file. It returns the value node
+// of each field, by name.
+func envoyTable[B any](p *parser, m *yaml.Node, prefix string, table []field[B], names []string, b B) map[string]*yaml.Node {
+	at := make(map[string]*yaml.Node, len(table))
+	p.envoyFields(m, prefix, names, func(key string, _, v *yaml.Node) {
+		at[key] = v
+		if f := table[slices.Index(names, key)]; f.parse != nil {
+			f.parse(p, b, v, prefix+key)
+		}
+	})
+	return at
+}
+
 func kindName(n *yaml.Node) string {
 	switch n.Kind {
 	case yaml.MappingNode:
@@ -255,26 +284,29 @@ func (p *parser) integer(n *yaml.Node, field string) (int64, bool) {
 	return v, true
 }
 
+// rootFields are the fields at the root of a file. pools and descriptors are read from
+// their nodes once every field has been: pools first, which the descriptors' limits name.
+var rootFields = []field[*domain]{
+	{"domain", func(p *parser, d *domain, v *yaml.Node, f string) {
+		if s, ok := p.str(v, f); ok {
+			if s == "" {
+				p.errorf(v, f, "must not be empty")
+			}
+			d.name = s
+		}
+	}},
+	{"descriptors", nil},
+	{"pools", nil},
+}
+
+// rootFieldNames are the names of rootFields, in their order.
+var rootFieldNames = fieldNames(rootFields)
+
 // file1 parses one file into a domain, returning the domain node for positions.
 func (p *parser) file1(data []byte) (*domain, *yaml.Node) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		e := &Error{File: p.file, Reason: strings.TrimPrefix(err.Error(), "yaml: ")}
-		var te *yaml.TypeError
-		if !errors.As(err, &te) {
-			// yaml.v3 reports syntax errors as "yaml: line N: …", where N is the line on
-			// which the enclosing block began, not the offending line: keep the reason,
-			// and find the line ourselves.
-			if _, after, ok := strings.Cut(e.Reason, "line "); ok {
-				if n, rest, ok := strings.Cut(after, ": "); ok {
-					if _, err := strconv.Atoi(n); err == nil {
-						e.Reason = rest
-					}
-				}
-			}
-			e.Line, e.Column = syntaxErrorAt(data)
-		}
-		p.errs = append(p.errs, e)
+		p.errs = append(p.errs, yamlError(p.file, data, err))
 		return nil, nil
 	}
 	if doc.Kind == 0 || len(doc.Content) == 0 {
@@ -283,33 +315,17 @@ func (p *parser) file1(data []byte) (*domain, *yaml.Node) {
 	}
 	root := doc.Content[0]
 	d := &domain{file: p.file, root: newNode()}
-	var domNode, descs, pools *yaml.Node
-	p.envoyFields(root, "", []string{"domain", "descriptors", "pools"}, func(key string, k, v *yaml.Node) {
-		switch key {
-		case "domain":
-			if s, ok := p.str(v, "domain"); ok {
-				if s == "" {
-					p.errorf(v, "domain", "must not be empty")
-				}
-				d.name = s
-			}
-			domNode = v
-		case "descriptors":
-			descs = v
-		case "pools":
-			pools = v
-		}
-	})
+	at := envoyTable(p, root, "", rootFields, rootFieldNames, d)
 	if root.Kind != yaml.MappingNode {
 		return nil, nil
 	}
-	if pools != nil {
+	if pools := at["pools"]; pools != nil {
 		p.pools(pools, d)
 	}
-	if domNode == nil {
+	if at["domain"] == nil {
 		p.errorf(root, "domain", "missing")
 	}
-	if descs != nil {
+	if descs := at["descriptors"]; descs != nil {
 		p.descriptors(descs, d.root, d, nil, "descriptors")
 	}
 	if len(p.errs) == 0 {
@@ -318,7 +334,28 @@ func (p *parser) file1(data []byte) (*domain, *yaml.Node) {
 	if len(p.errs) > 0 || d.name == "" {
 		return nil, nil
 	}
-	return d, domNode
+	return d, at["domain"]
+}
+
+// yamlError is the Error for a file that is not YAML, or not the YAML a rules file is.
+func yamlError(file string, data []byte, err error) *Error {
+	e := &Error{File: file, Reason: strings.TrimPrefix(err.Error(), "yaml: ")}
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		return e
+	}
+	// yaml.v3 reports syntax errors as "yaml: line N: …", where N is the line on which the
+	// enclosing block began, not the offending line: keep the reason, and find the line
+	// ourselves.
+	if _, after, ok := strings.Cut(e.Reason, "line "); ok {
+		if n, rest, ok := strings.Cut(after, ": "); ok {
+			if _, err := strconv.Atoi(n); err == nil {
+				e.Reason = rest
+			}
+		}
+	}
+	e.Line, e.Column = syntaxErrorAt(data)
+	return e
 }
 
 // maxBisectLines bounds the files whose syntax errors syntaxErrorAt locates: it parses the
@@ -353,457 +390,4 @@ func syntaxErrorAt(data []byte) (line, column int) {
 		col = 0
 	}
 	return good + 1, col + 1
-}
-
-func newNode() *node { return &node{exact: make(map[Entry]*node)} }
-
-var descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode",
-	"quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "priority"}
-
-func (p *parser) descriptors(seq *yaml.Node, parent *node, d *domain, path []Level, field string) {
-	if seq.Kind != yaml.SequenceNode {
-		if seq.Tag != "!!null" {
-			p.errorf(seq, field, "want a list, got %s", kindName(seq))
-		}
-		return
-	}
-	for i, item := range seq.Content {
-		p.descriptor(item, parent, d, path, fmt.Sprintf("%s[%d].", field, i))
-	}
-}
-
-func (p *parser) descriptor(m *yaml.Node, parent *node, d *domain, path []Level, prefix string) {
-	var (
-		lv                    Level
-		keyNode, valNode      *yaml.Node
-		rl, rls, children     *yaml.Node
-		shadow, quota, detail bool
-		valueToMetric, share  bool
-		shareNode             *yaml.Node
-	)
-	p.envoyFields(m, prefix, descriptorFields, func(key string, k, v *yaml.Node) {
-		switch key {
-		case "key":
-			keyNode = v
-			lv.Key, _ = p.str(v, prefix+key)
-		case "value":
-			valNode = v
-			lv.Value, _ = p.str(v, prefix+key)
-		case "rate_limit":
-			rl = v
-		case "rate_limits":
-			rls = v
-		case "descriptors":
-			children = v
-		case "shadow_mode":
-			shadow = p.boolean(v, prefix+key)
-		case "quota_mode":
-			quota = p.boolean(v, prefix+key)
-		case "detailed_metric":
-			detail = p.boolean(v, prefix+key)
-		case "value_to_metric":
-			valueToMetric = p.boolean(v, prefix+key)
-		case "share_threshold":
-			share, shareNode = p.boolean(v, prefix+key), v
-		case "metadata":
-			// Free-form in envoyproxy/ratelimit; accepted and ignored.
-		case "priority":
-			lv.Priority, _ = p.str(v, prefix+key)
-		}
-	})
-	if m.Kind != yaml.MappingNode {
-		return
-	}
-	if keyNode == nil || lv.Key == "" {
-		p.errorf(m, prefix+"key", "missing or empty (every descriptor needs a key)")
-		return
-	}
-	lv.Wildcard = strings.Contains(lv.Value, "*")
-	if share && !lv.Wildcard {
-		p.errorf(shareNode, prefix+"share_threshold", "needs a wildcard value (containing '*')")
-	}
-	lv.ShareThreshold = share && lv.Wildcard
-	n := newNode()
-	entry := Entry{Key: lv.Key, Value: lv.Value}
-	if lv.Wildcard {
-		for _, w := range parent.wild {
-			if w.key == lv.Key && strings.Join(w.parts, "*") == lv.Value {
-				p.errorf(valNode, prefix+"value", "duplicate descriptor %s=%s at this level", lv.Key, lv.Value)
-				return
-			}
-		}
-		parent.wild = append(parent.wild, wildNode{key: lv.Key, parts: strings.Split(lv.Value, "*"), n: n})
-	} else {
-		if _, dup := parent.exact[entry]; dup {
-			at := keyNode
-			if valNode != nil {
-				at = valNode
-			}
-			p.errorf(at, prefix+"key", "duplicate descriptor %s at this level", describe(entry))
-			return
-		}
-		parent.exact[entry] = n
-	}
-	path = append(path[:len(path):len(path)], lv)
-
-	if rl != nil || rls != nil {
-		r := &Rule{Domain: d.name, File: p.file, Line: keyNode.Line, Levels: path,
-			ShadowMode: shadow, QuotaMode: quota, DetailedMetric: detail, ValueToMetric: valueToMetric, Priority: nearestPriority(path)}
-		r.ID = ruleID(d.name, path)
-		switch {
-		case rl != nil && rls != nil:
-			p.errorf(rls, prefix+"rate_limits", "use either rate_limit or rate_limits, not both")
-		case rl != nil:
-			l, unlimited, ok := p.limit(rl, prefix+"rate_limit.", true)
-			if ok && unlimited {
-				r.Unlimited, r.replaces = true, l.Replaces
-			} else if ok {
-				r.Limits = append(r.Limits, l)
-			}
-		default:
-			p.limitList(rls, prefix+"rate_limits", r)
-		}
-		n.rule = r
-	}
-	if children != nil {
-		p.descriptors(children, n, d, path, prefix+"descriptors")
-	}
-}
-
-// nearestPriority returns the priority of the deepest level of path that has one.
-func nearestPriority(path []Level) string {
-	for i := len(path) - 1; i >= 0; i-- {
-		if path[i].Priority != "" {
-			return path[i].Priority
-		}
-	}
-	return ""
-}
-
-func describe(e Entry) string {
-	if e.Value == "" {
-		return e.Key + " (no value)"
-	}
-	return e.Key + "=" + e.Value
-}
-
-func ruleID(domainName string, path []Level) string {
-	var b strings.Builder
-	b.WriteString(domainName)
-	for _, l := range path {
-		b.WriteByte('.')
-		b.WriteString(l.Key)
-		if l.Value != "" {
-			b.WriteByte('_')
-			b.WriteString(l.Value)
-		}
-	}
-	return b.String()
-}
-
-const maxLimits = 64
-
-func (p *parser) limitList(seq *yaml.Node, field string, r *Rule) {
-	if seq.Kind != yaml.SequenceNode || len(seq.Content) == 0 {
-		p.errorf(seq, field, "want a non-empty list of limits, got %s", kindName(seq))
-		return
-	}
-	if len(seq.Content) > maxLimits {
-		p.errorf(seq, field, "%d limits, at most %d", len(seq.Content), maxLimits)
-		return
-	}
-	windows := make(map[time.Duration]int)
-	for i, item := range seq.Content {
-		f := fmt.Sprintf("%s[%d].", field, i)
-		l, _, ok := p.limit(item, f, false)
-		if !ok {
-			continue
-		}
-		if j, dup := windows[l.Window]; dup {
-			p.errorf(item, f+"window", "same window %v as %s[%d]: the two limits would share one counter", l.Window, field, j)
-			continue
-		}
-		windows[l.Window] = i
-		r.Limits = append(r.Limits, l)
-	}
-}
-
-var limitFields = []string{"unit", "requests_per_unit", "name", "replaces", "unlimited",
-	"window", "algorithm", "scope", "soft_percent", "burst", "hard", "pool", "elastic", "align"}
-
-// units are envoyproxy/ratelimit's units, with its lengths for month and year.
-var units = []struct {
-	name string
-	d    time.Duration
-}{
-	{"second", time.Second}, {"minute", time.Minute}, {"hour", time.Hour}, {"day", 24 * time.Hour},
-	{"week", 7 * 24 * time.Hour}, {"month", 30 * 24 * time.Hour}, {"year", 365 * 24 * time.Hour},
-}
-
-func unitNames() string {
-	names := make([]string, len(units))
-	for i, u := range units {
-		names[i] = u.name
-	}
-	return strings.Join(names, ", ")
-}
-
-// limit parses one rate_limit block. unlimited is reported when the block says so (only
-// allowed where allowUnlimited).
-func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limit, unlimited, ok bool) {
-	nerr := len(p.errs)
-	l.Line = m.Line
-	l.Algorithm, l.Scope = DefaultAlgorithm, DefaultScope
-	var (
-		unitNode, rpuNode, windowNode, algNode, scopeNode, burstNode, unlimitedNode, hardNode, alignNode *yaml.Node
-		window                                                                                           time.Duration
-	)
-	p.envoyFields(m, prefix, limitFields, func(key string, k, v *yaml.Node) {
-		f := prefix + key
-		switch key {
-		case "unit":
-			unitNode = v
-			if s, ok := p.str(v, f); ok {
-				l.Unit = s
-				found := false
-				for _, u := range units {
-					if strings.EqualFold(u.name, s) { // envoyproxy/ratelimit upper-cases the unit
-						window, found = u.d, true
-					}
-				}
-				if !found {
-					p.errorf(v, f, "unknown unit %q (want %s)", s, unitNames())
-				}
-			}
-		case "requests_per_unit":
-			rpuNode = v
-			if n, ok := p.integer(v, f); ok {
-				if n < 0 {
-					p.errorf(v, f, "%d < 0", n)
-				}
-				l.Requests = n
-			}
-		case "name":
-			l.Name, _ = p.str(v, f)
-		case "replaces":
-			p.replaces(v, f, &l)
-		case "unlimited":
-			unlimitedNode = v
-			unlimited = p.boolean(v, f)
-		case "window":
-			windowNode = v
-			if s, ok := p.str(v, f); ok {
-				d, err := ParseWindow(s)
-				if err != nil {
-					p.errorf(v, f, "%v", err)
-				} else {
-					l.Window = d
-				}
-			}
-		case "algorithm":
-			algNode = v
-			if s, ok := p.str(v, f); ok {
-				a, err := algo.ParseAlgorithm(s)
-				if err != nil {
-					p.errorf(v, f, "unknown algorithm %q (want %s)", s, strings.Join(algo.Names(), ", "))
-				}
-				l.Algorithm = a
-			}
-		case "scope":
-			scopeNode = v
-			if s, ok := p.str(v, f); ok {
-				sc, err := ParseScope(s)
-				if err != nil {
-					p.errorf(v, f, "unknown scope %q (want local, site, global)", s)
-				}
-				l.Scope = sc
-			}
-		case "soft_percent":
-			if n, ok := p.integer(v, f); ok {
-				if n < 0 || n > 1000 {
-					p.errorf(v, f, "%d outside 0…1000", n)
-				}
-				l.SoftPercent = int(n)
-			}
-		case "hard":
-			hardNode = v
-			l.Hard = p.boolean(v, f)
-		case "pool":
-			l.pool, _ = p.str(v, f)
-		case "elastic":
-			l.Elastic = p.elastic(v, f)
-		case "align":
-			alignNode = v
-			if s, ok := p.str(v, f); ok {
-				if s != "calendar" {
-					p.errorf(v, f, "unknown alignment %q (want calendar)", s)
-				}
-				l.Calendar = true
-			}
-		case "burst":
-			burstNode = v
-			if n, ok := p.integer(v, f); ok {
-				if n <= 0 {
-					p.errorf(v, f, "%d ≤ 0 (omit it for a capacity equal to requests_per_unit)", n)
-				}
-				l.Burst = n
-			}
-		}
-	})
-	if m.Kind != yaml.MappingNode || len(p.errs) > nerr {
-		return l, false, false
-	}
-	for _, r := range l.Replaces {
-		if r == l.Name && r != "" {
-			p.errorf(m, prefix+"replaces", "a limit cannot replace itself (%q)", r)
-		}
-	}
-	if unlimited {
-		switch {
-		case !allowUnlimited:
-			p.errorf(unlimitedNode, prefix+"unlimited", "not allowed in rate_limits (use rate_limit: {unlimited: true})")
-		case unitNode != nil:
-			p.errorf(unitNode, prefix+"unit", "should not be set when unlimited")
-		case windowNode != nil:
-			p.errorf(windowNode, prefix+"window", "should not be set when unlimited")
-		}
-		return l, true, len(p.errs) == nerr
-	}
-	switch {
-	case rpuNode == nil:
-		p.errorf(m, prefix+"requests_per_unit", "missing (write 0 to reject every request)")
-	case unitNode == nil && windowNode == nil:
-		p.errorf(m, prefix+"unit", "missing (set unit or window)")
-	case unitNode != nil && windowNode != nil && l.Window != window:
-		p.errorf(windowNode, prefix+"window", "%v contradicts unit %s (%v); set one of them", l.Window, l.Unit, window)
-	case unitNode != nil:
-		l.Window = window
-	}
-	if l.Window <= 0 && windowNode != nil && len(p.errs) == nerr {
-		p.errorf(windowNode, prefix+"window", "must be positive")
-	}
-	if alignNode != nil && l.Calendar && len(p.errs) == nerr {
-		switch {
-		case l.Scope == Global:
-			at := scopeNode
-			if at == nil {
-				at = alignNode
-			}
-			p.errorf(at, prefix+"align", "calendar windows are not available in global scope, whose counts slide over sub-buckets across sites (set scope: local or site)")
-		case algNode != nil && l.Algorithm != algo.FixedWindow:
-			p.errorf(algNode, prefix+"algorithm", "%s does not combine with align: calendar, which counts by fixed windows (omit algorithm or write fixed_window)", l.Algorithm)
-		default:
-			cal := algo.Epoch
-			switch {
-			case strings.EqualFold(l.Unit, "month"):
-				cal = algo.Month
-			case strings.EqualFold(l.Unit, "year"):
-				cal = algo.Year
-			}
-			l.Algorithm = algo.FixedWindowOn(cal)
-		}
-	}
-	if l.Scope == Global && l.Algorithm != algo.SlidingWindow && l.Algorithm != algo.TokenBucket && l.Algorithm != algo.GCRA {
-		at := algNode
-		if at == nil {
-			at = scopeNode
-		}
-		if at == nil {
-			at = m
-		}
-		p.errorf(at, prefix+"algorithm", "%s is not available in global scope (global limits use sliding_window, token_bucket or gcra; set scope: local or site)", l.Algorithm)
-	}
-	if hardNode != nil && l.Hard && l.Scope != Global {
-		p.errorf(hardNode, prefix+"hard", "applies to global limits (local and site limits count exactly with sliding_log, or by whole windows with fixed_window)")
-	}
-	// Global counts are kept in uint32 buckets that saturate at 2³²−1 (window.Ring): a
-	// global limit above that could never be reached, so it would never deny.
-	if l.Scope == Global && len(p.errs) == nerr {
-		const most = math.MaxUint32
-		switch {
-		case l.Requests > most:
-			p.errorf(rpuNode, prefix+"requests_per_unit", "%d is above %d, the most a global count holds (use scope: local or site)", l.Requests, int64(most))
-		case float64(l.Requests)*float64(100+l.SoftPercent)/100 > most:
-			p.errorf(rpuNode, prefix+"requests_per_unit", "%d raised by soft_percent %d is above %d, the most a global count holds", l.Requests, l.SoftPercent, int64(most))
-		case l.Burst > most:
-			p.errorf(burstNode, prefix+"burst", "%d is above %d, the most a global count holds", l.Burst, int64(most))
-		}
-	}
-	if burstNode != nil && l.Algorithm != algo.TokenBucket && l.Algorithm != algo.LeakyBucket && l.Algorithm != algo.GCRA {
-		p.errorf(burstNode, prefix+"burst", "applies only to token_bucket, leaky_bucket and gcra, not %s", l.Algorithm)
-	}
-	if len(p.errs) == nerr {
-		if err := l.Algo().Validate(); err != nil {
-			p.errorf(m, strings.TrimSuffix(prefix, "."), "%v", err)
-		}
-	}
-	l.tag = windowTag(l.CountWindow())
-	return l, false, len(p.errs) == nerr
-}
-
-func (p *parser) replaces(v *yaml.Node, f string, l *Limit) {
-	if v.Kind != yaml.SequenceNode {
-		p.errorf(v, f, "want a list of {name: …}, got %s", kindName(v))
-		return
-	}
-	for i, item := range v.Content {
-		fi := fmt.Sprintf("%s[%d].", f, i)
-		var name string
-		p.envoyFields(item, fi, []string{"name"}, func(_ string, _, nv *yaml.Node) {
-			name, _ = p.str(nv, fi+"name")
-		})
-		if item.Kind == yaml.MappingNode && name == "" {
-			p.errorf(item, fi+"name", "missing or empty")
-			continue
-		}
-		l.Replaces = append(l.Replaces, name)
-	}
-}
-
-// ParseWindow parses a window: a Go duration ("90s", "3h", "1h30m") that may also use the
-// units d (24h) and w (7 × 24h), e.g. "7d", "2w", "1d12h".
-func ParseWindow(s string) (time.Duration, error) {
-	orig := s
-	if s == "" {
-		return 0, fmt.Errorf("empty window")
-	}
-	var total time.Duration
-	for s != "" {
-		i := 0
-		for i < len(s) && (s[i] == '.' || (s[i] >= '0' && s[i] <= '9')) {
-			i++
-		}
-		j := i
-		for j < len(s) && !(s[j] == '.' || (s[j] >= '0' && s[j] <= '9')) {
-			j++
-		}
-		num, unit := s[:i], s[i:j]
-		s = s[j:]
-		var d time.Duration
-		var err error
-		switch unit {
-		case "d", "w":
-			d, err = time.ParseDuration(num + "h")
-			mult := time.Duration(24)
-			if unit == "w" {
-				mult = 7 * 24
-			}
-			if err == nil && d > (1<<62)/mult {
-				err = fmt.Errorf("too long")
-			}
-			d *= mult
-		default:
-			d, err = time.ParseDuration(num + unit)
-		}
-		if err != nil || num == "" {
-			return 0, fmt.Errorf("invalid window %q (want a duration such as 90s, 3h, 7d)", orig)
-		}
-		if total += d; total < 0 || total > 1<<62 {
-			return 0, fmt.Errorf("window %q too long", orig)
-		}
-	}
-	if total <= 0 {
-		return 0, fmt.Errorf("window %q must be positive", orig)
-	}
-	return total, nil
 }

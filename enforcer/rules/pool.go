@@ -163,47 +163,38 @@ func (p *parser) elastic(m *yaml.Node, field string) *Elastic {
 }
 
 // resolvePools links each limit's pool: name to the domain's Pool, with the error at the
-// limit when there is no such pool or the limit is elastic without one.
+// limit when there is no such pool or the limit is elastic without one. It goes through
+// the rules in the order of the file, so that its errors come in that order.
 func (p *parser) resolvePools(d *domain) {
 	for _, pl := range d.pools {
 		pl.Key = string(appendEscaped(nil, d.name)) + "|pool=" + string(appendEscaped(nil, pl.Name)) + "#" + pl.Limit.tag
 	}
-	var walk func(n *node)
-	walk = func(n *node) {
-		if r := n.rule; r != nil {
-			for i := range r.Limits {
-				l := &r.Limits[i]
-				if l.pool != "" {
-					if l.Pool = d.pools[l.pool]; l.Pool == nil {
-						p.errs = append(p.errs, &Error{File: r.File, Line: l.Line, Field: "pool", Reason: fmt.Sprintf("no pool %q in domain %q (define it under pools:)", l.pool, d.name)})
-					}
-				}
-				if l.Elastic != nil && l.Pool == nil && l.pool == "" {
-					p.errs = append(p.errs, &Error{File: r.File, Line: l.Line, Field: "elastic", Reason: "needs a pool to read how busy the system is (pool: NAME)"})
-				}
-				if l.Elastic != nil && l.Elastic.Max <= l.Requests {
-					p.errs = append(p.errs, &Error{File: r.File, Line: l.Line, Field: "elastic.max", Reason: fmt.Sprintf("%d is not above requests_per_unit %d", l.Elastic.Max, l.Requests)})
+	for _, r := range p.rules {
+		for i := range r.Limits {
+			l := &r.Limits[i]
+			if l.pool != "" {
+				if l.Pool = d.pools[l.pool]; l.Pool == nil {
+					p.errs = append(p.errs, &Error{File: r.File, Line: l.Line, Field: "pool", Reason: fmt.Sprintf("no pool %q in domain %q (define it under pools:)", l.pool, d.name)})
 				}
 			}
-			if r.Priority != "" && !slices.ContainsFunc(r.Limits, func(l Limit) bool { return l.Pool != nil && l.Pool.Priorities[r.Priority] != 0 }) {
-				known := false
-				for _, pl := range d.pools {
-					_, ok := pl.Priorities[r.Priority]
-					known = known || ok
-				}
-				if !known {
-					p.errs = append(p.errs, &Error{File: r.File, Line: r.Line, Field: "priority", Reason: fmt.Sprintf("%q is not listed by any pool's priorities in domain %q", r.Priority, d.name)})
-				}
+			if l.Elastic != nil && l.Pool == nil && l.pool == "" {
+				p.errs = append(p.errs, &Error{File: r.File, Line: l.Line, Field: "elastic", Reason: "needs a pool to read how busy the system is (pool: NAME)"})
+			}
+			if l.Elastic != nil && l.Elastic.Max <= l.Requests {
+				p.errs = append(p.errs, &Error{File: r.File, Line: l.Line, Field: "elastic.max", Reason: fmt.Sprintf("%d is not above requests_per_unit %d", l.Elastic.Max, l.Requests)})
 			}
 		}
-		for _, c := range n.exact {
-			walk(c)
-		}
-		for _, w := range n.wild {
-			walk(w.n)
+		if r.Priority != "" && !slices.ContainsFunc(r.Limits, func(l Limit) bool { return l.Pool != nil && l.Pool.Priorities[r.Priority] != 0 }) {
+			known := false
+			for _, pl := range d.pools {
+				_, ok := pl.Priorities[r.Priority]
+				known = known || ok
+			}
+			if !known {
+				p.errs = append(p.errs, &Error{File: r.File, Line: r.Line, Field: "priority", Reason: fmt.Sprintf("%q is not listed by any pool's priorities in domain %q", r.Priority, d.name)})
+			}
 		}
 	}
-	walk(d.root)
 }
 
 // Pools returns the pools of domainName, sorted by name.

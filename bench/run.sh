@@ -39,5 +39,7 @@ GO=$GO bash bench/hotkey.sh | tee -a "$out" || rc=1
   echo "# duration: $((SECONDS - start))s"
 } >>"$out"
 $GO run ./bench/summarize "$out" >"$summary" || rc=1
+# Each target's ratio with its goal, on the terminal too.
+awk '/^## Targets/{on=1} on && /^## / && !/^## Targets/{exit} on' "$summary"
 echo "bench: raw output $out, summary $summary (go test exit $rc)" >&2
 exit "$rc"

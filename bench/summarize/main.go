@@ -397,6 +397,14 @@ func writeTargets(w io.Writer, r *run) {
 		v, sp, ok = r.servingRatio(api.key, "streamlimit-kafka", "p99-µs")
 		p("| Serving %s with Kafka: p99 ÷ null server | ≤ 1.20 | %.2f (%s) | %s |\n", api.what, v, sp, verdict(ok, v <= 1.2))
 	}
+	d, okD := r.get("enforcer", "BenchmarkDecideGlobal", "ns/op")
+	x, okX := r.get("enforcer", "BenchmarkXTimeRateAllow", "ns/op")
+	if okX && x > 0 {
+		p("| Global decision ÷ x/time/rate `Allow`, time per decision (GOMAXPROCS cores, 100 k keys) | ≤ 1.00 | %.2f (%s ns vs %s ns) | %s |\n",
+			d/x, num(d), num(x), verdict(okD, d/x <= 1))
+	} else {
+		p("| Global decision ÷ x/time/rate `Allow` | ≤ 1.00 | – | not measured |\n")
+	}
 	v, ok := r.get("aggregator", "BenchmarkEndToEnd", "ratio")
 	sp := ""
 	if res := r.find("aggregator", "BenchmarkEndToEnd"); res != nil {

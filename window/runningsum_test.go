@@ -71,7 +71,8 @@ func (m *ringModel) count(r *Ring, t int64, mode Mode) float64 {
 }
 
 // TestRingRunningSumMatchesBruteForce drives rings of every kind (allocating on the first
-// Add, in a buffer, with spans) and a Counter with random hits at random times — small steps,
+// Add, in a buffer, with spans) and a Counter (whose rings keep no running sum, as a ring
+// whose sum reached 2³²−1 does not) with random hits at random times — small steps,
 // a clock going back, gaps past the whole ring, buckets out of order within it, hits far
 // ahead, hits taken away, counts saturating at the uint32 bound — and after every step
 // compares each count (Count, CountSpan, CountHard, CountMode, FallsTo, the Counter's

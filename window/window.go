@@ -44,8 +44,8 @@
 // clamping is the one place where the state depends on when a hit was added rather than on
 // the hit alone.
 //
-// A Counter keeps every site's buckets and their running sum side by side in one allocation
-// and the sites' headers in another: 40 bytes + 4 bytes × (Slots + 1) per (key, site).
+// A Counter keeps every site's buckets side by side in one allocation and the sites'
+// headers in another: 40 bytes + 4 bytes × Slots per (key, site).
 package window
 
 import (
@@ -135,9 +135,8 @@ type Ring struct {
 	c []uint32
 	// sum is the sum of the counts of every bucket held, kept up to date by each change to
 	// a count, so that a count at any instant reads the sum and the few held buckets older
-	// than the window's start instead of adding up the whole window (parts); sumUnknown
-	// when the sum does not fit in it, and the counts then add up the buckets. It is 0 while
-	// c is nil.
+	// than the window's start instead of adding up the whole window (parts); noSum when the
+	// ring keeps none, and its counts then add up the buckets. It is 0 while c is nil.
 	sum uint32
 }
 
@@ -149,11 +148,10 @@ func (r *Ring) spans(s *Spec) []uint32 {
 	return r.c[s.Slots : 2*s.Slots]
 }
 
-// sumUnknown is Ring.sum when the buckets' sum is 2³²−1 or more: billions of hits in one
-// ring, near the largest global limit the rules accept, where counts add up the buckets as
-// they did before the running sum. 32 bits keep the aggregator's counters in their size
-// class (Counter).
-const sumUnknown = math.MaxUint32
+// noSum is Ring.sum when the ring keeps no running sum: a view of a Counter's buckets, or a
+// ring whose sum reached 2³²−1 (billions of hits, near the largest global limit the rules
+// accept) until it is next cleared whole.
+const noSum = math.MaxUint32
 
 // fullSpan is the span of a bucket whose hits' times are not known: the whole bucket.
 const fullSpan = 0xffff
@@ -207,7 +205,7 @@ func (r *Ring) Add(s *Spec, now, idx int64, n int64) bool {
 		} else {
 			for i := r.head + 1; i <= idx; i++ {
 				p := &r.c[mod(i, L)]
-				if r.sum != sumUnknown {
+				if r.sum != noSum {
 					r.sum -= *p
 				}
 				*p = 0
@@ -228,10 +226,8 @@ func (r *Ring) Add(s *Spec, now, idx int64, n int64) bool {
 	} else {
 		*p = uint32(v)
 	}
-	if r.sum != sumUnknown {
-		r.sum = uint32(min(uint64(r.sum)-old+uint64(*p), sumUnknown))
-	} else {
-		r.sum = uint32(min(sumRun(r.c[:L], 0, L), sumUnknown)) // known again once it fits
+	if r.sum != noSum {
+		r.sum = uint32(min(uint64(r.sum)-old+uint64(*p), noSum))
 	}
 	return true
 }
@@ -288,7 +284,7 @@ func (r *Ring) parts(s *Spec, i0 int64) (whole, oldest uint64) {
 	}
 	L := int64(s.Slots)
 	tail := r.head - L + 1 // the oldest bucket held
-	if r.sum == sumUnknown {
+	if r.sum == noSum {
 		lo := max(i0, tail)
 		whole = sumRun(r.c[:L], mod(lo, L), r.head-lo+1)
 		if lo == i0 {
@@ -544,18 +540,15 @@ func (s *Spec) tau() int64 {
 //
 // Its memory is two allocations whatever the number of sites, each of the exact size: the
 // sites' headers (name, demand, newest bucket: 40 bytes each) and their buckets, Spec.Slots
-// uint32 counts per site side by side, each site's followed by its ring's running sum. The sum
-// is kept there rather than in the header because the aggregator's buckets have room for it in
-// their size class (60 sub-buckets and 2 ahead: 63 slots, 252 bytes per site, class 256; 768
-// bytes for three sites), where the header's 40 bytes would grow to 48. A Counter must always
-// be used with the same Spec.
+// uint32 counts per site side by side. A Counter must always be used with the same Spec.
+//
+// Its rings keep no running sum (Ring.sum), so its counts add up each site's buckets: the
+// sum would cost the aggregator 8 bytes per (key, site) in the header (a size class more for
+// three sites), or a memory access more per hit counted after the buckets.
 type Counter struct {
 	sites []siteState // sorted by site
-	c     []uint32    // site k's ring buckets are c[k·stride : k·stride+Slots], then its sum
+	c     []uint32    // site k's ring buckets are c[k·Slots : (k+1)·Slots]
 }
-
-// stride returns the uint32 a site takes in Counter.c: its buckets and its ring's sum.
-func stride(s *Spec) int { return s.Slots + 1 }
 
 // siteState is one site's part of a Counter, beside its buckets in Counter.c.
 type siteState struct {
@@ -566,16 +559,8 @@ type siteState struct {
 
 // ring returns site k's ring, a view of its buckets in c.
 func (c *Counter) ring(s *Spec, k int) Ring {
-	lo := k * stride(s)
-	hi := lo + s.Slots
-	return Ring{head: c.sites[k].head, c: c.c[lo:hi:hi], sum: c.c[hi]}
-}
-
-// store keeps ring r, a view of site k's buckets after an Add, in the counter.
-func (c *Counter) store(s *Spec, k int, r *Ring) {
-	c.sites[k].head = r.head
-	hi := k*stride(s) + s.Slots
-	c.c[hi] = r.sum
+	lo, hi := k*s.Slots, (k+1)*s.Slots
+	return Ring{head: c.sites[k].head, c: c.c[lo:hi:hi], sum: noSum}
 }
 
 // Add counts n hits at site in the bucket holding bucketStart; nowMs is the aggregator's
@@ -602,10 +587,9 @@ func (c *Counter) insert(s *Spec, i int, site string) {
 	copy(sites, c.sites[:i])
 	copy(sites[i+1:], c.sites[i:])
 	sites[i] = siteState{site: site, head: math.MinInt64 / 2} // older than any bucket
-	st := stride(s)
-	buf := make([]uint32, (n+1)*st)
-	copy(buf, c.c[:i*st])
-	copy(buf[(i+1)*st:], c.c[i*st:])
+	buf := make([]uint32, (n+1)*s.Slots)
+	copy(buf, c.c[:i*s.Slots])
+	copy(buf[(i+1)*s.Slots:], c.c[i*s.Slots:])
 	c.sites, c.c = sites, buf
 }
 
@@ -615,7 +599,7 @@ func (c *Counter) add(s *Spec, k int, nowMs, bucketStart, n, denied int64) bool 
 		if !r.Add(s, s.Bucket(nowMs), s.Bucket(bucketStart), n) {
 			return false
 		}
-		c.store(s, k, &r)
+		c.sites[k].head = r.head
 	}
 	c.sites[k].demand.Add(bucketStart, n+denied, s.tau())
 	return true

@@ -200,3 +200,40 @@ func checkCounts(t *testing.T, trial, step int, r *Ring, m *ringModel, q int64, 
 		t.Fatalf("trial %d step %d: FallsTo(%d, %v, mode %d) = %d, %v; brute force %d", trial, step, q, target, mode, got, ok, want)
 	}
 }
+
+// BenchmarkRingCountSpanCold measures a decision's use of this site's ring: the count at
+// now and one hit added, over 100k rings visited in a scattered order, so that each ring's
+// memory is cold as with many keys in real traffic. The rings are laid out as the enforcer
+// keeps them: a header, then an inline buffer of counts and spans.
+func BenchmarkRingCountSpanCold(b *testing.B) {
+	type entry struct {
+		spec Spec
+		ring Ring
+		buf  [128]uint32
+	}
+	const keys = 100_000
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+	es := make([]*entry, keys)
+	for i := range es {
+		e := &entry{spec: NewSpec(time.Minute, 60, 0)}
+		e.ring.UseSpans(&e.spec, e.buf[:])
+		for j := range int64(60) { // one hit a second over the last minute
+			ms := t0 - 60_000 + j*1000 + int64(i%1000)
+			e.ring.AddAt(&e.spec, e.spec.Bucket(ms), ms, 1)
+		}
+		es[i] = e
+	}
+	var sink float64
+	k := 0
+	for b.Loop() {
+		e := es[k*7919%keys] // a stride prime to keys: every ring once per round, far apart
+		sink += e.ring.CountSpan(&e.spec, t0)
+		e.ring.AddAt(&e.spec, e.spec.Bucket(t0), t0, 1)
+		if k++; k == keys {
+			k = 0
+		}
+	}
+	if sink == 0 {
+		b.Fatal("no count")
+	}
+}

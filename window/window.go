@@ -350,15 +350,8 @@ func (r *Ring) CountSpan(s *Spec, t int64) float64 {
 		return r.Count(s, t)
 	}
 	i0, _ := s.Oldest(t)
-	// The span is read before the counts: the two loads do not depend on each other, so
-	// that the processor fetches the span's and the buckets' cache lines, cold with many
-	// keys, at the same time.
-	sp, held := r.span(s, i0)
 	whole, oldest := r.parts(s, i0)
-	if !held {
-		return float64(whole + oldest) // oldest is 0: bucket i0 is not held
-	}
-	return float64(whole) + float64(oldest)*spanFracOf(s, sp, i0, t)
+	return float64(whole) + float64(oldest)*r.spanFrac(s, i0, t)
 }
 
 // CountSince returns the ring's hits after instant t0 (unix ms): the buckets after the one
@@ -369,23 +362,10 @@ func (r *Ring) CountSince(s *Spec, t0 int64) float64 { return r.CountSpan(s, t0+
 // spanFrac is the fraction of bucket i0's hits still in the window starting at t−W, by its
 // span.
 func (r *Ring) spanFrac(s *Spec, i0, t int64) float64 {
-	sp, held := r.span(s, i0)
-	if !held {
+	if r.c == nil || i0 <= r.head-int64(s.Slots) || i0 > r.head {
 		return 1
 	}
-	return spanFracOf(s, sp, i0, t)
-}
-
-// span returns the span of bucket i0 and whether the ring holds it.
-func (r *Ring) span(s *Spec, i0 int64) (uint32, bool) {
-	if r.c == nil || i0 <= r.head-int64(s.Slots) || i0 > r.head {
-		return 0, false
-	}
-	return r.spans(s)[mod(i0, int64(s.Slots))], true
-}
-
-// spanFracOf is spanFrac for bucket i0 of span sp.
-func spanFracOf(s *Spec, sp uint32, i0, t int64) float64 {
+	sp := r.spans(s)[mod(i0, int64(s.Slots))]
 	start := float64(i0 * s.Width)
 	first := start + float64(sp>>16)*float64(s.Width)/fullSpan
 	last := start + float64(sp&0xffff)*float64(s.Width)/fullSpan

@@ -167,7 +167,7 @@ func (c *LocalCounter) newEntry(op *GlobalOp, shard uint8) *ringEntry {
 // (key header, value pointer, control byte) at the map's lowest load after it grows,
 // which also covers the old table kept while it grows.
 const (
-	ringEntrySize = 640 // unsafe.Sizeof(ringEntry{}) is 608, checked by TestKeyCacheSizes
+	ringEntrySize = 640 // unsafe.Sizeof(ringEntry{}) is 616, checked by TestKeyCacheSizes
 	mapSlotBytes  = 64
 )
 

@@ -133,6 +133,11 @@ type Ring struct {
 	// its width (first in the high 16 bits). Counted with spans, the oldest bucket's hits
 	// are taken as spread over their span rather than over the whole bucket (CountSpan).
 	c []uint32
+	// sum is the sum of the counts of every bucket held, kept up to date by each change to
+	// a count, so that a count at any instant reads the sum and the few held buckets older
+	// than the window's start instead of adding up the whole window (parts); noSum when the
+	// ring keeps none, and its counts then add up the buckets. It is 0 while c is nil.
+	sum uint32
 }
 
 // spans returns the ring's spans, or nil.
@@ -142,6 +147,11 @@ func (r *Ring) spans(s *Spec) []uint32 {
 	}
 	return r.c[s.Slots : 2*s.Slots]
 }
+
+// noSum is Ring.sum when the ring keeps no running sum: a view of a Counter's buckets, or a
+// ring whose sum reached 2³²−1 (billions of hits, near the largest global limit the rules
+// accept) until it is next cleared whole.
+const noSum = math.MaxUint32
 
 // fullSpan is the span of a bucket whose hits' times are not known: the whole bucket.
 const fullSpan = 0xffff
@@ -191,9 +201,14 @@ func (r *Ring) Add(s *Spec, now, idx int64, n int64) bool {
 	case idx > r.head:
 		if idx-r.head >= L {
 			clear(r.c[:L])
+			r.sum = 0
 		} else {
 			for i := r.head + 1; i <= idx; i++ {
-				r.c[mod(i, L)] = 0
+				p := &r.c[mod(i, L)]
+				if r.sum != noSum {
+					r.sum -= *p
+				}
+				*p = 0
 			}
 		}
 		r.head = idx
@@ -204,10 +219,15 @@ func (r *Ring) Add(s *Spec, now, idx int64, n int64) bool {
 		widen(r.c[mod(idx, L)], &sp[mod(idx, L)], 0, fullSpan)
 	}
 	p := &r.c[mod(idx, L)]
-	if v := uint64(*p) + uint64(n); v > math.MaxUint32 || n > math.MaxUint32 {
+	old := uint64(*p)
+	// A negative n takes hits away; below zero the count wraps around and saturates.
+	if v := old + uint64(n); v > math.MaxUint32 || n > math.MaxUint32 {
 		*p = math.MaxUint32
 	} else {
 		*p = uint32(v)
+	}
+	if r.sum != noSum {
+		r.sum = uint32(min(uint64(r.sum)-old+uint64(*p), noSum))
 	}
 	return true
 }
@@ -251,27 +271,66 @@ func widen(c uint32, sp *uint32, lo, hi uint32) {
 }
 
 // parts returns the whole-bucket sum (buckets after i0) and the count of bucket i0.
+//
+// The running sum holds every bucket of the ring; the buckets in the window are the sum less
+// the held buckets older than i0. With the ring's head at the clock's bucket those are the
+// Ahead buckets kept for the future, usually one, next to i0 in memory, so a count reads one
+// or two cache lines of the ring instead of all of them. When the ring's newest bucket is far
+// behind the window's end, fewer buckets are in the window than before it, and those are
+// added up instead.
 func (r *Ring) parts(s *Spec, i0 int64) (whole, oldest uint64) {
 	if r.c == nil || r.head < i0 {
 		return 0, 0
 	}
 	L := int64(s.Slots)
-	lo := max(i0, r.head-L+1)
-	// Buckets lo..head sit in the slice from lo mod L, wrapping at most once; summing the
-	// one or two runs directly avoids a division per bucket on the decision path.
-	start, n := mod(lo, L), r.head-lo+1
-	first := min(n, L-start)
-	for _, v := range r.c[start : start+first] {
-		whole += uint64(v)
+	tail := r.head - L + 1 // the oldest bucket held
+	if r.sum == noSum {
+		lo := max(i0, tail)
+		whole = sumRun(r.c[:L], mod(lo, L), r.head-lo+1)
+		if lo == i0 {
+			oldest = uint64(r.c[mod(i0, L)])
+			whole -= oldest
+		}
+		return whole, oldest
 	}
-	for _, v := range r.c[:n-first] {
-		whole += uint64(v)
+	if i0 <= tail { // every bucket held is in the window
+		whole = uint64(r.sum)
+		if i0 == tail {
+			oldest = uint64(r.c[mod(tail, L)])
+			whole -= oldest
+		}
+		return whole, oldest
 	}
-	if lo == i0 {
-		oldest = uint64(r.c[start])
-		whole -= oldest
+	// Buckets tail..i0−1 are held but older than the window; i0..head are in it. Both runs
+	// sit in the slice from their first bucket mod L, wrapping at most once: summing them
+	// directly avoids a division per bucket on the decision path.
+	before, in := i0-tail, r.head-i0+1
+	start := mod(tail, L)
+	o := start + before // i0's position
+	if o >= L {
+		o -= L
+	}
+	oldest = uint64(r.c[o])
+	if before <= in {
+		whole = uint64(r.sum) - oldest - sumRun(r.c[:L], start, before)
+	} else {
+		whole = sumRun(r.c[:L], o, in) - oldest
 	}
 	return whole, oldest
+}
+
+// sumRun returns the sum of the n values of ring c from position start on, wrapping at most
+// once.
+func sumRun(c []uint32, start, n int64) uint64 {
+	var sum uint64
+	first := min(n, int64(len(c))-start)
+	for _, v := range c[start : start+first] {
+		sum += uint64(v)
+	}
+	for _, v := range c[:n-first] {
+		sum += uint64(v)
+	}
+	return sum
 }
 
 // Count returns the ring's count at instant t (unix ms) by the package's rule.
@@ -482,6 +541,10 @@ func (s *Spec) tau() int64 {
 // Its memory is two allocations whatever the number of sites, each of the exact size: the
 // sites' headers (name, demand, newest bucket: 40 bytes each) and their buckets, Spec.Slots
 // uint32 counts per site side by side. A Counter must always be used with the same Spec.
+//
+// Its rings keep no running sum (Ring.sum), so its counts add up each site's buckets: the
+// sum would cost the aggregator 8 bytes per (key, site) in the header (a size class more for
+// three sites), or a memory access more per hit counted after the buckets.
 type Counter struct {
 	sites []siteState // sorted by site
 	c     []uint32    // site k's ring buckets are c[k·Slots : (k+1)·Slots]
@@ -497,7 +560,7 @@ type siteState struct {
 // ring returns site k's ring, a view of its buckets in c.
 func (c *Counter) ring(s *Spec, k int) Ring {
 	lo, hi := k*s.Slots, (k+1)*s.Slots
-	return Ring{head: c.sites[k].head, c: c.c[lo:hi:hi]}
+	return Ring{head: c.sites[k].head, c: c.c[lo:hi:hi], sum: noSum}
 }
 
 // Add counts n hits at site in the bucket holding bucketStart; nowMs is the aggregator's

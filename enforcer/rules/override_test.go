@@ -34,3 +34,39 @@ descriptors:
 		t.Fatal("HasDomain")
 	}
 }
+
+// A pool's counter key never equals the key of a rule whose descriptor names the pool, nor
+// an override's of that descriptor: each would otherwise share the other's count.
+func TestPoolKeyApartFromRuleKeys(t *testing.T) {
+	c, err := Parse("pool.yaml", []byte(`
+domain: api
+pools:
+  - name: all
+    rate_limit: {requests_per_unit: 1000, unit: minute}
+descriptors:
+  - key: pool
+    rate_limit: {requests_per_unit: 5, unit: minute}
+  - key: user
+    rate_limit: {requests_per_unit: 100, unit: minute, pool: all}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pools := c.Pools("api")
+	if len(pools) != 1 {
+		t.Fatalf("pools: %v", pools)
+	}
+	entries := e("pool", "all")
+	r := c.Match("api", entries)
+	if r == nil {
+		t.Fatal("pool=all matches no rule")
+	}
+	ruleKey := r.Key(entries, 0)
+	overrideKey := string(AppendOverrideKey(nil, "api", entries, &r.Limits[0]))
+	if pools[0].Key == ruleKey || pools[0].Key == overrideKey {
+		t.Errorf("pool key %q shared with the rule (%q) or the override (%q)", pools[0].Key, ruleKey, overrideKey)
+	}
+	if want := "api|pool=all#60s|pool"; pools[0].Key != want {
+		t.Errorf("pool key %q, want %q", pools[0].Key, want)
+	}
+}

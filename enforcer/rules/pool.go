@@ -23,7 +23,9 @@ type Pool struct {
 	// priority may fill (priority on a descriptor). A request without a priority, or with
 	// one the pool does not list, may fill all of it.
 	Priorities map[string]int
-	// Key is the pool's counter key: "<domain>|pool=<name>#<window>".
+	// Key is the pool's counter key: "<domain>|pool=<name>#<window>|pool". The mark after
+	// the window tag keeps it apart from the key of a rule whose descriptor is pool=<name>
+	// (a rule's key ends with its tag, which never holds '|').
 	Key string
 	// File and Line locate the pool's definition.
 	File string
@@ -162,12 +164,15 @@ func (p *parser) elastic(m *yaml.Node, field string) *Elastic {
 	return e
 }
 
+// poolMark ends a pool's counter key, as overrideMark ends an override's.
+const poolMark = "|pool"
+
 // resolvePools links each limit's pool: name to the domain's Pool, with the error at the
 // limit when there is no such pool or the limit is elastic without one. It goes through
 // the rules in the order of the file, so that its errors come in that order.
 func (p *parser) resolvePools(d *domain) {
 	for _, pl := range d.pools {
-		pl.Key = string(appendEscaped(nil, d.name)) + "|pool=" + string(appendEscaped(nil, pl.Name)) + "#" + pl.Limit.tag
+		pl.Key = string(appendEscaped(nil, d.name)) + "|pool=" + string(appendEscaped(nil, pl.Name)) + "#" + pl.Limit.tag + poolMark
 	}
 	for _, r := range p.rules {
 		for i := range r.Limits {

@@ -34,6 +34,10 @@ const (
 // past a few seconds anyway) could make local counts wait that long.
 const DefaultMaxLocalHold = 2 * time.Second
 
+// DefaultEmitInterval is Config.EmitInterval's default: a changed counter is published at
+// most this long after its hit arrived, which is most of the pipeline's lag.
+const DefaultEmitInterval = 100 * time.Millisecond
+
 // Config configures an Aggregator. Every zero field takes the default written in its comment.
 type Config struct {
 	// Brokers are the Kafka seed brokers (host:port). Required unless KafkaOpts seeds them.
@@ -82,7 +86,7 @@ type Config struct {
 	// no longer bounded. Default 15m.
 	SiteForget time.Duration
 	// EmitInterval is the least time between two counts published for one counter, and the
-	// period of the emission loop. Default 100ms.
+	// period of the emission loop. Default DefaultEmitInterval.
 	EmitInterval time.Duration
 	// MaxEmitPerSecond caps published count records (tombstones included); when more are
 	// due, the counters whose value changed most go first and the rest wait. Default 50000.
@@ -162,7 +166,7 @@ func (c Config) normalize() (Config, error) {
 	if c.MaxKeys == 0 {
 		c.MaxKeys = 1_000_000
 	}
-	def(&c.EmitInterval, 100*time.Millisecond)
+	def(&c.EmitInterval, DefaultEmitInterval)
 	def(&c.HeartbeatInterval, 500*time.Millisecond)
 	def(&c.Lateness, 5*time.Second)
 	def(&c.MaxClockSkew, 30*time.Second)

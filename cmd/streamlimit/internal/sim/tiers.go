@@ -48,33 +48,16 @@ func (c TiersConfig) normalize() (TiersConfig, error) {
 	if c.Links, err = c.Links.normalize(); err != nil {
 		return c, err
 	}
-	setI := func(p *int, v int) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	setI(&c.Clients, 1000)
-	setI(&c.Until, 50)
-	setI(&c.FreeFill, 80)
-	setI(&c.Windows, 12)
-	if c.Capacity == 0 {
-		c.Capacity = 5_000
-	}
-	if c.Window == 0 {
-		c.Window = 10 * time.Second
-	}
-	if c.Base == 0 {
-		c.Base = 10
-	}
-	if c.ElasticMax == 0 {
-		c.ElasticMax = 30
-	}
-	if c.From == 0 {
-		c.From = 0.2
-	}
-	if c.To == 0 {
-		c.To = 1.5
-	}
+	def(&c.Clients, 1000)
+	def(&c.Until, 50)
+	def(&c.FreeFill, 80)
+	def(&c.Windows, 12)
+	def(&c.Capacity, 5_000)
+	def(&c.Window, 10*time.Second)
+	def(&c.Base, 10)
+	def(&c.ElasticMax, 30)
+	def(&c.From, 0.2)
+	def(&c.To, 1.5)
 	if c.Clients < 2 || c.Capacity < 1 || c.Base < 1 || c.ElasticMax < c.Base || c.FreeFill < 1 || c.FreeFill > 100 ||
 		c.Until < 0 || c.Until > 100 || c.From <= 0 || c.To <= 0 || c.Windows < 1 || c.Window < time.Second {
 		return c, fmt.Errorf("sim: tiers config out of range: %+v", c)

@@ -116,17 +116,8 @@ num.network.threads=2
 num.io.threads=4
 num.recovery.threads.per.data.dir=1
 PROPS
-  cat >"$RUN/log4j.properties" <<L4J
-log4j.rootLogger=INFO, file
-log4j.appender.file=org.apache.log4j.FileAppender
-log4j.appender.file.File=$LOGFILE
-log4j.appender.file.Append=true
-log4j.appender.file.layout=org.apache.log4j.PatternLayout
-log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
-log4j.logger.kafka.request.logger=WARN
-log4j.logger.state.change.logger=WARN
-log4j.logger.kafka.log.LogCleaner=INFO
-L4J
+  write_log4j "$RUN/log4j.properties" "$LOGFILE" kafka.request.logger=WARN \
+    state.change.logger=WARN kafka.log.LogCleaner=INFO
   if [[ -n ${STREAMLIMIT_KAFKA_EXTRA_PROPERTIES:-} ]]; then
     [[ -f $STREAMLIMIT_KAFKA_EXTRA_PROPERTIES ]] || die "STREAMLIMIT_KAFKA_EXTRA_PROPERTIES: no file $STREAMLIMIT_KAFKA_EXTRA_PROPERTIES"
     {

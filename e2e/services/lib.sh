@@ -133,6 +133,26 @@ watch_owner() {
 SLF4J_VERSION=1.7.36
 RELOAD4J_VERSION=1.2.25
 
+# write_log4j FILE LOGFILE [LOGGER=LEVEL...]: writes a log4j 1 configuration to FILE that
+# appends everything at INFO to LOGFILE, with each LOGGER set to LEVEL (the broker and
+# MirrorMaker quiet different chatter).
+write_log4j() {
+  local file=$1 logfile=$2
+  shift 2
+  {
+    echo "log4j.rootLogger=INFO, file"
+    echo "log4j.appender.file=org.apache.log4j.FileAppender"
+    echo "log4j.appender.file.File=$logfile"
+    echo "log4j.appender.file.Append=true"
+    echo "log4j.appender.file.layout=org.apache.log4j.PatternLayout"
+    echo "log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n"
+    local kv
+    for kv in "$@"; do
+      echo "log4j.logger.$kv"
+    done
+  } >"$file"
+}
+
 # fetch_jars NAME LIBS CHECK_JAR ARTIFACT...: has Maven copy org.apache.kafka:ARTIFACT of
 # $VERSION (each), the logging binding and their runtime dependencies into LIBS, once
 # (LIBS/.complete marks a finished copy), using $CACHE for the POM and Maven's log.

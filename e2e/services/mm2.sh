@@ -47,18 +47,9 @@ ensure_jars() {
 }
 
 write_log_config() {
-  cat >"$RUN/log4j.properties" <<L4J
-log4j.rootLogger=INFO, file
-log4j.appender.file=org.apache.log4j.FileAppender
-log4j.appender.file.File=$LOGFILE
-log4j.appender.file.Append=true
-log4j.appender.file.layout=org.apache.log4j.PatternLayout
-log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
-# The clients log every configuration they build, several per connector.
-log4j.logger.org.apache.kafka.clients=WARN
-log4j.logger.org.apache.kafka.common.config.AbstractConfig=WARN
-log4j.logger.org.reflections=ERROR
-L4J
+  # The clients log every configuration they build, several per connector.
+  write_log4j "$RUN/log4j.properties" "$LOGFILE" org.apache.kafka.clients=WARN \
+    org.apache.kafka.common.config.AbstractConfig=WARN org.reflections=ERROR
 }
 
 cmd_start() {

@@ -336,11 +336,12 @@ requests admitted beyond a client's base (the elastic room given).`,
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&svg, "svg", "", "also write the run over time to this SVG file")
-	fs.IntVar(&c.Clients, "clients", 0, "clients (0: 1000)")
-	fs.Int64Var(&c.Capacity, "capacity", 0, "the pool's capacity per window (0: 5000)")
-	fs.Float64Var(&c.From, "from", 0, "offered load at the start, × capacity (0: 0.2)")
-	fs.Float64Var(&c.To, "to", 0, "offered load at the end, × capacity (0: 1.5)")
-	fs.IntVar(&c.FreeFill, "free-fill", 0, "percent of the pool free requests may fill (0: 80)")
+	d := sim.DefaultTiersConfig()
+	fs.IntVar(&c.Clients, "clients", d.Clients, "clients")
+	fs.Int64Var(&c.Capacity, "capacity", d.Capacity, "the pool's capacity per window")
+	fs.Float64Var(&c.From, "from", d.From, "offered load at the start, × capacity")
+	fs.Float64Var(&c.To, "to", d.To, "offered load at the end, × capacity")
+	fs.IntVar(&c.FreeFill, "free-fill", d.FreeFill, "percent of the pool free requests may fill")
 	fs.Uint64Var(&c.Seed, "seed", 1, "traffic seed (same flags and seed give the same output)")
 	registerTuning(fs, &c.Links.Tuning)
 	return cmd

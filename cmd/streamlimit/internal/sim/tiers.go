@@ -42,6 +42,16 @@ type TiersConfig struct {
 	Seed uint64
 }
 
+// DefaultTiersConfig returns the TiersConfig every field left zero stands for, so that a
+// command can show the defaults without stating them again.
+func DefaultTiersConfig() TiersConfig {
+	c, err := TiersConfig{}.normalize()
+	if err != nil {
+		panic(fmt.Sprintf("sim: the tiers defaults do not normalize: %v", err)) // a bug here, not bad input
+	}
+	return c
+}
+
 func (c TiersConfig) normalize() (TiersConfig, error) {
 	var err error
 	c.Links.Scenario = DCMix // for its defaults only

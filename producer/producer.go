@@ -586,8 +586,13 @@ func (p *Producer) drain(all, spread bool) {
 
 	var released int64
 	// watermark is the start of the oldest bucket still held back: every hit of an
-	// earlier bucket is in this flush's batch or was handed to Kafka before.
-	watermark := nowMs
+	// earlier bucket is in this flush's batch or was handed to Kafka before. It starts a
+	// whole bucket before the one that holds nowMs, not at nowMs: a Hit that read the clock
+	// just before this flush, or one that takes a shard's lock after the loop below has
+	// passed it, still lands in the current bucket (or, if its goroutine paused between
+	// the clock and the lock, the one before), which starts before nowMs and would follow
+	// a heartbeat stamped nowMs on the partition.
+	watermark := nowMs - floorMod(nowMs, p.widthMs) - p.widthMs
 	for i := range p.shards {
 		s := &p.shards[i]
 		s.mu.Lock()

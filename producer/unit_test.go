@@ -292,3 +292,46 @@ func TestDenied(t *testing.T) {
 		t.Fatalf("records %+v", got.hits)
 	}
 }
+
+// A site heartbeat stamped during a bucket does not pass that bucket: a hit the same
+// millisecond after the flush (or one whose goroutine read the clock just before it) lands
+// in a bucket that started before the flush's time, and follows the heartbeat on its
+// partition.
+func TestSiteHeartbeatDoesNotPassTheCurrentBucket(t *testing.T) {
+	c := newFake(t, 1, "hits")
+	clk := clock.NewFake(time.UnixMilli(1_000_031)) // 1 ms into a 10 ms bucket
+	p, err := New(Config{Brokers: c.ListenAddrs(), Site: "eu", Clock: clk, FlushInterval: -1,
+		BucketWidth: 10 * time.Millisecond, SiteHeartbeatInterval: time.Millisecond, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(context.Background())
+	p.Hit("learn", time.Minute, 1) // a record, so that the heartbeats learn the partition count
+	p.flush(true)
+	if err := p.cl.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(2 * time.Millisecond)
+	p.flush(false) // a heartbeat, nothing held
+	p.Hit("k", time.Minute, 1)
+	p.HitAt("k", time.Minute, clk.Now().Add(-9*time.Millisecond), 1) // read the clock a bucket ago
+	clk.Advance(2 * time.Millisecond)
+	p.flush(true)
+	if err := p.cl.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got := readTopic(t, c.ListenAddrs(), "hits")
+	var last int64 = -1
+	for _, h := range got.seq[0] {
+		if h.IsSiteHeartbeat() {
+			last = h.BucketStart
+			continue
+		}
+		if h.BucketStart < last {
+			t.Fatalf("hit %+v after a heartbeat at %d", h, last)
+		}
+	}
+	if last < 0 {
+		t.Fatalf("no heartbeat in %+v", got.seq[0])
+	}
+}

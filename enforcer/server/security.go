@@ -74,21 +74,27 @@ type certReloader struct {
 
 	mu      sync.Mutex
 	current *tls.Certificate
-	stamp   string // the files' sizes and modification times when loaded
+	stamp   [sha256.Size]byte // the digest of the files' contents when loaded
 	checked time.Time
 }
 
 // reloadCheckEvery bounds how often a handshake looks at the files.
 const reloadCheckEvery = time.Second
 
-func (r *certReloader) fileStamp() string {
-	var b strings.Builder
+// fileStamp digests the files' contents. Their sizes and modification times would not do:
+// a renewed certificate is often the same size, and a file's modification time is kept to
+// the kernel's clock tick, so a pair written within one tick of the last looks unchanged.
+// The files are small and read at most once per reloadCheckEvery.
+func (r *certReloader) fileStamp() [sha256.Size]byte {
+	h := sha256.New()
 	for _, p := range []string{r.cert, r.key} {
-		if fi, err := os.Stat(p); err == nil {
-			fmt.Fprintf(&b, "%d/%d;", fi.Size(), fi.ModTime().UnixNano())
-		}
+		b, _ := os.ReadFile(p) // an unreadable file digests as empty; load reports why
+		h.Write(b)
+		h.Write([]byte{0})
 	}
-	return b.String()
+	var d [sha256.Size]byte
+	h.Sum(d[:0])
+	return d
 }
 
 // load reads the pair. On failure it still records the files' stamp as it was before

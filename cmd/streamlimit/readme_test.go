@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"os"
 	"path/filepath"
@@ -127,6 +129,19 @@ descriptors:
 		if !strings.Contains(string(b), "\n"+c.want+" ") {
 			t.Errorf("README's counter-key table lacks %q", c.want)
 		}
+	}
+	// A long key, shortened as the README says: its first bytes, "%~", 32 hex digits of
+	// the SHA-256 of the whole key, its '#' and window, 1 024 bytes in all.
+	long := []rules.Entry{{Key: "user", Value: strings.Repeat("u", 2000)}}
+	whole := "api|user=" + long[0].Value + "#60s"
+	sum := sha256.Sum256([]byte(whole))
+	suffix := "%~" + hex.EncodeToString(sum[:])[:32] + "#60s"
+	want := whole[:1024-len(suffix)] + suffix
+	if got := cfg.Match("api", long).Key(long, 0); got != want {
+		t.Errorf("long key = %q, want %q", got, want)
+	}
+	if !strings.Contains(string(b), "then `%~` and the first 32 hex digits of the SHA-256 of the whole key") {
+		t.Error("README no longer describes long keys as this test checks them")
 	}
 }
 

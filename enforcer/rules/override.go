@@ -71,6 +71,7 @@ func Override(domain string, r *Rule, entries []Entry, requests int64, window ti
 // It never equals a rule's key, so an override and the rules never share a count. It does
 // not depend on lim's number of requests: a caller that changes the number keeps its count.
 func AppendOverrideKey(dst []byte, domain string, entries []Entry, lim *Limit) []byte {
+	start := len(dst)
 	dst = appendEscaped(dst, domain)
 	for _, e := range entries {
 		dst = append(dst, '|')
@@ -80,5 +81,6 @@ func AppendOverrideKey(dst []byte, domain string, entries []Entry, lim *Limit) [
 	}
 	dst = append(dst, '#')
 	dst = append(dst, lim.tag...)
-	return append(dst, overrideMark...)
+	dst = append(dst, overrideMark...)
+	return boundKey(dst, start, 1+len(lim.tag)+len(overrideMark))
 }

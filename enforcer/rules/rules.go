@@ -12,6 +12,8 @@
 package rules
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"strconv"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/internal/exact"
+	"github.com/streamlimit/streamlimit/topics"
 )
 
 // Scope says which enforcers share a limit's count.
@@ -249,8 +252,10 @@ type Rule struct {
 // keys and values the characters '%', '|', '=' and '#' are percent-encoded (%25, %7C, %3D,
 // %23), so distinct descriptors never share a key, and so is every byte that is not part of
 // valid UTF-8, as the Kafka records require. The aggregator and the Kafka hit records carry
-// this string as is.
+// this string as is. A key longer than topics.MaxKeyLen is shortened (see boundKey), so
+// that a long descriptor value still makes a key the hit records can carry.
 func (r *Rule) AppendKey(dst []byte, entries []Entry, i int) []byte {
+	start := len(dst)
 	dst = appendEscaped(dst, r.Domain)
 	for j, e := range entries {
 		dst = append(dst, '|')
@@ -263,7 +268,43 @@ func (r *Rule) AppendKey(dst []byte, entries []Entry, i int) []byte {
 		dst = appendEscaped(dst, v)
 	}
 	dst = append(dst, '#')
-	return append(dst, r.Limits[i].tag...)
+	dst = append(dst, r.Limits[i].tag...)
+	return boundKey(dst, start, 1+len(r.Limits[i].tag))
+}
+
+// longKeyMark stands in a shortened key for the part cut out of it. A key built by
+// appendEscaped never holds it ('%' is always followed by two hex digits there), so a
+// shortened key never equals one that was not.
+const longKeyMark = "%~"
+
+// longKeyDigest is how many bytes of the SHA-256 of the whole key a shortened key keeps
+// (in hex, twice as many characters): 128 bits, so that two long keys share a counter
+// only by a collision no client can search for.
+const longKeyDigest = 16
+
+// boundKey keeps the counter key dst[start:] within topics.MaxKeyLen bytes, and returns
+// dst. A longer key keeps its first bytes (cut at a character boundary), then
+// longKeyMark and the hex of the first longKeyDigest bytes of the SHA-256 of the whole
+// key, then its last tail bytes (the '#' and window tag, and any mark after them): it
+// stays readable by its domain and first entries, distinct for distinct keys, and the
+// same at every site and in every process, which derive it from the same key. Without
+// it a global key longer than the records allow could not be published, and the limit
+// would be counted at each site alone. It does not allocate.
+func boundKey(dst []byte, start, tail int) []byte {
+	k := dst[start:]
+	if len(k) <= topics.MaxKeyLen {
+		return dst
+	}
+	sum := sha256.Sum256(k)
+	keep := topics.MaxKeyLen - len(longKeyMark) - 2*longKeyDigest - tail
+	for keep > 0 && !utf8.RuneStart(k[keep]) {
+		keep--
+	}
+	at := keep + len(longKeyMark) + 2*longKeyDigest
+	n := copy(k[at:], k[len(k)-tail:]) // moves left: copy handles the overlap
+	copy(k[keep:], longKeyMark)
+	hex.Encode(k[keep+len(longKeyMark):at], sum[:longKeyDigest])
+	return dst[:start+at+n]
 }
 
 // Key returns AppendKey(nil, entries, i) as a string.

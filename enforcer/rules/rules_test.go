@@ -15,6 +15,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/topics"
 )
 
 func e(kv ...string) []Entry {
@@ -586,5 +587,56 @@ descriptors:
 	}
 	if ls[2].Line != 9 || ls[2].Window != 3*time.Hour {
 		t.Errorf("3h limit: line %d window %v", ls[2].Line, ls[2].Window)
+	}
+}
+
+// TestLongCounterKeysShortened: a key longer than the records allow is shortened to
+// exactly topics.MaxKeyLen bytes of valid UTF-8, keeping its domain, its first entries and
+// its window; different values keep different keys, the same value the same key, and no
+// value, however crafted, makes a short key equal to a shortened one. Keys up to the bound
+// are as before, and shortening does not allocate.
+func TestLongCounterKeysShortened(t *testing.T) {
+	r := &Rule{Domain: "api", Levels: []Level{{Key: "user"}}, Limits: []Limit{{tag: "60s"}}}
+	key := func(v string) string { return r.Key([]Entry{{Key: "user", Value: v}}, 0) }
+	fits := strings.Repeat("x", topics.MaxKeyLen-len("api|user=#60s"))
+	if got := key(fits); got != "api|user="+fits+"#60s" {
+		t.Fatalf("a key of exactly %d bytes changed: %q", topics.MaxKeyLen, got)
+	}
+	seen := map[string]string{}
+	for _, v := range []string{
+		fits + "y", fits + "z", "y" + fits, strings.Repeat("é", 700), strings.Repeat("é", 700) + "x",
+		strings.Repeat("a|b", 400), strings.Repeat("\xff", 400), strings.Repeat("ab€", 5000),
+	} {
+		k := key(v)
+		if len(k) != topics.MaxKeyLen && len(k) != topics.MaxKeyLen-1 && len(k) != topics.MaxKeyLen-2 {
+			t.Errorf("value of %d bytes: key of %d bytes", len(v), len(k))
+		}
+		if !utf8.ValidString(k) || !strings.HasPrefix(k, "api|user=") || !strings.HasSuffix(k, "#60s") || !strings.Contains(k, longKeyMark) {
+			t.Errorf("value of %d bytes: key %q", len(v), k)
+		}
+		if h := (topics.Hit{Key: k, Site: "eu", BucketStart: 1, Window: 60000, Count: 1}); h.Validate() != nil {
+			t.Errorf("shortened key not a valid hit key: %v", h.Validate())
+		}
+		if prev, ok := seen[k]; ok {
+			t.Errorf("values of %d and %d bytes share a key", len(prev), len(v))
+		}
+		seen[k] = v
+		if key(v) != k {
+			t.Errorf("the same value gave two keys")
+		}
+	}
+	// The mark never stands in a key that was not shortened: a client's "%~" is escaped.
+	if k := key("a%~" + strings.Repeat("0", 2*longKeyDigest)); strings.Contains(k, longKeyMark) {
+		t.Fatalf("a value forged the mark of a shortened key: %q", k)
+	}
+	long := []Entry{{Key: "user", Value: strings.Repeat("x", 3000)}}
+	buf := make([]byte, 0, 4096)
+	if n := testing.AllocsPerRun(100, func() { buf = r.AppendKey(buf[:0], long, 0) }); n != 0 {
+		t.Errorf("AppendKey of a long key allocates %v times", n)
+	}
+	// The key of an override is bounded the same way and keeps its mark.
+	ok := string(AppendOverrideKey(nil, "api", long, &r.Limits[0]))
+	if len(ok) > topics.MaxKeyLen || !strings.HasSuffix(ok, "#60s"+overrideMark) || ok == r.Key(long, 0) {
+		t.Fatalf("override key of %d bytes %q", len(ok), ok[len(ok)-60:])
 	}
 }

@@ -268,6 +268,9 @@ type scratch struct {
 	matched []*rules.Rule
 	active  []uint64
 	buf     []byte
+	// overPools are the pools of the rules that overrides stood in for, by descriptor:
+	// counted once every rule is matched (a pool's share depends on all of them).
+	overPools []overPool
 
 	localOps  []algo.Op
 	localRefs []opRef
@@ -291,8 +294,16 @@ type scratch struct {
 	siteRan bool
 }
 
+// overPool is a pool that an overridden descriptor counts toward (scratch.overPools).
+type overPool struct {
+	desc int
+	rule *rules.Rule // the rule the override stood in for, whose priority still holds
+	pool *rules.Pool
+}
+
 func (s *scratch) reset() {
 	s.matched = s.matched[:0]
+	s.overPools = s.overPools[:0]
 	s.localOps, s.localRefs = s.localOps[:0], s.localRefs[:0]
 	s.siteOps, s.siteRefs = s.siteOps[:0], s.siteRefs[:0]
 	s.globOps, s.globRefs = s.globOps[:0], s.globRefs[:0]
@@ -371,6 +382,9 @@ func (l *Limiter) match(req Request, res *Result, s *scratch, n int64) {
 			l.addOp(s, ref, n)
 		}
 	}
+	for _, op := range s.overPools {
+		l.addPool(s, op.pool, op.desc, n)
+	}
 	s.localOut = grow(s.localOut, len(s.localOps))
 	s.siteOut = grow(s.siteOut, len(s.siteOps))
 	s.globOut = grow(s.globOut, len(s.globOps))
@@ -418,8 +432,8 @@ func (ref *opRef) allowance() int64 {
 
 // addPool adds, once per request, the operation of pool: the request takes one from it
 // too, and is refused when requests of its priority have filled their part. The priority
-// is the most generous that a matched rule of the request names (a request none of whose
-// rules names one may fill the whole pool).
+// is the most generous that a matched rule of the request names, the rules that overrides
+// stand in for included (a request none of whose rules names one may fill the whole pool).
 func (l *Limiter) addPool(s *scratch, pl *rules.Pool, desc int, n int64) {
 	for i := range s.globRefs {
 		if s.globRefs[i].pooled && s.globRefs[i].key == pl.Key {
@@ -430,6 +444,11 @@ func (l *Limiter) addPool(s *scratch, pl *rules.Pool, desc int, n int64) {
 	for _, r := range s.matched {
 		if r != nil && r.Priority != "" {
 			fill = max(fill, pl.Fill(r.Priority))
+		}
+	}
+	for _, op := range s.overPools {
+		if op.rule.Priority != "" {
+			fill = max(fill, pl.Fill(op.rule.Priority))
 		}
 	}
 	if fill < 0 {

@@ -16,7 +16,9 @@ import (
 // sliding_window). The rule's other limits, its shadow mode and its replaces are not in
 // force for that descriptor, and its Status carries no Rule; the limit has its own counter
 // key (rules.AppendOverrideKey), per descriptor and window, so it never shares a count
-// with the rule. Requests 0 admits nothing. In a domain the rules do not configure, the
+// with the rule. The pools that the rule's limits name stay in force, at the rule's
+// priority: the request counts toward them, and is denied when one is full, since a pool
+// is capacity that every descriptor naming it shares. Requests 0 admits nothing. In a domain the rules do not configure, the
 // override limits nothing, as no rule would. A decision with an override allocates its
 // limit.
 //
@@ -42,5 +44,14 @@ func (l *Limiter) overridden(cfg *rules.Config, req Request, d int, r *rules.Rul
 	s.buf = rules.AppendOverrideKey(s.buf[:0], req.Domain, entries, lim)
 	h := l.keys.handle(s.buf, lim.Scope == rules.Global)
 	l.addOp(s, opRef{desc: d, limit: lim, key: h.key, h: h}, n)
+	if r != nil && !r.Unlimited {
+		// A pool is capacity shared by every descriptor that names it: a caller that
+		// chooses its own quota still spends the pool's.
+		for i := range r.Limits {
+			if p := r.Limits[i].Pool; p != nil {
+				s.overPools = append(s.overPools, overPool{desc: d, rule: r, pool: p})
+			}
+		}
+	}
 	return true
 }

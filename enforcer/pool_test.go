@@ -128,3 +128,22 @@ func TestPoolRulesRejected(t *testing.T) {
 		}
 	}
 }
+
+// An overridden descriptor still spends its rule's pool: a caller that raises its own
+// quota with Envoy's per-descriptor limit cannot take more of the capacity the pool
+// guards, and its requests count toward the pool for everyone else.
+func TestOverrideCountsTowardThePool(t *testing.T) {
+	l, _ := newLimiter(t, poolRules, nil)
+	over := planReq("batch", "b")
+	over.Overrides = []Override{{Requests: 1000, Window: time.Minute}}
+	if got := admitN(l, over, 200); got != 50 {
+		t.Fatalf("overridden batch admitted %d, want 50 (its half of the pool, whatever its own limit)", got)
+	}
+	if got := admitN(l, planReq("free", "f"), 200); got != 30 {
+		t.Fatalf("free admitted %d after the override's 50, want 30 (up to 80 of the pool)", got)
+	}
+	res := l.Decide(context.Background(), over)
+	if st := res.Statuses[0]; res.Code != CodeOverLimit || st.Limit.Requests != 100 {
+		t.Fatalf("override after the pool filled: %v %+v, want the pool's limit", res.Code, st)
+	}
+}

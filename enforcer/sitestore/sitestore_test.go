@@ -190,8 +190,11 @@ func TestAllOrNothingAndTTL(t *testing.T) {
 		t.Fatal("log op denied")
 	}
 	lk := prefix + "{api}api|log#60s:log"
-	if n, _ := client.LLen(ctx, lk).Result(); n != 2 {
-		t.Fatalf("log length %d, want 2", n)
+	if n, _ := client.LLen(ctx, lk).Result(); n != 1 {
+		t.Fatalf("log length %d, want 1 (one entry for the admission time)", n)
+	}
+	if e, want := client.LIndex(ctx, lk, 0).Val(), strconv.FormatInt(t0.UnixNano(), 10)+":2"; e != want {
+		t.Fatalf("log entry %q, want %q", e, want)
 	}
 	if ttl, _ := client.PTTL(ctx, lk).Result(); ttl <= 0 || ttl > time.Minute+time.Second {
 		t.Fatalf("log PTTL %v", ttl)

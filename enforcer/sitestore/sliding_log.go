@@ -14,15 +14,17 @@ var slidingLogLua string
 // admitted hit.
 const maxLogAllowance = 1 << 16
 
-// slidingLogSite is the sliding window log in Redis: a list of admission times beside the
-// counter's hash.
+// slidingLogSite is the sliding window log in Redis: a list of admission times, each with
+// its number of hits, beside the counter's hash (sliding_log.lua says how they are kept).
+// It keeps at most algo.MaxLogEntries entries and coalesces past them as the in-process
+// log does, so that both stores decide alike.
 var slidingLogSite = siteAlgorithm{
 	lua: "sliding_log", src: slidingLogLua,
 	args: func(args []any, _ int64, op *algo.Op) []any {
 		w := int64(op.Limit.Window)
-		return append(args, w, ceilMs(w), 0, 0, 0)
+		return append(args, w, ceilMs(w), algo.MaxLogEntries, 0, 0)
 	},
-	// r1 = live entries, r2 = newest − now, r3 = (the j-th oldest) − now where j = r1 + n −
+	// r1 = hits in the window, r2 = newest − now, r3 = (the j-th oldest) − now where j = r1 + n −
 	// allowance, when denied
 	decide: func(op *algo.Op, _ int64, st opState, commit bool) algo.Decision {
 		return algo.SlidingLogDecision(st.r1, st.r2, st.r3, op.Limit, op.N, commit)

@@ -2,17 +2,12 @@ package sitestore
 
 import (
 	_ "embed"
-	"fmt"
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 )
 
 //go:embed sliding_log.lua
 var slidingLogLua string
-
-// maxLogAllowance bounds a site sliding log's allowance: Redis keeps one list entry per
-// admitted hit.
-const maxLogAllowance = 1 << 16
 
 // slidingLogSite is the sliding window log in Redis: a list of admission times, each with
 // its number of hits, beside the counter's hash (sliding_log.lua says how they are kept).
@@ -29,13 +24,7 @@ var slidingLogSite = siteAlgorithm{
 	decide: func(op *algo.Op, _ int64, st opState, commit bool) algo.Decision {
 		return algo.SlidingLogDecision(st.r1, st.r2, st.r3, op.Limit, op.N, commit)
 	},
-	check: func(lim algo.Limit) error {
-		if err := nsWindow(lim); err != nil {
-			return err
-		}
-		if a := lim.Allowance(); a > maxLogAllowance {
-			return fmt.Errorf("sliding_log allowance %d is over site scope's %d", a, maxLogAllowance)
-		}
-		return nil
-	},
+	// Its entries, not its allowance, bound a log's size: any allowance in the shared
+	// range is kept in Redis.
+	check: nsWindow,
 }

@@ -35,10 +35,12 @@ end
 -- oldest returns the time - now of the j-th oldest hit of the log as this call sees it:
 -- the list's entries from st.drop on, then the hits this call adds at now (st.push; when
 -- they join the newest entry, that entry's hits are all at now).
+-- It reads the list from its oldest entry in pages that grow, since the hit is most often
+-- among the first few (a full log denies a request of n until its n oldest hits leave).
 local function oldest(st, j)
-  local held, from = 0, st.drop
+  local held, from, size = 0, st.drop, 8
   while from < st.llen do
-    local page = redis.call('LRANGE', st.lk, from, from + 99)
+    local page = redis.call('LRANGE', st.lk, from, from + size - 1)
     for k, s in ipairs(page) do
       local t, h = entry(s)
       held = held + h
@@ -47,7 +49,7 @@ local function oldest(st, j)
         return rel(t)
       end
     end
-    from = from + 100
+    from, size = from + size, math.min(2 * size, 1024)
   end
   return 0 -- added by this call, at now
 end

@@ -3,7 +3,8 @@
 -- then); a bare "<ns>", the format that kept one entry per hit, counts as one hit, so a
 -- list written before entries carried counts is read as it was meant. The hash's cur holds
 -- the hits of the list's entries; 0 with a non-empty list means a list of that earlier
--- format, whose hits are counted once by reading it whole.
+-- format, whose hits are counted by reading it whole until a call that changes the list
+-- records them in cur.
 -- Parameters: the window (ns), its ms, and the most entries a log keeps (algo's
 -- MaxLogEntries, passed from Go). Past that many entries, new hits join the newest entry,
 -- whose time moves to now, as in algo; so do hits admitted at the newest entry's own time.

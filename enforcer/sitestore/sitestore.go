@@ -31,8 +31,7 @@
 // script reports, with algo's own arithmetic. The exact range is: Allowance, Capacity and
 // N at most 2⁵², a time not before 1970, and per algorithm (its check in the registration
 // table): Window and the bucket capacity as time at most 2⁵² ns (52 days) for every
-// algorithm but the fixed window, whose Lua counts time in milliseconds; for SlidingLog
-// an allowance of at most 65536 (one list entry per admitted request). A request with an
+// algorithm but the fixed window, whose Lua counts time in milliseconds. A request with an
 // op outside it is decided by the fallback store and counted as
 // fallback_decisions_total{reason="out_of_range"}; CheckLimit lets a rules loader reject
 // such limits up front.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
 const shapingRules = `
@@ -61,9 +62,13 @@ func TestReserveRefusesNonLocalLimits(t *testing.T) {
 }
 
 func TestWaitSleepsTheDelay(t *testing.T) {
-	// The real clock: Wait sleeps on a timer. The second request waits about 50 ms; the
-	// assertion is only that it did wait, not how precisely.
-	l, err := New(Config{Rules: StaticRules(loadRules(t, `
+	// Wait sleeps on a real timer, but the delay is reserved on the limiter's clock. A
+	// stopped fake clock makes that delay exactly 50 ms however long the machine takes
+	// between the two calls (on the wall clock, a pause of 50 ms between them would drain
+	// the queue and leave nothing to wait for). A timer never fires early, so the second
+	// Wait takes at least the delay.
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	l, err := New(Config{Clock: clk, Rules: StaticRules(loadRules(t, `
 domain: api
 descriptors:
   - key: job
@@ -82,10 +87,12 @@ descriptors:
 	if err != nil || res.Code != CodeOK {
 		t.Fatalf("second Wait: %+v, %v", res, err)
 	}
-	if waited := time.Since(start); waited < 10*time.Millisecond {
-		t.Fatalf("second Wait returned after %v: it did not queue", waited)
+	if waited := time.Since(start); waited < 50*time.Millisecond {
+		t.Fatalf("second Wait returned after %v, want at least its 50 ms delay: it did not queue", waited)
 	}
-	// A cancelled context ends the wait with its error.
+	// A cancelled context ends the wait with its error. The clock moves by the 50 ms
+	// slept, as the wall clock did, so that the next one queues rather than overflows.
+	clk.Advance(50 * time.Millisecond)
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	if _, err := l.Wait(cctx, req, time.Second); !errors.Is(err, context.Canceled) {

@@ -2,11 +2,13 @@ package e2e_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -301,32 +303,131 @@ func sliding(times []time.Duration, w, from, to time.Duration) windowStats {
 	return s
 }
 
-// checkBound asserts the heavy client's sliding-window admissions over [from, to]: at most
-// limit × 1.02 + 1 (the safety bound), and at least 0.85 × limit (not starved). The project's
+// admittedOf returns the admitted requests of client among rs.
+func admittedOf(rs []result, client string) []result {
+	var out []result
+	for _, r := range rs {
+		if r.client == client && r.answered() && r.admitted {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// surelyInWindow returns the most admissions of rs that certainly happened within one
+// sliding window (t−w, t] lying in [from, to], and its end t: an admission was decided
+// somewhere between its request and its answer, so it is counted only when both lie in the
+// window. Unlike a count by answer time it never counts more than really were admitted,
+// however slow the answers of a loaded machine.
+func surelyInWindow(rs []result, w, from, to time.Duration) (int, time.Duration) {
+	var best int
+	var bestAt time.Duration
+	for _, e := range rs {
+		t := e.recv // the count can only grow at an answer
+		if !e.admitted || t < from+w || t > to {
+			continue
+		}
+		n := 0
+		for _, r := range rs {
+			if r.admitted && r.sent > t-w && r.recv <= t {
+				n++
+			}
+		}
+		if n > best {
+			best, bestAt = n, t
+		}
+	}
+	return best, bestAt
+}
+
+// possiblyInWindow returns the fewest admissions of rs that may have happened within one
+// sliding window (t−w, t] lying in [from, to], and its end t: an admission was decided
+// somewhere between its request and its answer, so it is counted whenever the two bracket
+// any part of the window. Unlike a count by answer time it never counts fewer than were
+// really admitted, however slow the answers of a loaded machine. With answers in a few
+// milliseconds it equals the count by answer time but for the admissions at the window's
+// edges.
+func possiblyInWindow(rs []result, w, from, to time.Duration) (int, time.Duration) {
+	adm := slices.Clone(rs)
+	slices.SortFunc(adm, func(a, b result) int { return cmp.Compare(a.sent, b.sent) })
+	var maxRTT time.Duration
+	for _, r := range adm {
+		maxRTT = max(maxRTT, r.recv-r.sent)
+	}
+	count := func(t time.Duration) int {
+		// sent ≤ t and recv > t−w, so sent > t−w−maxRTT.
+		lo := sort.Search(len(adm), func(i int) bool { return adm[i].sent > t-w-maxRTT })
+		n := 0
+		for _, r := range adm[lo:] {
+			if r.sent > t {
+				break
+			}
+			if r.recv > t-w {
+				n++
+			}
+		}
+		return n
+	}
+	best, bestAt := int(^uint(0)>>1), time.Duration(0)
+	eval := func(t time.Duration) {
+		if t < from+w || t > to {
+			return
+		}
+		if n := count(t); n < best {
+			best, bestAt = n, t
+		}
+	}
+	// The count falls only as an answer leaves the window (t−w reaches it) and rises at a
+	// request: the least is at a grid point, where an answer leaves, or just before a request.
+	for t := from + w; t <= to; t += 10 * time.Millisecond {
+		eval(t)
+	}
+	for _, r := range adm {
+		eval(r.recv + w)
+		eval(r.sent - time.Nanosecond)
+	}
+	if best == int(^uint(0)>>1) {
+		best = 0
+	}
+	return best, bestAt
+}
+
+// checkBound asserts the heavy client's sliding-window admissions over [from, to] (rs: its
+// admitted requests): at most limit × 1.02 + 1 (the safety bound) certainly admitted in
+// any window, and at least 0.85 × limit (not starved) possibly admitted in every window
+// (surelyInWindow, possiblyInWindow: the bounds hold however slow the answers of a loaded
+// machine, on which a count by answer time moves requests between windows). The project's
 // target for the floor is 0.95 × limit; it is missed by 5–11% (docs/e2e.md: when a site's
 // own admissions leave the window faster than its own traffic refills them, the room it
 // frees reaches the other sites one pipeline lag late and as shares), so a miss of 0.95 is
 // logged as such, and only a real starvation fails the test.
-func checkBound(t *testing.T, label string, times []time.Duration, limit int, w, from, to time.Duration) windowStats {
+func checkBound(t *testing.T, label string, rs []result, limit int, w, from, to time.Duration) windowStats {
 	t.Helper()
+	times := make([]time.Duration, 0, len(rs))
+	for _, r := range rs {
+		times = append(times, r.recv)
+	}
+	slices.Sort(times)
 	ws := sliding(times, w, from, to)
 	hi := int(float64(limit)*1.02) + 1
 	target := int(0.95*float64(limit) + 0.999)
 	floor := int(0.85*float64(limit) + 0.999)
-	t.Logf("FIGURE %s: heavy client admitted per sliding %v window (limit %d) over [%.1fs, %.1fs]: %s; max/limit %.3f mean/limit %.3f min/limit %.3f",
-		label, w, limit, from.Seconds(), to.Seconds(), ws, float64(ws.max)/float64(limit), ws.mean/float64(limit), float64(ws.min)/float64(limit))
+	sure, sureAt := surelyInWindow(rs, w, from, to)
+	maybe, maybeAt := possiblyInWindow(rs, w, from, to)
+	t.Logf("FIGURE %s: heavy client admitted per sliding %v window (limit %d) over [%.1fs, %.1fs], by answer time: %s; max/limit %.3f mean/limit %.3f min/limit %.3f; certainly in one window at most %d, possibly in one window at least %d",
+		label, w, limit, from.Seconds(), to.Seconds(), ws, float64(ws.max)/float64(limit), ws.mean/float64(limit), float64(ws.min)/float64(limit), sure, maybe)
 	if ws.windows == 0 {
 		t.Errorf("%s: no window to evaluate in [%v, %v]", label, from, to)
 		return ws
 	}
-	if ws.max > hi {
-		t.Errorf("%s: %d admitted in the window ending at %.2fs, more than limit × 1.02 + 1 = %d", label, ws.max, ws.maxAt.Seconds(), hi)
+	if sure > hi {
+		t.Errorf("%s: %d certainly admitted in the window ending at %.2fs, more than limit × 1.02 + 1 = %d", label, sure, sureAt.Seconds(), hi)
 	}
-	if ws.min < target {
-		t.Logf("TARGET MISSED %s: min %d admitted in the window ending at %.2fs, below the 0.95 × limit = %d target", label, ws.min, ws.minAt.Seconds(), target)
+	if maybe < target {
+		t.Logf("TARGET MISSED %s: at most %d admitted in the window ending at %.2fs, below the 0.95 × limit = %d target", label, maybe, maybeAt.Seconds(), target)
 	}
-	if ws.min < floor {
-		t.Errorf("%s: only %d admitted in the window ending at %.2fs, less than 0.85 × limit = %d (starved)", label, ws.min, ws.minAt.Seconds(), floor)
+	if maybe < floor {
+		t.Errorf("%s: at most %d admitted in the window ending at %.2fs, less than 0.85 × limit = %d (starved)", label, maybe, maybeAt.Seconds(), floor)
 	}
 	return ws
 }

@@ -396,29 +396,3 @@ func (p mcPhase) measure(rs []result, oracle []bool) mcFigures {
 	}
 	return f
 }
-
-// surelyInWindow returns the most admissions of rs that certainly happened within one
-// sliding window (t−w, t] lying in [from, to], and its end t: an admission was decided
-// somewhere between its request and its answer, so it is counted only when both lie in the
-// window. Unlike a count by answer time it never counts more than really were admitted,
-// however slow the answers of a loaded machine.
-func surelyInWindow(rs []result, w, from, to time.Duration) (int, time.Duration) {
-	var best int
-	var bestAt time.Duration
-	for _, e := range rs {
-		t := e.recv // the count can only grow at an answer
-		if !e.admitted || t < from+w || t > to {
-			continue
-		}
-		n := 0
-		for _, r := range rs {
-			if r.admitted && r.sent > t-w && r.recv <= t {
-				n++
-			}
-		}
-		if n > best {
-			best, bestAt = n, t
-		}
-	}
-	return best, bestAt
-}

@@ -123,6 +123,7 @@ func TestEnforcerAuthTrustsLoopbackByDefault(t *testing.T) {
 	}
 	addr := freePort(t)
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // on failure too: the enforcer would run on to the end of the package
 	done := make(chan error, 1)
 	go func() {
 		cmd := newRootCmd()
@@ -209,6 +210,7 @@ func TestEnforcerAuthTokenFile(t *testing.T) {
 	}
 	addr := freePort(t)
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // on failure too: the enforcer would run on to the end of the package
 	done := make(chan error, 1)
 	go func() {
 		cmd := newRootCmd()

@@ -55,17 +55,23 @@ func startCluster(t *testing.T) []string {
 	if err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
-	c := redis.NewClient(&redis.Options{Addr: addrs[0]})
-	defer c.Close()
-	for deadline := time.Now().Add(15 * time.Second); ; {
-		info, _ := c.ClusterInfo(context.Background()).Result()
-		if strings.Contains(info, "cluster_state:ok") {
-			break
+	// Every master, not only the first: each learns the cluster is whole on its own, and
+	// one that still says CLUSTERDOWN would send its keys' requests to the fallback.
+	deadline := time.Now().Add(15 * time.Second)
+	for _, a := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: a})
+		for {
+			info, _ := c.ClusterInfo(context.Background()).Result()
+			if strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				c.Close()
+				t.Fatalf("cluster not ok at %s: %s", a, info)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("cluster not ok: %s", info)
-		}
-		time.Sleep(50 * time.Millisecond)
+		c.Close()
 	}
 	return addrs
 }

@@ -7,20 +7,20 @@ import (
 )
 
 // Override is a caller's own limit for one descriptor, Envoy's per-descriptor
-// RateLimitOverride: Requests per Window in place of the limits of the rule the
-// descriptor matches, as envoyproxy/ratelimit honours it.
+// RateLimitOverride: Requests per Window in place of the limits of the rule the descriptor
+// matches, as envoyproxy/ratelimit honours it.
 //
 // In a domain the rules configure, an overridden descriptor is limited by
-// rules.Override(…): the matched rule's first limit gives the scope and the algorithm,
-// and without a matched rule (or with an unlimited one) the defaults do (global,
+// rules.Override(…): the matched rule's first limit gives the scope and the algorithm, and
+// without a matched rule (or with an unlimited one) the defaults do (global,
 // sliding_window). The rule's other limits, its shadow mode and its replaces are not in
 // force for that descriptor, and its Status carries no Rule; the limit has its own counter
 // key (rules.AppendOverrideKey), per descriptor and window, so it never shares a count
 // with the rule. The pools that the rule's limits name stay in force, at the rule's
 // priority: the request counts toward them, and is denied when one is full, since a pool
-// is capacity that every descriptor naming it shares. Requests 0 admits nothing. In a domain the rules do not configure, the
-// override limits nothing, as no rule would. A decision with an override allocates its
-// limit.
+// is capacity that every descriptor naming it shares. Requests 0 admits nothing. In a
+// domain the rules do not configure, the override limits nothing, as no rule would. A
+// decision with an override allocates its limit.
 //
 // An override lets a caller choose its own quota; a front door that does not trust its
 // callers to do so leaves Request.Overrides nil.

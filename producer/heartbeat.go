@@ -47,9 +47,10 @@ func isSiteHeartbeat(r *kgo.Record) bool { return string(r.Key) == topics.SiteHe
 // in order. That holds for hits stamped by Hit (the Producer's clock) and by HitAt with a
 // time no older than one BucketWidth before the flush; a HitAt stamped further back may
 // follow a heartbeat that has passed its bucket, and is counted all the same (the
-// aggregator takes hits up to its Lateness late). It sends nothing while counts wait for Kafka to take them (the heartbeat would
-// claim hits that are not there), before the partition count is known (then it sends one, to
-// partition 0, to learn it), or when heartbeats are off. The caller holds flushMu.
+// aggregator takes hits up to its Lateness late). It sends nothing while counts wait for
+// Kafka to take them (the heartbeat would claim hits that are not there), before the
+// partition count is known (then it sends one, to partition 0, to learn it), or when
+// heartbeats are off. The caller holds flushMu.
 func (p *Producer) siteHeartbeat(nowMs, watermark int64) {
 	if p.cfg.SiteHeartbeatInterval < 0 || !p.ownClient || nowMs < p.hbNext {
 		return

@@ -367,7 +367,7 @@ func appendCheckResponse(b []byte, res *enforcer.Result, vals *headers.Values, w
 			b = append(b, `{"key":`...)
 			b = appendJSONString(b, vals.Name(i))
 			b = append(b, `,"value":`...)
-			b = appendJSONBytes(b, vals.Value(i))
+			b = appendJSONString(b, vals.Value(i))
 			b = append(b, '}')
 		}
 		b = append(b, ']')
@@ -410,38 +410,24 @@ func jsonPlain(c byte) bool {
 // appendJSONString appends s as encoding/json.Marshal writes a string. Only '"' and '\'
 // are escaped here; a string with other bytes to escape (control characters, HTML
 // characters, non-ASCII) is rare in an answer and left to encoding/json.
-func appendJSONString(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !jsonPlain(c) && c != '"' && c != '\\' {
-			q, _ := json.Marshal(s)
-			return append(b, q...)
-		}
-	}
+func appendJSONString[T string | []byte](b []byte, s T) []byte {
+	n0 := len(b)
 	b = append(b, '"')
+	start := 0
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; c == '"' || c == '\\' {
-			b = append(b, '\\')
+		c := s[i]
+		if jsonPlain(c) {
+			continue
 		}
-		b = append(b, s[i])
-	}
-	return append(b, '"')
-}
-
-// appendJSONBytes is appendJSONString for a byte slice.
-func appendJSONBytes(b []byte, s []byte) []byte {
-	for _, c := range s {
-		if !jsonPlain(c) && c != '"' && c != '\\' {
+		if c != '"' && c != '\\' {
 			q, _ := json.Marshal(string(s))
-			return append(b, q...)
+			return append(b[:n0], q...)
 		}
+		b = append(b, s[start:i]...)
+		b = append(b, '\\', c)
+		start = i + 1
 	}
-	b = append(b, '"')
-	for _, c := range s {
-		if c == '"' || c == '\\' {
-			b = append(b, '\\')
-		}
-		b = append(b, c)
-	}
+	b = append(b, s[start:]...)
 	return append(b, '"')
 }
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/headers"
@@ -215,4 +216,16 @@ func checkResponseRef(res *enforcer.Result) CheckResponse {
 		out.ResponseHeadersToAdd = append(out.ResponseHeadersToAdd, CheckHeader{Key: f.Name, Value: f.Value})
 	}
 	return out
+}
+
+// TestJSONPlain checks jsonPlain against encoding/json for every byte.
+func TestJSONPlain(t *testing.T) {
+	for c := range 256 {
+		b := string([]byte{byte(c)})
+		q, _ := json.Marshal(b)
+		want := c < utf8.RuneSelf && string(q) == `"`+b+`"`
+		if got := jsonPlain(byte(c)); got != want {
+			t.Errorf("jsonPlain(%#x) = %v, want %v (encoding/json writes %s)", c, got, want, q)
+		}
+	}
 }

@@ -402,9 +402,17 @@ func upper(unit string) string {
 }
 
 // jsonPlain reports whether encoding/json writes c as itself inside a string: printable
-// ASCII other than the quote, the backslash and the characters it escapes for HTML.
+// ASCII and DEL other than the quote, the backslash and the characters it escapes for
+// HTML ('<', '>', '&'). The two masks hold one bit per byte value below 128.
 func jsonPlain(c byte) bool {
-	return c >= 0x20 && c < utf8.RuneSelf && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
+	const (
+		lo uint64 = 0xffffffff_00000000 &^ (1<<'"' | 1<<'&' | 1<<'<' | 1<<'>') // 0x00–0x3f
+		hi uint64 = 0xffffffff_ffffffff &^ (1 << ('\\' - 64))                  // 0x40–0x7f
+	)
+	if c < 64 {
+		return lo>>c&1 != 0
+	}
+	return c < 128 && hi>>(c-64)&1 != 0
 }
 
 // appendJSONString appends s as encoding/json.Marshal writes a string. Only '"' and '\'

@@ -3,9 +3,13 @@ package httplimit
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
+	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -165,25 +169,73 @@ func TestCheckDecodeMatchesEncodingJSON(t *testing.T) {
 			if i < len(plain) && !s.fastDecode([]byte(body), body) {
 				t.Errorf("%q: not taken by the fast decoder", body)
 			}
-			var wantDelay, gotDelay time.Duration
-			want, wantErr := decodeCheck(strings.NewReader(body), &wantDelay)
-			got, gotErr := s.decode(strings.NewReader(body), &gotDelay)
-			if (wantErr == nil) != (gotErr == nil) || wantErr != nil && gotErr.Error() != wantErr.Error() {
-				t.Errorf("round %d, %q: error %v, want %v", round, body, gotErr, wantErr)
-				continue
-			}
-			if wantErr != nil {
-				var ce *checkError
-				if errors.As(wantErr, &ce) != errors.As(gotErr, &ce) {
-					t.Errorf("%q: error type %T, want %T", body, gotErr, wantErr)
-				}
-				continue
-			}
-			if got.Domain != want.Domain || got.Hits != want.Hits || gotDelay != wantDelay || !reflect.DeepEqual(got.Descriptors, want.Descriptors) {
-				t.Errorf("round %d, %q: %+v delay %v, want %+v delay %v", round, body, got, gotDelay, want, wantDelay)
+			if err := compareDecode(s, body); err != "" {
+				t.Errorf("round %d, %q: %s", round, body, err)
 			}
 		}
 	}
+}
+
+// compareDecode decodes body with s.decode and with decodeCheck alone and says how the
+// two differ, "" when they agree.
+func compareDecode(s *checkState, body string) string {
+	var wantDelay, gotDelay time.Duration
+	want, wantErr := decodeCheck(strings.NewReader(body), &wantDelay)
+	got, gotErr := s.decode(strings.NewReader(body), &gotDelay)
+	if (wantErr == nil) != (gotErr == nil) || wantErr != nil && gotErr.Error() != wantErr.Error() {
+		return fmt.Sprintf("error %v, want %v", gotErr, wantErr)
+	}
+	if wantErr != nil {
+		var ce *checkError
+		if errors.As(wantErr, &ce) != errors.As(gotErr, &ce) {
+			return fmt.Sprintf("error type %T, want %T", gotErr, wantErr)
+		}
+		return ""
+	}
+	if got.Domain != want.Domain || got.Hits != want.Hits || gotDelay != wantDelay || !reflect.DeepEqual(got.Descriptors, want.Descriptors) {
+		return fmt.Sprintf("%+v delay %v, want %+v delay %v", got, gotDelay, want, wantDelay)
+	}
+	return ""
+}
+
+// FuzzCheckDecode looks for a body that the check handler decodes otherwise than
+// encoding/json: `go test -fuzz FuzzCheckDecode ./enforcer/httplimit`.
+func FuzzCheckDecode(f *testing.F) {
+	f.Add(benchCheckBody)
+	f.Add(`{"domain":"api","descriptors":[{"entries":[{"key":"a","value":"é"},{"key":"b","value":"2"}],"hits_addend":2},{"entries":[]}],"hits":2,"max_delay_ms":10}`)
+	f.Add(`{"domain":"a\"pi","descriptors":[{"entries":[{"key":"u","value":"1"}]}]} {}`)
+	s := new(checkState)
+	f.Fuzz(func(t *testing.T, body string) {
+		if err := compareDecode(s, body); err != "" {
+			t.Errorf("%q: %s", body, err)
+		}
+	})
+}
+
+// TestCheckHandlerConcurrent checks that concurrent requests, whose working memory comes
+// from one pool, each get their own answer: every caller's descriptor names a different
+// rule, which its answer must name.
+func TestCheckHandlerConcurrent(t *testing.T) {
+	l, _ := newLimiter(t)
+	h := NewCheckHandler(l, CheckOptions{})
+	keys := []string{"user", "api_key", "remote_address", "route"}
+	var wg sync.WaitGroup
+	for g, key := range keys {
+		wg.Go(func() {
+			for i := range 200 {
+				body := `{"domain":"api","descriptors":[{"entries":[{"key":"` + key + `","value":"` + strconv.Itoa(g*1000+i) + `"}]}]}`
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, httptest.NewRequest("POST", "/v1/check", strings.NewReader(body)))
+				var cr CheckResponse
+				if err := json.Unmarshal(w.Body.Bytes(), &cr); err != nil || w.Code != 200 || len(cr.Statuses) != 1 || cr.Statuses[0].Rule != "api."+key ||
+					w.Header().Get("Content-Length") != strconv.Itoa(w.Body.Len()) {
+					t.Errorf("%s: %d %v %s (Content-Length %s)", key, w.Code, err, w.Body.Bytes(), w.Header().Get("Content-Length"))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // checkResponseRef is the check answer as CheckResponse structs, which encoding/json

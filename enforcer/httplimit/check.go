@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer"
@@ -147,14 +149,17 @@ func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	pool := sync.Pool{New: func() any { return new(checkState) }}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", http.MethodPost)
 			writeProblem(w, http.StatusMethodNotAllowed, opts.ProblemType, "use POST")
 			return
 		}
+		s := pool.Get().(*checkState)
+		defer pool.Put(s)
 		var maxDelay time.Duration
-		req, err := decodeCheck(http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes), &maxDelay)
+		req, err := s.decode(http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes), &maxDelay)
 		if err != nil {
 			status := http.StatusBadRequest
 			var mbe *http.MaxBytesError
@@ -164,32 +169,73 @@ func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 			writeProblem(w, status, opts.ProblemType, err.Error())
 			return
 		}
-		var res enforcer.Result
-		waited := decideCheck(r.Context(), dec, req, maxDelay, &res)
-		resp := checkResponse(&res)
-		resp.WaitedMs = waited.Milliseconds()
-		body, err := json.Marshal(resp)
-		if err != nil {
-			writeProblem(w, http.StatusInternalServerError, opts.ProblemType, "encoding the response failed")
-			return
-		}
+		res := &s.res
+		waited := decideCheck(r.Context(), dec, req, maxDelay, res)
+		n := s.vals.Render(res)
+		s.out = appendCheckResponse(s.out[:0], res, &s.vals, waited.Milliseconds())
+		// One string holds every header value, the Content-Length's among them, and one
+		// slice backs every field's []string: two allocations for all the fields.
+		s.hdr = strconv.AppendInt(append(s.hdr[:0], s.vals.Bytes()...), int64(len(s.out)), 10)
+		all := string(s.hdr)
+		backing := make([]string, n+3)
 		h := w.Header()
-		for _, f := range headers.Append(nil, &res) {
-			h.Set(f.Name, f.Value)
+		for i := range n {
+			start, end := s.vals.Span(i)
+			backing[i] = all[start:end]
+			h[canonical[i]] = backing[i : i+1 : i+1]
 		}
-		h.Set("Content-Type", "application/json")
-		h.Set("Content-Length", strconv.Itoa(len(body)))
-		h.Set("Cache-Control", "no-store")
+		backing[n], backing[n+1], backing[n+2] = "application/json", all[len(s.vals.Bytes()):], "no-store"
+		h["Content-Type"] = backing[n : n+1 : n+1]
+		h["Content-Length"] = backing[n+1 : n+2 : n+2]
+		h["Cache-Control"] = backing[n+2 : n+3 : n+3]
 		code := http.StatusOK
 		if res.Code == enforcer.CodeOverLimit {
 			code = http.StatusTooManyRequests
 		}
 		w.WriteHeader(code)
-		if _, err := w.Write(body); err != nil {
+		if _, err := w.Write(s.out); err != nil {
 			opts.Logger.LogAttrs(r.Context(), slog.LevelDebug, "writing check response", slog.Any("err", err))
 		}
 	})
 }
+
+// decode reads the body and decodes it with fastDecode, or, when the body is not in the
+// shape fastDecode takes or could not be read whole, with decodeCheck, whose answer and
+// errors are then those of encoding/json reading the body as it came. The request's
+// strings share one string of the body, and its descriptors s's memory, valid until s
+// is reused.
+func (s *checkState) decode(body io.Reader, maxDelay *time.Duration) (enforcer.Request, error) {
+	buf := bytes.NewBuffer(s.body[:0])
+	_, rerr := buf.ReadFrom(body)
+	s.body = buf.Bytes()
+	if rerr != nil {
+		// What was read, then the error, as decodeCheck would have met them.
+		return decodeCheck(io.MultiReader(bytes.NewReader(s.body), errReader{rerr}), maxDelay)
+	}
+	str := string(s.body)
+	if !s.fastDecode(s.body, str) {
+		return decodeCheck(strings.NewReader(str), maxDelay)
+	}
+	s.rdescs = s.rdescs[:0]
+	s.rents = s.rents[:0]
+	for _, cd := range s.cr.Descriptors {
+		for _, e := range cd.Entries {
+			s.rents = append(s.rents, rules.Entry{Key: e.Key, Value: e.Value})
+		}
+	}
+	n := 0
+	for _, cd := range s.cr.Descriptors {
+		k := len(cd.Entries)
+		s.rdescs = append(s.rdescs, s.rents[n:n+k:n+k])
+		n += k
+	}
+	return checkRequest(&s.cr, s.rdescs, maxDelay)
+}
+
+// errReader returns its error on every read.
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
 
 // decodeCheck decodes and validates a check request; it sets *maxDelay from max_delay_ms.
 func decodeCheck(body io.Reader, maxDelay *time.Duration) (enforcer.Request, error) {
@@ -206,6 +252,19 @@ func decodeCheck(body io.Reader, maxDelay *time.Duration) (enforcer.Request, err
 	if _, err := d.Token(); err != io.EOF {
 		return enforcer.Request{}, &checkError{"malformed JSON: data after the request object"}
 	}
+	descs := make([][]rules.Entry, len(cr.Descriptors))
+	for i, cd := range cr.Descriptors {
+		descs[i] = make([]rules.Entry, len(cd.Entries))
+		for j, e := range cd.Entries {
+			descs[i][j] = rules.Entry{Key: e.Key, Value: e.Value}
+		}
+	}
+	return checkRequest(&cr, descs, maxDelay)
+}
+
+// checkRequest validates a decoded check request whose descriptors' entries are descs,
+// and returns it as an enforcer.Request; it sets *maxDelay from max_delay_ms.
+func checkRequest(cr *CheckRequest, descs [][]rules.Entry, maxDelay *time.Duration) (enforcer.Request, error) {
 	req := enforcer.Request{Domain: cr.Domain}
 	// The shape is validated by rules.ValidateRequest, as over gRPC; JSON only adds the
 	// cost's spellings. Entries are mapped first, bounded by the body's size.
@@ -218,20 +277,19 @@ func decodeCheck(body io.Reader, maxDelay *time.Duration) (enforcer.Request, err
 		return req, err
 	}
 	for i, cd := range cr.Descriptors {
+		if cd.HitsAddend == nil && cd.HitsAddendCamel == nil {
+			continue
+		}
 		f := "descriptors[" + strconv.Itoa(i) + "]"
 		dh, err := pickHits(f+".hits_addend", cd.HitsAddend, cd.HitsAddendCamel, nil)
 		if err != nil {
 			return req, err
 		}
-		if (cd.HitsAddend != nil || cd.HitsAddendCamel != nil) && max(dh, 1) != max(hits, 1) {
+		if max(dh, 1) != max(hits, 1) {
 			return req, &checkError{f + ".hits_addend: differs from the request's; one cost per request is supported"}
 		}
-		entries := make([]rules.Entry, len(cd.Entries))
-		for j, e := range cd.Entries {
-			entries[j] = rules.Entry{Key: e.Key, Value: e.Value}
-		}
-		req.Descriptors = append(req.Descriptors, entries)
 	}
+	req.Descriptors = descs
 	if err := rules.ValidateRequest(req.Domain, req.Descriptors); err != nil {
 		return req, err
 	}
@@ -257,35 +315,6 @@ func pickHits(field string, vs ...*int64) (int64, error) {
 		return 0, nil
 	}
 	return *got, nil
-}
-
-func checkResponse(res *enforcer.Result) CheckResponse {
-	out := CheckResponse{OverallCode: res.Code.String(), Statuses: make([]CheckStatus, len(res.Statuses))}
-	for i := range res.Statuses {
-		st := &res.Statuses[i]
-		cs := CheckStatus{Code: st.Code.String(), Shadow: st.Shadow, Soft: st.Soft(), Fallback: st.Fallback}
-		if st.Rule != nil {
-			cs.Rule = st.Rule.ID
-		}
-		if st.Limit != nil {
-			cs.CurrentLimit = &CheckLimit{
-				Name:            headers.PolicyName(st),
-				RequestsPerUnit: st.Requests,
-				WindowSeconds:   st.Window.Seconds(),
-				Unit:            strings.ToUpper(st.Limit.Unit),
-			}
-			cs.LimitRemaining = max(st.Remaining, 0)
-			cs.DurationUntilResetMs = headers.Millis(st.ResetAfter)
-			cs.RetryAfterMs = headers.Millis(st.RetryAfter)
-		} else if st.Rule != nil && st.Rule.Unlimited {
-			cs.LimitRemaining = headers.UnlimitedRemaining
-		}
-		out.Statuses[i] = cs
-	}
-	for _, f := range headers.Append(nil, res) {
-		out.ResponseHeadersToAdd = append(out.ResponseHeadersToAdd, CheckHeader{Key: f.Name, Value: f.Value})
-	}
-	return out
 }
 
 // writeProblem writes a problem body for a request error.

@@ -790,18 +790,3 @@ func BenchmarkMiddlewareAdmitted(b *testing.B) {
 		b.Fatal("no RateLimit field")
 	}
 }
-
-func BenchmarkCheckHandler(b *testing.B) {
-	l, _ := newLimiter(b)
-	h := NewCheckHandler(l, CheckOptions{})
-	body := []byte(`{"domain":"api","descriptors":[{"entries":[{"key":"bench","value":"x"}]}],"hits_addend":1}`)
-	b.ReportAllocs()
-	for b.Loop() {
-		r := httptest.NewRequest("POST", "/v1/check", bytes.NewReader(body))
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		if w.Code != 200 {
-			b.Fatal(w.Code)
-		}
-	}
-}

@@ -44,10 +44,10 @@ func isSiteHeartbeat(r *kgo.Record) bool { return string(r.Key) == topics.SiteHe
 // siteHeartbeat sends, when due, a site heartbeat stamped watermark (unix ms) to every
 // partition of the hits topic: each partition's records before it hold every hit of this
 // Producer's buckets that started before watermark, since kgo keeps a partition's records
-// in order. That holds for hits stamped by Hit (the Producer's clock) and by HitAt with a
-// time no older than one BucketWidth before the flush; a HitAt stamped further back may
-// follow a heartbeat that has passed its bucket, and is counted all the same (the
-// aggregator takes hits up to its Lateness late). It sends nothing while counts wait for
+// in order. That holds for hits stamped by Hit (the Producer's clock, read under the
+// shard's lock) and by HitAt with a time not before the current bucket's start; a HitAt
+// stamped further back may follow a heartbeat that has passed its bucket, and is counted
+// all the same (the aggregator takes hits up to its Lateness late). It sends nothing while counts wait for
 // Kafka to take them (the heartbeat would claim hits that are not there), before the
 // partition count is known (then it sends one, to partition 0, to learn it), or when
 // heartbeats are off. The caller holds flushMu.

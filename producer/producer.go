@@ -279,9 +279,11 @@ func New(cfg Config) (*Producer, error) {
 }
 
 // Hit records n hits of key, toward a window of length window, at the Producer's clock's
-// current time. It is HitAt(key, window, cfg.Clock.Now(), n).
+// current time. It is HitAt(key, window, cfg.Clock.Now(), n), but for when the clock is
+// read: as the hit is recorded, so that a site heartbeat never passes it (see
+// siteHeartbeat).
 func (p *Producer) Hit(key string, window time.Duration, n int) {
-	p.HitAt(key, window, p.cfg.Clock.Now(), n)
+	p.add(key, window, time.Time{}, true, int64(n), 0)
 }
 
 // HitAt records n hits of key, toward a window of length window (whole milliseconds; the
@@ -297,14 +299,14 @@ func (p *Producer) Hit(key string, window time.Duration, n int) {
 // n < 1) is ignored and counted in invalid_hits_total. Hits that the memory bound cannot take, or
 // that arrive after Close, are dropped and counted in dropped_hits_total.
 func (p *Producer) HitAt(key string, window time.Duration, t time.Time, n int) {
-	p.add(key, window, t, int64(n), 0)
+	p.add(key, window, t, false, int64(n), 0)
 }
 
 // Denied records n requests for key, toward a window of length window, that were refused at
 // this site at the Producer's clock's current time. It is DeniedAt(key, window,
-// cfg.Clock.Now(), n).
+// cfg.Clock.Now(), n), with the clock read as for Hit.
 func (p *Producer) Denied(key string, window time.Duration, n int) {
-	p.DeniedAt(key, window, p.cfg.Clock.Now(), n)
+	p.add(key, window, time.Time{}, true, 0, int64(n))
 }
 
 // DeniedAt records n refused requests for key in the bucket that contains t. They count
@@ -312,10 +314,14 @@ func (p *Producer) Denied(key string, window time.Duration, n int) {
 // key's room (a site where a client has just arrived has demand before it has hits). It is
 // coalesced with the hits of the same bucket and behaves as HitAt otherwise.
 func (p *Producer) DeniedAt(key string, window time.Duration, t time.Time, n int) {
-	p.add(key, window, t, 0, int64(n))
+	p.add(key, window, t, false, 0, int64(n))
 }
 
-func (p *Producer) add(key string, wd time.Duration, t time.Time, n64, d64 int64) {
+// add records n64 hits and d64 denials of key toward window wd at t, or, with now, at the
+// clock's time read under the shard's lock: a flush reads its time before it takes the
+// lock, so a hit it did not see is not older than its time, and the site heartbeat it
+// sends (stamped at most at the start of the current bucket) stays true.
+func (p *Producer) add(key string, wd time.Duration, t time.Time, now bool, n64, d64 int64) {
 	w := int64(wd / time.Millisecond)
 	h := maphash.String(p.seed, key)
 	s := &p.shards[h&(numShards-1)]
@@ -324,10 +330,13 @@ func (p *Producer) add(key string, wd time.Duration, t time.Time, n64, d64 int64
 		s.invalid.Add(1)
 		return
 	}
-	ms := t.UnixMilli()
 	ck := counterKey{key: key, window: w}
 
 	s.mu.Lock()
+	if now {
+		t = p.cfg.Clock.Now()
+	}
+	ms := t.UnixMilli()
 	if p.closed.Load() {
 		s.drop(dropClosed, n64)
 		s.mu.Unlock()
@@ -586,13 +595,12 @@ func (p *Producer) drain(all, spread bool) {
 
 	var released int64
 	// watermark is the start of the oldest bucket still held back: every hit of an
-	// earlier bucket is in this flush's batch or was handed to Kafka before. It starts a
-	// whole bucket before the one that holds nowMs, not at nowMs: a Hit that read the clock
-	// just before this flush, or one that takes a shard's lock after the loop below has
-	// passed it, still lands in the current bucket (or, if its goroutine paused between
-	// the clock and the lock, the one before), which starts before nowMs and would follow
-	// a heartbeat stamped nowMs on the partition.
-	watermark := nowMs - floorMod(nowMs, p.widthMs) - p.widthMs
+	// earlier bucket is in this flush's batch or was handed to Kafka before. It starts at
+	// the start of the bucket that holds nowMs, not at nowMs: a Hit that takes a shard's
+	// lock after the loop below has passed it reads the clock then (add), so it lands in
+	// this bucket or a later one, but this bucket starts before nowMs, and the hit would
+	// follow a heartbeat stamped nowMs on the partition.
+	watermark := nowMs - floorMod(nowMs, p.widthMs)
 	for i := range p.shards {
 		s := &p.shards[i]
 		s.mu.Lock()

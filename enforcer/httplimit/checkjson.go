@@ -46,43 +46,28 @@ func (s *checkState) fastDecode(body []byte, str string) bool {
 	s.entries = s.entries[:0]
 	s.nints = 0
 	p := fastParser{b: body, s: str}
-	if !p.byte('{') {
-		return false
-	}
-	if !p.peek('}') {
-		for {
-			key, ok := p.str()
-			if !ok || !p.byte(':') {
-				return false
-			}
-			// A field given twice is decoded twice, the last value staying, as
-			// encoding/json does; descriptors twice is left to encoding/json.
-			switch key {
-			case "domain":
-				s.cr.Domain, ok = p.str()
-			case "descriptors":
-				ok = s.fastDescriptors(&p)
-			case "hits_addend":
-				ok = s.fastInt(&p, &s.cr.HitsAddend)
-			case "hitsAddend":
-				ok = s.fastInt(&p, &s.cr.HitsAddendCamel)
-			case "hits":
-				ok = s.fastInt(&p, &s.cr.Hits)
-			case "max_delay_ms":
-				ok = s.fastInt(&p, &s.cr.MaxDelayMs)
-			default:
-				ok = false
-			}
-			if !ok {
-				return false
-			}
-			if p.peek('}') {
-				break
-			}
-			if !p.byte(',') {
-				return false
-			}
+	// A field given twice is decoded twice, the last value staying, as encoding/json does;
+	// descriptors twice is left to encoding/json.
+	if !p.object(func(key string) bool {
+		switch key {
+		case "domain":
+			var ok bool
+			s.cr.Domain, ok = p.str()
+			return ok
+		case "descriptors":
+			return s.fastDescriptors(&p)
+		case "hits_addend":
+			return s.fastInt(&p, &s.cr.HitsAddend)
+		case "hitsAddend":
+			return s.fastInt(&p, &s.cr.HitsAddendCamel)
+		case "hits":
+			return s.fastInt(&p, &s.cr.Hits)
+		case "max_delay_ms":
+			return s.fastInt(&p, &s.cr.MaxDelayMs)
 		}
+		return false
+	}) {
+		return false
 	}
 	p.space()
 	if p.i != len(p.b) {
@@ -94,108 +79,54 @@ func (s *checkState) fastDecode(body []byte, str string) bool {
 
 // fastDescriptors decodes the descriptors array.
 func (s *checkState) fastDescriptors(p *fastParser) bool {
-	if s.cr.Descriptors != nil || !p.byte('[') {
+	if s.cr.Descriptors != nil {
 		return false
 	}
 	s.cr.Descriptors = s.descs[:0] // non-nil: an empty array decodes as such
-	if p.peek(']') {
-		return true
-	}
-	for {
-		if !p.byte('{') {
-			return false
-		}
+	return p.array(func() bool {
 		d := CheckDescriptor{}
 		seenEntries := false
 		start := len(s.entries)
-		if !p.peek('}') {
-			for {
-				key, ok := p.str()
-				if !ok || !p.byte(':') {
-					return false
-				}
-				switch {
-				case key == "entries" && !seenEntries:
-					seenEntries = true
-					if !s.fastEntries(p) {
-						return false
-					}
-				case key == "hits_addend":
-					ok = s.fastInt(p, &d.HitsAddend)
-				case key == "hitsAddend":
-					ok = s.fastInt(p, &d.HitsAddendCamel)
-				default:
-					return false
-				}
-				if !ok {
-					return false
-				}
-				if p.peek('}') {
-					break
-				}
-				if !p.byte(',') {
-					return false
-				}
+		if !p.object(func(key string) bool {
+			switch {
+			case key == "entries" && !seenEntries:
+				seenEntries = true
+				return s.fastEntries(p)
+			case key == "hits_addend":
+				return s.fastInt(p, &d.HitsAddend)
+			case key == "hitsAddend":
+				return s.fastInt(p, &d.HitsAddendCamel)
 			}
+			return false
+		}) {
+			return false
 		}
 		// s.entries may move as it grows; what it held stays where it was.
 		d.Entries = s.entries[start:len(s.entries):len(s.entries)]
 		s.descs = append(s.descs, d)
-		if p.peek(']') {
-			return true
-		}
-		if !p.byte(',') {
-			return false
-		}
-	}
+		return true
+	})
 }
 
 // fastEntries decodes one descriptor's entries array, appending to s.entries.
 func (s *checkState) fastEntries(p *fastParser) bool {
-	if !p.byte('[') {
-		return false
-	}
-	if p.peek(']') {
-		return true
-	}
-	for {
-		if !p.byte('{') {
-			return false
-		}
+	return p.array(func() bool {
 		var e CheckEntry
-		if !p.peek('}') {
-			for {
-				key, ok := p.str()
-				if !ok || !p.byte(':') {
-					return false
-				}
-				switch {
-				case key == "key":
-					e.Key, ok = p.str()
-				case key == "value":
-					e.Value, ok = p.str()
-				default:
-					return false
-				}
-				if !ok {
-					return false
-				}
-				if p.peek('}') {
-					break
-				}
-				if !p.byte(',') {
-					return false
-				}
+		if !p.object(func(key string) bool {
+			var ok bool
+			switch key {
+			case "key":
+				e.Key, ok = p.str()
+			case "value":
+				e.Value, ok = p.str()
 			}
+			return ok
+		}) {
+			return false
 		}
 		s.entries = append(s.entries, e)
-		if p.peek(']') {
-			return true
-		}
-		if !p.byte(',') {
-			return false
-		}
-	}
+		return true
+	})
 }
 
 // fastInt decodes an integer into one of s.ints and points *dst at it.
@@ -227,6 +158,52 @@ func (p *fastParser) space() {
 			p.i++
 		default:
 			return
+		}
+	}
+}
+
+// object reads an object, calling member with each member's name once its ':' is read,
+// to read the value. It reports false when the object is not well formed or member
+// reports false.
+func (p *fastParser) object(member func(key string) bool) bool {
+	if !p.byte('{') {
+		return false
+	}
+	if p.peek('}') {
+		return true
+	}
+	for {
+		key, ok := p.str()
+		if !ok || !p.byte(':') || !member(key) {
+			return false
+		}
+		if p.peek('}') {
+			return true
+		}
+		if !p.byte(',') {
+			return false
+		}
+	}
+}
+
+// array reads an array, calling elem to read each element. It reports false when the
+// array is not well formed or elem reports false.
+func (p *fastParser) array(elem func() bool) bool {
+	if !p.byte('[') {
+		return false
+	}
+	if p.peek(']') {
+		return true
+	}
+	for {
+		if !elem() {
+			return false
+		}
+		if p.peek(']') {
+			return true
+		}
+		if !p.byte(',') {
+			return false
 		}
 	}
 }

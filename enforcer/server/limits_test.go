@@ -28,6 +28,13 @@ func startServer(t *testing.T, cfg server.Config) *server.Server {
 	if cfg.GRPCAddr == "" {
 		cfg.GRPCAddr = "off"
 	}
+	return runServer(t, cfg)
+}
+
+// runServer runs a server of cfg until the test ends, and then checks that it stopped
+// cleanly.
+func runServer(t *testing.T, cfg server.Config) *server.Server {
+	t.Helper()
 	srv, err := server.New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"context"
 	"regexp"
 	"strconv"
 	"testing"
@@ -15,16 +14,7 @@ import (
 // structure holds.
 func TestMaxMemoryBoundsStructures(t *testing.T) {
 	const target = 1 << 20
-	srv, err := server.New(server.Config{
-		Site: "eu", RulesPath: writeRules(t), HTTPAddr: "127.0.0.1:0", GRPCAddr: "off", MaxMemory: target,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	srv := startServer(t, server.Config{MaxMemory: target})
 	base := "http://" + srv.HTTPAddr()
 	waitFor(t, func() bool { code, _ := get(t, base+"/readyz"); return code == 200 })
 	for i := range 3000 {

@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -114,22 +113,10 @@ func startOpenAPIServer(t *testing.T, tokens ...string) string {
 	if err := os.WriteFile(p, []byte(openAPIRules), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{
+	srv := runServer(t, server.Config{
 		Site: "eu", RulesPath: p, HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", AuthTokens: tokens,
 		HTTP: httplimit.Config{Domain: "api", TrustedProxies: []string{"127.0.0.0/8"},
 			Descriptors: []httplimit.Descriptor{{Entries: []httplimit.Source{{Type: "remote_address", Key: "user"}}}}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
 	})
 	return "http://" + srv.HTTPAddr()
 }

@@ -216,19 +216,6 @@ func (s *checkState) decode(body io.Reader, maxDelay *time.Duration) (enforcer.R
 	if !s.fastDecode(s.body, str) {
 		return decodeCheck(strings.NewReader(str), maxDelay)
 	}
-	s.rdescs = s.rdescs[:0]
-	s.rents = s.rents[:0]
-	for _, cd := range s.cr.Descriptors {
-		for _, e := range cd.Entries {
-			s.rents = append(s.rents, rules.Entry{Key: e.Key, Value: e.Value})
-		}
-	}
-	n := 0
-	for _, cd := range s.cr.Descriptors {
-		k := len(cd.Entries)
-		s.rdescs = append(s.rdescs, s.rents[n:n+k:n+k])
-		n += k
-	}
 	return checkRequest(&s.cr, s.rdescs, maxDelay)
 }
 

@@ -19,7 +19,6 @@ type checkState struct {
 	body    []byte
 	cr      CheckRequest
 	descs   []CheckDescriptor
-	entries []CheckEntry
 	ints    [maxFastInts]int64
 	nints   int
 	rdescs  [][]rules.Entry
@@ -43,7 +42,8 @@ const maxFastInts = 16
 func (s *checkState) fastDecode(body []byte, str string) bool {
 	s.cr = CheckRequest{}
 	s.descs = s.descs[:0]
-	s.entries = s.entries[:0]
+	s.rdescs = s.rdescs[:0]
+	s.rents = s.rents[:0]
 	s.nints = 0
 	p := fastParser{b: body, s: str}
 	// A field given twice is decoded twice, the last value staying, as encoding/json does;
@@ -86,7 +86,7 @@ func (s *checkState) fastDescriptors(p *fastParser) bool {
 	return p.array(func() bool {
 		d := CheckDescriptor{}
 		seenEntries := false
-		start := len(s.entries)
+		start := len(s.rents)
 		if !p.object(func(key string) bool {
 			switch {
 			case key == "entries" && !seenEntries:
@@ -101,17 +101,18 @@ func (s *checkState) fastDescriptors(p *fastParser) bool {
 		}) {
 			return false
 		}
-		// s.entries may move as it grows; what it held stays where it was.
-		d.Entries = s.entries[start:len(s.entries):len(s.entries)]
+		// s.rents may move as it grows; what it held stays where it was. The entries go
+		// to the Decider as they are: d keeps only the costs checkRequest checks.
+		s.rdescs = append(s.rdescs, s.rents[start:len(s.rents):len(s.rents)])
 		s.descs = append(s.descs, d)
 		return true
 	})
 }
 
-// fastEntries decodes one descriptor's entries array, appending to s.entries.
+// fastEntries decodes one descriptor's entries array, appending to s.rents.
 func (s *checkState) fastEntries(p *fastParser) bool {
 	return p.array(func() bool {
-		var e CheckEntry
+		var e rules.Entry
 		if !p.object(func(key string) bool {
 			var ok bool
 			switch key {
@@ -124,7 +125,7 @@ func (s *checkState) fastEntries(p *fastParser) bool {
 		}) {
 			return false
 		}
-		s.entries = append(s.entries, e)
+		s.rents = append(s.rents, e)
 		return true
 	})
 }

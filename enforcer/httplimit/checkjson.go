@@ -16,17 +16,17 @@ import (
 // request in the common shape allocates little: the body, the decoded request, the
 // descriptors handed to the Decider, the result, its header values and the answer.
 type checkState struct {
-	body    []byte
-	cr      CheckRequest
-	descs   []CheckDescriptor
-	ints    [maxFastInts]int64
-	nints   int
-	rdescs  [][]rules.Entry
-	rents   []rules.Entry
-	res     enforcer.Result
-	vals    headers.Values
-	hdr     []byte
-	out     []byte
+	body   []byte
+	cr     CheckRequest
+	descs  []CheckDescriptor
+	ints   [maxFastInts]int64
+	nints  int
+	rdescs [][]rules.Entry
+	rents  []rules.Entry
+	res    enforcer.Result
+	vals   headers.Values
+	hdr    []byte
+	out    []byte
 }
 
 // maxFastInts bounds the integers (costs and max_delay_ms) the fast decoder keeps; a

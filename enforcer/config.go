@@ -1,0 +1,143 @@
+package enforcer
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/snapshot"
+	"github.com/streamlimit/streamlimit/internal/clock"
+)
+
+// Publisher publishes the admitted hits of global limits to the hits topic, and the
+// requests this site denied (its demand, by which sites share a hot key's room). It must
+// never block. *producer.Producer implements it.
+type Publisher interface {
+	Hit(key string, window time.Duration, n int)
+	Denied(key string, window time.Duration, n int)
+}
+
+// SiteStore decides site-scope limits for all enforcers of one site. It never fails: when
+// its backend does, it decides in process and reports fellBack. *sitestore.Store
+// implements it.
+type SiteStore interface {
+	AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out []algo.Decision) (allowed, fellBack bool)
+}
+
+// RulesSource returns the rules in force; *rules.Reloader's Current is one.
+type RulesSource func() *rules.Config
+
+// StaticRules returns a RulesSource that always returns c.
+func StaticRules(c *rules.Config) RulesSource { return func() *rules.Config { return c } }
+
+// Config configures a Limiter. Only Rules and Site are required.
+type Config struct {
+	// Rules returns the rules in force, read once per decision.
+	Rules RulesSource
+	// Site names this enforcer's site, as in hit records and count breakdowns.
+	Site string
+	// Local holds the local-scope counters. Default: a new algo.Store with default
+	// options.
+	Local *algo.Store
+	// SiteStore decides site-scope limits. Default: nil, and site-scope limits are
+	// decided in Local, as if the site were this process.
+	SiteStore SiteStore
+	// SubBuckets is the number of sub-buckets windows are split into, as the aggregators
+	// split them. Default window.DefaultSubBuckets.
+	SubBuckets int
+	// Counter is this site's exact count of global keys. Default: a new LocalCounter with
+	// SubBuckets.
+	// Several enforcers of one site must share one, in Redis (sitestore.NewCounter), for
+	// invariant 3 to hold.
+	Counter SiteCounter
+	// Snapshot is the view of the counts topic. Default nil: no other site is visible and
+	// global limits are always decided on a local share (DefaultShare).
+	Snapshot *snapshot.Snapshot
+	// Publisher receives every admitted hit of a global limit. Default nil: hits are not
+	// published (a single-site setup, or tests).
+	Publisher Publisher
+	// MinShare is the smallest share of a hot key's room a fresh site may hold, so that a
+	// site the snapshot does not show yet — where a client has just arrived — is not shut
+	// out for the pipeline's lag. Default DefaultMinShare.
+	MinShare float64
+	// DefaultShare is a site's share of a global limit for a key the snapshot has never
+	// shown, and the share a silent site is assumed to spend (see SiteStaleAfter). Default
+	// 0: 1/the number of sites the snapshot's heartbeats list (1 without a snapshot).
+	DefaultShare float64
+	// ShareDamping holds back part of a hot key's room: a fresh site whose share of the
+	// room is f may spend f / (1 + ShareDamping × (1 − f)) of it until the next count. The
+	// counts lag the sites' admissions by the pipeline's lag and the shares move with
+	// demand between two counts, so a site can have spent a larger share than the next
+	// count gives it while the room that count hands the others is partly spent already;
+	// the held-back part absorbs that. Near 0 spends the whole room (more over-admission in
+	// bursts), 1 holds back the most (more under-admission near the limit); negative turns
+	// damping off. Default DefaultShareDamping, chosen with the accuracy simulation
+	// (docs/accuracy.md).
+	ShareDamping float64
+	// DemandPrior spreads a little demand evenly over the fresh sites before the room is
+	// shared by demand: each site's weight is (its demand + DemandPrior × limit / n) over
+	// (all demand + DemandPrior × limit), for n fresh sites. Without it a site whose demand
+	// has just started (a client arriving from another data center) is held to MinShare
+	// until its demand has travelled through the pipeline, although the room may be large.
+	// Default DefaultDemandPrior; negative: none.
+	DemandPrior float64
+	// NewKeyHold is how long after a key was last unknown to this site every site is
+	// assumed to hold at least its default share of it: the sites spent their default
+	// shares while it was unknown, and its first counts may not show that yet. Default
+	// DefaultNewKeyHold; negative: none.
+	NewKeyHold time.Duration
+	// SiteStaleAfter is how long a site may go unheard (its site heartbeats, through the
+	// aggregators' heartbeats) before it is assumed to spend its share of every global
+	// limit: its hits may be cut off from here (a partition between data centers), and its
+	// silence is not idleness. Default DefaultSiteStaleAfter.
+	SiteStaleAfter time.Duration
+	// RecoveryHold is how long, after the snapshot was last stale, a global limit stays
+	// capped at this site's share as well as by the snapshot (bounded by the limit's
+	// window): right after Kafka or the aggregator comes back, hits published during the
+	// outage are still being delivered and counted, so the first fresh counts are low, and
+	// every site would spend the room they seem to leave. Default 30s.
+	RecoveryHold time.Duration
+	// MaxKeys bounds the counter keys the Limiter interns (its key cache; the counters
+	// have their own bounds). A full part of the cache is emptied, which costs only
+	// interning the keys again. Default DefaultMaxKeys.
+	MaxKeys int
+	// KeyCacheBytes bounds the bytes the key cache keeps alive, by an estimate per key;
+	// both bounds apply. Default 0: no bound in bytes (see MemoryBudget).
+	KeyCacheBytes int64
+	// MaxWaiters bounds the requests Await keeps waiting at once. Default
+	// DefaultMaxWaiters.
+	MaxWaiters int
+	// Sleep is how Await waits: until d has passed or ctx is done. Default algo.Sleep, a
+	// real timer; simulations pass one that advances their clock.
+	Sleep func(ctx context.Context, d time.Duration) error
+	// Clock defaults to the wall clock.
+	Clock clock.Clock
+	// Logger defaults to a logger that discards.
+	Logger *slog.Logger
+	// Registerer receives the Limiter's metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+}
+
+// Defaults of Config.
+const (
+	// DefaultMinShare is Config.MinShare when zero.
+	DefaultMinShare = 0.05
+	// DefaultSiteStaleAfter is Config.SiteStaleAfter when zero: three site heartbeat
+	// intervals (500 ms), so that a healthy site with replication lag and one late
+	// heartbeat is never taken as stale, while a cut site is taken as stale within about
+	// a second and a half: until then the sites on both sides of a cut still share the
+	// room as if they saw each other, which is what a partition can over-admit.
+	DefaultSiteStaleAfter = 1500 * time.Millisecond
+	// DefaultNewKeyHold is Config.NewKeyHold when zero: a few pipeline lags.
+	DefaultNewKeyHold = time.Second
+	// DefaultShareDamping is Config.ShareDamping when zero.
+	DefaultShareDamping = 0.15
+	// DefaultDemandPrior is Config.DemandPrior when zero.
+	DefaultDemandPrior = 0.05
+	// DefaultMaxKeys is Config.MaxKeys when zero, and LocalCounterOptions.MaxKeys.
+	DefaultMaxKeys = 1 << 20
+)

@@ -1,0 +1,254 @@
+// The global cap: what this site may count of a global limit, from the snapshot and its
+// own exact count (see the package documentation, "Global limits").
+
+package enforcer
+
+import (
+	"context"
+	"math"
+	"time"
+
+	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/enforcer/snapshot"
+)
+
+// globalCap computes one global limit's cap on this site's count (for Commit) from the
+// snapshot, with the key's total over all sites in the snapshot, and whether the decision
+// is a fallback: the snapshot is stale and the limit is decided on a local share, or a
+// remote site is silent and assumed to spend its share.
+func (l *Limiter) globalCap(now time.Time, op *GlobalOp, allow int64) (capLocal, total float64, fallback bool) {
+	allowance := float64(allow)
+	sn := l.cfg.Snapshot
+	if sn == nil {
+		return dither(allowance*l.share.staleShare(nil, false, nil), op.Key, now.Unix()), 0, true
+	}
+	stale := sn.StaleAt(now)
+	if stale {
+		// Written at most once a millisecond: every decision reads it, and a store per
+		// decision would bounce its cache line between cores while stale.
+		if ns := now.UnixNano(); ns-l.lastStale.Load() > int64(time.Millisecond) {
+			l.lastStale.Store(ns)
+		}
+	}
+	st := sn.SiteTimes()
+	var (
+		e     snapshot.Entry
+		known bool
+	)
+	if h := op.h; h != nil && !stale {
+		capLocal, total, fallback, e, known, _ = l.cachedCap(now, op, h, sn, st, allowance)
+	} else {
+		if h != nil {
+			e, known = l.snapEntry(sn, h)
+		} else {
+			e, known = sn.Get(op.Key)
+		}
+		known = known && usable(&e, op, now)
+		if known {
+			total = e.Total
+		}
+		if stale {
+			return dither(allowance*l.share.staleShare(&e, known, st), op.Key, salt(&e, known, now)), total, true
+		}
+		capLocal, fallback, _ = l.share.capFor(now, op.Key, allowance, &e, known, false, st)
+	}
+	if last := l.lastStale.Load(); last != 0 && now.UnixNano()-last < int64(min(op.Window, l.cfg.RecoveryHold)) {
+		// Recovering from an outage: the fresh counts may still miss hits published
+		// during it; each site also keeps to its share, which sum to the limit.
+		capLocal = min(capLocal, dither(allowance*l.share.staleShare(&e, known, st), op.Key, salt(&e, known, now)))
+	}
+	return capLocal, total, fallback
+}
+
+// usable reports whether snapshot entry e counts op's counter at now: a count for another
+// window is another counter, and one whose window has passed since its as-of time
+// describes hits that are gone (the aggregator tombstones such keys, but not while no
+// instance owns them).
+func usable(e *snapshot.Entry, op *GlobalOp, now time.Time) bool {
+	return e.Window == op.Window && !e.Expired(now)
+}
+
+// salt is what rounds a cap: the count's as-of time, else the second.
+func salt(e *snapshot.Entry, known bool, now time.Time) int64 {
+	if known {
+		return e.AsOf
+	}
+	return now.Unix()
+}
+
+// capKey is everything a global cap depends on besides the Limiter's fixed settings.
+type capKey struct {
+	ver    uint64              // the snapshot's Version when the entry was read
+	sites  *snapshot.SiteTimes // the site freshness in force
+	stale  uint64              // which of sites' sites are stale (bit i: Sites()[i])
+	allow  float64
+	known  bool
+	newKey bool
+	salt   int64
+}
+
+// capCache is a key's last global cap and what it was computed from.
+type capCache struct {
+	key      capKey
+	set      bool
+	cap      float64
+	fallback bool
+	raw      float64 // the cap before seenAsOthers
+	f        float64 // this site's share of the room
+}
+
+// cachedCap is the cap of a fresh snapshot's key through its handle: the entry from the
+// handle's cache while the snapshot has not changed, and the cap itself while nothing it
+// depends on has (the entry, the site freshness, which sites are stale, the allowance, the
+// rounding salt). A hot key's decision then costs a few comparisons instead of the whole
+// share computation. ok is false when the caller must return cap, total and fallback as
+// they are (never, for now: kept for symmetry with the stale path).
+func (l *Limiter) cachedCap(now time.Time, op *GlobalOp, h *keyHandle, sn *snapshot.Snapshot, st *snapshot.SiteTimes, allowance float64) (capLocal, total float64, fallback bool, e snapshot.Entry, known, ok bool) {
+	v := sn.Version()
+	bits, cacheable := l.share.staleBits(now, st)
+	g := l.keys.globalOf(h)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.refresh(sn, v, h.key)
+	e, known = g.entry, g.known && usable(&g.entry, op, now)
+	if known {
+		total = e.Total
+	} else {
+		g.unknownAt = now.UnixNano()
+	}
+	newKey := known && now.UnixNano()-g.unknownAt < int64(l.cfg.NewKeyHold)
+	k := capKey{ver: v, sites: st, stale: bits, allow: allowance, known: known, newKey: newKey, salt: salt(&e, known, now)}
+	if cacheable && g.cc.set && g.cc.key == k {
+		return l.seenAsOthers(now, op, &e, known, st, g.cc.raw, g.cc.f), total, g.cc.fallback, e, known, true
+	}
+	var f float64
+	capLocal, fallback, f = l.share.capFor(now, op.Key, allowance, &e, known, newKey, st)
+	raw := capLocal
+	capLocal = l.seenAsOthers(now, op, &e, known, st, capLocal, f)
+	g.cc = capCache{key: k, set: cacheable, cap: capLocal, fallback: fallback, raw: raw, f: f}
+	return capLocal, total, fallback, e, known, true
+}
+
+// seenAsOthers corrects a fresh key's cap for the lag between this site's view of itself
+// and the other sites' view of it. This data center's aggregator counts this site's hits
+// a local hop after they are made, the other sites' a replication later: the snapshot shows
+// this site fresher than the others see it, and the room it leaves is room the others have
+// already spent or will. The cap counts this site as the others see it instead: its exact
+// count less its hits since the others' counts were made (the oldest time up to which a
+// fresh remote site has been heard from). With share f of the room, that moves the cap by
+// (1 − f) × (seen by others − in the snapshot); a site alone in the key (f = 1) is not
+// affected. The correction only ever lowers the cap: this site's recent hits are told
+// apart within a sub-bucket by the span of its hits, an estimate that a burst of admissions
+// moves, and a correction that could rise with the admissions it caps would feed on
+// itself. It is made on every decision, with this site's count as of now. Only a
+// SiteCounter that can tell its recent hits (LocalCounter) is corrected.
+func (l *Limiter) seenAsOthers(now time.Time, op *GlobalOp, e *snapshot.Entry, known bool, st *snapshot.SiteTimes, capLocal, f float64) float64 {
+	if !known || f <= 0 || f >= 1 {
+		return capLocal
+	}
+	rc, ok := l.cfg.Counter.(recentCounter)
+	if !ok {
+		return capLocal
+	}
+	t0, ok := l.share.othersHeard(now, st)
+	if !ok {
+		return capLocal
+	}
+	// Hits made in the very millisecond the others were heard up to are taken as unseen:
+	// the cap errs low, and a decision at that instant still counts its own admissions.
+	count, since := rc.recent(now, op, t0-1)
+	return capLocal + (1-f)*min(count-since-e.Mine, 0)
+}
+
+// recentCounter is a SiteCounter that can tell, of a key's count, the part after an
+// instant (LocalCounter can).
+type recentCounter interface {
+	recent(now time.Time, op *GlobalOp, t0 int64) (count, since float64)
+}
+
+// snapEntry returns the snapshot's entry for h's key, from h's cache while the snapshot
+// has not changed since it was filled. The cache saves the snapshot's map lookup, a cache
+// miss per decision. A stale result is never returned: Version is read before Get, so an
+// Apply racing with the refresh makes the next decision refresh again.
+func (l *Limiter) snapEntry(sn *snapshot.Snapshot, h *keyHandle) (snapshot.Entry, bool) {
+	v := sn.Version()
+	g := l.keys.globalOf(h)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.refresh(sn, v, h.key)
+	return g.entry, g.known
+}
+
+// refresh fills g's copy of key's snapshot entry unless it is already that of sn at
+// version v. Version is read by the caller before Get, so that an Apply racing with the
+// refresh makes the next decision refresh again. Called with g.mu held.
+func (g *keyGlobal) refresh(sn *snapshot.Snapshot, v uint64, key string) {
+	if !g.snapSet || g.snapFor != sn || g.ver != v {
+		g.entry, g.known = sn.Get(key)
+		g.snapSet, g.snapFor, g.ver = true, sn, v
+	}
+}
+
+// decideGlobal decides one global limit given this site's count before the request and
+// the key's snapshot total.
+func (l *Limiter) decideGlobal(now time.Time, op *GlobalOp, allowance int64, local, total float64) algo.Decision {
+	used := local + float64(op.N)
+	d := algo.Decision{Allowed: used <= op.Cap, Limit: allowance, ResetAfter: op.Window}
+	if d.Allowed {
+		d.Remaining = int64(math.Floor(op.Cap - used))
+	} else {
+		d.RetryAfter = l.globalRetry(now, op, float64(allowance), local, max(total, local))
+	}
+	return d
+}
+
+// globalRetry returns how long until op would fit if nothing else changed: when this
+// site's own hits leave the window far enough for its count plus N to be within its cap,
+// from the buckets of its counter when it can read them (hits leave when their bucket does,
+// not evenly). When this site's count alone cannot make room (the other sites hold the
+// limit), it estimates from the key's total as if its hits were spread evenly, at least
+// one sub-bucket. A request larger than the limit never fits (algo.Never).
+func (l *Limiter) globalRetry(now time.Time, op *GlobalOp, allowance, local, total float64) time.Duration {
+	if float64(op.N) > allowance {
+		return algo.Never
+	}
+	target := op.Cap - float64(op.N)
+	if r, ok := l.cfg.Counter.(retryCounter); ok && target >= 0 {
+		if d, ok := r.fallsTo(now, op, target); ok {
+			return max(d, time.Millisecond)
+		}
+	}
+	sub := op.Window / time.Duration(l.cfg.SubBuckets)
+	excess := local + float64(op.N) - op.Cap
+	if total <= 0 || excess <= 0 {
+		return sub
+	}
+	d := time.Duration(excess / total * float64(op.Window))
+	return min(max(d, sub, time.Millisecond), op.Window)
+}
+
+// commitCounter commits ops to the site counter, and reports whether the counter answered
+// from its fallback (FallbackReporter).
+func (l *Limiter) commitCounter(ctx context.Context, now time.Time, ops []GlobalOp, counts []float64) (ok, fellBack bool, err error) {
+	if r, is := l.cfg.Counter.(FallbackReporter); is {
+		ok, fellBack, err = r.CommitReport(ctx, now, ops, counts)
+		if fellBack {
+			l.metrics.fallback.WithLabelValues("redis").Inc()
+		}
+		return ok, fellBack, err
+	}
+	ok, err = l.cfg.Counter.Commit(ctx, now, ops, counts)
+	return ok, false, err
+}
+
+func markAll(b []bool) {
+	for i := range b {
+		b[i] = true
+	}
+}
+
+// retryCounter is a SiteCounter that can tell when its count of a key will have fallen to a
+// target if nothing is added (LocalCounter can; a remote store need not).
+type retryCounter interface {
+	fallsTo(now time.Time, op *GlobalOp, target float64) (time.Duration, bool)
+}

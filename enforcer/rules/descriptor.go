@@ -128,7 +128,7 @@ func (p *parser) rule(b *descBlock, d *domain, path []Level) *Rule {
 	case rl != nil && rls != nil:
 		p.errorf(rls, b.prefix+"rate_limits", "use either rate_limit or rate_limits, not both")
 	case rl != nil:
-		l, unlimited, ok := p.limit(rl, b.prefix+"rate_limit.", true)
+		l, unlimited, ok := p.limit(rl, b.prefix+"rate_limit.", ruleLimit)
 		if ok && unlimited {
 			r.Unlimited, r.replaces = true, l.Replaces
 		} else if ok {

@@ -343,10 +343,11 @@ type Config struct {
 }
 
 type domain struct {
-	name  string
-	file  string
-	root  *node
-	pools map[string]*Pool
+	name   string
+	file   string // the first file that configures it
+	root   *node
+	pools  map[string]*Pool
+	compat Compat
 }
 
 // node is one level of a domain's descriptor tree.

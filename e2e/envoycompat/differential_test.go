@@ -50,6 +50,12 @@ descriptors:
     rate_limit: {unit: month, requests_per_unit: 5}
   - key: y
     rate_limit: {unit: year, requests_per_unit: 5}
+  - key: mid
+    value: a*b
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: pre
+    value: a*b*
+    rate_limit: {unit: minute, requests_per_unit: 3}
   - key: nest
     value: a*
     descriptors:
@@ -101,6 +107,10 @@ func extraScenarios() []scenario {
 			k("month of 30 days", req("extra", 1, d("m", r))),
 			k("year of 365 days", req("extra", 1, d("y", r))),
 			k("wildcard, nested", req("extra", 1, d("nest", "abc", "leaf", r))),
+			k("a '*' inside a value", req("extra", 1, d("mid", "axb"))),
+			k("a '*' inside a value, itself", req("extra", 1, d("mid", "a*b"))),
+			k("a prefix with a '*'", req("extra", 1, d("pre", "axbz"))),
+			k("a prefix with a '*', itself", req("extra", 1, d("pre", "a*bz"))),
 			k("wildcard, too deep", req("extra", 1, d("nest", "abc", "leaf", r, "more", "x"))),
 			k("no entries", req("extra", 1, d())),
 			k("an entry without a key", req("extra", 1, d("", "v"))),

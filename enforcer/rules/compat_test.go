@@ -118,3 +118,33 @@ func TestReloaderLoadOptions(t *testing.T) {
 		t.Fatalf("reload of a third file of the domain: %v, %v", ok, err)
 	}
 }
+
+// In a CompatEnvoy domain only a trailing '*' makes a wildcard, a prefix in which any
+// other '*' stands for itself, as envoyproxy/ratelimit matches values; elsewhere every
+// '*' matches any run of characters.
+func TestCompatWildcards(t *testing.T) {
+	const file = "domain: d\ndescriptors:\n  - key: mid\n    value: a*b\n    rate_limit: {unit: minute, requests_per_unit: 1}\n" +
+		"  - key: pre\n    value: a*b*\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"
+	for _, tc := range []struct {
+		compat   Compat
+		key, val string
+		match    bool
+	}{
+		{CompatNone, "mid", "axb", true},
+		{CompatNone, "mid", "a*b", true},
+		{CompatNone, "pre", "axbyz", true},
+		{CompatEnvoy, "mid", "axb", false},
+		{CompatEnvoy, "mid", "a*b", true},
+		{CompatEnvoy, "pre", "axbyz", false},
+		{CompatEnvoy, "pre", "a*byz", true},
+		{CompatEnvoy, "pre", "a*b", true},
+	} {
+		c, err := ParseWith("d.yaml", []byte(file), LoadOptions{Compat: tc.compat})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.Match("d", []Entry{{Key: tc.key, Value: tc.val}}) != nil; got != tc.match {
+			t.Errorf("compat %v: %s=%s matched %v, want %v", tc.compat, tc.key, tc.val, got, tc.match)
+		}
+	}
+}

@@ -359,7 +359,7 @@ type node struct {
 
 type wildNode struct {
 	key   string
-	parts []string // the pattern split at '*'
+	parts []string // the pattern split at '*' (in a CompatEnvoy domain: its prefix, and "")
 	n     *node
 }
 

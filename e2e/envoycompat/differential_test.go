@@ -186,6 +186,7 @@ func TestDifferential(t *testing.T) {
 		})
 	}
 	t.Logf("the same answer from streamlimit and envoyproxy/ratelimit %s: %d of %d requests", RatelimitVersion, same, total)
+	docSays(t, fmt.Sprintf("| %d of %d equal |", same, total))
 }
 
 // alignClock waits for the start of the next second, and past the end of the minute when

@@ -161,7 +161,11 @@ func replayJSON(t *testing.T, tl *tally, tg target, st step, where string, now t
 	if same {
 		tl.whole++
 	} else {
-		tl.miss("%s: /json answered %d %q %q, want %d %q %q %v", where, got.status, got.contentType, got.body, w.status, w.contentType, w.body, st.wantJSONBody)
+		want := proto.Clone(st.wantJSONBody)
+		if want != nil {
+			fill(want.(*rlsv3.RateLimitResponse), now)
+		}
+		tl.miss("%s: /json answered %d %q %q, want %d %q %q %v", where, got.status, got.contentType, got.body, w.status, w.contentType, w.body, want)
 	}
 }
 
@@ -205,6 +209,9 @@ func TestReplay(t *testing.T) {
 		t.Log("differs: " + m)
 	}
 	t.Logf("compat envoy: %v", tl)
+	docSays(t, fmt.Sprintf("| %d of %d (%.0f%%) |", tl.whole, tl.wholeN, pct(tl.whole, tl.wholeN)),
+		fmt.Sprintf("| %d of %d / %d of %d |", tl.overall, tl.overallN, tl.desc, tl.descN))
+	readmeSays(t, fmt.Sprintf("find %d of their %d expected answers", tl.whole, tl.wholeN))
 	if tl.whole != tl.wholeN || tl.overall != tl.overallN || tl.desc != tl.descN || tl.other != tl.otherN {
 		t.Errorf("compat envoy: %v; want every answer equal, as reached (the target is 98%% of whole answers and every code)", tl)
 	}
@@ -222,6 +229,8 @@ func TestReplayDefaultMode(t *testing.T) {
 		}
 	}
 	t.Logf("compat none: %v", tl)
+	docSays(t, fmt.Sprintf("| %d of %d (%.1f%%) |", tl.whole, tl.wholeN, pct(tl.whole, tl.wholeN)),
+		fmt.Sprintf("| %d of %d / %d of %d |", tl.overall, tl.overallN, tl.desc, tl.descN))
 	if pct(tl.whole, tl.wholeN) > 20 {
 		t.Errorf("compat none: %v; streamlimit's own answers now equal envoyproxy/ratelimit's (did the default change?)", tl)
 	}
@@ -232,6 +241,7 @@ func TestReplayDefaultMode(t *testing.T) {
 // as its config tests expect.
 func TestTheirConfigFiles(t *testing.T) {
 	const cfg = "test/config/"
+	sets, met := 0, map[rules.Compat]int{}
 	for _, tc := range []struct {
 		files  []string
 		merge  bool
@@ -263,12 +273,36 @@ func TestTheirConfigFiles(t *testing.T) {
 		{[]string{cfg + "non_map_list.yaml"}, false, false},
 		{[]string{cfg + "unlimited_with_unit.yaml"}, false, false},
 	} {
+		sets++
 		dir := rulesDir(t, tc.files, nil)
 		for _, compat := range []rules.Compat{rules.CompatEnvoy, rules.CompatNone} {
 			_, err := rules.LoadWith(dir, rules.LoadOptions{Compat: compat, MergeDomains: tc.merge})
-			if (err == nil) != tc.accept {
+			if (err == nil) == tc.accept {
+				met[compat]++
+			} else {
 				t.Errorf("%v (merge %v, compat %v): error %v, want accepted %v", tc.files, tc.merge, compat, err, tc.accept)
 			}
+		}
+	}
+	docSays(t, fmt.Sprintf("| %d of %d | %d of %d |", met[rules.CompatEnvoy], sets, met[rules.CompatNone], sets))
+}
+
+// docSays fails t unless docs/envoy-compat.md states each of figures, so that the
+// figures it reports are the ones the tests measure; readmeSays is docSays for the README.
+func docSays(t *testing.T, figures ...string) { says(t, "docs/envoy-compat.md", figures) }
+
+func readmeSays(t *testing.T, figures ...string) { says(t, "README.md", figures) }
+
+func says(t *testing.T, file string, figures []string) {
+	t.Helper()
+	doc, err := os.ReadFile(testenv.RepoPath(t, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(strings.Fields(string(doc)), " ") // across line breaks
+	for _, f := range figures {
+		if !strings.Contains(text, f) {
+			t.Errorf("%s does not state %q, the figure measured", file, f)
 		}
 	}
 }

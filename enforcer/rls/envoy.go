@@ -454,6 +454,9 @@ func (s *Server) envoyResponse(req *rlsv3.RateLimitRequest, now time.Time, descs
 		if ed.over && !shadow {
 			ds.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
+		if ed.kind == envoyCounted && ed.rule != nil {
+			s.metrics.envoyDecision(req.GetDomain(), ed.rule.ID, ed.over, shadow, ed.over && !shadow && ed.quota)
+		}
 		// The descriptor whose fields ResponseHeaders sends: the least remaining, and
 		// any over its limit (not in quota mode) before it.
 		if int64(ds.LimitRemaining) < minRemaining {

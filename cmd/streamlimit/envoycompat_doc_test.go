@@ -197,3 +197,12 @@ func resetOf(out map[string]any) string {
 	d := out["statuses"].([]any)[0].(map[string]any)["durationUntilReset"].(string)
 	return strings.TrimSuffix(d, "s")
 }
+
+// --log-level takes envoyproxy/ratelimit's LOG_LEVEL names (logrus's) too.
+func TestLogLevelNames(t *testing.T) {
+	for level, want := range map[string]bool{"WARN": true, "trace": true, "warning": true, "fatal": true, "panic": true, "debug": true, "loud": false} {
+		if _, err := newLogger("text", level); (err == nil) != want {
+			t.Errorf("log level %q: %v", level, err)
+		}
+	}
+}

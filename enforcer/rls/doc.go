@@ -82,7 +82,9 @@
 //     hits_addend of 0 reads; is_negative_hits is not read.
 //   - The other rules (streamlimit's extensions: global scope, other algorithms, pools)
 //     are decided by the Limiter, all of them together, in groups of equal cost (0 taken
-//     as 1), and answered in envoyproxy/ratelimit's form.
+//     as 1), and answered in envoyproxy/ratelimit's form. Between the two kinds, replaces
+//     leaves out a rule all of whose limits are replaced; the Limiter applies it within
+//     its own rules.
 //   - A descriptor's own limit is a fixed window of requests_per_unit per unit
 //     (unit_multiplier is not read), without a name, on a counter of its own, in a domain
 //     the rules configure.

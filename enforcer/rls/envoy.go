@@ -160,7 +160,7 @@ func (s *Server) envoy(ctx context.Context, req *rlsv3.RateLimitRequest, cfg *ru
 				continue
 			}
 		}
-		if len(ed.entries) > 0 {
+		if known && len(ed.entries) > 0 {
 			matched[i] = cfg.Match(domain, ed.entries)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -385,8 +386,13 @@ func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64)
 		}
 		for i := range s.globOps {
 			s.globOut[i] = l.decideGlobal(now, &s.globOps[i], s.globRefs[i].allowance(), s.globCount[i], s.globTotal[i])
-			if !s.globOut[i].Allowed && !s.globRefs[i].shadow {
-				admitted = false
+			if !s.globOut[i].Allowed {
+				// Remaining is the room as it is, since a denied limit takes nothing: what
+				// local and site limits report too (Status.Remaining).
+				s.globOut[i].Remaining = max(int64(math.Floor(s.globOps[i].Cap-s.globCount[i])), 0)
+				if !s.globRefs[i].shadow {
+					admitted = false
+				}
 			}
 		}
 		if fused && admitted && l.cfg.Publisher != nil {
@@ -560,6 +566,7 @@ func (l *Limiter) commitShadow(ctx context.Context, now time.Time, s *scratch) {
 		if s.siteRefs[i].shadow {
 			s.oneOp[0] = s.siteOps[i]
 			l.cfg.SiteStore.AllowAll(ctx, now, s.oneOp[:], s.oneOut[:])
+			s.siteOut[i] = s.oneOut[0]
 		}
 	}
 	for i := range s.globOps {

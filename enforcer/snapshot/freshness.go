@@ -96,6 +96,10 @@ type SiteTime struct {
 	// this one (unix ms; 0 when none): the sites of one source are one data center's, so a
 	// site silent while Peer is recent has stopped on its own rather than been cut off.
 	Peer int64
+	// Topic is the hits topic the site's records arrive on here (the least, should several
+	// list it): the sites of one topic are one data center's, fed to every enforcer through
+	// the same pipeline.
+	Topic string
 }
 
 // Sites returns every site with a time, sorted by name. Read only.
@@ -134,6 +138,7 @@ func (s *Snapshot) SiteTimes() *SiteTimes { return s.sites.Load() }
 func (s *Snapshot) recomputeLocked() {
 	oldest, replaying := int64(noHeartbeat), false
 	heard, left, peer := map[string]int64{}, map[string]int64{}, map[string]int64{}
+	topic := map[string]string{}
 	for _, h := range s.sources {
 		if oldest == noHeartbeat || h.AsOf < oldest {
 			oldest = h.AsOf
@@ -155,6 +160,9 @@ func (s *Snapshot) recomputeLocked() {
 			}
 		}
 		for site := range h.Sites {
+			if t, ok := topic[site]; !ok || h.Topic < t {
+				topic[site] = h.Topic
+			}
 			p := top1
 			if site == top1Site {
 				p = top2
@@ -162,6 +170,9 @@ func (s *Snapshot) recomputeLocked() {
 			peer[site] = max(peer[site], p)
 		}
 		for site, ms := range h.Left {
+			if t, ok := topic[site]; !ok || h.Topic < t {
+				topic[site] = h.Topic
+			}
 			left[site] = max(left[site], ms)
 			peer[site] = max(peer[site], top1)
 		}
@@ -182,13 +193,13 @@ func (s *Snapshot) recomputeLocked() {
 	if len(heard)+len(left) > 0 {
 		st = &SiteTimes{sites: make([]SiteTime, 0, len(heard)+len(left))}
 		for site, ms := range heard {
-			st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Peer: peer[site]})
+			st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Peer: peer[site], Topic: s.internSite(topic[site])})
 		}
 		for site, ms := range left {
 			// A site some source still hears from is live there: its leave has not reached
 			// every partition yet, or it restarted.
 			if _, live := heard[site]; !live {
-				st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Left: true, Peer: peer[site]})
+				st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Left: true, Peer: peer[site], Topic: s.internSite(topic[site])})
 			}
 		}
 		slices.SortFunc(st.sites, func(a, b SiteTime) int { return strings.Compare(a.Site, b.Site) })

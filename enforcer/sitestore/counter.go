@@ -130,11 +130,13 @@ func (c *Counter) Counts(ctx context.Context, now time.Time, ops []enforcer.Glob
 		}
 	}
 	keys, args := c.args(now, ops, false)
+	start := c.s.clk.Now()
 	if reason := c.call(ctx, now, keys, args, out, nil); reason != "" {
 		if reason == reasonCanceled {
 			c.s.m.canceled.Inc()
 		} else {
 			c.s.m.counterFB.WithLabelValues("counts", reason).Inc()
+			now = c.s.after(now, start)
 			c.seedCounter(ctx, now, ops)
 		}
 		return c.fallback.Counts(ctx, now, ops, out)
@@ -216,6 +218,7 @@ func (c *Counter) CommitReport(ctx context.Context, now time.Time, ops []enforce
 		counts = make([]float64, len(ops)) // the last known counts need them
 	}
 	keys, args := c.args(now, ops, true)
+	start := c.s.clk.Now()
 	if reason := c.call(ctx, now, keys, args, counts, &ok); reason != "" {
 		if reason == reasonCanceled {
 			// Nobody will receive the answer: commit nothing anywhere.
@@ -224,6 +227,7 @@ func (c *Counter) CommitReport(ctx context.Context, now time.Time, ops []enforce
 			return false, false, nil
 		}
 		c.s.m.counterFB.WithLabelValues("commit", reason).Inc()
+		now = c.s.after(now, start)
 		c.seedCounter(ctx, now, ops)
 		ok, err = c.fallbackCommit(ctx, now, ops, counts)
 		if ok {

@@ -186,6 +186,7 @@ type Store struct {
 	// fallbackShare is Config.FallbackShare, in (0, 1].
 	fallbackShare float64
 	breaker       *breaker.Breaker
+	clk           clock.Clock
 	log           *slog.Logger
 	script        *redis.Script
 	m             *metrics
@@ -197,6 +198,10 @@ type Store struct {
 	flushMu sync.Mutex
 	// authFailing is set while calls fail on credentials (logged once, logging.go).
 	authFailing atomic.Bool
+	// fails counts failed calls, and checked is the count up to which Redis has since been
+	// checked for a restart that lost its data and the hits admitted meanwhile written
+	// back (outage.go): a Redis can restart within a spell too short to open the breaker.
+	fails, checked atomic.Uint64
 	// aliveKey is set in Redis at most every aliveRefresh (aliveAt: when, unix ns; 0:
 	// never) so that a Redis that lost its data can be told (outage.go).
 	aliveKey string
@@ -234,6 +239,7 @@ func New(cfg Config) (*Store, error) {
 		client: cfg.Client, prefix: cfg.KeyPrefix, tag: cfg.HashTag, timeout: cfg.Timeout,
 		slackMs: int64((cfg.ExpirySlack + time.Millisecond - 1) / time.Millisecond), fallback: cfg.Fallback, fallbackShare: cfg.FallbackShare,
 		log: cfg.Logger, script: redis.NewScript(siteScript), known: newKnownTable(), pend: newPending(),
+		clk: clock.Or(cfg.Clock),
 	}
 	s.outage.Store(1)
 	s.aliveKey = s.prefix + "{_alive}" + s.pend.prefix
@@ -290,6 +296,7 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 	if len(ops) == 0 {
 		return true, false
 	}
+	start := s.clk.Now()
 	if reason := s.usable(now, ops); reason != "" {
 		s.m.fallback.WithLabelValues(reason).Inc()
 		return s.fallbackAllowAll(now, ops, out, false), true
@@ -316,7 +323,19 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 		return false, false
 	}
 	s.m.fallback.WithLabelValues(reason).Inc()
-	return s.fallbackAllowAll(now, ops, out, true), true
+	return s.fallbackAllowAll(s.after(now, start), ops, out, true), true
+}
+
+// after returns now moved on by the time since start (by the Store's clock): a request
+// decided in process after its Redis call failed is decided when it is, not when it was
+// stamped. A call that timed out was stamped a whole timeout earlier, and the in-process
+// windows, which a request stamped before the current window would start over, must not
+// see the time go back by that much.
+func (s *Store) after(now, start time.Time) time.Time {
+	if d := s.clk.Now().Sub(start); d > 0 {
+		return now.Add(d)
+	}
+	return now
 }
 
 // reasonCanceled is run's result when the caller's context ended before Redis answered.
@@ -368,6 +387,7 @@ func scaleLimit(l algo.Limit, share float64) algo.Limit {
 // Peek decides op at now without taking anything, like algo.Store.Peek.
 func (s *Store) Peek(ctx context.Context, now time.Time, op algo.Op) (d algo.Decision, fellBack bool) {
 	ops := []algo.Op{op}
+	start := s.clk.Now()
 	if reason := s.usable(now, ops); reason != "" {
 		s.m.fallback.WithLabelValues(reason).Inc()
 		return s.fallbackPeek(now, op), true
@@ -379,6 +399,7 @@ func (s *Store) Peek(ctx context.Context, now time.Time, op algo.Op) (d algo.Dec
 	}
 	if reason != "" {
 		s.m.fallback.WithLabelValues(reason).Inc()
+		now = s.after(now, start)
 		s.seedFallback(now, ops)
 		return s.fallbackPeek(now, op), true
 	}
@@ -560,12 +581,10 @@ func (s *Store) run(ctx context.Context, now time.Time, sc *redis.Script, keys [
 		return "breaker_open"
 	}
 	var err error
-	if probe {
-		err = s.checkRestart(ctx, now)
-	}
-	if err == nil && s.pend.n.Load() > 0 {
-		// Hits admitted in process go to Redis before it decides anything again.
-		if err = s.flush(ctx, now); errors.Is(err, errWriteBackBusy) {
+	if probe || s.fails.Load() != s.checked.Load() || s.pend.n.Load() > 0 {
+		// After a failure: Redis may have lost its data, and hits admitted in process go
+		// to Redis before it decides anything again.
+		if err = s.recover(ctx, now, probe); errors.Is(err, errWriteBackBusy) {
 			// Another call is writing them back: decide this one in process, and leave
 			// the breaker (and a probe's place) as they were.
 			s.breaker.Cancel()
@@ -596,6 +615,7 @@ func (s *Store) run(ctx context.Context, now time.Time, sc *redis.Script, keys [
 		}
 		s.m.calls.WithLabelValues(result).Inc()
 		s.m.errors.Inc()
+		s.fails.Add(1)
 		if authError(err) {
 			s.noteAuthFailure(err)
 		} else if s.breaker.State() == breaker.Closed {

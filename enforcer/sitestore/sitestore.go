@@ -139,6 +139,11 @@ type Config struct {
 	// enforcers sharing the Redis, so that together they stay within the limit. Requests
 	// and Burst are scaled down (at least 1 each). Default 1.
 	FallbackShare float64
+	// Lanes is how many batches of concurrent requests may be in flight to Redis at once
+	// (batch.go). Default DefaultLanes.
+	Lanes int
+	// MaxBatch is the most requests one batch carries. Default DefaultMaxBatch.
+	MaxBatch int
 	// Fallback decides requests while Redis is unavailable. Default (nil): a new
 	// algo.Store with default options.
 	Fallback *algo.Store
@@ -189,6 +194,7 @@ type Store struct {
 	clk           clock.Clock
 	log           *slog.Logger
 	script        *redis.Script
+	batch         *batcher
 	m             *metrics
 	// known, pend and outage bound what an outage costs (outage.go); outage numbers the
 	// breaker's openings, from 1.
@@ -259,6 +265,14 @@ func New(cfg Config) (*Store, error) {
 		s.ownClient = true
 	}
 	_, s.cluster = s.client.(*redis.ClusterClient)
+	if cfg.Lanes <= 0 {
+		cfg.Lanes = DefaultLanes
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = DefaultMaxBatch
+	}
+	s.batch = &batcher{client: s.client, script: redis.NewScript(batchScript), cluster: s.cluster, timeout: s.timeout,
+		lanes: cfg.Lanes, max: cfg.MaxBatch}
 	bopts := cfg.Breaker
 	bopts.Clock = cfg.Clock
 	bopts.OnStateChange = func(st breaker.State) {
@@ -550,17 +564,20 @@ func (s *Store) call(ctx context.Context, now time.Time, ops []algo.Op, commit b
 		args = s.appendOpArgs(args, t, op)
 	}
 	var st []opState
-	reason := s.run(ctx, now, s.script, keys, args, func(cmd *redis.Cmd) error {
-		res, err := cmd.Int64Slice()
-		if err != nil {
-			return err
-		}
+	reason := s.run(ctx, now, &call{kind: kindSite, tag: s.tag(ops[0].Key), keys: keys, args: args}, func(res []any) error {
 		if len(res) != 1+4*len(ops) {
 			return fmt.Errorf("script returned %d values for %d ops", len(res), len(ops))
 		}
 		st = make([]opState, len(ops))
 		for i := range st {
-			r := res[1+4*i:]
+			var r [4]int64
+			for j := range r {
+				v, ok := res[1+4*i+j].(int64)
+				if !ok {
+					return fmt.Errorf("script returned %T for an integer", res[1+4*i+j])
+				}
+				r[j] = v
+			}
 			st[i] = opState{allowed: r[0] == 1, r1: r[1], r2: r[2], r3: r[3]}
 		}
 		return nil
@@ -568,11 +585,11 @@ func (s *Store) call(ctx context.Context, now time.Time, ops []algo.Op, commit b
 	return st, reason
 }
 
-// run runs sc through the circuit breaker with the Store's timeout, and hands the reply to
-// parse, whose error counts as a failed call like Redis's own. It returns "" on success,
+// run sends c (in a batch, batch.go) through the circuit breaker with the Store's timeout,
+// and hands its reply to parse, whose error counts as a failed call like Redis's own. It returns "" on success,
 // else the fallback reason (breaker_open, error, timeout), or reasonCanceled when the
 // caller's context ended first (not a failure of Redis: the breaker is not told).
-func (s *Store) run(ctx context.Context, now time.Time, sc *redis.Script, keys []string, args []any, parse func(*redis.Cmd) error) string {
+func (s *Store) run(ctx context.Context, now time.Time, c *call, parse func([]any) error) string {
 	if err := ctx.Err(); err != nil {
 		return reasonCanceled
 	}
@@ -595,11 +612,12 @@ func (s *Store) run(ctx context.Context, now time.Time, sc *redis.Script, keys [
 	if err == nil {
 		cctx, cancel := context.WithTimeout(ctx, s.timeout)
 		start := time.Now()
-		cmd := sc.Run(cctx, s.client, keys, args...)
+		var reply []any
+		reply, err = s.batch.do(cctx, c)
 		s.m.duration.Observe(time.Since(start).Seconds())
 		cancel()
-		if err = cmd.Err(); err == nil {
-			err = parse(cmd)
+		if err == nil {
+			err = parse(reply)
 		}
 	}
 	if err != nil {

@@ -199,6 +199,7 @@ type Store struct {
 	// known, pend and outage bound what an outage costs (outage.go); outage numbers the
 	// breaker's openings, from 1.
 	known   *knownTable
+	over    *overTable // counters over their limit (overlimit.go)
 	pend    *pending
 	outage  atomic.Uint64
 	flushMu sync.Mutex
@@ -244,7 +245,7 @@ func New(cfg Config) (*Store, error) {
 	s := &Store{
 		client: cfg.Client, prefix: cfg.KeyPrefix, tag: cfg.HashTag, timeout: cfg.Timeout,
 		slackMs: int64((cfg.ExpirySlack + time.Millisecond - 1) / time.Millisecond), fallback: cfg.Fallback, fallbackShare: cfg.FallbackShare,
-		log: cfg.Logger, script: redis.NewScript(siteScript), known: newKnownTable(), pend: newPending(),
+		log: cfg.Logger, script: redis.NewScript(siteScript), known: newKnownTable(), over: newOverTable(), pend: newPending(),
 		clk: clock.Or(cfg.Clock),
 	}
 	s.outage.Store(1)
@@ -309,6 +310,10 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 	out = out[:len(ops)]
 	if len(ops) == 0 {
 		return true, false
+	}
+	if s.overLimit(now, ops, out) {
+		s.m.overLimit.Inc()
+		return false, false
 	}
 	start := s.clk.Now()
 	if reason := s.usable(now, ops); reason != "" {
@@ -598,15 +603,20 @@ func (s *Store) run(ctx context.Context, now time.Time, c *call, parse func([]an
 		return "breaker_open"
 	}
 	var err error
-	if probe || s.fails.Load() != s.checked.Load() || s.pend.n.Load() > 0 {
+	if wb := probe || s.pend.n.Load() > 0; wb || s.fails.Load() != s.checked.Load() {
 		// After a failure: Redis may have lost its data, and hits admitted in process go
 		// to Redis before it decides anything again.
 		if err = s.recover(ctx, now, probe); errors.Is(err, errWriteBackBusy) {
-			// Another call is writing them back: decide this one in process, and leave
-			// the breaker (and a probe's place) as they were.
-			s.breaker.Cancel()
-			s.m.calls.WithLabelValues(reasonWritingBack).Inc()
-			return reasonWritingBack
+			if wb {
+				// Another call is writing them back: decide this one in process, and
+				// leave the breaker (and a probe's place) as they were.
+				s.breaker.Cancel()
+				s.m.calls.WithLabelValues(reasonWritingBack).Inc()
+				return reasonWritingBack
+			}
+			// Another call is only checking for a restart: nothing of this process's
+			// waits to reach Redis, so this call need not wait for it.
+			err = nil
 		}
 	}
 	if err == nil {

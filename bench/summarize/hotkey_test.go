@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,6 +34,39 @@ func TestExactBoundIsReached(t *testing.T) {
 			if got > want || got < want-want/100 {
 				t.Errorf("%v from +%v: admitted %d, bound %d", alg, phase, got, want)
 			}
+		}
+	}
+}
+
+// TestHotKeyTableOfRedisDoc: the raw hot-key run that docs/redis.md quotes summarises to
+// the figures it quotes (admitted and exact bound per row).
+func TestHotKeyTableOfRedisDoc(t *testing.T) {
+	f, err := os.Open("../../bench-results/hotkey-2026-11-25-2318.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := parse(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	writeHotKey(&b, r)
+	doc, err := os.ReadFile("../../docs/redis.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range []struct{ table, doc string }{
+		{"| site | sliding_window | 32 | 4172 | 5410 |", "| `sliding_window` | 32 | 4 172 | 5 410 | 5 310 | 5 360 | 0 |"},
+		{"| local | sliding_window | 32 | 5310 | 5360 |", "| `sliding_window` | 32 | 4 172 | 5 410 | 5 310 | 5 360 | 0 |"},
+		{"| site | gcra | 128 | 5889 | 6000 |", "| `gcra` | 128 | 5 889 | 6 000 | 5 989 | 6 000 | 0 |"},
+		{"| site | sliding_log | 32 | 5000 | 6000 | 0.833 | 4 |", "| `sliding_log` | 32 | 5 000 | 6 000 | 5 000 | 6 000 | 4 |"},
+	} {
+		if !strings.Contains(b.String(), row.table) {
+			t.Errorf("summary of the raw run lacks %q:\n%s", row.table, b.String())
+		}
+		if !strings.Contains(string(doc), row.doc) {
+			t.Errorf("docs/redis.md lacks %q", row.doc)
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -640,5 +642,30 @@ func TestLateRequestsKeepTheWindow(t *testing.T) {
 		if d.Allowed || d.RetryAfter < 1010*time.Millisecond {
 			t.Fatalf("%v: late request at 0.99 s: %+v; want refused until the newer window has room (≥ 1.01 s)", alg, d)
 		}
+	}
+}
+
+// TestSlidingWindowFreshKey checks what the README says the sliding window admits on a
+// fresh key: the whole limit at once, then, in the first window from the first hit (made
+// at φ = 0.96 into its aligned window), up to (1 + φ) × the limit: 98 of 50 per second.
+func TestSlidingWindowFreshKey(t *testing.T) {
+	start := time.Unix(1_700_000_000, 960_000_000) // φ = 0.96
+	s := New(Options{})
+	op := Op{Key: "fresh", Algorithm: SlidingWindow, Limit: Limit{Requests: 50, Window: time.Second}, N: 1}
+	admitted := 0
+	for now := start; now.Before(start.Add(time.Second)); now = now.Add(100 * time.Microsecond) {
+		if s.Allow(now, op).Allowed {
+			admitted++
+		}
+	}
+	if admitted != 98 {
+		t.Fatalf("a fresh key's first second from φ = 0.96 admitted %d of 50/s, want 98 (50 + 50 − ⌊50 × 0.04⌋)", admitted)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "98 of 50 per second at φ = 0.96") {
+		t.Fatal("README.md no longer states what a fresh key's first window admits (98 of 50 per second at φ = 0.96)")
 	}
 }

@@ -36,7 +36,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		writtenBack: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "written_back_total",
 			Help: "Batches of hits admitted in process during a Redis outage, written back to Redis before it decided again (one batch per counter and outage)."}),
 		overLimit: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "over_limit_cached_total",
-			Help: "Site-scope requests refused without a Redis call: a counter of theirs was over its limit at Redis's last answer, and cannot admit them before that answer's retry time."}),
+			Help: "Site-scope requests of one hit refused without a Redis call: Redis had refused a hit of each of their counters, and none can admit one before that answer's retry time."}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "call_duration_seconds",
 			Help:    "Duration of Redis script calls (site-scope decisions and global-scope site counts), including failed ones.",
 			Buckets: []float64{50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 20e-3, 50e-3, 100e-3, 250e-3}}),

@@ -284,7 +284,11 @@ func (s *Store) noteAll(now time.Time, ops []algo.Op, out []algo.Decision) {
 	for i := range ops {
 		s.known.note(ops[i].Key, ops[i].Limit.Window, t, out[i].Limit, out[i].Remaining,
 			&writeBack{op: ops[i], window: ops[i].Limit.Window})
-		s.over.note(t, &ops[i], &out[i])
+		if !keyBefore(ops, i) {
+			// A later op on the same key was decided as if the earlier ones had taken:
+			// its retry time is not the counter's.
+			s.over.note(t, &ops[i], &out[i])
+		}
 	}
 }
 
@@ -421,16 +425,12 @@ func (s *Store) checkRestart(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// room returns an admitted Decision for key at now with the room Redis last reported
-// (the whole allowance when it reported none within the window): what a request refused
-// by another of its counters reports for this one.
-func (t *knownTable) room(key string, now, allowance int64) algo.Decision {
-	d := algo.Decision{Allowed: true, Limit: allowance, Remaining: allowance}
-	sh := &t.shards[maphash.String(t.seed, key)%knownShards]
-	sh.mu.Lock()
-	if e := sh.m[key]; e != nil && now-e.at < int64(e.window) {
-		d.Limit, d.Remaining = e.limit, max(e.limit-e.used, 0)
+// keyBefore reports whether an op before ops[i] has its key.
+func keyBefore(ops []algo.Op, i int) bool {
+	for j := range i {
+		if ops[j].Key == ops[i].Key {
+			return true
+		}
 	}
-	sh.mu.Unlock()
-	return d
+	return false
 }

@@ -10,12 +10,15 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 )
 
-// The over-limit cache: a counter that Redis reported over its limit cannot admit the
-// same request (or a larger one, under the same limit) before the decision's RetryAfter
-// has passed, since counts only fall with time and the site's other enforcers only add to
-// them. Until then a request that needs such a counter is refused in process, without a
-// round trip, so a hot abusive key costs Redis nothing. An answer from the cache is only
-// ever a refusal, and only one that Redis would give: it never admits anything.
+// The over-limit cache: a counter that Redis refused a single hit cannot admit one before
+// the decision's RetryAfter has passed, since counts only fall with time and the site's
+// other enforcers only add to them. Until then a request of one hit whose every counter is
+// so refused is refused in process, without a round trip, so a hot abusive key costs
+// Redis nothing. An answer from the cache is only ever a refusal, and only one that Redis
+// would give, with the Decision Redis would report when nothing else was added meanwhile:
+// no room (a refused hit leaves none), the same retry and reset instants. A request of
+// more hits, or one with a counter not in the cache, asks Redis (what a peek of its other
+// counters, or the room left for more hits, would report is not known here).
 
 // overShards is the number of shards of the over-limit cache, and overPerShard the
 // counters each holds (past it, an arbitrary entry is dropped: that counter's next request
@@ -25,10 +28,9 @@ const (
 	overPerShard = 1 << 12
 )
 
-// overEntry is a counter Redis reported over its limit for requests of n or more.
+// overEntry is a counter Redis refused a hit.
 type overEntry struct {
-	until, reset int64 // unix ns: when a request of n may fit again; when the count resets
-	n            int64
+	until, reset int64 // unix ns: when a hit may fit again; when the count resets
 	alg          algo.Algorithm
 	lim          algo.Limit
 	limit        int64 // the Decision's Limit
@@ -55,7 +57,7 @@ func newOverTable() *overTable {
 // note records Redis's decision d of op at now (unix ns): a refusal that says when the
 // request may fit is cached until then; an admission clears the counter's entry.
 func (t *overTable) note(now int64, op *algo.Op, d *algo.Decision) {
-	over := !d.Allowed && d.RetryAfter > 0 && op.N > 0
+	over := !d.Allowed && d.RetryAfter > 0 && op.N == 1 && d.Remaining == 0
 	if !over && t.n.Load() == 0 {
 		return
 	}
@@ -84,11 +86,11 @@ func (t *overTable) note(now int64, op *algo.Op, d *algo.Decision) {
 		}
 		t.n.Add(1)
 	}
-	sh.m[op.Key] = overEntry{until: until, reset: now + int64(d.ResetAfter), n: op.N, alg: op.Algorithm, lim: op.Limit, limit: d.Limit}
+	sh.m[op.Key] = overEntry{until: until, reset: now + int64(d.ResetAfter), alg: op.Algorithm, lim: op.Limit, limit: d.Limit}
 }
 
-// get returns the entry that refuses op at now, if any: same algorithm and limit, a
-// request at least as large, before the time it may fit.
+// get returns the entry that refuses op at now, if any: a hit, under the same algorithm
+// and limit, before the time it may fit.
 func (t *overTable) get(now int64, op *algo.Op) (overEntry, bool) {
 	sh := &t.shards[maphash.String(t.seed, op.Key)%overShards]
 	sh.mu.Lock()
@@ -99,39 +101,28 @@ func (t *overTable) get(now int64, op *algo.Op) (overEntry, bool) {
 		ok = false
 	}
 	sh.mu.Unlock()
-	if !ok || op.N < e.n || op.Algorithm != e.alg || op.Limit != e.lim {
+	if !ok || op.N != 1 || op.Algorithm != e.alg || op.Limit != e.lim {
 		return overEntry{}, false
 	}
 	return e, true
 }
 
-// overLimit reports whether the cache refuses the request ops at now, and then fills out:
-// the refusing ops as Redis refused them (RetryAfter and ResetAfter from now), the others
-// as admitted on their own, with the room Redis last reported.
+// overLimit reports whether the cache refuses the request ops at now (every op a hit of a
+// counter in the cache), and then fills out as Redis refused them, with the retry and
+// reset instants from now.
 func (s *Store) overLimit(now time.Time, ops []algo.Op, out []algo.Decision) bool {
 	if s.over.n.Load() == 0 {
 		return false
 	}
 	t := now.UnixNano()
-	refused := false
 	for i := range ops {
 		e, ok := s.over.get(t, &ops[i])
 		if !ok {
-			out[i] = algo.Decision{}
-			continue
+			return false
 		}
-		refused = true
 		out[i] = algo.Decision{Limit: e.limit, RetryAfter: time.Duration(e.until - t), ResetAfter: time.Duration(max(e.reset-t, 0))}
 		if e.until == math.MaxInt64 {
 			out[i].RetryAfter = algo.Never
-		}
-	}
-	if !refused {
-		return false
-	}
-	for i := range ops {
-		if out[i].Limit == 0 && out[i].RetryAfter == 0 {
-			out[i] = s.known.room(ops[i].Key, t, ops[i].Limit.Allowance())
 		}
 	}
 	return true

@@ -99,7 +99,8 @@ end
 -- The algorithms: one file each (bucket.lua, fixed_window.lua, sliding_window.lua,
 -- sliding_log.lua), each defining a table with decide(st, b, n, a, c) -> allowed, r1, r2,
 -- r3, ttl (b: the op's ARGV offset; r1..r3 what its Go file turns into a Decision; ttl in
--- ms, when it took) and optionally save(st, taken, ttl) for state beyond the hash. Go puts
+-- ms, when it took), optionally save(st, taken, ttl) for state beyond the hash, and
+-- windows = true when it keeps only st, cur and prev in the hash. Go puts
 -- them here, and the table algos that maps each algorithm code to one of them.
 -- ALGORITHMS
 
@@ -137,7 +138,12 @@ if commit then
   for _, st in ipairs(order) do
     local taken = all and st.dirty
     local ttl = st.ttl + slack
-    if taken then
+    if taken and algos[st.alg].windows then
+      -- the window algorithms keep st, cur and prev only (load reads any other field of a
+      -- hash written by another algorithm as that algorithm's, and ignores it)
+      redis.call('HSET', st.hk, 'alg', st.alg, 'w', st.w, 'st', st.st, 'cur', fmt(st.cur), 'prev', fmt(st.prev))
+      redis.call('PEXPIRE', st.hk, ttl)
+    elseif taken then
       redis.call('HSET', st.hk, 'alg', st.alg, 'w', st.w, 'ts', fmt(st.ts), 'tn', fmt(st.tn),
         'tr', fmt(st.tr), 'd', fmt(st.d), 'st', st.st, 'cur', fmt(st.cur), 'prev', fmt(st.prev))
       redis.call('PEXPIRE', st.hk, ttl)

@@ -78,12 +78,13 @@ type Config struct {
 	// weighs e^(−age/τ). It sets how fast the sites' shares of a hot key's room follow a
 	// client that moves between data centers. Default 1s.
 	DemandTimeConstant time.Duration
-	// SiteForget is how long after the last site heartbeat of a site (on a partition) the
-	// aggregator forgets it. Until then the site's heartbeat time stays in this
-	// aggregator's heartbeats, ever older, so that enforcers keep assuming it spends its
-	// share of every global limit; after it, the site is taken for gone (a decommissioned
-	// data center). A partition between data centers that lasts longer than SiteForget is
-	// no longer bounded. Default 15m.
+	// SiteForget is how long after the last site record of a site (on a partition) the
+	// aggregator forgets it. Until then a silent site's heartbeat time stays in this
+	// aggregator's heartbeats, ever older, so that enforcers keep reserving its share of
+	// the keys it served (a site cut off from here is also counted as of its last
+	// heartbeat), and a site that left stays listed as left; after it, the site is taken
+	// for gone. A partition between data centers that lasts longer than SiteForget is no
+	// longer bounded. Default 15m.
 	SiteForget time.Duration
 	// EmitInterval is the least time between two counts published for one counter, and the
 	// period of the emission loop. Default DefaultEmitInterval.

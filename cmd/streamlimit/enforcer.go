@@ -97,8 +97,9 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	f.StringVar(&c.HitsTopic, "hits-topic", topics.DefaultHitsTopic, "topic this site's hits are published to")
 	f.StringVar(&c.CountsTopic, "counts-topic", topics.DefaultCountsTopic, "compacted counts topic to follow")
 	f.DurationVar(&c.MaxStaleness, "max-staleness", 10*time.Second, "age of the aggregator's heartbeats past which global limits use local shares")
-	f.Float64Var(&c.DefaultShare, "default-share", 0, "this site's share of a global limit for keys never seen, and the share a silent site is assumed to spend (0: 1/the number of sites heard from)")
-	f.DurationVar(&c.SiteStaleAfter, "site-stale-after", enforcer.DefaultSiteStaleAfter, "how long a remote site may go unheard before it is assumed to spend its share of every global limit")
+	f.Float64Var(&c.DefaultShare, "default-share", 0, "this site's share of a global limit for keys new to the counts (0: 1/the number of sites that may spend them: live, or cut off from here)")
+	f.DurationVar(&c.SiteStaleAfter, "site-stale-after", enforcer.DefaultSiteStaleAfter, "how long a site may go unheard before it is taken as silent and reserved its share of the keys it served")
+	f.DurationVar(&c.CrashHold, "crash-hold", enforcer.DefaultCrashHold, "how long a site silent while the rest of its data center speaks (a crash) keeps its reservation, fading (negative: none)")
 	f.IntVar(&c.SubBuckets, "sub-buckets", window.DefaultSubBuckets, "sub-window buckets per window (must equal the aggregator's)")
 	f.IntVar(&c.MaxKeys, "max-keys", 1<<20, "bound on keys held per structure (local counters, site counts, snapshot, key cache); idle keys go first")
 	ef.maxMemory = server.DefaultMaxMemory

@@ -66,12 +66,14 @@ type Config struct {
 	// fall back to local shares. Default 10s.
 	MaxStaleness time.Duration
 	// DefaultShare is this site's share of a global limit for keys the snapshot never
-	// showed, and the share a silent site is assumed to spend. Default 0: 1/the number of
-	// sites the aggregators' heartbeats list (see enforcer.Config).
+	// showed. Default 0: 1/the number of sites that may spend them (see enforcer.Config).
 	DefaultShare float64
-	// SiteStaleAfter is how long a remote site may go unheard before it is assumed to
-	// spend its share of every global limit. Default enforcer.DefaultSiteStaleAfter.
+	// SiteStaleAfter is how long a site may go unheard before it is taken as silent and
+	// reserved its share of the keys it served. Default enforcer.DefaultSiteStaleAfter.
 	SiteStaleAfter time.Duration
+	// CrashHold is how long a site silent while the rest of its data center speaks keeps
+	// its reservation, fading. Default enforcer.DefaultCrashHold.
+	CrashHold time.Duration
 	// SubBuckets of the site's own sliding-window counts; must equal the aggregator's.
 	// Default window.DefaultSubBuckets.
 	SubBuckets int
@@ -279,6 +281,7 @@ func New(cfg Config) (_ *Server, err error) {
 		Counter:        s.counter,
 		DefaultShare:   cfg.DefaultShare,
 		SiteStaleAfter: cfg.SiteStaleAfter,
+		CrashHold:      cfg.CrashHold,
 		SubBuckets:     cfg.SubBuckets,
 		MinShare:       cfg.MinShare,
 		Clock:          cfg.Clock,

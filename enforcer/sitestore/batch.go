@@ -100,6 +100,12 @@ func (b *batcher) do(ctx context.Context, c *call) ([]any, error) {
 	if lead {
 		b.serve(c)
 	}
+	// An answer that is there wins over a deadline that passed meanwhile (a lane's
+	// goroutine may have sent others' batches first): Redis has decided the request, and
+	// deciding it again in process would count it twice.
+	if answered(c) {
+		return c.reply, c.err
+	}
 	select {
 	case <-c.done:
 		return c.reply, c.err

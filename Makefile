@@ -57,9 +57,13 @@ vet:
 	$(GO) vet ./...
 
 # Long-lived services for interactive work, in /tmp/streamlimit-services
-# (or STREAMLIMIT_RUN_DIR). Prints the variables to export.
+# (or STREAMLIMIT_RUN_DIR), on free ports unless KAFKA_PORT and REDIS_PORT pin them
+# (make services-up KAFKA_PORT=9092 REDIS_PORT=6379). Prints the variables to export.
+KAFKA_PORT ?=
+REDIS_PORT ?=
 services-up:
-	@k=$$(bash $(SERVICES)/kafka.sh start) && r=$$(bash $(SERVICES)/redis.sh start) && \
+	@k=$$(STREAMLIMIT_KAFKA_PORT=$(KAFKA_PORT) bash $(SERVICES)/kafka.sh start) && \
+	  r=$$(STREAMLIMIT_REDIS_PORT=$(REDIS_PORT) bash $(SERVICES)/redis.sh start) && \
 	  echo "export STREAMLIMIT_KAFKA_BROKERS=$$k STREAMLIMIT_REDIS_ADDR=$$r"
 
 services-down:

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -23,8 +22,8 @@ import (
 const (
 	// DefaultMaxBodyBytes is CheckOptions.MaxBodyBytes's default.
 	DefaultMaxBodyBytes = 64 << 10
-	// MaxHits is the largest hits_addend, Envoy's uint32 maximum.
-	MaxHits = math.MaxUint32
+	// MaxHits is the largest hits_addend, Envoy's uint32 maximum, as on every front door.
+	MaxHits = rules.MaxHits
 )
 
 // CheckOptions configure the check API handler.
@@ -214,9 +213,25 @@ func (s *checkState) decode(body io.Reader, maxDelay *time.Duration) (enforcer.R
 	}
 	str := string(s.body)
 	if !s.fastDecode(s.body, str) {
-		return decodeCheck(strings.NewReader(str), maxDelay)
+		return decodeCheckText(str, maxDelay)
 	}
 	return checkRequest(&s.cr, s.rdescs, maxDelay)
+}
+
+// decodeCheckText is decodeCheck of a whole body, which it first refuses when
+// encoding/json would read it otherwise than it was written: text that is not valid
+// UTF-8, or escapes a lone UTF-16 surrogate, which encoding/json turns into U+FFFD (so
+// that "u1\xff" and "u1\xfe" would share one counter), and a null where the schema
+// wants a value, which it reads as the field's absence. The fast decoder takes none of
+// these, so only this path checks them.
+func decodeCheckText(body string, maxDelay *time.Duration) (enforcer.Request, error) {
+	if err := checkText(body); err != nil {
+		return enforcer.Request{}, err
+	}
+	if err := checkNoNull(body); err != nil {
+		return enforcer.Request{}, err
+	}
+	return decodeCheck(strings.NewReader(body), maxDelay)
 }
 
 // errReader returns its error on every read.
@@ -283,7 +298,9 @@ func checkRequest(cr *CheckRequest, descs [][]rules.Entry, maxDelay *time.Durati
 	return req, nil
 }
 
-// pickHits returns the one cost given among the spellings; several must agree.
+// pickHits returns the one cost given among the spellings; a request may use one of
+// them (as protobuf's JSON reader, behind /json, refuses a field given under both its
+// names).
 func pickHits(field string, vs ...*int64) (int64, error) {
 	var got *int64
 	for _, v := range vs {
@@ -293,8 +310,8 @@ func pickHits(field string, vs ...*int64) (int64, error) {
 		if *v < 0 || *v > MaxHits {
 			return 0, &checkError{fmt.Sprintf("%s: %d is not in 0..%d", field, *v, int64(MaxHits))}
 		}
-		if got != nil && *got != *v {
-			return 0, &checkError{field + ": given twice with different values"}
+		if got != nil {
+			return 0, &checkError{field + ": the cost is given under more than one name (hits_addend, hitsAddend, hits): give one"}
 		}
 		got = v
 	}

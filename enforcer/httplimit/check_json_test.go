@@ -180,7 +180,7 @@ func TestCheckDecodeMatchesEncodingJSON(t *testing.T) {
 // two differ, "" when they agree.
 func compareDecode(s *checkState, body string) string {
 	var wantDelay, gotDelay time.Duration
-	want, wantErr := decodeCheck(strings.NewReader(body), &wantDelay)
+	want, wantErr := decodeCheckText(body, &wantDelay)
 	got, gotErr := s.decode(strings.NewReader(body), &gotDelay)
 	if (wantErr == nil) != (gotErr == nil) || wantErr != nil && gotErr.Error() != wantErr.Error() {
 		return fmt.Sprintf("error %v, want %v", gotErr, wantErr)

@@ -1,7 +1,12 @@
 package httplimit
 
 import (
+	"bufio"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -71,5 +76,148 @@ func TestCheckRefusesNullAndTwoSpellings(t *testing.T) {
 	// A descriptor's limit, which the check API ignores, may hold anything.
 	if resp, b := postJSON(t, srv.Client(), srv.URL, `{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"m"}],"limit":{"unit":null}}]}`); resp.StatusCode != 200 {
 		t.Errorf("null inside limit: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestForwardedSmuggling sends, through a trusted proxy (127.0.0.1) that appends
+// `for=198.51.100.7` (the real client) to the Forwarded header, 6 requests each naming a
+// new address in the part the client wrote, against remote_address 2 per minute with
+// forwarded_header: Forwarded. Each attempt must get 2 through, the real client's limit.
+// Before, a quote the client left open swallowed the proxy's element on the same line
+// (6 of 6 through for the first three).
+func TestForwardedSmuggling(t *testing.T) {
+	const proxy = `for=198.51.100.7`
+	sameLine := map[string]string{
+		"open quote in a parameter":     `for=203.0.113.%[1]d;x="`,
+		"open quote in for":             `for="203.0.113.%[1]d`,
+		"escaped closing quote":         `for=203.0.113.%[1]d;x="\"`,
+		"element inside a quoted value": `for=192.0.2.1;x="y, for=203.0.113.%[1]d"`,
+		"for given twice":               `for=203.0.113.%[1]d;for=192.0.2.%[1]d`,
+		"case and white space":          `FOR=203.0.113.%[1]d , For=192.0.2.%[1]d ;`,
+		"backslash before the proxy":    `for=203.0.113.%[1]d;x="\\`,
+	}
+	for name, client := range sameLine {
+		t.Run(name, func(t *testing.T) {
+			srv := forwardedServer(t)
+			n := admitted(t, srv.Client(), srv.URL, 6, func(i int) map[string]string {
+				return map[string]string{"Forwarded": fmt.Sprintf(client, i) + ", " + proxy}
+			})
+			if n != 2 {
+				t.Fatalf("admitted %d of 6, want 2 (the limit)", n)
+			}
+		})
+	}
+	// On the wire: header lines as the proxy passes them on, its own last.
+	wire := map[string]string{
+		"duplicate lines with open quotes": "Forwarded: for=203.0.113.%[1]d;x=\"\r\nForwarded: for=192.0.2.%[1]d;y=\"\r\nForwarded: " + proxy + "\r\n",
+		"the client's line folded":         "Forwarded: for=203.0.113.%[1]d;x=\"a\r\n b, for=192.0.2.%[1]d\r\nForwarded: " + proxy + "\r\n",
+		"Forwarded folded into another":    "X-A: a\r\n Forwarded: for=203.0.113.%[1]d\r\nForwarded: " + proxy + "\r\n",
+		"an IPv6 proxy element":            "Forwarded: for=203.0.113.%[1]d;x=\"\r\nForwarded: for=\"[2001:db8::7]:4711\"\r\n",
+	}
+	for name, lines := range wire {
+		t.Run(name, func(t *testing.T) {
+			srv := forwardedServer(t)
+			n := 0
+			for i := range 6 {
+				if rawStatus(t, srv.Listener.Addr().String(), fmt.Sprintf(lines, i)) != http.StatusTooManyRequests {
+					n++
+				}
+			}
+			if n != 2 {
+				t.Fatalf("admitted %d of 6, want 2 (the limit)", n)
+			}
+		})
+	}
+}
+
+func forwardedServer(t *testing.T) *httptest.Server {
+	m := newMW(t, Config{Descriptors: one(Source{Type: SourceRemoteAddress}), TrustedProxies: []string{"127.0.0.1"}, ForwardedHeader: "Forwarded"}, nil)
+	srv := httptest.NewServer(m.Handler(okHandler))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// rawStatus sends a GET with the header lines hdr (each ending in CRLF) as they are, and
+// returns the status.
+func rawStatus(t *testing.T, addr, hdr string) int {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n"+hdr+"Connection: close\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestAuthTrustsOnlyItsHeader: /v1/auth reads the client's address from X-Real-IP (its
+// ClientIPHeader) and no other header. From trusted nginx, a request whose X-Real-IP is
+// missing or "unix:" (a client on a Unix socket) while the client's own X-Forwarded-For
+// rotates is counted under nginx's address: 2 of 6 admitted against 2 per minute (before:
+// 6 of 6, the client's X-Forwarded-For believed).
+func TestAuthTrustsOnlyItsHeader(t *testing.T) {
+	for name, realIP := range map[string]string{"missing": "", "unix:": "unix:", "garbage": "not an address"} {
+		t.Run(name, func(t *testing.T) {
+			m := newMW(t, Config{Descriptors: one(Source{Type: SourceRemoteAddress}), TrustedProxies: []string{"127.0.0.1"}}, nil)
+			srv := httptest.NewServer(m.AuthHandler(AuthOptions{}))
+			defer srv.Close()
+			n := admitted(t, srv.Client(), srv.URL+"/v1/auth", 6, func(i int) map[string]string {
+				h := map[string]string{"X-Forwarded-For": fmt.Sprintf("203.0.113.%d", i), "Forwarded": fmt.Sprintf("for=192.0.2.%d", i)}
+				if realIP != "" {
+					h["X-Real-IP"] = realIP
+				}
+				return h
+			})
+			if n != 2 {
+				t.Fatalf("admitted %d of 6, want 2 (nginx's own limit)", n)
+			}
+		})
+	}
+	t.Run("a list in the configured header", func(t *testing.T) {
+		m := newMW(t, Config{Descriptors: one(Source{Type: SourceRemoteAddress}), TrustedProxies: []string{"127.0.0.1", "10.0.0.0/8"}}, nil)
+		srv := httptest.NewServer(m.AuthHandler(AuthOptions{ClientIPHeader: "X-Forwarded-For"}))
+		defer srv.Close()
+		// nginx's $proxy_add_x_forwarded_for: the client's part, then what nginx saw.
+		n := admitted(t, srv.Client(), srv.URL+"/v1/auth", 6, func(i int) map[string]string {
+			return map[string]string{"X-Forwarded-For": fmt.Sprintf("203.0.113.%d, 198.51.100.7, 10.0.0.2", i), "X-Real-IP": fmt.Sprintf("192.0.2.%d", i)}
+		})
+		if n != 2 {
+			t.Fatalf("admitted %d of 6, want 2", n)
+		}
+	})
+}
+
+// TestAuthMethodsAndStatus: /v1/auth answers GET, HEAD and POST; another method is 405
+// with Allow (before: TRACE was decided, 204), and a ?status other than 401, 403 or 429 is
+// 400 (before: ignored, 204).
+func TestAuthMethodsAndStatus(t *testing.T) {
+	m := newMW(t, Config{Descriptors: one(Source{Type: SourceRemoteAddress})}, nil)
+	srv := httptest.NewServer(m.AuthHandler(AuthOptions{}))
+	defer srv.Close()
+	for _, method := range []string{"TRACE", "PUT", "DELETE", "PATCH", "OPTIONS"} {
+		resp := do(t, srv.Client(), method, srv.URL+"/v1/auth", nil, "")
+		if resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET, HEAD, POST" {
+			t.Errorf("%s: %d, Allow %q", method, resp.StatusCode, resp.Header.Get("Allow"))
+		}
+	}
+	for _, q := range []string{"-58800", "200", "x", "401&status=403"} {
+		if resp := do(t, srv.Client(), "GET", srv.URL+"/v1/auth?status="+q, nil, ""); resp.StatusCode != 400 {
+			t.Errorf("?status=%s: %d", q, resp.StatusCode)
+		}
+	}
+	for _, method := range []string{"GET", "HEAD"} {
+		if resp := do(t, srv.Client(), method, srv.URL+"/v1/auth?status=403", nil, ""); resp.StatusCode != 204 {
+			t.Errorf("%s: %d", method, resp.StatusCode)
+		}
+	}
+	if resp := do(t, srv.Client(), "POST", srv.URL+"/v1/auth?status=403", nil, ""); resp.StatusCode != 403 {
+		t.Errorf("third request, denied with ?status=403: %d", resp.StatusCode)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -219,5 +220,57 @@ func TestAuthMethodsAndStatus(t *testing.T) {
 	}
 	if resp := do(t, srv.Client(), "POST", srv.URL+"/v1/auth?status=403", nil, ""); resp.StatusCode != 403 {
 		t.Errorf("third request, denied with ?status=403: %d", resp.StatusCode)
+	}
+}
+
+// TestCheckPerDescriptorCost: a descriptor's own hits_addend that differs from the
+// request's is decided as the gRPC service decides it, the descriptors of each cost
+// together (before: 400, although the schema allows it). user: 2 per minute.
+func TestCheckPerDescriptorCost(t *testing.T) {
+	l, _ := newLimiter(t)
+	srv := httptest.NewServer(NewCheckHandler(l, CheckOptions{}))
+	defer srv.Close()
+	post := func(body string) CheckResponse {
+		t.Helper()
+		resp, b := postJSON(t, srv.Client(), srv.URL, body)
+		var r CheckResponse
+		if err := json.Unmarshal(b, &r); err != nil || len(r.Statuses) != 2 {
+			t.Fatalf("%s: %d %s", body, resp.StatusCode, b)
+		}
+		return r
+	}
+	r := post(`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"b"}],"hits_addend":2},{"entries":[{"key":"user","value":"c"}]}]}`)
+	if r.OverallCode != "OK" || r.Statuses[0].LimitRemaining != 0 || r.Statuses[1].LimitRemaining != 1 {
+		t.Fatalf("costs 2 and 1: %+v", r)
+	}
+	// user=b is spent: its group is denied, and user=d, after it, is neither decided nor
+	// charged.
+	r = post(`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"b"}],"hitsAddend":2},{"entries":[{"key":"user","value":"d"}]}],"hits":1}`)
+	if r.OverallCode != "OVER_LIMIT" || r.Statuses[0].Code != "OVER_LIMIT" || r.Statuses[1].Code != "OK" || r.Statuses[1].CurrentLimit != nil {
+		t.Fatalf("b spent: %+v", r)
+	}
+	r = post(`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"d"}]},{"entries":[{"key":"user","value":"e"}],"hits_addend":2}]}`)
+	if r.OverallCode != "OK" || r.Statuses[0].LimitRemaining != 1 || r.Statuses[1].LimitRemaining != 0 {
+		t.Fatalf("user=d was charged by a denied request: %+v", r)
+	}
+}
+
+// TestCheckIntegralNumbers: JSON Schema's integer includes 2.0 and 2e0, so the check API
+// takes them as 2 (before: 400, "cannot unmarshal number 2.0"); 2.5 stays a 400.
+func TestCheckIntegralNumbers(t *testing.T) {
+	l, _ := newLimiter(t)
+	srv := httptest.NewServer(NewCheckHandler(l, CheckOptions{}))
+	defer srv.Close()
+	for i, c := range []struct {
+		hits   string
+		status int
+		left   int64
+	}{{"2.0", 200, 0}, {"2e0", 200, 0}, {"1.00", 200, 1}, {"2.5", 400, 0}, {"1e400", 400, 0}} {
+		resp, b := postJSON(t, srv.Client(), srv.URL, `{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"i`+strconv.Itoa(i)+`"}]}],"hits_addend":`+c.hits+`}`)
+		var r CheckResponse
+		_ = json.Unmarshal(b, &r)
+		if resp.StatusCode != c.status || c.status == 200 && r.Statuses[0].LimitRemaining != c.left {
+			t.Errorf("hits_addend %s: %d %s, want %d", c.hits, resp.StatusCode, b, c.status)
+		}
 	}
 }

@@ -34,7 +34,8 @@ func (s *Snapshot) Run(ctx context.Context) error {
 	}
 	defer s.running.Store(false)
 
-	opts := append([]kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...)}, s.cfg.KafkaOpts...)
+	opts := append([]kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...)}, fetchOpts(s.cfg.MaxBytes)...)
+	opts = append(opts, s.cfg.KafkaOpts...)
 	opts = append(opts,
 		kgo.ConsumeTopics(s.cfg.Topic),
 		kgo.ConsumeStartOffset(kgo.NewOffset().AtStart()),
@@ -166,4 +167,18 @@ func (s *Snapshot) sweepLoop(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// fetchOpts bound what the follower fetches at once by the snapshot's byte budget: a
+// sixteenth of it (at least 1 MiB, at most kgo's default of 50 MiB) per fetch, one fetch
+// in flight. A fetch is held in memory as records (their structs, keys and values, a few
+// times the bytes fetched) until it is applied, and at kgo's defaults a restore of a
+// million keys held more than the whole memory target in fetched records. Following the
+// topic after the restore needs far less.
+func fetchOpts(maxBytes int64) []kgo.Opt {
+	if maxBytes <= 0 {
+		return nil
+	}
+	n := int32(min(max(maxBytes/16, 1<<20), 50<<20))
+	return []kgo.Opt{kgo.FetchMaxBytes(n), kgo.FetchMaxPartitionBytes(n), kgo.MaxConcurrentFetches(1)}
 }

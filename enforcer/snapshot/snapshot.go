@@ -93,8 +93,11 @@ type Config struct {
 	// site: Mine is always 0).
 	Site string
 	// MaxKeys bounds the number of counter keys held. A count for a new key arriving when
-	// the bound is reached is refused and counted (refused_keys_total) until tombstones or
-	// the idle sweep make room. Default DefaultMaxKeys (1,000,000).
+	// the bound is reached first sweeps the expired entries (at most once a second), and is
+	// refused and counted (refused_keys_total) when none has expired, until tombstones or
+	// the idle sweep make room: a count still in its window is never dropped for a new
+	// key, so a full snapshot never frees a client at its limit. Default DefaultMaxKeys
+	// (1,000,000).
 	MaxKeys int
 	// MaxBytes bounds the bytes the entries keep alive, by an estimate per entry (its
 	// Entry, per-site breakdown, key and map node), as MaxKeys bounds their number: a count
@@ -231,6 +234,9 @@ type Snapshot struct {
 	bytes atomic.Int64
 	// version is incremented after every change of entries (see Version).
 	version atomic.Uint64
+	// nextFullSweep is when a new key that finds the snapshot full may next sweep it
+	// (unix ns; see sweepWhenFull).
+	nextFullSweep atomic.Int64
 
 	// start is when the snapshot was created, the age of its data until a heartbeat comes.
 	start time.Time
@@ -456,12 +462,18 @@ func (s *Snapshot) set(key string, e *Entry) error {
 		// Reserve room before inserting, so that concurrent Apply calls cannot overshoot.
 		if s.keys.Add(1) > int64(s.cfg.MaxKeys) {
 			s.keys.Add(-1)
+			if s.sweepWhenFull() {
+				continue
+			}
 			s.met.refused.Inc()
 			return fmt.Errorf("snapshot: key %q: %w (%d keys)", truncate([]byte(key)), ErrFull, s.cfg.MaxKeys)
 		}
 		if b := s.bytes.Add(cost); s.cfg.MaxBytes > 0 && b > s.cfg.MaxBytes {
 			s.bytes.Add(-cost)
 			s.keys.Add(-1)
+			if s.sweepWhenFull() {
+				continue
+			}
 			s.met.refused.Inc()
 			return fmt.Errorf("snapshot: key %q: %w (%d bytes)", truncate([]byte(key)), ErrFull, s.cfg.MaxBytes)
 		}
@@ -472,6 +484,19 @@ func (s *Snapshot) set(key string, e *Entry) error {
 		s.keys.Add(-1) // inserted by a concurrent Apply: update it instead
 		s.bytes.Add(-cost)
 	}
+}
+
+// sweepWhenFull sweeps the expired entries when a new key finds the snapshot full, at
+// most once a second (a sweep reads every entry), and reports whether it removed any: the
+// counts of keys whose windows have passed go before a new key is refused, and a full
+// snapshot never drops a count that is still in its window (see Config.MaxKeys).
+func (s *Snapshot) sweepWhenFull() bool {
+	now := s.cfg.Clock.Now()
+	next := s.nextFullSweep.Load()
+	if now.UnixNano() < next || !s.nextFullSweep.CompareAndSwap(next, now.Add(time.Second).UnixNano()) {
+		return false
+	}
+	return s.Sweep(now) > 0
 }
 
 func (s *Snapshot) delete(key []byte) {

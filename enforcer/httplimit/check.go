@@ -156,6 +156,12 @@ func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 			writeProblem(w, http.StatusMethodNotAllowed, opts.ProblemType, "use POST")
 			return
 		}
+		if r.ContentLength > opts.MaxBodyBytes {
+			// Declared too large: answered before reading any of it.
+			w.Header().Set("Connection", "close")
+			writeProblem(w, http.StatusRequestEntityTooLarge, opts.ProblemType, fmt.Sprintf("the body is larger than %d bytes", opts.MaxBodyBytes))
+			return
+		}
 		s := pool.Get().(*checkState)
 		defer pool.Put(s)
 		var maxDelay time.Duration

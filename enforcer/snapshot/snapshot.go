@@ -41,6 +41,10 @@ const (
 	// DefaultMaxClockSkew is Config.MaxClockSkew when zero: the bound the aggregator puts
 	// on hits from the future, so that a count is held to what its hits were.
 	DefaultMaxClockSkew = 30 * time.Second
+	// DefaultMaxCountAhead is Config.MaxCountAhead when zero: an aggregator dates a count
+	// by its own clock when it publishes it, so a count from further ahead than clocks kept
+	// by NTP differ (milliseconds) was not made by an aggregator.
+	DefaultMaxCountAhead = 500 * time.Millisecond
 	// maxInternedSites bounds the table that shares site-name strings between entries.
 	maxInternedSites = 4096
 )
@@ -114,9 +118,13 @@ type Config struct {
 	// SweepInterval is how often Run removes idle entries (see Sweep). Default
 	// DefaultSweepInterval (10 s).
 	SweepInterval time.Duration
-	// MaxClockSkew is how far ahead of Clock a count's or heartbeat's time may be before
-	// the record is refused (ErrTooFarFuture). Default DefaultMaxClockSkew.
+	// MaxClockSkew is how far ahead of Clock a heartbeat's times may be before the record
+	// is refused (ErrTooFarFuture). Default DefaultMaxClockSkew.
 	MaxClockSkew time.Duration
+	// MaxCountAhead is how far ahead of Clock a count's as-of time may be before the count
+	// is refused (ErrTooFarFuture): a count dated ahead would be taken as newer than this
+	// site's own hits. Default DefaultMaxCountAhead.
+	MaxCountAhead time.Duration
 	// Clock tells the time for staleness and idle eviction. Default clock.Real{}.
 	Clock clock.Clock
 	// Logger receives the follower's progress and problems. Default: discard.
@@ -145,6 +153,9 @@ func (c Config) normalize() (Config, error) {
 	if c.MaxClockSkew == 0 {
 		c.MaxClockSkew = DefaultMaxClockSkew
 	}
+	if c.MaxCountAhead == 0 {
+		c.MaxCountAhead = DefaultMaxCountAhead
+	}
 	c.Clock = clock.Or(c.Clock)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -164,6 +175,9 @@ func (c Config) normalize() (Config, error) {
 	}
 	if c.MaxClockSkew < 0 {
 		errs = append(errs, fmt.Errorf("snapshot: MaxClockSkew %v is negative", c.MaxClockSkew))
+	}
+	if c.MaxCountAhead < 0 {
+		errs = append(errs, fmt.Errorf("snapshot: MaxCountAhead %v is negative", c.MaxCountAhead))
 	}
 	return c, errors.Join(errs...)
 }
@@ -420,8 +434,9 @@ func (s *Snapshot) Apply(key, value []byte) error {
 // checkCount refuses, and counts, a count from beyond the clock-skew bound or whose total
 // disagrees with its sites.
 func (s *Snapshot) checkCount(c *topics.Count) error {
-	if err := s.checkTime(c.AsOf, "as-of"); err != nil {
-		return err
+	if limit := s.cfg.Clock.Now().Add(s.cfg.MaxCountAhead).UnixMilli(); c.AsOf > limit {
+		s.met.bad(ReasonTooFarFuture)
+		return fmt.Errorf("%w: as-of %s is more than %v ahead", ErrTooFarFuture, time.UnixMilli(c.AsOf).UTC().Format(time.RFC3339Nano), s.cfg.MaxCountAhead)
 	}
 	if len(c.Sites) == 0 {
 		return nil

@@ -94,6 +94,7 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	f.BoolVar(&ef.noKafka, "no-kafka", false, "run without Kafka: global limits are decided on --default-share of the limit")
 	f.StringVar(&c.HitsTopic, "hits-topic", topics.DefaultHitsTopic, "topic this site's hits are published to")
 	f.StringVar(&c.CountsTopic, "counts-topic", topics.DefaultCountsTopic, "compacted counts topic to follow")
+	f.StringSliceVar(&c.Aggregators, "aggregator-instances", nil, "instance IDs (the aggregators' --instance-id) whose records of the counts topic are believed; records of any other writer are skipped (default: every record)")
 	f.DurationVar(&c.MaxStaleness, "max-staleness", 10*time.Second, "age of the aggregator's heartbeats past which global limits use local shares")
 	f.Float64Var(&c.DefaultShare, "default-share", 0, "this site's share of a global limit for keys never seen, and the share a silent site is assumed to spend (0: 1/the number of sites heard from)")
 	f.DurationVar(&c.SiteStaleAfter, "site-stale-after", enforcer.DefaultSiteStaleAfter, "how long a remote site may go unheard before it is assumed to spend its share of every global limit")

@@ -127,10 +127,12 @@ allow.everyone.if.no.acl.found=false
 			done <- cmd.ExecuteContext(runCtx)
 		}()
 	}
-	start(append([]string{"aggregator", "--hits-topic", "hits", "--counts-topic", "counts", "--admin-listen", freePort(t), "--log-level", "warn"}, sec("aggregator")...)...)
+	// The enforcer also believes only its aggregator's records (--aggregator-instances).
+	start(append([]string{"aggregator", "--hits-topic", "hits", "--counts-topic", "counts", "--admin-listen", freePort(t), "--log-level", "warn",
+		"--instance-id", "agg-eu-1"}, sec("aggregator")...)...)
 	httpAddr := freePort(t)
 	start(append([]string{"enforcer", "--site", "eu", "--rules", rules, "--hits-topic", "hits", "--counts-topic", "counts",
-		"--http-listen", httpAddr, "--grpc-listen", "off", "--log-level", "warn"}, sec("enforcer")...)...)
+		"--http-listen", httpAddr, "--grpc-listen", "off", "--log-level", "warn", "--aggregator-instances", "agg-eu-1"}, sec("enforcer")...)...)
 	defer func() {
 		stop()
 		for range 2 {
@@ -167,6 +169,23 @@ allow.everyone.if.no.acl.found=false
 		time.Sleep(500 * time.Millisecond)
 	}
 
+	// The enforcer's snapshot took the aggregator's count and heartbeats (fresh), and
+	// refused no record as another writer's.
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		m := scrape(t, "http://"+httpAddr+"/metrics")
+		if m["streamlimit_snapshot_keys"] >= 1 && m["streamlimit_snapshot_stale"] == 0 {
+			if n := m[`streamlimit_snapshot_bad_records_total{reason="unknown_instance"}`]; n != 0 {
+				t.Fatalf("the enforcer refused %v of its aggregator's records", n)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the enforcer's snapshot never took the aggregator's records: %v", m)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+
 	// A forged count: total 0 for the key the enforcer just counted.
 	c := topics.Count{Key: "api|user=42#60s", Window: 60_000, AsOf: time.Now().UnixMilli(), Total: 0}
 	forged, err := c.MarshalBinary()
@@ -195,4 +214,29 @@ allow.everyone.if.no.acl.found=false
 	if !errors.Is(readErr, kerr.TopicAuthorizationFailed) {
 		t.Errorf("mallory reading counts: %v, want TOPIC_AUTHORIZATION_FAILED", readErr)
 	}
+}
+
+// scrape reads the Prometheus text at u into a map from each sample's name with its
+// labels, as written, to its value.
+func scrape(t *testing.T, u string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	m := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		var v float64
+		if _, err := fmt.Sscan(line[i+1:], &v); err == nil {
+			m[line[:i]] = v
+		}
+	}
+	return m
 }

@@ -102,7 +102,8 @@ func TestSchemathesis(t *testing.T) {
 	cmd := exec.CommandContext(ctx, st, "--config-file", configPath, "--no-color", "run", base+server.OpenAPIPath, "--url", base,
 		"--phases", "examples,coverage,fuzzing", "--max-examples", "40", "--seed", "1",
 		"--workers", "1", "--request-timeout", "5", "--suppress-health-check", "all")
-	cmd.Env = append(os.Environ(), "HOME="+dir) // schemathesis keeps its cache there
+	// schemathesis keeps its cache in the working directory and under HOME.
+	cmd.Dir, cmd.Env = dir, append(os.Environ(), "HOME="+dir)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("schemathesis: %v\n%s", err, out)

@@ -66,6 +66,10 @@ type Config struct {
 	HitsTopic string
 	// CountsTopic is followed into the snapshot. Default "counts".
 	CountsTopic string
+	// Aggregators, when set, are the instance IDs of the aggregators that write
+	// CountsTopic; records of any other writer are skipped (snapshot.Config.Aggregators).
+	// Default none: every record is believed.
+	Aggregators []string
 	// MaxStaleness is how old the aggregator's heartbeats may be before global limits
 	// fall back to local shares. Default 10s.
 	MaxStaleness time.Duration
@@ -294,7 +298,7 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 	if len(cfg.Brokers) > 0 {
 		s.snap, err = snapshot.New(snapshot.Config{
-			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.CountsTopic, Site: cfg.Site,
+			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.CountsTopic, Site: cfg.Site, Aggregators: cfg.Aggregators,
 			MaxStaleness: cfg.MaxStaleness, MaxKeys: cfg.MaxKeys, MaxBytes: mem.Snapshot, SubBuckets: cfg.SubBuckets, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
 		})
 		if err != nil {

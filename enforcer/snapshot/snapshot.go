@@ -79,6 +79,9 @@ const (
 	ReasonSubBuckets   = "sub_buckets"
 	ReasonTooFarFuture = "too_far_future"
 	ReasonBadTotal     = "bad_total"
+	// ReasonUnknownInstance: a record of the counts topic not written by one of
+	// Config.Aggregators.
+	ReasonUnknownInstance = "unknown_instance"
 )
 
 // Config configures a Snapshot. Every field has a usable zero value, written in its comment,
@@ -125,6 +128,11 @@ type Config struct {
 	// is refused (ErrTooFarFuture): a count dated ahead would be taken as newer than this
 	// site's own hits. Default DefaultMaxCountAhead.
 	MaxCountAhead time.Duration
+	// Aggregators, when set, are the instance IDs of the aggregators that write the counts
+	// topic: Run skips, and counts as unknown_instance, every record (count, tombstone,
+	// heartbeat) whose topics.InstanceHeader names none of them, or that has none.
+	// Default none: every record is believed.
+	Aggregators []string
 	// Clock tells the time for staleness and idle eviction. Default clock.Real{}.
 	Clock clock.Clock
 	// Logger receives the follower's progress and problems. Default: discard.

@@ -575,6 +575,10 @@ func tooLarge(h http.Handler, limit int64) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > limit {
 			w.Header().Set("Connection", "close")
+			if r.URL.Path == "/json" { // answered as its handler answers
+				http.Error(w, "request body larger than "+strconv.Itoa(rls.DefaultMaxJSONBytes)+" bytes", http.StatusRequestEntityTooLarge)
+				return
+			}
 			writeTooLarge(w, limit)
 			return
 		}

@@ -219,6 +219,9 @@ type Aggregator struct {
 	cfg Config
 	log *slog.Logger
 	m   *metrics
+	// instHeader names this instance on every record it writes to the counts topic
+	// (topics.InstanceHeader); shared, read only, by those records.
+	instHeader []kgo.RecordHeader
 
 	admin *kadm.Client // on the group client; set by onAssigned, which precedes adjust
 
@@ -268,13 +271,14 @@ func New(cfg Config) (*Aggregator, error) {
 		return nil, err
 	}
 	return &Aggregator{
-		cfg:    cfg,
-		log:    cfg.Logger.With("component", "aggregator", "instance", cfg.InstanceID),
-		m:      m,
-		st:     newState(cfg.stateConfig()),
-		parts:  map[tp]*partState{},
-		nparts: map[string]int32{},
-		hold:   holder{max: max(cfg.MaxLocalHold.Milliseconds(), 0)},
+		cfg:        cfg,
+		instHeader: []kgo.RecordHeader{{Key: topics.InstanceHeader, Value: []byte(cfg.InstanceID)}},
+		log:        cfg.Logger.With("component", "aggregator", "instance", cfg.InstanceID),
+		m:          m,
+		st:         newState(cfg.stateConfig()),
+		parts:      map[tp]*partState{},
+		nparts:     map[string]int32{},
+		hold:       holder{max: max(cfg.MaxLocalHold.Milliseconds(), 0)},
 	}, nil
 }
 
@@ -744,7 +748,7 @@ func (a *Aggregator) emitLoop(ctx context.Context, cl *kgo.Client) {
 		a.m.keys.Set(float64(a.st.size()))
 		a.mu.Unlock()
 		for _, e := range outs {
-			rec := &kgo.Record{Topic: a.cfg.CountsTopic, Key: []byte(e.key)}
+			rec := &kgo.Record{Topic: a.cfg.CountsTopic, Key: []byte(e.key), Headers: a.instHeader}
 			if e.count != nil {
 				var err error
 				buf, err = a.cfg.appendCount(buf[:0], e.count)
@@ -805,7 +809,7 @@ func (a *Aggregator) heartbeatLoop(ctx context.Context, cl *kgo.Client) {
 			key := []byte(topics.HeartbeatKey(hb.Topic, hb.Partition))
 			for p := range n {
 				a.m.heartbeats.Inc()
-				cl.Produce(ctx, &kgo.Record{Topic: a.cfg.CountsTopic, Key: key, Value: v, Partition: p}, a.produced)
+				cl.Produce(ctx, &kgo.Record{Topic: a.cfg.CountsTopic, Key: key, Value: v, Partition: p, Headers: a.instHeader}, a.produced)
 			}
 		}
 	}

@@ -6,6 +6,8 @@
 #   kafka.sh stop [--keep-data] stop; without --keep-data the data dir goes too
 #   kafka.sh status             print the address if running, else exit 1
 #   kafka.sh log                print the path of the broker log
+#   kafka.sh acls ARGS...       Kafka's kafka-acls.sh (kafka.admin.AclCommand)
+#                               with ARGS, from the same jars
 #
 # A `start` after `stop --keep-data` reuses the same ports, cluster id and
 # data, so tests can stop and restart the broker as a fault.
@@ -250,8 +252,13 @@ start) cmd_start ;;
 stop) shift; cmd_stop "$@" ;;
 status) cmd_status ;;
 log) printf '%s\n' "$LOGFILE" ;;
+acls)
+  shift
+  ensure_jars
+  exec java -Dlog4j.configuration=file:/dev/null -cp "$LIBS/*" kafka.admin.AclCommand "$@"
+  ;;
 *)
-  printf 'usage: %s start | stop [--keep-data] | status | log\n' "$0" >&2
+  printf 'usage: %s start | stop [--keep-data] | status | log | acls ARGS...\n' "$0" >&2
   exit 2
   ;;
 esac

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -274,5 +275,61 @@ func TestKafkaTopicCreatedLater(t *testing.T) {
 	waitReady(t, s)
 	if e, ok := s.Get("k"); !ok || e.Total != 2 {
 		t.Fatalf("Get(k) = %+v, %v at ready", e, ok)
+	}
+}
+
+// TestKafkaUnknownWriterRefused: a snapshot configured with its aggregators' names
+// believes only the records that carry one (topics.InstanceHeader): a forged count (total
+// 0) and a forged tombstone from another writer, or from one that names nobody, are
+// skipped and counted as unknown_instance, and the aggregator's count stays. Before,
+// every record of the topic was believed.
+func TestKafkaUnknownWriterRefused(t *testing.T) {
+	topic := countsTopic(t)
+	reg := prometheus.NewRegistry()
+	s, err := New(Config{Brokers: testenv.Brokers(t), Topic: topic, Aggregators: []string{"agg-1", "agg-2"}, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := testenv.KafkaClient(t, kgo.DefaultProduceTopic(topic))
+	now := time.Now()
+	count := func(total float64) []byte {
+		c := topics.Count{Key: "k", Window: 3_600_000, AsOf: now.UnixMilli(), Total: total, Sites: []topics.SiteCount{{Site: "us", Count: total, Demand: total}}}
+		v, err := c.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	from := func(inst string) []kgo.RecordHeader {
+		if inst == "" {
+			return nil
+		}
+		return []kgo.RecordHeader{{Key: topics.InstanceHeader, Value: []byte(inst)}}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, r := range []*kgo.Record{
+		{Key: []byte("k"), Value: count(3), Headers: from("agg-2")},
+		{Key: []byte("k"), Value: count(0), Headers: from("mallory")},
+		{Key: []byte("k"), Value: count(0)},
+		{Key: []byte("k"), Headers: from("mallory")}, // a tombstone
+		{Key: []byte("last"), Value: func() []byte {
+			c := topics.Count{Key: "last", Window: 60_000, AsOf: now.UnixMilli(), Total: 1, Sites: []topics.SiteCount{{Site: "us", Count: 1, Demand: 1}}}
+			v, _ := c.MarshalBinary()
+			return v
+		}(), Headers: from("agg-1")},
+	} {
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runSnapshot(t, s)
+	waitReady(t, s)
+	eventually(t, "the last record applied", func() bool { _, ok := s.Get("last"); return ok })
+	if e, ok := s.Get("k"); !ok || e.Total != 3 {
+		t.Fatalf("k = %+v, %v: want the aggregator's count, 3", e, ok)
+	}
+	if got := testutil.ToFloat64(s.met.badVec.WithLabelValues(ReasonUnknownInstance)); got != 3 {
+		t.Fatalf("bad_records_total{unknown_instance} = %v, want 3", got)
 	}
 }

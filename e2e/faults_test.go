@@ -43,8 +43,8 @@ func sumNodes(t *testing.T, nodes []*node, name string, labels ...string) float6
 // The enforcers must answer every request (HTTP 200), keep deciding on local shares (the
 // stale fallback shows in their metrics), never deny the light clients, keep the heavy
 // client near its limit during the outage (each site keeps to its last share; the shares,
-// with their MinShare floors, add up to a little more than one), and hold the bound of
-// TestMultiDC again within two windows of the restart.
+// with their MinShare floors, add up to a little more than one) until every snapshot is
+// fresh again, and hold the bound of TestMultiDC again a window after that.
 func TestFaultKafkaDown(t *testing.T) {
 	b := testenv.PrivateKafka(t)
 	tp := startTopology(t, topologyOptions{
@@ -83,7 +83,9 @@ func TestFaultKafkaDown(t *testing.T) {
 		return true
 	})
 	fresh := time.Since(g.start)
-	time.Sleep(max(restarted+4*ruleWindow-time.Since(g.start), 0))
+	// The bound holds again once every snapshot is fresh (a broker slow to start on a
+	// loaded machine keeps them stale after the restart): measure three windows after that.
+	time.Sleep(max(fresh+4*ruleWindow-time.Since(g.start), 0))
 	cancel()
 	<-done
 	end := time.Since(g.start)
@@ -105,8 +107,8 @@ func TestFaultKafkaDown(t *testing.T) {
 	}
 	times := admissions(rs, heavyClient)
 	t.Logf("FIGURE kafka-down: during the outage: heavy admitted per sliding window %s", sliding(times, ruleWindow, stoppedAt, restartAt))
-	checkOutage(t, "kafka-down-outage", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, stoppedAt, restartAt, 1.2)
-	checkBound(t, "kafka-down-after-restart", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, restarted+ruleWindow, end)
+	checkOutage(t, "kafka-down-outage", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, stoppedAt, fresh, 1.2)
+	checkBound(t, "kafka-down-after-restart", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, fresh+ruleWindow, end)
 
 	var dropped, in int64
 	for _, n := range tp.nodes {

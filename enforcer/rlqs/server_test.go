@@ -133,7 +133,9 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 var user42 = map[string]string{"user": "42"}
 
-func settings(interval time.Duration) filter.Settings { return filter.Settings{ReportingInterval: interval} }
+func settings(interval time.Duration) filter.Settings {
+	return filter.Settings{ReportingInterval: interval}
+}
 
 // TestFirstRequestReportsAtOnce: a new bucket's first request is admitted by the default
 // no_assignment_behavior and reported at once, and the server answers it with a token

@@ -160,42 +160,45 @@ func share(own, total float64, open int) float64 {
 	return (own + prior) / (total + n*prior)
 }
 
-// allot returns how many requests a holder may admit over the next h seconds — its
-// tokens and their refill together — for one quota q: its share of the room that the
-// site's cap leaves once this site's count h from now (the hits leaving the window by
-// then) and what the other holders hold are taken, and never more than what is left when
-// every other holder keeps its current rate for h. others is the key's sums less this
-// holder's contribution; t is now, seconds since the epoch.
-func allot(q *enforcer.Quota, others contribution, t, h, own float64, open int, part float64) float64 {
+// allot returns how many requests a holder may admit over the next h seconds, its tokens
+// included (over), and how many of them at once (now), for one quota q: its share of the
+// room that the site's cap leaves once what the other holders hold is taken, and this
+// site's count h from now (the hits leaving the window by then) for over, its count now
+// for now. others is the key's sums less this holder's contribution; t is now, in seconds
+// since the epoch.
+func allot(q *enforcer.Quota, others contribution, t, h, own float64, open int, part float64) (now, over float64) {
 	k := keyState{tok: others.tok, rate: others.rate, rateAt: others.rateAt}
-	room := part*(q.Cap-q.Later) - k.held(t)
-	if room <= 0 {
-		return 0
-	}
-	a := share(own, others.demand+own, open) * room
-	return max(min(a, room-others.rate*h), 0)
+	held := k.held(t)
+	f := share(own, others.demand+own, open)
+	room := part*(q.Cap-q.Later) - held
+	over = max(f*room, 0)
+	room = part*(q.Cap-q.Count) - held
+	now = max(min(f*room, over), 0)
+	return now, over
 }
 
-// next returns the assignment that lets a holder admit at most allotted requests over
-// the next h seconds, given its model m now: DENY_ALL below one request; otherwise a
-// token bucket of the allotment rounded down as its burst, filled at what the tokens the
-// holder would start it with (adopt) leave of the allotment over h; or
-// requests_per_time_unit such that a fixed window of it stays within the allotment.
-func next(m model, allotted, h float64, perUnit bool, unit time.Duration) assignment {
-	if allotted < 1 {
+// next returns the assignment that lets a holder admit at most over requests over the
+// next h seconds, given its model m: DENY_ALL below one request; otherwise a token bucket
+// of burst over rounded down, filled at what the tokens the holder would start it with
+// (adopt) leave of over in h; or requests_per_time_unit such that a fixed window of it,
+// which may start at once, stays within now and, over h, within over. (A token bucket's
+// burst bounded by now instead admitted less and no more in the simulation: Envoy's
+// bucket then loses the refill that arrives while it is full.)
+func next(m model, now, over, h float64, perUnit bool, unit time.Duration) assignment {
+	if over < 1 {
 		return assignment{kind: kindDeny}
 	}
 	if perUnit {
-		n := math.Floor(allotted / (h/unit.Seconds() + 1))
+		n := min(math.Floor(over/(h/unit.Seconds()+1)), math.Floor(now))
 		if n < 1 {
 			return assignment{kind: kindDeny}
 		}
 		return assignment{kind: kindPerUnit, burst: uint32(min(n, math.MaxUint32))}
 	}
-	burst := uint32(min(math.Floor(allotted), math.MaxUint32))
+	burst := uint32(min(max(math.Floor(over), 1), math.MaxUint32))
 	probe := m
 	probe.adopt(assignment{kind: kindTokens, burst: burst, fill: m.a.fill})
-	r := max(allotted-probe.tok, 0) / h
+	r := max(over-probe.tok, 0) / h
 	fill := max(math.Floor(r*FillInterval.Seconds()), 1)
 	return assignment{kind: kindTokens, burst: burst, fill: uint32(min(fill, math.MaxUint32))}
 }

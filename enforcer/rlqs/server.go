@@ -407,15 +407,17 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, b *buck
 	if len(qs) == 0 {
 		a = assignment{kind: kindAllow}
 	} else {
+		atOnce := math.Inf(1)
 		for i := range qs {
 			k := b.keys[i]
 			k.mu.Lock()
 			others := contribution{open: k.open - b.contrib.open, demand: k.demand - b.contrib.demand,
 				tok: k.tok - b.contrib.tok, rate: k.rate - b.contrib.rate, rateAt: k.rateAt - b.contrib.rateAt}
 			k.mu.Unlock()
-			allotted = min(allotted, allot(&qs[i], others, t, h, b.demand, others.open+1, s.opts.SiteShare))
+			now, over := allot(&qs[i], others, t, h, b.demand, others.open+1, s.opts.SiteShare)
+			atOnce, allotted = min(atOnce, now), min(allotted, over)
 		}
-		a = next(b.m, allotted, h, s.opts.Strategy == RequestsPerTimeUnit, ss.unit())
+		a = next(b.m, atOnce, allotted, h, s.opts.Strategy == RequestsPerTimeUnit, ss.unit())
 	}
 	send := ss.due(b, a, allotted, t, h)
 	if send && a.kind == kindAllow && b.m.a.kind == kindNone {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
@@ -42,10 +43,14 @@ const (
 	RequestsPerTimeUnit
 )
 
+// MaxReportBytes is the largest usage report message a server should accept: Envoy sends
+// all its buckets in one message, some 60 bytes each, so 4 MiB holds about 70 000.
+const MaxReportBytes = 4 << 20
+
 // Defaults of Options.
 const (
-	// DefaultTTL is Options.TTL when zero: the enforcer's default staleness bound.
-	DefaultTTL = 10 * time.Second
+	// DefaultTTL is Options.TTL when zero: the snapshot's default staleness bound.
+	DefaultTTL = snapshot.DefaultMaxStaleness
 	// DefaultReportingInterval is Options.ReportingInterval when zero: the interval at
 	// which Envoy's filter reports (it does not yet read reporting_interval from the
 	// bucket settings).

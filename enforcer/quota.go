@@ -8,6 +8,8 @@ import (
 	"context"
 	"math"
 	"time"
+
+	"github.com/streamlimit/streamlimit/enforcer/rules"
 )
 
 // Quota is one global limit in force for a request, as this site stands toward it once
@@ -34,8 +36,24 @@ type Quota struct {
 	Fallback bool
 }
 
+// Reporter reports the usage of one request's limits again and again (an RLQS bucket's,
+// every reporting interval): it matches the request against the rules once, and again
+// only when the rules change. A Reporter is not safe for simultaneous use.
+type Reporter struct {
+	l     *Limiter
+	req   Request
+	cfg   *rules.Config // the rules ops were matched with
+	ops   []GlobalOp
+	refs  []opRef
+	other int
+	later []float64
+}
+
+// Reporter returns a Reporter of req's usage (req.Hits is ignored).
+func (l *Limiter) Reporter(req Request) *Reporter { return &Reporter{l: l, req: req} }
+
 // Report counts usage that the caller decided itself against the global limits in force
-// for req (req.Hits is ignored): admitted requests are added to this site's exact count
+// for the Reporter's request: admitted requests are added to this site's exact count
 // without a cap (they were admitted already) and published as hits, denied ones are
 // published as demand, as a decision's would be. It then appends to dst each such
 // limit's Quota at now, with Later at now + ahead, and returns dst and the number of
@@ -44,53 +62,77 @@ type Quota struct {
 //
 // Report never fails: a SiteCounter error is logged, and the quotas it concerns are
 // marked Fallback with the counts taken as the cap (no room).
-func (l *Limiter) Report(ctx context.Context, now time.Time, req Request, admitted, denied int64, ahead time.Duration, dst []Quota) ([]Quota, int) {
-	s := l.scratch.Get().(*scratch)
-	defer l.scratch.Put(s)
-	s.reset()
-	var res Result
-	l.match(req, &res, s, max(admitted, 1))
-	other := len(s.localOps) + len(s.siteOps)
-	ops := s.globOps
-	if len(ops) == 0 {
-		return dst, other
+func (r *Reporter) Report(ctx context.Context, now time.Time, admitted, denied int64, ahead time.Duration, dst []Quota) ([]Quota, int) {
+	l := r.l
+	if cfg := l.cfg.Rules(); cfg != r.cfg || r.cfg == nil {
+		r.match(cfg)
 	}
+	ops := r.ops
+	if len(ops) == 0 {
+		return dst, r.other
+	}
+	n := len(ops)
+	if cap(r.later) < 2*n {
+		r.later = make([]float64, 2*n)
+	}
+	counts, later := r.later[:n], r.later[n:2*n]
 	failed := false
+	for i := range ops {
+		ops[i].N, ops[i].Cap = admitted, math.Inf(1)
+	}
 	if admitted > 0 {
-		for i := range ops {
-			ops[i].N, ops[i].Cap = admitted, math.Inf(1)
-		}
-		if _, err := l.cfg.Counter.Commit(ctx, now, ops, nil); err != nil {
+		// The counts before the usage come back with the commit; the usage is added to
+		// the bucket of now, which a count at now takes whole.
+		if _, err := l.cfg.Counter.Commit(ctx, now, ops, counts); err != nil {
 			l.cfg.Logger.Warn("site counter failed; reported usage not counted here", "err", err)
 			failed = true
 		}
-	}
-	if l.cfg.Publisher != nil {
-		for i := range ops {
-			if admitted > 0 {
-				l.cfg.Publisher.Hit(ops[i].Key, ops[i].Window, int(admitted))
-			}
-			if denied > 0 && !s.globRefs[i].shadow {
-				l.cfg.Publisher.Denied(ops[i].Key, ops[i].Window, int(denied))
-			}
+		for i := range counts {
+			counts[i] += float64(admitted)
 		}
-	}
-	if err := l.cfg.Counter.Counts(ctx, now, ops, s.globCount); err != nil {
+	} else if err := l.cfg.Counter.Counts(ctx, now, ops, counts); err != nil {
 		l.cfg.Logger.Warn("site counter failed; quotas reported without room", "err", err)
 		failed = true
 	}
-	later := s.globTotal // reused: Report needs no snapshot totals
 	if err := l.cfg.Counter.Counts(ctx, now.Add(max(ahead, 0)), ops, later); err != nil {
 		failed = true
 	}
+	if p := l.cfg.Publisher; p != nil {
+		for i := range ops {
+			if admitted > 0 {
+				p.Hit(ops[i].Key, ops[i].Window, int(admitted))
+			}
+			if denied > 0 && !r.refs[i].shadow {
+				p.Denied(ops[i].Key, ops[i].Window, int(denied))
+			}
+		}
+	}
 	for i := range ops {
-		q := Quota{Key: ops[i].Key, Window: ops[i].Window, Limit: s.globRefs[i].allowance(), Shadow: s.globRefs[i].shadow}
+		ref := &r.refs[i]
+		if ref.limit.Elastic != nil && !ref.pooled {
+			ref.allow = l.elastic(ref.limit) // it moves with its pool's use
+		}
+		q := Quota{Key: ops[i].Key, Window: ops[i].Window, Limit: ref.allowance(), Shadow: ref.shadow}
 		q.Cap, _, q.Fallback = l.globalCap(now, &ops[i], q.Limit)
-		q.Count, q.Later = s.globCount[i], min(later[i], s.globCount[i])
+		q.Count, q.Later = counts[i], min(later[i], counts[i])
 		if failed {
 			q.Count, q.Later, q.Fallback = max(q.Count, q.Cap), max(q.Count, q.Cap), true
 		}
 		dst = append(dst, q)
 	}
-	return dst, other
+	return dst, r.other
+}
+
+// match finds the global limits in force for the request under cfg.
+func (r *Reporter) match(cfg *rules.Config) {
+	l := r.l
+	s := l.scratch.Get().(*scratch)
+	defer l.scratch.Put(s)
+	s.reset()
+	var res Result
+	l.match(r.req, &res, s, 1)
+	r.cfg = cfg
+	r.other = len(s.localOps) + len(s.siteOps)
+	r.ops = append(r.ops[:0], s.globOps...)
+	r.refs = append(r.refs[:0], s.globRefs...)
 }

@@ -24,7 +24,8 @@ func TestReportCountsAndPublishes(t *testing.T) {
 	l.DecideAt(ctx, now, req, &res)
 	wantCap := 1 + float64(res.Statuses[0].Remaining) // its count after the request, plus what remains
 
-	qs, other := l.Report(ctx, now, req, 150, 7, 30*time.Second, nil)
+	rep := l.Reporter(req)
+	qs, other := rep.Report(ctx, now, 150, 7, 30*time.Second, nil)
 	if other != 0 || len(qs) != 1 {
 		t.Fatalf("Report: %d quotas, %d other limits; want 1, 0", len(qs), other)
 	}
@@ -47,7 +48,7 @@ func TestReportCountsAndPublishes(t *testing.T) {
 	}
 	// After the window the hits have left: Later at now+61s is 0, and the cap is still
 	// the one a decision sees.
-	qs, _ = l.Report(ctx, now, req, 0, 0, 61*time.Second, qs[:0])
+	qs, _ = rep.Report(ctx, now, 0, 0, 61*time.Second, qs[:0])
 	if qs[0].Later != 0 || qs[0].Count != 151 {
 		t.Errorf("Later/Count after the window = %v/%v, want 0/151", qs[0].Later, qs[0].Count)
 	}
@@ -61,7 +62,7 @@ func TestReportCountsAndPublishes(t *testing.T) {
 func TestReportScopes(t *testing.T) {
 	l, clk := newLimiter(t, localRules, nil)
 	ctx := context.Background()
-	qs, other := l.Report(ctx, clk.Now(), Request{Domain: "api", Descriptors: [][]rules.Entry{desc("user", "1")}}, 5, 0, time.Second, nil)
+	qs, other := l.Reporter(Request{Domain: "api", Descriptors: [][]rules.Entry{desc("user", "1")}}).Report(ctx, clk.Now(), 5, 0, time.Second, nil)
 	if len(qs) != 0 || other != 2 {
 		t.Errorf("local rule: %d quotas, %d other; want 0, 2", len(qs), other)
 	}
@@ -70,7 +71,7 @@ func TestReportScopes(t *testing.T) {
 	if res.Statuses[0].Remaining != 2 {
 		t.Errorf("local limit after a report: remaining %d, want 2 (the report took nothing)", res.Statuses[0].Remaining)
 	}
-	qs, other = l.Report(ctx, clk.Now(), Request{Domain: "api", Descriptors: [][]rules.Entry{desc("nothing", "1")}}, 5, 0, time.Second, nil)
+	qs, other = l.Reporter(Request{Domain: "api", Descriptors: [][]rules.Entry{desc("nothing", "1")}}).Report(ctx, clk.Now(), 5, 0, time.Second, nil)
 	if len(qs) != 0 || other != 0 {
 		t.Errorf("no rule: %d quotas, %d other", len(qs), other)
 	}

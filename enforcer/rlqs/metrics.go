@@ -38,7 +38,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		denied:    prometheus.NewCounter(prometheus.CounterOpts(opts("denied_requests_total", "Requests the clients reported as denied: published as demand."))),
 		actions:   prometheus.NewCounterVec(prometheus.CounterOpts(opts("actions_total", "Bucket actions sent, by strategy (token_bucket, requests_per_time_unit, deny_all, allow_all) or abandon.")), []string{"strategy"}),
 		abandoned: prometheus.NewCounter(prometheus.CounterOpts(opts("abandoned_total", "Buckets abandoned because their clients reported no request for AbandonAfter."))),
-		invalid:   prometheus.NewCounterVec(prometheus.CounterOpts(opts("invalid_total", "Reports and streams refused, by reason (no_domain, domain_changed, no_bucket_id).")), []string{"reason"}),
+		invalid:   prometheus.NewCounterVec(prometheus.CounterOpts(opts("invalid_total", "Reports and streams refused, by reason (no_domain, domain_changed, no_bucket_id, malformed).")), []string{"reason"}),
 		ignoredLimits: prometheus.NewCounter(prometheus.CounterOpts(opts("ignored_limits_total",
 			"Limits of local or site scope that matched a bucket: only global limits are assigned through RLQS."))),
 		unmatchedBkts: prometheus.NewCounter(prometheus.CounterOpts(opts("unlimited_buckets_total", "Buckets that no global limit applies to, assigned ALLOW_ALL."))),

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -19,8 +20,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
@@ -97,15 +97,16 @@ type Options struct {
 type Server struct {
 	rlqsv3.UnimplementedRateLimitQuotaServiceServer
 
-	lim     *enforcer.Limiter
-	rules   enforcer.RulesSource
-	opts    Options
-	ttl     time.Duration
-	epoch   time.Time
-	metrics *metrics
-	health  *health.Server
-	mapper  atomic.Pointer[mapperFor]
-	keys    keyTable
+	lim      *enforcer.Limiter
+	rules    enforcer.RulesSource
+	opts     Options
+	ttl      time.Duration
+	epoch    time.Time
+	metrics  *metrics
+	health   *health.Server
+	mapper   atomic.Pointer[mapperFor]
+	keys     keyTable
+	requests requestTable
 
 	drainMu  sync.Mutex
 	draining []*session
@@ -157,6 +158,7 @@ func NewServer(l *enforcer.Limiter, opts Options) (*Server, error) {
 	// Envoy reads the TTL's whole seconds only: round up, at least one.
 	s.ttl = max(time.Duration(math.Ceil(opts.TTL.Seconds()))*time.Second, time.Second)
 	s.keys.init()
+	s.requests.init()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
 	return s, nil
@@ -166,9 +168,10 @@ func NewServer(l *enforcer.Limiter, opts Options) (*Server, error) {
 // seconds.
 func (s *Server) TTL() time.Duration { return s.ttl }
 
-// Register registers the service and the standard gRPC health service on gs.
+// Register registers the service and the standard gRPC health service on gs, which must
+// have been made with ServerOption.
 func (s *Server) Register(gs *grpc.Server) {
-	rlqsv3.RegisterRateLimitQuotaServiceServer(gs, s)
+	gs.RegisterService(&serviceDesc, s)
 	healthpb.RegisterHealthServer(gs, s.health)
 }
 
@@ -216,10 +219,7 @@ func (s *Server) Sweep(now time.Time) {
 	s.draining = s.draining[:k]
 	s.drainMu.Unlock()
 	for _, ss := range done {
-		for _, b := range ss.buckets {
-			s.metrics.drainingBkts.Dec()
-			ss.release(b)
-		}
+		ss.drain()
 	}
 }
 
@@ -239,319 +239,94 @@ func (s *Server) mapperOf(cfg *rules.Config) *Mapper {
 // StreamRateLimitQuotas serves one client's stream: each usage report is counted and
 // answered with the actions of the buckets whose assignment changed (or is due for
 // renewal). It ends with the stream; a report without a domain on a new stream, or with
-// another domain than the stream's, ends it with InvalidArgument.
+// another domain than the stream's, ends it with InvalidArgument. Register serves the
+// same method from the wire form of the reports instead (wire.go); this one serves it to
+// whoever registers the Server with go-control-plane's RegisterRateLimitQuotaServiceServer.
 func (s *Server) StreamRateLimitQuotas(stream grpc.BidiStreamingServer[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]) error {
+	var us []usage
+	recv := func() (string, []usage, error) {
+		msg, err := stream.Recv()
+		if err != nil {
+			return "", nil, err
+		}
+		us = usagesOf(msg, us[:0])
+		return msg.GetDomain(), us, nil
+	}
+	send := func(b []byte) error {
+		var resp rlqsv3.RateLimitQuotaResponse
+		if err := proto.Unmarshal(b, &resp); err != nil {
+			return err
+		}
+		return stream.Send(&resp)
+	}
+	return s.serve(stream.Context(), recv, send)
+}
+
+// usagesOf appends msg's reports to dst.
+func usagesOf(msg *rlqsv3.RateLimitQuotaUsageReports, dst []usage) []usage {
+	for _, u := range msg.GetBucketQuotaUsages() {
+		dst = append(dst, usage{bucket: u.GetBucketId().GetBucket(), allowed: u.GetNumRequestsAllowed(), denied: u.GetNumRequestsDenied()})
+	}
+	return dst
+}
+
+// streamRaw serves the method from the wire form of the reports and responses.
+func (s *Server) streamRaw(stream grpc.ServerStream) error {
+	var r wireReports
+	recv := func() (string, []usage, error) {
+		if err := stream.RecvMsg(&r); err != nil {
+			return "", nil, err
+		}
+		// The domain is compared, and kept, only when it is set: no allocation.
+		return unsafeString(r.domain), r.usages, nil
+	}
+	send := func(b []byte) error {
+		w := wireResponse(b)
+		return stream.SendMsg(&w)
+	}
+	return s.serve(stream.Context(), recv, send)
+}
+
+// serve runs a session over a stream whose reports recv returns and to which send sends
+// responses in wire form.
+func (s *Server) serve(ctx context.Context, recv func() (string, []usage, error), send func([]byte) error) error {
 	ss := s.newSession()
 	defer ss.close(s.opts.Clock.Now())
-	ctx := stream.Context()
 	for {
-		msg, err := stream.Recv()
+		domain, us, err := recv()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil
 			}
-			return err
+			if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
+				return err
+			}
+			s.metrics.invalid.WithLabelValues("malformed").Inc()
+			return status.Errorf(codes.InvalidArgument, "usage reports: %v", err)
 		}
-		resp, err := ss.handle(ctx, s.opts.Clock.Now(), msg)
+		resp, err := ss.handle(ctx, s.opts.Clock.Now(), domain, us)
 		if err != nil {
 			return err
 		}
 		if resp != nil {
-			if err := stream.Send(resp); err != nil {
+			if err := send(resp); err != nil {
 				return err
 			}
 		}
 	}
 }
 
-// minInterval is the shortest time between two reports of a bucket that counts as a
-// reporting period (a new bucket's immediate report may be followed at once by a periodic
-// one).
-const minInterval = 0.05
-
-// session is the server's side of one stream: its domain and its buckets.
-type session struct {
-	srv     *Server
-	domain  string
-	buckets map[string]*bucket // by canonical bucket id
-	quotas  []enforcer.Quota   // scratch
-	until   float64            // once closed: when its last assignment expires
-}
-
-// bucket is one bucket of one stream: the holder of its keys' room.
-type bucket struct {
-	id      *rlqsv3.BucketId
-	cfg     *rules.Config // the rules req was mapped with
-	req     enforcer.Request
-	keys    []*keyState // the global limits' keys, in the order of the quotas
-	contrib contribution
-	m       model
-	started bool
-	demand  float64 // requests per second, smoothed
-	period  float64 // seconds between reports, measured; 0 until measured
-	sentAt  float64
-	idle    float64 // since when it reported no request; -1 while active
-}
-
-func (s *Server) newSession() *session {
-	s.metrics.streams.Inc()
-	return &session{srv: s, buckets: map[string]*bucket{}}
-}
-
-// handle processes one usage report message at now and returns the response to send, nil
-// when no bucket needs an action.
-func (ss *session) handle(ctx context.Context, now time.Time, msg *rlqsv3.RateLimitQuotaUsageReports) (*rlqsv3.RateLimitQuotaResponse, error) {
-	s := ss.srv
-	s.metrics.messages.Inc()
-	switch d := msg.GetDomain(); {
-	case ss.domain == "" && d == "":
-		s.metrics.invalid.WithLabelValues("no_domain").Inc()
-		return nil, status.Error(codes.InvalidArgument, "domain: required in a stream's first report")
-	case ss.domain == "":
-		ss.domain = d
-	case d != "" && d != ss.domain:
-		s.metrics.invalid.WithLabelValues("domain_changed").Inc()
-		return nil, status.Errorf(codes.InvalidArgument, "domain: %q on a stream of domain %q (open a new stream to change it)", d, ss.domain)
-	}
-	t := s.since(now)
-	var resp *rlqsv3.RateLimitQuotaResponse
-	for _, u := range msg.GetBucketQuotaUsages() {
-		if len(u.GetBucketId().GetBucket()) == 0 {
-			s.metrics.invalid.WithLabelValues("no_bucket_id").Inc()
-			continue
-		}
-		s.metrics.reports.Inc()
-		s.metrics.allowed.Add(float64(u.GetNumRequestsAllowed()))
-		s.metrics.denied.Add(float64(u.GetNumRequestsDenied()))
-		id := canonical(u.GetBucketId().GetBucket())
-		b := ss.buckets[id]
-		if b == nil {
-			b = &bucket{id: u.GetBucketId(), idle: -1}
-			ss.buckets[id] = b
-			s.metrics.buckets.Inc()
-		}
-		act := ss.report(ctx, now, t, b, u.GetNumRequestsAllowed(), u.GetNumRequestsDenied())
-		if act == nil {
-			continue
-		}
-		if act.GetAbandonAction() != nil {
-			delete(ss.buckets, id)
-			s.metrics.buckets.Dec()
-		}
-		if resp == nil {
-			resp = &rlqsv3.RateLimitQuotaResponse{}
-		}
-		resp.BucketAction = append(resp.BucketAction, act)
-	}
-	return resp, nil
-}
-
-// report counts one bucket's usage and returns its action, nil when none is due.
-func (ss *session) report(ctx context.Context, now time.Time, t float64, b *bucket, allowed, denied uint64) *rlqsv3.RateLimitQuotaResponse_BucketAction {
-	s := ss.srv
-	if cfg := s.rules(); !b.started || b.cfg != cfg {
-		b.cfg = cfg
-		b.req = enforcer.Request{Domain: ss.domain, Descriptors: s.mapperOf(cfg).Descriptors(ss.domain, b.id.GetBucket())}
-	}
-	// The reporting period, measured between reports, is the horizon of the assignment:
-	// the client decides on it until its next report. The demand is the requests reported
-	// per second, smoothed.
-	h := s.opts.ReportingInterval.Seconds()
-	span := h
-	if b.started {
-		dt := t - b.m.last
-		if dt >= minInterval {
-			if b.period == 0 {
-				b.period = dt
-			} else {
-				b.period = 0.7*b.period + 0.3*min(dt, 4*b.period)
-			}
-		}
-		span = max(dt, minInterval)
-	}
-	if b.period > 0 {
-		h = b.period
-	}
-	rate := float64(allowed+denied) / span
-	if b.started {
-		rate = 0.5*b.demand + 0.5*rate
-	}
-	b.demand = rate
-	b.m.afterReport(t, allowed, ss.unit())
-	b.started = true
-
-	qs, other := s.lim.Report(ctx, now, b.req, int64(allowed), int64(denied), time.Duration(h*float64(time.Second)), ss.quotas[:0])
-	if other > 0 {
-		s.metrics.ignoredLimits.Add(float64(other))
-	}
-	n := 0
-	for _, q := range qs {
-		if !q.Shadow {
-			qs[n] = q
-			n++
-		}
-	}
-	qs = qs[:n]
-	ss.quotas = qs
-
-	if allowed+denied > 0 {
-		b.idle = -1
-	} else if b.idle < 0 {
-		b.idle = t
-	} else if t-b.idle >= s.opts.AbandonAfter.Seconds() {
-		ss.release(b)
-		s.metrics.abandoned.Inc()
-		s.metrics.actions.WithLabelValues("abandon").Inc()
-		return &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: b.id,
-			BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}}}
-	}
-
-	ss.rekey(b, qs)
-	var a assignment
-	allotted := math.Inf(1)
-	if len(qs) == 0 {
-		a = assignment{kind: kindAllow}
-	} else {
-		atOnce := math.Inf(1)
-		for i := range qs {
-			k := b.keys[i]
-			k.mu.Lock()
-			others := contribution{open: k.open - b.contrib.open, demand: k.demand - b.contrib.demand,
-				tok: k.tok - b.contrib.tok, rate: k.rate - b.contrib.rate, rateAt: k.rateAt - b.contrib.rateAt}
-			k.mu.Unlock()
-			now, over := allot(&qs[i], others, t, h, b.demand, others.open+1, s.opts.SiteShare)
-			atOnce, allotted = min(atOnce, now), min(allotted, over)
-		}
-		a = next(b.m, atOnce, allotted, h, s.opts.Strategy == RequestsPerTimeUnit, ss.unit())
-	}
-	send := ss.due(b, a, allotted, t, h)
-	if send && a.kind == kindAllow && b.m.a.kind == kindNone {
-		s.metrics.unmatchedBkts.Inc()
-	}
-	if send {
-		b.m.adopt(a)
-		b.sentAt = t
-	}
-	ss.contribute(b, contribution{open: 1, demand: b.demand})
-	if !send {
-		return nil
-	}
-	s.metrics.actions.WithLabelValues(strategyLabels[a.kind]).Inc()
-	return ss.action(b, a)
-}
-
-// due reports whether a, the assignment computed for b, is to be sent: always when b
-// has none or another strategy, or its current one could admit more than allotted in the
-// next h seconds; when a would admit noticeably more than the current one; and when
-// half the TTL has passed since the last one, which the client would otherwise let expire.
-func (ss *session) due(b *bucket, a assignment, allotted, t, h float64) bool {
-	cur := b.m.a
-	switch {
-	case cur.kind == kindNone || cur.kind != a.kind:
-		return true
-	case t-b.sentAt >= ss.srv.ttl.Seconds()/2:
-		return true
-	case a.kind != kindTokens && a.kind != kindPerUnit:
-		return false
-	}
-	u := ss.unit()
-	have := b.m.potential(h, u)
-	if have > allotted+1e-9 {
-		return true
-	}
-	probe := b.m
-	probe.adopt(a)
-	return probe.potential(h, u) > 1.05*have+1
-}
-
-// rekey makes b hold the keys of qs, in their order, taking its contribution from keys it
-// no longer holds (the rules changed).
-func (ss *session) rekey(b *bucket, qs []enforcer.Quota) {
-	same := len(b.keys) == len(qs)
-	for i := 0; same && i < len(qs); i++ {
-		same = b.keys[i].key == qs[i].Key
-	}
-	if same {
-		return
-	}
-	ss.release(b)
-	for i := range qs {
-		b.keys = append(b.keys, ss.srv.keys.acquire(qs[i].Key))
-	}
-}
-
-// contribute replaces b's contribution to its keys with c plus its model's tokens and rate.
-func (ss *session) contribute(b *bucket, c contribution) {
-	r := b.m.a.rate(ss.unit())
-	c.tok, c.rate, c.rateAt = b.m.tok, r, r*b.m.last
-	if b.m.a.kind == kindPerUnit {
-		c.tok = b.m.potential(0, ss.unit())
-	}
-	for _, k := range b.keys {
-		k.mu.Lock()
-		k.add(b.contrib, -1)
-		k.add(c, 1)
-		k.mu.Unlock()
-	}
-	b.contrib = c
-}
-
-// release takes b's contribution from its keys and lets them go.
-func (ss *session) release(b *bucket) {
-	for _, k := range b.keys {
-		k.mu.Lock()
-		k.add(b.contrib, -1)
-		k.mu.Unlock()
-		ss.srv.keys.release(k)
-	}
-	b.keys = b.keys[:0]
-	b.contrib = contribution{}
-}
-
-// close ends the session at now: its buckets stop taking part in shares, but their
-// clients may go on admitting on their last assignments until these expire, so their
-// tokens and rates stay reserved until then (Sweep).
-func (ss *session) close(now time.Time) {
-	s := ss.srv
-	s.metrics.streams.Dec()
-	t := s.since(now)
-	ss.until = t
-	for _, b := range ss.buckets {
-		ss.contribute(b, contribution{})
-		if b.m.a.kind != kindNone {
-			ss.until = max(ss.until, b.sentAt+s.ttl.Seconds())
-		}
-		s.metrics.buckets.Dec()
-		s.metrics.drainingBkts.Inc()
-	}
-	s.drainMu.Lock()
-	s.draining = append(s.draining, ss)
-	s.drainMu.Unlock()
-}
-
-func (ss *session) unit() time.Duration {
-	d, _ := unitDuration(ss.srv.opts.Unit)
-	return d
-}
-
-// action renders a as b's bucket action.
-func (ss *session) action(b *bucket, a assignment) *rlqsv3.RateLimitQuotaResponse_BucketAction {
-	st := &typev3.RateLimitStrategy{}
-	switch a.kind {
-	case kindAllow:
-		st.Strategy = &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: typev3.RateLimitStrategy_ALLOW_ALL}
-	case kindDeny:
-		st.Strategy = &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: typev3.RateLimitStrategy_DENY_ALL}
-	case kindTokens:
-		st.Strategy = &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
-			MaxTokens: a.burst, TokensPerFill: wrapperspb.UInt32(a.fill), FillInterval: durationpb.New(FillInterval)}}
-	case kindPerUnit:
-		st.Strategy = &typev3.RateLimitStrategy_RequestsPerTimeUnit_{RequestsPerTimeUnit: &typev3.RateLimitStrategy_RequestsPerTimeUnit{
-			RequestsPerTimeUnit: uint64(a.burst), TimeUnit: ss.srv.opts.Unit}}
-	}
-	return &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: b.id,
-		BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
-			AssignmentTimeToLive: durationpb.New(ss.srv.ttl), RateLimitStrategy: st}}}
+// serviceDesc is the RLQS service with a handler that receives the wire form of reports.
+var serviceDesc = grpc.ServiceDesc{
+	ServiceName: ServiceName,
+	HandlerType: (*rlqsv3.RateLimitQuotaServiceServer)(nil),
+	Streams: []grpc.StreamDesc{{
+		StreamName:    "StreamRateLimitQuotas",
+		Handler:       func(srv any, stream grpc.ServerStream) error { return srv.(*Server).streamRaw(stream) },
+		ServerStreams: true,
+		ClientStreams: true,
+	}},
+	Metadata: "envoy/service/rate_limit_quota/v3/rlqs.proto",
 }
 
 // unitDuration returns the length of an Envoy rate-limit unit (month 30 days, year 365).
@@ -573,67 +348,6 @@ func unitDuration(u typev3.RateLimitUnit) (time.Duration, bool) {
 	return 0, false
 }
 
-// keyTable holds the keyStates of the keys that some bucket holds, in shards.
-type keyTable struct {
-	shards [64]keyShard
-}
-
-type keyShard struct {
-	mu sync.Mutex
-	m  map[string]*keyState
-}
-
-func (kt *keyTable) init() {
-	for i := range kt.shards {
-		kt.shards[i].m = map[string]*keyState{}
-	}
-}
-
-func (kt *keyTable) shard(key string) *keyShard {
-	h := uint32(2166136261)
-	for i := 0; i < len(key); i++ {
-		h = (h ^ uint32(key[i])) * 16777619
-	}
-	return &kt.shards[h&63]
-}
-
-// acquire returns key's state, made if needed, with one more reference.
-func (kt *keyTable) acquire(key string) *keyState {
-	sh := kt.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	k := sh.m[key]
-	if k == nil {
-		k = &keyState{key: key}
-		sh.m[key] = k
-	}
-	k.mu.Lock()
-	k.refs++
-	k.mu.Unlock()
-	return k
-}
-
-// release drops one reference to k, and k itself with the last.
-func (kt *keyTable) release(k *keyState) {
-	sh := kt.shard(k.key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	k.mu.Lock()
-	k.refs--
-	last := k.refs == 0
-	k.mu.Unlock()
-	if last {
-		delete(sh.m, k.key)
-	}
-}
-
-// len returns the number of keys held.
-func (kt *keyTable) len() int {
-	n := 0
-	for i := range kt.shards {
-		kt.shards[i].mu.Lock()
-		n += len(kt.shards[i].m)
-		kt.shards[i].mu.Unlock()
-	}
-	return n
-}
+// unsafeString returns b as a string without copying; the string must not outlive b's
+// contents (handle clones what it keeps).
+func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }

@@ -97,7 +97,7 @@ func (l *live) serve() {
 		l.t.Fatal(err)
 	}
 	l.addr = ln.Addr().String()
-	l.gs = grpc.NewServer()
+	l.gs = grpc.NewServer(ServerOption())
 	l.srv.Register(l.gs)
 	go func() { _ = l.gs.Serve(ln) }()
 }

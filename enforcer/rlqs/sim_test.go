@@ -9,6 +9,7 @@ import (
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/streamlimit/streamlimit/aggregator"
 	"github.com/streamlimit/streamlimit/enforcer"
@@ -262,12 +263,16 @@ func runSim(tb testing.TB, c simConfig) simResult {
 					e.sess = sites[siteOf(m.env)].srv.newSession()
 				}
 				res.reports++
-				resp, err := e.sess.handle(ctx, now, m.rep)
+				resp, err := e.sess.handle(ctx, now, m.rep.GetDomain(), usagesOf(m.rep, nil))
 				if err != nil {
 					tb.Fatal(err)
 				}
 				if resp != nil {
-					msgs = append(msgs, simMsg{at: t + half, env: m.env, resp: resp})
+					var r rlqsv3.RateLimitQuotaResponse
+					if err := proto.Unmarshal(resp, &r); err != nil {
+						tb.Fatal(err)
+					}
+					msgs = append(msgs, simMsg{at: t + half, env: m.env, resp: &r})
 				}
 			} else {
 				e.f.Apply(now, m.resp)

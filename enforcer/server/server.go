@@ -633,7 +633,7 @@ func (s *Server) Run(ctx context.Context) error {
 	var qs *grpc.Server
 	if s.rlqs != nil {
 		// An Envoy reports all its buckets in one message, larger than a check request.
-		qs = s.grpcServer(grpc.MaxRecvMsgSize(max(rlqs.MaxReportBytes, int(s.cfg.Limits.MaxBodyBytes))))
+		qs = s.grpcServer(grpc.MaxRecvMsgSize(max(rlqs.MaxReportBytes, int(s.cfg.Limits.MaxBodyBytes))), rlqs.ServerOption())
 		s.rlqs.Register(qs)
 		goRun("rlqs", func() error { return qs.Serve(s.rlqsLn) })
 		goRun("rlqs sweeper", func() error { return s.rlqs.Run(ctx) })

@@ -168,6 +168,7 @@ func write(w io.Writer, rawPath string, r *run) {
 	writeTargets(w, r)
 	writeServing(w, r)
 	writeHotKey(w, r)
+	writeRLQS(w, r)
 
 	p("## Headline figures\n\n")
 	p("Medians over the runs (`-count`) of each benchmark.\n\n")
@@ -422,5 +423,6 @@ func writeTargets(w io.Writer, r *run) {
 		sp = res.spread("p99-ms")
 	}
 	p("| Propagation A → B, p99 (defaults, real broker) | ≤ 300 ms | %s ms (%s) | %s |\n", num(v), sp, verdict(ok, v <= 300))
+	writeRLQSTarget(w, r, verdict)
 	p("\n")
 }

@@ -351,3 +351,6 @@ func unitDuration(u typev3.RateLimitUnit) (time.Duration, bool) {
 // unsafeString returns b as a string without copying; the string must not outlive b's
 // contents (handle clones what it keeps).
 func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// unsafeBytes returns s's bytes without copying, to be read only.
+func unsafeBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }

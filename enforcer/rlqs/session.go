@@ -51,8 +51,8 @@ type session struct {
 // holder is one stream's bucket: it holds part of its keys' room.
 type holder struct {
 	req     *request
-	raw     []byte      // the bucket id in wire form, for the responses
-	raws    []string    // the wire forms it was reported in (byRaw keys)
+	raw     string      // the bucket id in wire form, for the responses (a byRaw key)
+	aliases []string    // other wire forms it was reported in (byRaw keys)
 	keys    []*keyState // the keys it contributes to
 	contrib contribution
 	m       model
@@ -103,10 +103,10 @@ func (ss *session) handle(ctx context.Context, now time.Time, domain string, us 
 		a, send, abandon := ss.report(ctx, now, t, h, u.allowed, u.denied)
 		switch {
 		case abandon:
-			resp = ss.enc.appendAbandon(resp, h.raw)
+			resp = ss.enc.appendAbandon(resp, unsafeBytes(h.raw))
 			ss.forget(h)
 		case send:
-			resp = ss.enc.appendAssignment(resp, h.raw, a, s.ttl, s.opts.Unit)
+			resp = ss.enc.appendAssignment(resp, unsafeBytes(h.raw), a, s.ttl, s.opts.Unit)
 		}
 	}
 	s.metrics.reports.Add(float64(reports))
@@ -145,17 +145,22 @@ func (ss *session) lookup(u *usage) (*holder, error) {
 	} else {
 		h = &holder{req: req, idle: -1}
 		if u.raw != nil {
-			h.raw = append([]byte(nil), u.raw...)
+			h.raw = string(u.raw)
 		} else {
-			h.raw, _ = proto.MarshalOptions{Deterministic: true}.Marshal(&rlqsv3.BucketId{Bucket: u.bucket})
+			b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(&rlqsv3.BucketId{Bucket: u.bucket})
+			h.raw = string(b)
 		}
 		ss.byReq[req] = h
 		ss.srv.metrics.buckets.Inc()
 	}
 	if u.raw != nil {
-		raw := string(u.raw)
-		ss.byRaw[raw] = h
-		h.raws = append(h.raws, raw)
+		if raw := unsafeString(u.raw); raw == h.raw {
+			ss.byRaw[h.raw] = h
+		} else {
+			raw = string(u.raw)
+			ss.byRaw[raw] = h
+			h.aliases = append(h.aliases, raw)
+		}
 	}
 	return h, nil
 }
@@ -164,7 +169,8 @@ func (ss *session) lookup(u *usage) (*holder, error) {
 func (ss *session) forget(h *holder) {
 	ss.release(h)
 	delete(ss.byReq, h.req)
-	for _, r := range h.raws {
+	delete(ss.byRaw, h.raw)
+	for _, r := range h.aliases {
 		delete(ss.byRaw, r)
 	}
 	ss.srv.requests.release(h.req)

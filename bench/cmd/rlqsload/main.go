@@ -94,7 +94,9 @@ func run(ctx context.Context, addr, metricsURL, bench, domain string, streams, c
 		wg.Go(func() {
 			st, err := ccs[s%conns].NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, method)
 			if err != nil {
-				failed.Add(1)
+				if ctx.Err() == nil {
+					failed.Add(1)
+				}
 				return
 			}
 			go func() {
@@ -112,7 +114,9 @@ func run(ctx context.Context, addr, metricsURL, bench, domain string, streams, c
 				case <-t.C:
 				}
 				if err := st.SendMsg(&msg); err != nil {
-					failed.Add(1)
+					if ctx.Err() == nil {
+						failed.Add(1)
+					}
 					return
 				}
 				sent.Add(1)
@@ -146,13 +150,14 @@ func run(ctx context.Context, addr, metricsURL, bench, domain string, streams, c
 		cpuPer = (c1 - c0).Seconds() * 1e6 / (r1 - r0)
 		cores = (c1 - c0).Seconds() / el.Seconds()
 	}
+	rss := rssMiB(pid)
 	if bench != "" {
-		fmt.Printf("Benchmark%s 1 %d ns/op %.0f reports/s %.0f offered-reports/s %.0f messages/s %.3f server-cpu-µs/report %.2f server-cores %d failed-streams\n",
-			bench, el.Nanoseconds(), reports, offered, msgs, cpuPer, cores, failed.Load())
+		fmt.Printf("Benchmark%s 1 %d ns/op %.0f reports/s %.0f offered-reports/s %.0f messages/s %.3f server-cpu-µs/report %.2f server-cores %.0f server-rss-MiB %d failed-streams\n",
+			bench, el.Nanoseconds(), reports, offered, msgs, cpuPer, cores, rss, failed.Load())
 		return nil
 	}
-	fmt.Printf("%d streams × %d buckets every %v (offered %.0f bucket reports/s): served %.0f/s, %.0f messages/s sent, server CPU %.3f µs per report (%.2f cores), %d streams failed\n",
-		streams, buckets, interval, offered, reports, msgs, cpuPer, cores, failed.Load())
+	fmt.Printf("%d streams × %d buckets every %v (offered %.0f bucket reports/s): served %.0f/s, %.0f messages/s sent, server CPU %.3f µs per report (%.2f cores), RSS %.0f MiB, %d streams failed\n",
+		streams, buckets, interval, offered, reports, msgs, cpuPer, cores, rss, failed.Load())
 	return nil
 }
 
@@ -209,6 +214,24 @@ func cpu(pid int) time.Duration {
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
+}
+
+// rssMiB returns process pid's resident set size in MiB, 0 without a pid.
+func rssMiB(pid int) float64 {
+	if pid <= 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return kb / 1024
+		}
+	}
+	return 0
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

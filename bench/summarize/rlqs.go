@@ -80,5 +80,8 @@ func writeRLQS(w io.Writer, r *run) {
 		p("| %s × %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", parts["streams"], parts["buckets"], parts["server"],
 			cell("offered-reports/s"), cell("reports/s"), ratio, cell("server-cpu-µs/report"), capacity, cell("server-cores"), cell("server-rss-MiB"))
 	}
-	p("\n")
+	p("\nA server that falls behind (served ÷ offered below 1) is read with care: the reports it has not read wait in gRPC's " +
+		"buffers and its heap grows, so its CPU per report is no longer the cost of a report, and the capacity column is then a " +
+		"floor. The in-process cost of a report, without gRPC, is `enforcer/rlqs BenchmarkHandle` (cpu-ns/bucket); " +
+		"[rlqs.md](rlqs.md#serving) reads these figures.\n\n")
 }

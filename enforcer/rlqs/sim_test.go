@@ -230,11 +230,11 @@ func runSim(tb testing.TB, c simConfig) simResult {
 			for i := range sites {
 				k := 0
 				for ; k < len(hits[i][j]) && hits[i][j][k].at <= t; k++ {
-					add := st.agg.AddRemote
-					if i == j {
-						add = st.agg.Add
+					topic := topics.DefaultHitsTopic // its own data center's
+					if i != j {
+						topic = topics.RemoteHitsTopic(sites[i].name, topics.DefaultHitsTopic)
 					}
-					if err := add(now, hits[i][j][k].hit); err != nil {
+					if err := st.agg.AddFrom(now, topic, hits[i][j][k].hit); err != nil {
 						tb.Fatalf("aggregator %s: %v", st.name, err)
 					}
 				}

@@ -16,6 +16,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rlqs/filter"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
@@ -256,5 +257,62 @@ func TestAbandonIdleBucket(t *testing.T) {
 	c.Decide(user42, settings(200*time.Millisecond))
 	if after := c.Stats().Reports; after != before+1 {
 		t.Errorf("reports %d → %d on the abandoned bucket's next request, want one more at once", before, after)
+	}
+}
+
+// TestClosedStreamStaysReservedUntilTTL: when a stream ends, its buckets' tokens and
+// refill stay reserved — its Envoy may go on admitting on its last assignment — until the
+// assignment's TTL has passed; then Sweep releases them and the other holders of the key
+// get the room.
+func TestClosedStreamStaysReservedUntilTTL(t *testing.T) {
+	cfg, err := rules.Parse("rules.yaml", []byte(userRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clock.NewFake(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))
+	lim, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(cfg), Site: "eu", Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := NewServer(lim, Options{Clock: clk, ReportingInterval: time.Second, TTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	report := func(ss *session, allowed uint64) {
+		t.Helper()
+		if _, err := ss.handle(ctx, clk.Now(), "api", []usage{{bucket: user42, allowed: allowed}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := srv.newSession(), srv.newSession()
+	for range 3 {
+		report(a, 10)
+		report(b, 10)
+		clk.Advance(time.Second)
+	}
+	k := srv.keys.shards[fnv("api|user=42#10s")&63].m["api|user=42#10s"]
+	held := func() float64 {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		return k.held(srv.since(clk.Now()))
+	}
+	withA := held()
+	a.close(clk.Now())
+	srv.Sweep(clk.Now())
+	if got := held(); got < withA-1e-9 {
+		t.Errorf("held %.1f right after the stream closed, want at least %.1f: its Envoy may still admit", got, withA)
+	}
+	clk.Advance(3 * time.Second)
+	srv.Sweep(clk.Now())
+	var bAlone contribution
+	for _, h := range b.byReq {
+		bAlone = h.contrib
+	}
+	if got := held(); got > bAlone.tok+bAlone.rate*(srv.since(clk.Now()))-bAlone.rateAt+1e-9 {
+		t.Errorf("held %.1f after the TTL, want only the open stream's", got)
+	}
+	if n := srv.keys.len(); n != 1 {
+		t.Errorf("%d keys held, want 1", n)
 	}
 }

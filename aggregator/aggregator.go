@@ -237,6 +237,10 @@ type Aggregator struct {
 	heldBuf []held
 }
 
+// tp names one partition of a hits topic: the local "hits" or a data center's replicated
+// "<dc>.hits". The sites heard on one topic are one data center's, so a site silent while
+// the others of its topic still speak has stopped on its own (a crash), while a topic whose
+// sites are all silent has been cut off (sites.go).
 type tp struct {
 	topic string
 	part  int32
@@ -582,7 +586,7 @@ func (a *Aggregator) release(now int64) {
 // applyHeld counts one held record, as the Kafka path and Memory do.
 func applyHeld(st *state, m *metrics, now int64, it *held) {
 	if it.site {
-		src := source{topic: it.topic, part: it.slot}
+		src := tp{topic: it.topic, part: it.slot}
 		if it.leave {
 			m.siteLeaves.Inc()
 			st.leftFrom(src, string(it.h.site), it.inst, it.h.bucketStart)
@@ -786,7 +790,7 @@ func (a *Aggregator) heartbeatLoop(ctx context.Context, cl *kgo.Client) {
 			}
 			hb := topics.Heartbeat{Instance: a.cfg.InstanceID, Topic: k.topic, Partition: k.part,
 				AsOf: now, Offset: ps.next, HighWatermark: ps.hwm, Replaying: ps.replaying, Conflicts: conflicts}
-			hb.Sites, hb.Left = a.st.siteMaps(source{topic: k.topic, part: k.part}, now)
+			hb.Sites, hb.Left = a.st.siteMaps(k, now)
 			hbs = append(hbs, hb)
 		}
 		n := a.countsParts

@@ -21,6 +21,8 @@
 #   STREAMLIMIT_KAFKA_INSTANCE instance name (default kafka): several
 #                              independent clusters (one per data center)
 #                              live side by side under one run root
+#   STREAMLIMIT_KAFKA_PORT     the PLAINTEXT port to listen on (default: a
+#                              free one; the controller's is always free)
 #   STREAMLIMIT_KAFKA_WAN_PORT and STREAMLIMIT_KAFKA_WAN_ADVERTISE
 #                              a second listener, WAN, on 127.0.0.1:PORT that
 #                              advertises ADVERTISE (host:port): clients in
@@ -164,6 +166,11 @@ cmd_start() {
   else
     rm -rf "$DATA"
     read -r port cport < <(free_ports 2 | paste -sd' ')
+    if [[ -n ${STREAMLIMIT_KAFKA_PORT:-} ]]; then
+      port=$STREAMLIMIT_KAFKA_PORT
+      port_free "$port" || die "STREAMLIMIT_KAFKA_PORT $port is taken"
+      [[ $cport != "$port" ]] || cport=$(free_ports 1)
+    fi
     printf '%s %s\n' "$port" "$cport" >"$PORTFILE"
     # What `kafka-storage random-uuid` prints (base64url of 16 random bytes,
     # never starting with "-"), made without starting a JVM for it.

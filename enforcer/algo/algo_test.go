@@ -14,7 +14,7 @@ import (
 )
 
 // base is 1:00:00 on a day, aligned to the minute (and hour) since the Unix epoch, so that
-// the seeds' wall-clock examples map onto aligned windows.
+// the textbook wall-clock examples map onto aligned windows.
 var base = time.Date(2026, 11, 21, 1, 0, 0, 0, time.UTC)
 
 func at(h, m, s int) time.Time { return time.Date(2026, 11, 21, h, m, s, 0, time.UTC) }
@@ -56,7 +56,7 @@ func TestSoftPercentRounding(t *testing.T) {
 
 // The textbook sliding window log: 2 per minute; requests at 1:00:01, 1:00:30, 1:00:50,
 // 1:01:40: allowed, allowed, rejected, allowed.
-func TestSeedSlidingLog(t *testing.T) {
+func TestTextbookSlidingLog(t *testing.T) {
 	s := New(Options{})
 	l := Limit{Requests: 2, Window: time.Minute}
 	op := Op{Key: "user", Algorithm: SlidingLog, Limit: l, N: 1}
@@ -80,7 +80,7 @@ func TestSeedSlidingLog(t *testing.T) {
 // The textbook sliding window counter: 7 per minute, 5 in the previous minute, 3 in this one;
 // at 30% into this minute the estimate is 3 + 5×0.7 = 6.5, rounded down to 6: the request
 // is admitted, and the one after it reaches the limit.
-func TestSeedSlidingWindowCounter(t *testing.T) {
+func TestTextbookSlidingWindowCounter(t *testing.T) {
 	s := New(Options{})
 	op := Op{Key: "k", Algorithm: SlidingWindow, Limit: Limit{Requests: 7, Window: time.Minute}, N: 1}
 	for i := 0; i < 5; i++ {
@@ -116,7 +116,7 @@ func TestSeedSlidingWindowCounter(t *testing.T) {
 
 // The textbook fixed window: 5 per minute resetting on the minute lets 10 through
 // between 2:00:30 and 2:01:30.
-func TestSeedFixedWindowBoundaryBurst(t *testing.T) {
+func TestTextbookFixedWindowBoundaryBurst(t *testing.T) {
 	s := New(Options{})
 	op := Op{Key: "k", Algorithm: FixedWindow, Limit: Limit{Requests: 5, Window: time.Minute}, N: 1}
 	admitted := 0
@@ -160,7 +160,7 @@ func TestSeedFixedWindowBoundaryBurst(t *testing.T) {
 
 // The textbook token bucket: capacity 4, 2 tokens a second. A burst of 4 passes, the
 // 5th waits exactly 500ms, then the rate is 2/s.
-func TestSeedTokenBucket(t *testing.T) {
+func TestTextbookTokenBucket(t *testing.T) {
 	for _, alg := range []Algorithm{TokenBucket, LeakyBucket, GCRA} {
 		t.Run(alg.String(), func(t *testing.T) {
 			s := New(Options{})
@@ -197,7 +197,7 @@ func TestSeedTokenBucket(t *testing.T) {
 
 // 60 per 60s. A token bucket hands out 60 at once; a leaky bucket used as a
 // shaper lets the same 60 out one per second over a minute.
-func TestSeedLeakyBucketShaping(t *testing.T) {
+func TestTextbookLeakyBucketShaping(t *testing.T) {
 	l := Limit{Requests: 60, Window: time.Minute}
 	s := New(Options{})
 	tb := Op{Key: "tb", Algorithm: TokenBucket, Limit: l, N: 1}

@@ -11,11 +11,14 @@
 //     site counter, on one Redis, through serving.sh.
 //   - The hot-key table (hotkey.sh): site scope in Redis and in process, set against each
 //     algorithm's exact bound.
+//   - The RLQS serving benchmark (rlqs.sh): the enforcer's Rate Limit Quota Service
+//     pinned to one core under a fleet of Envoys' reports (bench/cmd/rlqsload), its
+//     bucket reports served per second and CPU time per report.
 //   - BenchmarkPropagation: how long a hit admitted at site A takes to show in site B's
 //     snapshot, through the producer, the hits topic on a real broker, the aggregator and
 //     the counts topic, with the delay split into its stages.
 //
-// `make bench` (bench/run.sh) runs every package's benchmarks, then serving.sh, and
-// `go run ./bench/summarize` turns the raw output into docs/benchmarks.md, each target
-// with its goal and the baseline it is a ratio of.
+// `make bench` (bench/run.sh) runs every package's benchmarks, then serving.sh, hotkey.sh
+// and rlqs.sh, and `go run ./bench/summarize` turns the raw output into
+// docs/benchmarks.md, each target with its goal and the baseline it is a ratio of.
 package bench

@@ -46,8 +46,8 @@ func TestHotKeyTableOfRedisDoc(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	r, err := parse(f)
-	if err != nil {
+	r := &run{}
+	if err := parse(f, r); err != nil {
 		t.Fatal(err)
 	}
 	var b strings.Builder

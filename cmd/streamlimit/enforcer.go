@@ -13,10 +13,12 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"gopkg.in/yaml.v3"
 
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
+	"github.com/streamlimit/streamlimit/enforcer/rlqs"
 	"github.com/streamlimit/streamlimit/enforcer/rls"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/server"
@@ -56,6 +58,8 @@ published to the hits topic. It serves:
   --http-listen   POST /v1/check, /json, /v1/auth (nginx auth_request), /metrics, /healthz,
                   /readyz, and /openapi.yaml (the OpenAPI document of this API)
   --grpc-listen   envoy.service.ratelimit.v3.RateLimitService (Envoy's rate-limit filter)
+  --rlqs-addr     when given: envoy.service.rate_limit_quota.v3.RateLimitQuotaService (Envoy's
+                  rate_limit_quota filter, which decides locally on assigned quotas)
   --proxy-listen  with --upstream: a reverse proxy that answers 429 before the upstream
 
 Every listener binds loopback by default. Callers can be made to prove who they are with
@@ -80,6 +84,9 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "enforcer site %s: http %s, grpc %s", cfg.Site, srv.HTTPAddr(), orNone(srv.GRPCAddr()))
+			if a := srv.RLQSAddr(); a != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), ", rlqs %s", a)
+			}
 			if a := srv.ProxyAddr(); a != "" {
 				fmt.Fprintf(cmd.OutOrStdout(), ", proxy %s → %s", a, cfg.Upstream)
 			}
@@ -115,6 +122,7 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	f.StringVar(&c.RedisKeyPrefix, "redis-key-prefix", sitestore.DefaultKeyPrefix, "start of every Redis key of this site's counters (no '{' or '}')")
 	f.StringVar(&c.HTTPAddr, "http-listen", server.DefaultHTTPAddr, "address of the check API, auth endpoint and admin endpoints")
 	f.StringVar(&c.GRPCAddr, "grpc-listen", server.DefaultGRPCAddr, `address of the Envoy rate-limit gRPC service ("off" to disable)`)
+	registerRLQSFlags(f, &c.RLQSAddr, &c.RLQS.ReportingInterval)
 	f.StringVar(&ef.limitOverrides, "limit-overrides", rls.HonourOverrides.String(),
 		"what the gRPC service and /json do with a descriptor's own limit (Envoy's override): honour (a caller can raise its own quota) or ignore (the rules decide)")
 	f.StringVar(&ef.compat, "compat", rules.DefaultCompat.String(),
@@ -250,6 +258,14 @@ func tuneGC(ctx context.Context) {
 			}
 		}
 	}()
+}
+
+// registerRLQSFlags adds the flags of the Rate Limit Quota Service, shared by enforcer and
+// dev.
+func registerRLQSFlags(f *pflag.FlagSet, addr *string, interval *time.Duration) {
+	f.StringVar(addr, "rlqs-addr", "", "address of Envoy's Rate Limit Quota Service (rate_limit_quota filter); default none: not served")
+	f.DurationVar(interval, "rlqs-reporting-interval", rlqs.DefaultReportingInterval,
+		"how often the RLQS clients report each bucket, until measured: Envoy's reporting interval")
 }
 
 func orNone(s string) string {

@@ -1,7 +1,8 @@
 // Package server assembles an enforcer process: the rules with hot reload, the snapshot of
 // the counts topic, the hit producer, the optional Redis of the site, the Limiter, and the
 // ways to ask it — the HTTP check API, the nginx auth_request endpoint, the Envoy rate-limit
-// gRPC service and a rate-limiting reverse proxy — with /metrics, /healthz and /readyz.
+// gRPC service, Envoy's Rate Limit Quota Service and a rate-limiting reverse proxy — with
+// /metrics, /healthz and /readyz.
 // `streamlimit enforcer` is a thin command over it; the end-to-end tests start it in
 // process.
 package server
@@ -37,6 +38,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/headers"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
+	"github.com/streamlimit/streamlimit/enforcer/rlqs"
 	"github.com/streamlimit/streamlimit/enforcer/rls"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
@@ -135,6 +137,13 @@ type Config struct {
 	MergeDomains bool
 	// Envoy configures the gRPC and /json answers of domains in rules.CompatEnvoy.
 	Envoy rls.EnvoyOptions
+	// RLQSAddr serves Envoy's Rate Limit Quota Service (package rlqs) on its own gRPC
+	// listener, with the Limits, TLS and AuthTokens of GRPCAddr. Default "": not served.
+	RLQSAddr string
+	// RLQS tunes the RLQS server. Its TTL defaults to MaxStaleness (the assignments live
+	// as long as the counts they come from are trusted), its SiteShare to 1/SiteEnforcers;
+	// Clock, Logger and Registerer are the Server's.
+	RLQS rlqs.Options
 	// Upstream, when set, makes ProxyAddr a reverse proxy to it that rate-limits every
 	// request with HTTP.
 	Upstream *url.URL
@@ -240,10 +249,12 @@ type Server struct {
 	proxyMW  *httplimit.Middleware // mw, or one that waits up to ProxyMaxDelay
 	authMW   *httplimit.Middleware // mw, or one that waits up to AuthMaxDelay
 	rls      *rls.Server
+	rlqs     *rlqs.Server
 	// instance names this process in its site heartbeats.
 	instance string
 
 	httpLn, grpcLn, proxyLn net.Listener
+	rlqsLn                  net.Listener
 	tls                     *tls.Config // nil: plaintext
 	tokens                  tokens
 	// connsRefused counts connections closed at accept for their address's bound.
@@ -357,6 +368,19 @@ func New(cfg Config) (_ *Server, err error) {
 			return nil, err
 		}
 	}
+	if cfg.RLQSAddr != "" {
+		o := cfg.RLQS
+		if o.TTL == 0 {
+			o.TTL = cfg.MaxStaleness
+		}
+		if o.SiteShare == 0 {
+			o.SiteShare = fallbackShare(cfg.SiteEnforcers)
+		}
+		o.Clock, o.Logger, o.Registerer = cfg.Clock, s.log, reg
+		if s.rlqs, err = rlqs.NewServer(s.lim, o); err != nil {
+			return nil, err
+		}
+	}
 	s.registerMetrics(reg)
 
 	if s.httpLn, err = s.listen(cfg.HTTPAddr); err != nil {
@@ -369,6 +393,11 @@ func New(cfg Config) (_ *Server, err error) {
 		// gRPC does its own TLS handshake (credentials), which negotiates HTTP/2.
 		if s.grpcLn, err = s.listen(cfg.GRPCAddr); err != nil {
 			return nil, fmt.Errorf("enforcer: grpc listener: %w", err)
+		}
+	}
+	if s.rlqs != nil {
+		if s.rlqsLn, err = s.listen(cfg.RLQSAddr); err != nil {
+			return nil, fmt.Errorf("enforcer: rlqs listener: %w", err)
 		}
 	}
 	if cfg.Upstream != nil {
@@ -425,8 +454,8 @@ func extend(timeout, wait time.Duration) time.Duration {
 	return timeout + max(wait, 0)
 }
 
-// grpcServer returns the gRPC server with the Limits, TLS and tokens.
-func (s *Server) grpcServer() *grpc.Server {
+// grpcServer returns the gRPC server with the Limits, TLS and tokens, then extra.
+func (s *Server) grpcServer(extra ...grpc.ServerOption) *grpc.Server {
 	l := s.cfg.Limits
 	opts := []grpc.ServerOption{
 		// Stream workers keep their grown stacks from call to call: without them every call
@@ -446,7 +475,7 @@ func (s *Server) grpcServer() *grpc.Server {
 	if s.tls != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls)))
 	}
-	return grpc.NewServer(append(opts, s.tokens.grpcOptions()...)...)
+	return grpc.NewServer(append(append(opts, s.tokens.grpcOptions()...), extra...)...)
 }
 
 func (s *Server) registerMetrics(reg prometheus.Registerer) {
@@ -504,6 +533,14 @@ func (s *Server) GRPCAddr() string {
 		return ""
 	}
 	return s.grpcLn.Addr().String()
+}
+
+// RLQSAddr returns the address of the Rate Limit Quota Service, "" when not served.
+func (s *Server) RLQSAddr() string {
+	if s.rlqsLn == nil {
+		return ""
+	}
+	return s.rlqsLn.Addr().String()
 }
 
 // ProxyAddr returns the address of the reverse proxy, "" when there is none.
@@ -656,13 +693,28 @@ func (s *Server) Run(ctx context.Context) error {
 		s.rls.Register(gs)
 		goRun("grpc", func() error { return gs.Serve(s.grpcLn) })
 	}
-	s.log.Info("enforcer serving", "site", s.cfg.Site, "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "proxy", s.ProxyAddr())
+	var qs *grpc.Server
+	if s.rlqs != nil {
+		// An Envoy reports all its buckets in one message, larger than a check request.
+		qs = s.grpcServer(grpc.MaxRecvMsgSize(max(rlqs.MaxReportBytes, int(s.cfg.Limits.MaxBodyBytes))), rlqs.ServerOption())
+		s.rlqs.Register(qs)
+		goRun("rlqs", func() error { return qs.Serve(s.rlqsLn) })
+		goRun("rlqs sweeper", func() error { return s.rlqs.Run(ctx) })
+	}
+	s.log.Info("enforcer serving", "site", s.cfg.Site, "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "rlqs", s.RLQSAddr(), "proxy", s.ProxyAddr())
 
 	<-ctx.Done()
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
 	defer scancel()
 	if s.rls != nil {
 		s.rls.SetServing(false)
+	}
+	if qs != nil {
+		// RLQS streams last as long as their Envoys: cut them, and each Envoy starts its
+		// stream again at its next report, on another server, deciding meanwhile on its
+		// last assignments.
+		s.rlqs.SetServing(false)
+		qs.Stop()
 	}
 	for _, srv := range servers {
 		if err := srv.Shutdown(sctx); err != nil {
@@ -708,7 +760,7 @@ func (s *Server) sweep(ctx context.Context) {
 
 // closeAll releases what New opened; safe on a partly built Server.
 func (s *Server) closeAll() {
-	for _, ln := range []net.Listener{s.httpLn, s.grpcLn, s.proxyLn} {
+	for _, ln := range []net.Listener{s.httpLn, s.grpcLn, s.proxyLn, s.rlqsLn} {
 		if ln != nil {
 			_ = ln.Close()
 		}

@@ -23,6 +23,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
+	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
 )
@@ -99,17 +100,17 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	c := &ef.cfg
 	f.StringVar(&c.Site, "site", "", "this enforcer's site: the process, or the data center sharing --redis-addr (required)")
 	f.StringVar(&c.RulesPath, "rules", "", "rules file or directory (required)")
-	f.DurationVar(&c.ReloadInterval, "rules-reload-interval", time.Second, "how often the rules are checked for changes")
+	f.DurationVar(&c.ReloadInterval, "rules-reload-interval", rules.DefaultReloadInterval, "how often the rules are checked for changes")
 	f.BoolVar(&ef.noKafka, "no-kafka", false, "run without Kafka: global limits are decided on --default-share of the limit")
 	f.StringVar(&c.HitsTopic, "hits-topic", topics.DefaultHitsTopic, "topic this site's hits are published to")
 	f.StringVar(&c.CountsTopic, "counts-topic", topics.DefaultCountsTopic, "compacted counts topic to follow")
 	f.StringSliceVar(&c.Aggregators, "aggregator-instances", nil, "instance IDs (the aggregators' --instance-id) whose records of the counts topic are believed; records of any other writer are skipped (default: every record)")
-	f.DurationVar(&c.MaxStaleness, "max-staleness", 10*time.Second, "age of the aggregator's heartbeats past which global limits use local shares")
+	f.DurationVar(&c.MaxStaleness, "max-staleness", snapshot.DefaultMaxStaleness, "age of the aggregator's heartbeats past which global limits use local shares")
 	f.Float64Var(&c.DefaultShare, "default-share", 0, "this site's share of a global limit for keys new to the counts (0: 1/the number of sites that may spend them: live, or cut off from here)")
 	f.DurationVar(&c.SiteStaleAfter, "site-stale-after", enforcer.DefaultSiteStaleAfter, "how long a site may go unheard before it is taken as silent and reserved its share of the keys it served")
 	f.DurationVar(&c.CrashHold, "crash-hold", enforcer.DefaultCrashHold, "how long a site silent while the rest of its data center speaks (a crash) keeps its reservation, fading (negative: none)")
 	f.IntVar(&c.SubBuckets, "sub-buckets", window.DefaultSubBuckets, "sub-window buckets per window (must equal the aggregator's)")
-	f.IntVar(&c.MaxKeys, "max-keys", 1<<20, "bound on keys held per structure (local counters, site counts, snapshot, key cache); idle keys go first")
+	f.IntVar(&c.MaxKeys, "max-keys", enforcer.DefaultMaxKeys, "bound on keys held per structure (local counters, site counts, snapshot, key cache); idle keys go first")
 	ef.maxMemory = server.DefaultMaxMemory
 	f.Var(&ef.maxMemory, "max-memory", memoryUsage)
 	f.StringSliceVar(&c.RedisAddrs, "redis-addr", nil, "the site's Redis (several: Cluster); default none: site counts in process")
@@ -148,7 +149,7 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	// setup) is believed and nobody else is.
 	f.StringSliceVar(&ef.trustedProxies, "trusted-proxies", []string{"127.0.0.0/8", "::1/128"},
 		"proxies (CIDRs) whose X-Forwarded-For, and X-Real-IP at /v1/auth, name the client, when --http-config is not given (there: trusted_proxies)")
-	f.IntVar(&c.Auth.DeniedStatus, "auth-denied-status", 429, "status of a denied /v1/auth request (403 for nginx auth_request)")
+	f.IntVar(&c.Auth.DeniedStatus, "auth-denied-status", httplimit.DefaultDeniedStatus, "status of a denied /v1/auth request (403 for nginx auth_request)")
 	l := &c.Limits
 	f.DurationVar(&l.ReadHeaderTimeout, "read-header-timeout", server.DefaultReadHeaderTimeout, "bound on reading a request's headers (every HTTP listener)")
 	f.DurationVar(&l.ReadTimeout, "read-timeout", server.DefaultReadTimeout, "bound on reading a whole request, body included (HTTP API)")
@@ -168,7 +169,7 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	f.StringVar(&c.TLS.ClientCAFile, "tls-client-ca", "", "PEM CAs whose client certificates the HTTP API and gRPC require (mutual TLS)")
 	f.StringVar(&ef.authTokenFile, "auth-token-file", "", "file of bearer tokens, one per line, that callers of the HTTP API and gRPC must present (/healthz, /readyz and gRPC health stay open)")
 	f.DurationVar(&c.AuthMaxDelay, "auth-max-delay", 0, "hold a /v1/auth request that its limits will admit within this long until they do (nginx's proxy_read_timeout must be longer)")
-	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on draining requests and flushing hits at shutdown")
+	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "bound on draining requests and flushing hits at shutdown")
 	f.StringVar(&ef.logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&ef.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	// envoyproxy/ratelimit's names of the settings that mean the same thing, so that its

@@ -63,7 +63,9 @@ func TestFloodKeepsLimitedCounters(t *testing.T) {
 					readmitted++
 				}
 			}
-			if st := s.Stats(); readmitted != 0 || st.Refused-before < 450 || st.Keys > 640 {
+			// A few of the flood's counters (a third used) may have outlived the second flood
+			// in a sampled store, and make room for late keys: most must be refused.
+			if st := s.Stats(); readmitted != 0 || st.Refused-before < 400 || st.Keys > 640 {
 				t.Fatalf("store full of exhausted counters: %d of 20 admitted again, %d new keys refused (%+v)", readmitted, st.Refused-before, st)
 			}
 		})

@@ -26,6 +26,9 @@ const (
 	stackOps = 8
 )
 
+// DefaultMaxKeys is Options.MaxKeys when zero.
+const DefaultMaxKeys = 1 << 20
+
 // Options configures a Store.
 type Options struct {
 	// MaxKeys bounds the number of counters held. When a shard of the store is full, idle
@@ -35,7 +38,7 @@ type Options struct {
 	// share. When every counter of the sample has used NearLimit of its limit or more, none
 	// is evicted: the new key is refused (Stats.Refused) and its request decided as a new
 	// counter's would be, taking nothing, so that the bound on memory never frees a client
-	// at its limit. Default (0): 1<<20.
+	// at its limit. Default (0): DefaultMaxKeys.
 	MaxKeys int
 	// MaxBytes bounds the bytes the counters keep alive, by an estimate per counter (its
 	// entry, key, map slot and sliding log), with the same eviction as MaxKeys; both
@@ -101,7 +104,7 @@ type shard struct {
 // New returns an empty Store.
 func New(opts Options) *Store {
 	if opts.MaxKeys <= 0 {
-		opts.MaxKeys = 1 << 20
+		opts.MaxKeys = DefaultMaxKeys
 	}
 	s := &Store{seed: maphash.MakeSeed(), maxPerShard: (opts.MaxKeys + numShards - 1) / numShards}
 	if opts.MaxBytes > 0 {

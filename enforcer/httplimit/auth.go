@@ -11,7 +11,7 @@ import (
 // AuthOptions configure the nginx auth_request endpoint. The repository's README shows
 // an nginx configuration that uses it.
 type AuthOptions struct {
-	// DeniedStatus answers a denied request. Default 429. nginx's auth_request treats
+	// DeniedStatus answers a denied request. Default DefaultDeniedStatus (429). nginx's auth_request treats
 	// only 2xx, 401 and 403 as answers (anything else is an error, 500), so behind nginx
 	// use 403 and turn it back into 429 with error_page; a request's ?status=401, 403 or
 	// 429 overrides it, so one server can serve both (another ?status is a 400).
@@ -41,6 +41,9 @@ type AuthOptions struct {
 // URIHeader, and header sources from the subrequest's headers (nginx copies the original
 // request's headers into the subrequest). Route sources use Source.Prefixes.
 //
+// DefaultDeniedStatus is AuthOptions.DeniedStatus when zero.
+const DefaultDeniedStatus = http.StatusTooManyRequests
+
 // An admitted request is answered 204 No Content, a denied one DeniedStatus with a problem
 // body; both carry the rate-limit fields, which nginx can copy with auth_request_set. A
 // method other than GET, HEAD and POST is answered 405, a ?status other than 401, 403 and
@@ -48,7 +51,7 @@ type AuthOptions struct {
 // address in Config.TrustedProxies.
 func (m *Middleware) AuthHandler(opts AuthOptions) http.Handler {
 	if opts.DeniedStatus == 0 {
-		opts.DeniedStatus = http.StatusTooManyRequests
+		opts.DeniedStatus = DefaultDeniedStatus
 	}
 	if opts.ClientIPHeader == "" {
 		opts.ClientIPHeader = "X-Real-IP"

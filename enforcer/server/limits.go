@@ -49,6 +49,10 @@ const (
 	DefaultGRPCMaxConnIdle = 5 * time.Minute
 )
 
+// DefaultShutdownTimeout is Config.ShutdownTimeout when zero: how long draining requests
+// and flushing hits (and the site's leave records) may take at shutdown.
+const DefaultShutdownTimeout = 10 * time.Second
+
 // Limits bound what clients can hold of the enforcer's servers. Each zero field takes the
 // Default* constant of its name; a negative duration or count turns that bound off.
 type Limits struct {

@@ -56,7 +56,8 @@ type Config struct {
 	Site string
 	// RulesPath is a rules file or a directory of them (one domain per file).
 	RulesPath string
-	// ReloadInterval is how often the rules are checked for changes. Default 1s.
+	// ReloadInterval is how often the rules are checked for changes. Default
+	// rules.DefaultReloadInterval.
 	ReloadInterval time.Duration
 
 	// Brokers are the Kafka bootstrap brokers. Default none: no hits are published and no
@@ -73,7 +74,7 @@ type Config struct {
 	// Default none: every record is believed.
 	Aggregators []string
 	// MaxStaleness is how old the aggregator's heartbeats may be before global limits
-	// fall back to local shares. Default 10s.
+	// fall back to local shares. Default snapshot.DefaultMaxStaleness.
 	MaxStaleness time.Duration
 	// DefaultShare is this site's share of a global limit for keys the snapshot never
 	// showed. Default 0: 1/the number of sites that may spend them (see enforcer.Config).
@@ -89,7 +90,7 @@ type Config struct {
 	SubBuckets int
 	// MaxKeys bounds each per-key structure of the enforcer: local counters, this site's
 	// global counts, the snapshot and the key cache. Idle keys are dropped first; evictions
-	// are counted. Default 1,048,576 (the snapshot: 1,000,000).
+	// are counted. Default enforcer.DefaultMaxKeys, for each.
 	MaxKeys int
 	// MaxMemory is the memory target of the enforcer's per-key structures, in bytes: they
 	// keep at most half of it alive, split as enforcer.SplitMemory says, the other half
@@ -177,7 +178,7 @@ type Config struct {
 	AuthTokens []string
 
 	// ShutdownTimeout bounds the graceful shutdown (draining requests, flushing hits).
-	// Default 10s.
+	// Default DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
 	// Clock defaults to the wall clock.
 	Clock clock.Clock
@@ -215,7 +216,10 @@ func (c Config) normalize() (Config, error) {
 		errs = append(errs, fmt.Errorf("limits: %w", err))
 	}
 	if c.ShutdownTimeout <= 0 {
-		c.ShutdownTimeout = 10 * time.Second
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.MaxKeys <= 0 {
+		c.MaxKeys = enforcer.DefaultMaxKeys
 	}
 	if c.MaxMemory == 0 {
 		c.MaxMemory = DefaultMaxMemory

@@ -33,7 +33,7 @@ import (
 // Defaults of Config.
 const (
 	// DefaultMaxKeys is Config.MaxKeys when zero.
-	DefaultMaxKeys = 1_000_000
+	DefaultMaxKeys = 1 << 20
 	// DefaultMaxStaleness is Config.MaxStaleness when zero.
 	DefaultMaxStaleness = 10 * time.Second
 	// DefaultSweepInterval is Config.SweepInterval when zero.
@@ -103,8 +103,7 @@ type Config struct {
 	// the bound is reached first sweeps the expired entries (at most once a second), and is
 	// refused and counted (refused_keys_total) when none has expired, until tombstones or
 	// the idle sweep make room: a count still in its window is never dropped for a new
-	// key, so a full snapshot never frees a client at its limit. Default DefaultMaxKeys
-	// (1,000,000).
+	// key, so a full snapshot never frees a client at its limit. Default DefaultMaxKeys.
 	MaxKeys int
 	// MaxBytes bounds the bytes the entries keep alive, by an estimate per entry (its
 	// Entry, per-site breakdown, key and map node), as MaxKeys bounds their number: a count

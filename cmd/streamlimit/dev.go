@@ -70,7 +70,7 @@ The broker listens on 127.0.0.1 only. Stop it with Ctrl-C.`,
 	f.IntVar(&df.port, "port", 9092, "port of the embedded Kafka broker on 127.0.0.1 (0: any free port)")
 	f.StringVar(&df.dataDir, "data-dir", "", "directory where the broker persists its state across restarts (default: in memory)")
 	// No backquotes in usages: pflag would take the quoted text for the value's name.
-	f.StringVar(&df.rulesPath, "rules", "", `rules file or directory for the enforcer (default: the demo's rules, as "streamlimit demo --rules" prints them)`)
+	f.StringVar(&df.rulesPath, "rules", "", `rules file or directory for the enforcer (default: the demo's rules, as "streamlimit demo --print-rules" prints them)`)
 	f.StringVar(&df.httpConfig, "http-config", "", `YAML file saying how /v1/auth requests become descriptors, as for the enforcer (default: domain demo, the client from the X-Client-Id header)`)
 	f.StringVar(&df.site, "site", "dev", "the enforcer's site")
 	f.StringVar(&df.countsFormat, "counts-format", aggregator.CountsBinary, "how the aggregator writes count records: binary, or json for readers without a decoder (kcat, ksqlDB, Kafka Connect)")

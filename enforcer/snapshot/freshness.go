@@ -75,8 +75,9 @@ func (s *Snapshot) applyHeartbeat(key, value []byte) error {
 // SiteTimes is how far the snapshot's view of each site reaches, from the aggregators'
 // heartbeats: for every site some source lists, the earliest of the times up to which the
 // sources say they have counted its hits (topics.Heartbeat.Sites), in unix milliseconds of
-// the site's clock. A site whose time falls behind is one whose hits have stopped arriving
-// here — a cut link, a stopped replicator, a data center down, or the site itself gone —
+// the site's clock (a source being handed over between aggregators is taken as of the
+// newest heartbeat: handoverGrace). A site whose time falls behind is one whose hits have
+// stopped arriving here — a cut link, a stopped replicator, a data center down, or the site itself gone —
 // and it is no longer known to be idle: the enforcer then assumes it spends its share. A
 // SiteTimes is immutable.
 type SiteTimes struct {
@@ -115,17 +116,40 @@ func (t *SiteTimes) Heard(site string) (int64, bool) {
 // site). It does not allocate and takes no lock.
 func (s *Snapshot) SiteTimes() *SiteTimes { return s.sites.Load() }
 
+// Handing a source over. When a source partition passes from one aggregator to another
+// (a rebalance, an aggregator restarted or stopped), its heartbeats pause while the others'
+// go on, and its last view of the sites freezes: taken as it is, it would make every site
+// look silent to every enforcer within about a second. A source's view of a site is how
+// long the site had gone unheard on that partition when its aggregator last wrote (AsOf −
+// the site's time); so a source whose latest heartbeat is at most handoverGrace behind the
+// newest source's is taken with that view as of the newest heartbeat: the pause is its
+// aggregator's, not the sites'. A handover takes less (a restart, a join and a stop each
+// leave a source unpublished under 3 s, as the aggregator's failover test asserts). A
+// source quiet for longer (its aggregator died without leaving the group and is waited for
+// until its session times out) is taken as it is again, and its sites are soon taken as
+// silent, as they would be with no handover at all. When every source stops (Kafka down)
+// none is behind the newest, and nothing changes.
+const handoverGrace = 3 * time.Second
+
 // recomputeLocked refreshes the summary that StaleAt reads. Sources are few (one per hits
 // partition per data center), so a full pass per heartbeat is cheap.
 func (s *Snapshot) recomputeLocked() {
-	oldest, replaying := int64(noHeartbeat), false
+	oldest, newest, replaying := int64(noHeartbeat), int64(noHeartbeat), false
+	for _, h := range s.sources {
+		newest = max(newest, h.AsOf)
+	}
 	heard := map[string]int64{}
 	for _, h := range s.sources {
 		if oldest == noHeartbeat || h.AsOf < oldest {
 			oldest = h.AsOf
 		}
 		replaying = replaying || h.Replaying
+		var paused int64 // being handed over (see handoverGrace)
+		if behind := newest - h.AsOf; behind <= handoverGrace.Milliseconds() {
+			paused = behind
+		}
 		for site, ms := range h.Sites {
+			ms += paused
 			if prev, ok := heard[site]; !ok || ms < prev {
 				heard[site] = ms
 			}

@@ -491,6 +491,53 @@ func TestSiteTimes(t *testing.T) {
 	}
 }
 
+// A source whose heartbeats pause while the others' go on is being handed over between
+// aggregators: for up to handoverGrace its view of the sites is taken as of the newest
+// heartbeat (the pause is its aggregator's), and as it is after.
+func TestSiteTimesDuringHandover(t *testing.T) {
+	f := newFixture(t, Config{})
+	beat := func(p int32, asOf, eu int64) {
+		t.Helper()
+		v, err := topics.Heartbeat{Instance: "a", Topic: "hits", Partition: p, AsOf: asOf, Sites: map[string]int64{"eu": eu}}.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.apply(t, topics.HeartbeatKey("hits", p), v)
+	}
+	heard := func() int64 {
+		ms, _ := f.s.SiteTimes().Heard("eu")
+		return ms
+	}
+	// Partition 1 had heard eu 300 ms before its last heartbeat, the others 500 ms.
+	beat(1, 10_000, 9_700)
+	// Then partition 1's aggregator stops; the others go on every 500 ms.
+	for asOf := int64(10_000); asOf <= 16_000; asOf += 500 {
+		beat(0, asOf, asOf-500)
+		beat(2, asOf, asOf-500)
+		want := asOf - 500 // the others' view: partition 1's is fresher as long as it is handed over
+		if asOf-10_000 > handoverGrace.Milliseconds() {
+			want = 9_700 // no longer: its view as it is
+		}
+		if heard() != want {
+			t.Fatalf("partition 1 %d ms behind: eu heard at %d, want %d", asOf-10_000, heard(), want)
+		}
+	}
+	// Its new owner takes over: current again.
+	beat(1, 16_000, 15_600)
+	if heard() != 15_500 {
+		t.Fatalf("after the handover eu heard at %d, want 15500", heard())
+	}
+	// A site cut off: every source goes on, each with the site's time frozen.
+	for asOf := int64(16_500); asOf <= 18_000; asOf += 500 {
+		for p := range int32(3) {
+			beat(p, asOf, 15_500)
+		}
+	}
+	if heard() != 15_500 {
+		t.Fatalf("cut off: eu heard at %d, want 15500", heard())
+	}
+}
+
 // A count made on another sub-bucket grid is refused and counted; one that states none
 // (version 1) or the same is applied.
 func TestSubBucketMismatch(t *testing.T) {

@@ -535,9 +535,12 @@ func (a *Aggregator) sessionError(err error) {
 }
 
 // checkReplayDone ends a partition's replay once it consumed up to the high watermark seen
-// at assignment, and resumes its slot when no other partition of the slot replays.
+// at assignment and to the one its latest fetch saw: caught up, so that the first counts and
+// heartbeat of the slot after the replay are as fresh as any (a heartbeat written at the
+// assignment's high watermark would show every site as unheard for as long as the replay
+// took). It resumes the slot when no other partition of the slot replays.
 func (a *Aggregator) checkReplayDone(slot int32, ps *partState) {
-	if !ps.replaying || ps.next < ps.target {
+	if !ps.replaying || ps.next < max(ps.target, ps.hwm) {
 		return
 	}
 	ps.replaying = false

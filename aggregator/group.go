@@ -172,9 +172,12 @@ func (a *Aggregator) adjust(ctx context.Context, offsets map[string]map[int32]kg
 			records += end - start
 		}
 	}
-	if positioned > 0 {
+	switch {
+	case records > 0:
 		a.log.Info("replay started", "partitions", positioned, "records", records, "from_ms", seekMs,
 			"replaying_partitions", a.replayingParts)
+	case positioned > 0:
+		a.log.Info("partitions positioned; nothing to replay", "partitions", positioned, "from_ms", seekMs)
 	}
 	a.recomputePaused()
 	for slot := range a.slotsDone() {

@@ -99,12 +99,13 @@ type Config struct {
 	// weighs e^(−age/τ). It sets how fast the sites' shares of a hot key's room follow a
 	// client that moves between data centers. Default 1s.
 	DemandTimeConstant time.Duration
-	// SiteForget is how long after the last site heartbeat of a site (on a partition) the
-	// aggregator forgets it. Until then the site's heartbeat time stays in this
-	// aggregator's heartbeats, ever older, so that enforcers keep assuming it spends its
-	// share of every global limit; after it, the site is taken for gone (a decommissioned
-	// data center). A partition between data centers that lasts longer than SiteForget is
-	// no longer bounded. Default 15m.
+	// SiteForget is how long after the last site record of a site (on a partition) the
+	// aggregator forgets it. Until then a silent site's heartbeat time stays in this
+	// aggregator's heartbeats, ever older, so that enforcers keep reserving its share of
+	// the keys it served (a site cut off from here is also counted as of its last
+	// heartbeat), and a site that left stays listed as left; after it, the site is taken
+	// for gone. A partition between data centers that lasts longer than SiteForget is no
+	// longer bounded. Default 15m.
 	SiteForget time.Duration
 	// EmitInterval is the least time between two counts published for one counter, and the
 	// period of the emission loop. Default DefaultEmitInterval.
@@ -581,8 +582,8 @@ func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps 
 			a.bad(ctx, cl, topics.Reason(err), r, err)
 			return
 		}
-		if slow.IsSiteHeartbeat() {
-			a.siteHeartbeat(ctx, cl, now, ps, r, slow)
+		if slow.IsSiteRecord() {
+			a.siteRecord(ctx, cl, now, ps, r, slow)
 			return
 		}
 		h = hitRef{key: []byte(slow.Key), site: []byte(slow.Site), bucketStart: slow.BucketStart, window: slow.Window, count: slow.Count, denied: slow.Denied}
@@ -615,26 +616,31 @@ func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps 
 	applyHeld(a.st, a.m, now, &it)
 }
 
-// siteHeartbeat records that the heartbeat's site was heard from on the record's partition
-// up to its time. Heartbeats are not re-routed: producers write one to every partition.
-func (a *Aggregator) siteHeartbeat(ctx context.Context, cl *kgo.Client, now int64, ps *partState, r *kgo.Record, h topics.Hit) {
+// siteRecord records that the site of a site heartbeat was heard from on the record's
+// partition up to its time, or that an instance of it left (a leave record). Site records
+// are not re-routed: producers write one to every partition.
+func (a *Aggregator) siteRecord(ctx context.Context, cl *kgo.Client, now int64, ps *partState, r *kgo.Record, h topics.Hit) {
 	if reason := a.cfg.checkSiteHeartbeat(now, h.BucketStart, r.Timestamp); reason != "" {
 		if reason != ReasonTooOld || !ps.replaying {
 			a.bad(ctx, cl, reason, r, nil)
 		}
 		return
 	}
-	a.m.siteHeartbeats.Inc()
 	remote := a.cfg.remote(r.Topic)
 	if !ps.replaying {
 		a.hold.sample(now, h.BucketStart, remote)
 		if !remote && a.hold.delay() > 0 {
-			a.hold.push(now, held{slot: r.Partition, site: true, h: hitRef{site: []byte(h.Site), bucketStart: h.BucketStart}, inst: h.Instance, counter: h.Counter})
+			a.hold.push(now, siteHeld(r.Topic, r.Partition, h))
 			return
 		}
 	}
-	a.st.heardFrom(r.Partition, h.Site, h.BucketStart)
-	a.st.sawInstance(now, h.Site, h.Instance, h.Counter)
+	it := siteHeld(r.Topic, r.Partition, h)
+	applyHeld(a.st, a.m, now, &it)
+}
+
+// siteHeld is site record h of a topic's partition as a held record.
+func siteHeld(topic string, part int32, h topics.Hit) held {
+	return held{slot: part, site: true, leave: h.IsSiteLeave(), topic: topic, h: hitRef{site: []byte(h.Site), bucketStart: h.BucketStart}, inst: h.Instance, counter: h.Counter}
 }
 
 // release counts the held local records whose time has come at now. The caller holds a.mu.
@@ -649,7 +655,14 @@ func (a *Aggregator) release(now int64) {
 // applyHeld counts one held record, as the Kafka path and Memory do.
 func applyHeld(st *state, m *metrics, now int64, it *held) {
 	if it.site {
-		st.heardFrom(it.slot, string(it.h.site), it.h.bucketStart)
+		src := source{topic: it.topic, part: it.slot}
+		if it.leave {
+			m.siteLeaves.Inc()
+			st.leftFrom(src, string(it.h.site), it.inst, it.h.bucketStart)
+			return
+		}
+		m.siteHeartbeats.Inc()
+		st.heardFrom(src, string(it.h.site), it.inst, it.h.bucketStart)
 		st.sawInstance(now, string(it.h.site), it.inst, it.counter)
 		return
 	}
@@ -883,9 +896,10 @@ func (a *Aggregator) heartbeatRound(ctx context.Context, cl *kgo.Client, hbs []t
 		if ps.fresh || ps.replaying {
 			continue
 		}
-		hbs = append(hbs, topics.Heartbeat{Instance: a.cfg.InstanceID, Topic: k.topic, Partition: k.part,
-			AsOf: now, Offset: ps.next, HighWatermark: ps.hwm, Sites: a.st.heardMap(k.part, now),
-			Conflicts: conflicts})
+		hb := topics.Heartbeat{Instance: a.cfg.InstanceID, Topic: k.topic, Partition: k.part,
+			AsOf: now, Offset: ps.next, HighWatermark: ps.hwm, Conflicts: conflicts}
+		hb.Sites, hb.Left = a.st.siteMaps(source{topic: k.topic, part: k.part}, now)
+		hbs = append(hbs, hb)
 	}
 	n := a.countsParts
 	a.st.pruneSeen(now)

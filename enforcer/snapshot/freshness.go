@@ -72,14 +72,15 @@ func (s *Snapshot) applyHeartbeat(key, value []byte) error {
 	return nil
 }
 
-// SiteTimes is how far the snapshot's view of each site reaches, from the aggregators'
-// heartbeats: for every site some source lists, the earliest of the times up to which the
-// sources say they have counted its hits (topics.Heartbeat.Sites), in unix milliseconds of
-// the site's clock (a source being handed over between aggregators is taken as of the
-// newest heartbeat: handoverGrace). A site whose time falls behind is one whose hits have
-// stopped arriving here — a cut link, a stopped replicator, a data center down, or the site itself gone —
-// and it is no longer known to be idle: the enforcer then assumes it spends its share. A
-// SiteTimes is immutable.
+// SiteTimes is what the snapshot knows of each site, from the aggregators' heartbeats: for
+// every site some source lists, the earliest of the times up to which the sources say they
+// have counted its hits (topics.Heartbeat.Sites), in unix milliseconds of the site's clock
+// (a source being handed over between aggregators is taken as of the newest heartbeat:
+// handoverGrace), or, once every source lists it as left (topics.Heartbeat.Left), that it
+// left. A site whose time falls behind is one whose hits have stopped arriving here — a cut
+// link, a stopped replicator, a data center down, or the site itself crashed — and it is no
+// longer known to be idle; Peer tells the last case from the others. A SiteTimes is
+// immutable.
 type SiteTimes struct {
 	sites []SiteTime // sorted by Site
 }
@@ -87,8 +88,16 @@ type SiteTimes struct {
 // SiteTime is one site's entry in SiteTimes.
 type SiteTime struct {
 	Site string
-	// Heard is the time up to which this site's hits have been counted, unix ms.
+	// Heard is the time up to which this site's hits have been counted, unix ms; for a site
+	// that left, the time it left.
 	Heard int64
+	// Left reports that the site stopped cleanly (every source lists it as left): it admits
+	// nothing more, and only its hits still in their windows count for it.
+	Left bool
+	// Peer is the latest time any other live site was heard from on the sources that list
+	// this one (unix ms; 0 when none): the sites of one source are one data center's, so a
+	// site silent while Peer is recent has stopped on its own rather than been cut off.
+	Peer int64
 }
 
 // Sites returns every site with a time, sorted by name. Read only.
@@ -99,17 +108,23 @@ func (t *SiteTimes) Sites() []SiteTime {
 	return t.sites
 }
 
-// Heard returns the time up to which site's hits have been counted, and whether any
-// source lists the site.
+// Heard returns the time up to which site's hits have been counted (for a site that left,
+// the time it left), and whether any source lists the site.
 func (t *SiteTimes) Heard(site string) (int64, bool) {
+	e, ok := t.Get(site)
+	return e.Heard, ok
+}
+
+// Get returns site's entry and whether any source lists the site.
+func (t *SiteTimes) Get(site string) (SiteTime, bool) {
 	if t == nil {
-		return 0, false
+		return SiteTime{}, false
 	}
 	i, ok := slices.BinarySearchFunc(t.sites, site, func(e SiteTime, s string) int { return strings.Compare(e.Site, s) })
 	if !ok {
-		return 0, false
+		return SiteTime{}, false
 	}
-	return t.sites[i].Heard, true
+	return t.sites[i], true
 }
 
 // SiteTimes returns the current per-site freshness (nil before any heartbeat that lists a
@@ -119,16 +134,18 @@ func (s *Snapshot) SiteTimes() *SiteTimes { return s.sites.Load() }
 // Handing a source over. When a source partition passes from one aggregator to another
 // (a rebalance, an aggregator restarted or stopped), its heartbeats pause while the others'
 // go on, and its last view of the sites freezes: taken as it is, it would make every site
-// look silent to every enforcer within about a second. A source's view of a site is how
-// long the site had gone unheard on that partition when its aggregator last wrote (AsOf −
-// the site's time); so a source whose latest heartbeat is at most handoverGrace behind the
-// newest source's is taken with that view as of the newest heartbeat: the pause is its
-// aggregator's, not the sites'. A handover takes less (a restart, a join and a stop each
-// leave a source unpublished under 3 s, as the aggregator's failover test asserts). A
-// source quiet for longer (its aggregator died without leaving the group and is waited for
-// until its session times out) is taken as it is again, and its sites are soon taken as
-// silent, as they would be with no handover at all. When every source stops (Kafka down)
-// none is behind the newest, and nothing changes.
+// it lists look silent to every enforcer within about a second, and crashed, since the
+// other sources still hear their peers (their reservations would fade while they go on
+// admitting). A source's view of a site is how long the site had gone unheard on that
+// partition when its aggregator last wrote (AsOf − the site's time); so a source whose
+// latest heartbeat is at most handoverGrace behind the newest source's is taken with that
+// view as of the newest heartbeat: the pause is its aggregator's, not the sites'. A
+// handover takes less (a restart, a join and a stop each leave a source unpublished under
+// 3 s, as the aggregator's failover test asserts). A source quiet for longer (its
+// aggregator died without leaving the group and is waited for until its session times out)
+// is taken as it is again, and its sites are soon taken as silent, as they would be with no
+// handover at all. When every source stops (Kafka down) none is behind the newest, and
+// nothing changes.
 const handoverGrace = 3 * time.Second
 
 // recomputeLocked refreshes the summary that StaleAt reads. Sources are few (one per hits
@@ -138,7 +155,7 @@ func (s *Snapshot) recomputeLocked() {
 	for _, h := range s.sources {
 		newest = max(newest, h.AsOf)
 	}
-	heard := map[string]int64{}
+	heard, left, peer := map[string]int64{}, map[string]int64{}, map[string]int64{}
 	for _, h := range s.sources {
 		if oldest == noHeartbeat || h.AsOf < oldest {
 			oldest = h.AsOf
@@ -148,11 +165,32 @@ func (s *Snapshot) recomputeLocked() {
 		if behind := newest - h.AsOf; behind <= handoverGrace.Milliseconds() {
 			paused = behind
 		}
+		// The two latest sites of the source, so that each site's peer time is the latest
+		// of the others'.
+		var top1, top2 int64
+		top1Site := ""
 		for site, ms := range h.Sites {
 			ms += paused
 			if prev, ok := heard[site]; !ok || ms < prev {
 				heard[site] = ms
 			}
+			switch {
+			case ms > top1:
+				top2, top1, top1Site = top1, ms, site
+			case ms > top2:
+				top2 = ms
+			}
+		}
+		for site := range h.Sites {
+			p := top1
+			if site == top1Site {
+				p = top2
+			}
+			peer[site] = max(peer[site], p)
+		}
+		for site, ms := range h.Left {
+			left[site] = max(left[site], ms)
+			peer[site] = max(peer[site], top1)
 		}
 	}
 	s.oldestMs.Store(oldest)
@@ -168,10 +206,17 @@ func (s *Snapshot) recomputeLocked() {
 		s.logConflict()
 	}
 	var st *SiteTimes
-	if len(heard) > 0 {
-		st = &SiteTimes{sites: make([]SiteTime, 0, len(heard))}
+	if len(heard)+len(left) > 0 {
+		st = &SiteTimes{sites: make([]SiteTime, 0, len(heard)+len(left))}
 		for site, ms := range heard {
-			st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms})
+			st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Peer: peer[site]})
+		}
+		for site, ms := range left {
+			// A site some source still hears from is live there: its leave has not reached
+			// every partition yet, or it restarted.
+			if _, live := heard[site]; !live {
+				st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Left: true, Peer: peer[site]})
+			}
 		}
 		slices.SortFunc(st.sites, func(a, b SiteTime) int { return strings.Compare(a.Site, b.Site) })
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 	"github.com/streamlimit/streamlimit/topics"
 )
@@ -33,8 +31,8 @@ descriptors:
 const (
 	// failoverSession is the aggregators' session timeout in the test.
 	failoverSession = 10 * time.Second
-	// maxGap is the longest a source partition may go without a heartbeat, or a slot's keys
-	// without a count, while a quorum of aggregators runs and no member dies without
+	// maxGap is the longest a source partition may go without a heartbeat, or a hit wait
+	// for a count of its key, while a quorum of aggregators runs and no member dies without
 	// leaving; maxKillGap is the bound for the slots of a member killed and not restarted.
 	maxGap     = 3 * time.Second
 	maxKillGap = failoverSession + 2*time.Second
@@ -45,12 +43,12 @@ const (
 // through what operators do to it: an aggregator SIGKILLed and restarted at once under the
 // same instance id, a fourth one joining, one stopped with SIGTERM, and one SIGKILLed for
 // good. Throughout, from the counts topic: no source partition goes more than 3 s without a
-// heartbeat and no slot more than 3 s without a count, except the slots of the
+// heartbeat and no hit waits more than 3 s for a count of its key, except in the slots of the
 // member killed for good, which wait for its session to time out (at most 10 + 2 s). The
 // restart moves nothing (the other members see no group event); the join and the SIGTERM
-// move only the slots that change hands. No enforcer decision is a fallback because of the
-// aggregators while a quorum of them runs (the first three steps; the enforcers' own state
-// tells whether a fallback came from the aggregators' heartbeats or from the sites'). After
+// move only the slots that change hands. No enforcer decision is a fallback on stale counts
+// while a quorum of aggregators runs (the first three steps; a slow Redis's fallbacks are
+// the enforcer's own); the reservations made for sites taken as silent are reported. After
 // the load, every count equals the requests admitted, per user and site.
 func TestAggregatorFailover(t *testing.T) {
 	brokers := testenv.Brokers(t)
@@ -71,7 +69,6 @@ func TestAggregatorFailover(t *testing.T) {
 	}
 	eventually(t, 60*time.Second, "every slot owned", func() bool { return a.assigned()+b.assigned()+c.assigned() == 3*parts })
 
-	causes := watchCauses(t, tp.nodes)
 	g := newLoadGen(tp.nodes, 50, 10, 2)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -80,16 +77,19 @@ func TestAggregatorFailover(t *testing.T) {
 
 	// Enforcers on Redis fall back when Redis answers too slowly (a loaded machine, and
 	// starting an aggregator process is a burst of load): those fallbacks are the enforcer's
-	// own (reason "redis"), read at every phase's start.
+	// own (reason "redis"), read at every phase's start, as are the reservations made for
+	// sites taken as silent (not fallbacks: docs/sites.md).
 	var ph phases
-	var redisFallbacks [][]float64
+	var redisFallbacks, reservations [][]float64
 	mark := func(name string) {
 		ph.mark(name)
-		var per []float64
+		var rf, rv []float64
 		for _, n := range tp.nodes {
-			per = append(per, metric(gather(t, n.reg), "streamlimit_enforcer_fallback_decisions_total", "reason", "redis"))
+			ms := gather(t, n.reg)
+			rf = append(rf, metric(ms, "streamlimit_enforcer_fallback_decisions_total", "reason", "redis"))
+			rv = append(rv, metric(ms, "streamlimit_enforcer_silent_site_reservations_total"))
 		}
-		redisFallbacks = append(redisFallbacks, per)
+		redisFallbacks, reservations = append(redisFallbacks, rf), append(reservations, rv)
 	}
 	mark("warm")
 	time.Sleep(6 * time.Second)
@@ -160,32 +160,40 @@ func TestAggregatorFailover(t *testing.T) {
 	rs := g.snapshot()
 
 	// Gaps, per phase.
+	hits := map[string][]int64{}
+	for _, s := range tp.sites {
+		readTopic(t, brokers, s.topic, func(r *kgo.Record) {
+			if !topics.IsReservedKey(r.Key) {
+				hits[string(r.Key)] = append(hits[string(r.Key)], r.Timestamp.UnixMilli())
+			}
+		})
+	}
 	owned := rec.ownedBy("agg-c", killedAt.Add(-2*time.Second), killedAt)
-	gaps := rec.gaps(ph, parts, owned)
+	gaps := rec.gaps(ph, parts, owned, hits)
 	for _, p := range ph.names[:len(ph.names)-1] {
-		t.Logf("FIGURE failover %-12s longest heartbeat gap %v (%s), longest count gap %v (%s)", p,
+		t.Logf("FIGURE failover %-12s longest heartbeat gap %v (%s), longest wait of a hit for its count %v (%s)", p,
 			gaps[p].hb.d, gaps[p].hb.what, gaps[p].count.d, gaps[p].count.what)
 	}
-	t.Logf("FIGURE failover kill       agg-c's slots %v: longest heartbeat gap %v (%s), count gap %v (%s); taken over %v after the kill",
+	t.Logf("FIGURE failover kill       agg-c's slots %v: longest heartbeat gap %v (%s), wait for a count %v (%s); taken over %v after the kill",
 		owned, gaps["kill"].killedHB.d, gaps["kill"].killedHB.what, gaps["kill"].killedCount.d, gaps["kill"].killedCount.what, takenOver.Round(time.Millisecond))
 	t.Logf("FIGURE failover: agg-a restarted and ready in %v; agg-d took %d partitions; agg-b exited %v after SIGTERM; agg-c had %d partitions",
 		restarted.Round(time.Millisecond), moved, termTook.Round(time.Millisecond), cParts)
 	for _, p := range ph.names[:len(ph.names)-1] {
 		for _, gp := range []gap{gaps[p].hb, gaps[p].count} {
 			if gp.d > maxGap {
-				t.Errorf("%s: %s went %v without a record (bound %v)", p, gp.what, gp.d, maxGap)
+				t.Errorf("%s: %s: %v without a record (bound %v)", p, gp.what, gp.d, maxGap)
 			}
 		}
 	}
 	for _, gp := range []gap{gaps["kill"].killedHB, gaps["kill"].killedCount} {
 		if gp.d > maxKillGap {
-			t.Errorf("kill: %s went %v without a record (bound %v: the session timeout + 2 s)", gp.what, gp.d, maxKillGap)
+			t.Errorf("kill: %s: %v without a record (bound %v: the session timeout + 2 s)", gp.what, gp.d, maxKillGap)
 		}
 	}
 
-	// Fallbacks: none that the aggregators caused while a quorum of them ran (phases 1-3).
-	// Those the enforcers' own state blames on the sites' side (their heartbeats late on a
-	// loaded machine), or on a slow Redis, are reported, not asserted.
+	// Fallbacks: a decision is one when the counts are stale (past --max-staleness, or a
+	// source said it replays) or Redis failed it. None but Redis's while a quorum of
+	// aggregators ran (phases 1-3).
 	for i, p := range []string{"warm", "kill-restart", "join", "sigterm", "kill"} {
 		from, to := ph.offsets(p, g.start)
 		byCause := map[string]map[int]int{}
@@ -194,24 +202,28 @@ func TestAggregatorFailover(t *testing.T) {
 			if !r.fallback || r.sent < from || r.sent >= to {
 				continue
 			}
-			cause := causes.at(r.node, g.start.Add(r.sent), g.start.Add(r.recv))
-			if cause != causeAggregators && redisFallbacks[i+1][r.node] > redisFallbacks[i][r.node] {
+			cause := "counts"
+			if redisFallbacks[i+1][r.node] > redisFallbacks[i][r.node] {
 				cause = "redis"
 			}
 			if byCause[cause] == nil {
 				byCause[cause] = map[int]int{}
 			}
 			byCause[cause][r.node]++
-			if len(when) < 10 {
-				when = append(when, fmt.Sprintf("%d@+%.2fs:%s", r.node, (r.sent-from).Seconds(), cause))
+			if len(when) < 6 {
+				when = append(when, fmt.Sprintf("%d@+%.2fs", r.node, (r.sent-from).Seconds()))
 			}
 		}
-		t.Logf("FIGURE failover %-12s fallback decisions by cause and enforcer: %v %v", p, byCause, when)
-		if p == "kill" {
-			continue // a member died without leaving: counts go stale until its session times out
+		var reserved float64
+		for n := range tp.nodes {
+			reserved += reservations[i+1][n] - reservations[i][n]
 		}
-		for n, k := range byCause[causeAggregators] {
-			t.Errorf("%s: enforcer %d (%s) made %d fallback decisions because of the aggregators while a quorum of them ran", p, n, tp.nodes[n].site, k)
+		t.Logf("FIGURE failover %-12s fallback decisions by cause and enforcer: %v %v; silent-site reservations: %.0f", p, byCause, when, reserved)
+		if p == "kill" {
+			continue // a member died without leaving: its partitions' counts go stale until its session times out
+		}
+		for n, k := range byCause["counts"] {
+			t.Errorf("%s: enforcer %d (%s) made %d fallback decisions on stale counts while a quorum of aggregators ran", p, n, tp.nodes[n].site, k)
 		}
 	}
 
@@ -357,43 +369,58 @@ type phaseGaps struct {
 }
 
 // gaps returns, per phase, the longest time between two consecutive heartbeats of a source
-// and between two consecutive counts of a slot's keys (a count is published only when it
-// changes, so one key of a client denied for a while may rest; under the test's load a
-// slot's keys change several times a second), by as-of time, that ends in the phase. Gaps
-// of the killed member's slots (killed: its slots in the phase "kill") are kept apart.
-func (l *publicationLog) gaps(ph phases, parts int32, killed []int32) map[string]phaseGaps {
+// (that ends in the phase), and the longest a hit waited for a count: from a hit record's
+// time to the as-of time of the first count of its key after it (a count is published when
+// it changes, so a key's counts pause whenever its hits do; what matters is that hits that
+// came are counted), by the phase in which the wait ends. Gaps of the killed member's slots
+// (killed: its slots in the phase "kill") are kept apart.
+func (l *publicationLog) gaps(ph phases, parts int32, killed []int32, hits map[string][]int64) map[string]phaseGaps {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := map[string]phaseGaps{}
 	part := kgo.StickyKeyPartitioner(nil).ForTopic("")
 	slotOf := func(key string) int32 { return int32(part.Partition(&kgo.Record{Key: []byte(key)}, int(parts))) }
-	scan := func(what string, ss []stamp, slot int32, hb bool) {
+	see := func(from, to int64, what string, slot int32, hb bool) {
+		for _, p := range ph.names[:len(ph.names)-1] {
+			start, end := ph.bounds(p)
+			if to < start || to >= end {
+				continue
+			}
+			d := time.Duration(to-from) * time.Millisecond
+			desc := fmt.Sprintf("%s (slot %d) from +%.1fs", what, slot, float64(from-start)/1000)
+			pg := out[p]
+			switch k := p == "kill" && slices.Contains(killed, slot); {
+			case hb && k:
+				pg.killedHB.see(d, desc)
+			case hb:
+				pg.hb.see(d, desc)
+			case k:
+				pg.killedCount.see(d, desc)
+			default:
+				pg.count.see(d, desc)
+			}
+			out[p] = pg
+		}
+	}
+	sorted := func(ss []stamp) []int64 {
 		ats := make([]int64, 0, len(ss))
 		for _, s := range ss {
 			ats = append(ats, s.at)
 		}
-		sort.Slice(ats, func(i, j int) bool { return ats[i] < ats[j] })
+		slices.Sort(ats)
+		return ats
+	}
+	scan := func(what string, ss []stamp, slot int32, hb bool) {
+		ats := sorted(ss)
 		for i := 1; i < len(ats); i++ {
-			for _, p := range ph.names[:len(ph.names)-1] {
-				// A gap belongs to the phase in which it ends: the one whose event it waited for.
-				from, to := ph.bounds(p)
-				if ats[i] < from || ats[i] >= to {
-					continue
-				}
-				d := time.Duration(ats[i]-ats[i-1]) * time.Millisecond
-				desc := fmt.Sprintf("%s (slot %d) from +%.1fs", what, slot, float64(ats[i-1]-from)/1000)
-				pg := out[p]
-				switch k := p == "kill" && slices.Contains(killed, slot); {
-				case hb && k:
-					pg.killedHB.see(d, desc)
-				case hb:
-					pg.hb.see(d, desc)
-				case k:
-					pg.killedCount.see(d, desc)
-				default:
-					pg.count.see(d, desc)
-				}
-				out[p] = pg
+			see(ats[i-1], ats[i], what, slot, hb)
+		}
+	}
+	for key, hs := range hits {
+		counts := sorted(l.counts[key])
+		for _, h := range hs {
+			if i, _ := slices.BinarySearch(counts, h); i < len(counts) {
+				see(h, counts[i], "a hit of "+key, slotOf(key), false)
 			}
 		}
 	}
@@ -402,125 +429,39 @@ func (l *publicationLog) gaps(ph phases, parts int32, killed []int32) map[string
 			scan("heartbeat "+strings.TrimPrefix(key, topics.ReservedPrefix), ss, ss[0].slot, true)
 		}
 	}
-	bySlot := map[int32][]stamp{}
-	for key, ss := range l.counts {
-		bySlot[slotOf(key)] = append(bySlot[slotOf(key)], ss...)
-	}
-	for slot, ss := range bySlot {
-		scan("counts", ss, slot, false)
-	}
 	return out
 }
 
-// The causes causeWatch tells apart.
-const (
-	causeAggregators = "aggregators"
-	causeSites       = "sites"
-	causeNone        = "unexplained"
-)
-
-// causeWatch samples every enforcer's snapshot and records when it would take a remote site
-// as silent, or the whole snapshot as stale, and why. A site's age at an enforcer is the
-// age of the newest aggregator heartbeat plus how long the site had gone unheard when an
-// aggregator last wrote about it (its lag there), except for a source whose heartbeats
-// have paused for longer than the snapshot's grace for a handover (failoverGrace). A site
-// older than the bound through the lags is the sites' side: their heartbeats late on their
-// way (a loaded machine, the test process starved). One older only through a paused
-// source, or only when the pauses are not made up for (the snapshot taking a handover for
-// silence), is the aggregators', and so is a stale snapshot.
-type causeWatch struct {
-	mu     sync.Mutex
-	agg    map[int][]int64 // node → sample times (unix ms)
-	sites  map[int][]int64
-	stride time.Duration
-}
-
-// failoverGrace is how long the snapshot takes a source whose heartbeats pause as being
-// handed over between aggregators (enforcer/snapshot's handoverGrace).
-const failoverGrace = 3 * time.Second
-
-func watchCauses(t *testing.T, nodes []*node) *causeWatch {
-	w := &causeWatch{agg: map[int][]int64{}, sites: map[int][]int64{}, stride: 20 * time.Millisecond}
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(w.stride)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			for i, n := range nodes {
-				switch w.judge(n, time.Now()) {
-				case causeAggregators:
-					w.add(w.agg, i)
-				case causeSites:
-					w.add(w.sites, i)
-				}
-			}
+// readTopic calls f with every record of topic, from its start to its end as listed now.
+func readTopic(t *testing.T, brokers []string, topic string, f func(*kgo.Record)) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ends, err := kadmEnds(ctx, cl, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pos := map[int32]int64{}
+	for {
+		done := true
+		for p, e := range ends {
+			done = done && pos[p] >= e
 		}
-	}()
-	t.Cleanup(func() { close(stop); <-done })
-	return w
-}
-
-func (w *causeWatch) add(m map[int][]int64, node int) {
-	w.mu.Lock()
-	m[node] = append(m[node], time.Now().UnixMilli())
-	w.mu.Unlock()
-}
-
-// judge tells why node's snapshot is stale or a remote site silent at now, or "" when
-// neither is.
-func (w *causeWatch) judge(n *node, now time.Time) string {
-	snap := n.srv.Snapshot()
-	if snap.StaleAt(now) {
-		return causeAggregators
-	}
-	srcs := snap.Sources(now)
-	var newest int64
-	for _, s := range srcs {
-		newest = max(newest, s.AsOf)
-	}
-	bound := enforcer.DefaultSiteStaleAfter.Milliseconds()
-	cause := ""
-	for _, s := range srcs {
-		paused := newest - s.AsOf
-		for site, ms := range s.Sites {
-			if site == n.site {
-				continue
-			}
-			raw := now.UnixMilli() - ms
-			switch {
-			case paused > failoverGrace.Milliseconds() && raw > bound:
-				return causeAggregators
-			case raw-paused > bound:
-				cause = causeSites
-			case raw > bound && cause == "":
-				cause = causeAggregators // only through the pause
-			}
+		if done {
+			return
 		}
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("reading %s: %v", topic, ctx.Err())
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			pos[r.Partition] = r.Offset + 1
+			f(r)
+		})
 	}
-	return cause
-}
-
-// at returns why node decided on a fallback during [from, to]: what a sample then (or a
-// stride around) found, the aggregators first.
-func (w *causeWatch) at(node int, from, to time.Time) string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	lo, hi := from.Add(-2*w.stride).UnixMilli(), to.Add(2*w.stride).UnixMilli()
-	in := func(ts []int64) bool {
-		i := sort.Search(len(ts), func(i int) bool { return ts[i] >= lo })
-		return i < len(ts) && ts[i] <= hi
-	}
-	switch {
-	case in(w.agg[node]):
-		return causeAggregators
-	case in(w.sites[node]):
-		return causeSites
-	}
-	return causeNone
 }

@@ -163,7 +163,11 @@ func TestAggregatorFailover(t *testing.T) {
 	hits := map[string][]int64{}
 	for _, s := range tp.sites {
 		readTopic(t, brokers, s.topic, func(r *kgo.Record) {
-			if !topics.IsReservedKey(r.Key) {
+			// Admitted hits of the 10-minute keys: their totals only grow during the test, so
+			// every one is published again (a sliding 5 s count whose hits come as fast as
+			// they leave keeps its total, and an unchanged total is not republished at once;
+			// refused requests change no total).
+			if h, err := topics.DecodeHit(r.Value); err == nil && strings.HasSuffix(h.Key, "#600s") && h.Count > 0 {
 				hits[string(r.Key)] = append(hits[string(r.Key)], r.Timestamp.UnixMilli())
 			}
 		})
@@ -192,38 +196,42 @@ func TestAggregatorFailover(t *testing.T) {
 	}
 
 	// Fallbacks: a decision is one when the counts are stale (past --max-staleness, or a
-	// source said it replays) or Redis failed it. None but Redis's while a quorum of
-	// aggregators ran (phases 1-3).
+	// source said it replays), the same at every enforcer, or when its Redis failed it (a
+	// loaded machine; starting an aggregator process is a burst of load). So the enforcer
+	// without Redis (ap) tells: no fallback there while a quorum of aggregators ran (phases
+	// 1-3). The others' are reported, with the reservations made for sites taken as silent.
+	inProcess := map[int]bool{}
+	for n, x := range tp.nodes {
+		for _, st := range tp.sites {
+			inProcess[n] = inProcess[n] || st.name == x.site && st.redis == nil
+		}
+	}
 	for i, p := range []string{"warm", "kill-restart", "join", "sigterm", "kill"} {
 		from, to := ph.offsets(p, g.start)
-		byCause := map[string]map[int]int{}
+		fb := map[int]int{}
 		var when []string
 		for _, r := range rs {
 			if !r.fallback || r.sent < from || r.sent >= to {
 				continue
 			}
-			cause := "counts"
-			if redisFallbacks[i+1][r.node] > redisFallbacks[i][r.node] {
-				cause = "redis"
-			}
-			if byCause[cause] == nil {
-				byCause[cause] = map[int]int{}
-			}
-			byCause[cause][r.node]++
+			fb[r.node]++
 			if len(when) < 6 {
 				when = append(when, fmt.Sprintf("%d@+%.2fs", r.node, (r.sent-from).Seconds()))
 			}
 		}
-		var reserved float64
+		var reserved, redis float64
 		for n := range tp.nodes {
 			reserved += reservations[i+1][n] - reservations[i][n]
+			redis += redisFallbacks[i+1][n] - redisFallbacks[i][n]
 		}
-		t.Logf("FIGURE failover %-12s fallback decisions by cause and enforcer: %v %v; silent-site reservations: %.0f", p, byCause, when, reserved)
+		t.Logf("FIGURE failover %-12s fallback decisions by enforcer: %v %v (Redis fallbacks %.0f); silent-site reservations: %.0f", p, fb, when, redis, reserved)
 		if p == "kill" {
 			continue // a member died without leaving: its partitions' counts go stale until its session times out
 		}
-		for n, k := range byCause["counts"] {
-			t.Errorf("%s: enforcer %d (%s) made %d fallback decisions on stale counts while a quorum of aggregators ran", p, n, tp.nodes[n].site, k)
+		for n, k := range fb {
+			if inProcess[n] {
+				t.Errorf("%s: enforcer %d (%s, no Redis) made %d fallback decisions while a quorum of aggregators ran", p, n, tp.nodes[n].site, k)
+			}
 		}
 	}
 
@@ -369,10 +377,10 @@ type phaseGaps struct {
 }
 
 // gaps returns, per phase, the longest time between two consecutive heartbeats of a source
-// (that ends in the phase), and the longest a hit waited for a count: from a hit record's
-// time to the as-of time of the first count of its key after it (a count is published when
-// it changes, so a key's counts pause whenever its hits do; what matters is that hits that
-// came are counted), by the phase in which the wait ends. Gaps of the killed member's slots
+// (that ends in the phase), and the longest a hit (hits: hit record times by key) waited for
+// a count: from the hit record's time to the as-of time of the first count of its key after
+// it, by the phase in which the wait ends. A count is published when its total changes, so a
+// key's counts pause whenever its hits do; what matters is that hits that came are counted. Gaps of the killed member's slots
 // (killed: its slots in the phase "kill") are kept apart.
 func (l *publicationLog) gaps(ph phases, parts int32, killed []int32, hits map[string][]int64) map[string]phaseGaps {
 	l.mu.Lock()

@@ -295,7 +295,7 @@ func (a *Aggregator) dropPartitions(parts map[string][]int32) []int32 {
 			delete(a.parts, k)
 			// What this source heard of the sites is the next owner's to tell now; left
 			// here, its frozen times would read as every site of it going silent.
-			delete(a.st.heard, source{topic: t, part: p})
+			delete(a.st.heard, k)
 			a.m.lag.DeleteLabelValues(t, strconv.Itoa(int(p)))
 			if !slices.Contains(dropped, p) {
 				dropped = append(dropped, p)

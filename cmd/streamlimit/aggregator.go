@@ -95,7 +95,7 @@ publishes what is due, leaves the group at once and exits.`,
 	f.DurationVar(&cfg.DefaultWindow, "default-window", time.Minute, "window of JSON hits without \"w\"")
 	f.DurationVar(&cfg.MaxWindow, "max-window", time.Hour, "longest window accepted; recovery replays this much")
 	f.DurationVar(&cfg.MetadataMaxAge, "metadata-max-age", 10*time.Second, "how soon a new <dc>.hits topic matching the pattern is consumed")
-	f.StringVar(&cfg.InstanceID, "instance-id", "", "stable, unique name of this aggregator: in heartbeats, and its static group membership (a restart under it within --session-timeout keeps its slots without a rebalance); default host-pid-random, dynamic membership")
+	f.StringVar(&cfg.InstanceID, "instance-id", "", "stable, unique name of this aggregator: in heartbeats and on every record it writes to the counts topic (which enforcers started with --aggregator-instances check), and its static group membership (a restart under it within --session-timeout keeps its slots without a rebalance); default host-pid-random, dynamic membership")
 	f.StringVar(&admin, "admin-listen", "127.0.0.1:9090", "address of /metrics, /healthz and /readyz")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")

@@ -48,7 +48,10 @@ type Heartbeat struct {
 	// HighWatermark − Offset is the consume lag in records.
 	HighWatermark int64 `json:"hwm"`
 	// Replaying is true while the aggregator rebuilds the partition's state after an
-	// assignment and publishes no counts for it.
+	// assignment and publishes no counts for it. Readers take such a source as stale.
+	// Aggregators no longer write one: they write no heartbeat of a partition while they
+	// replay it, so that its latest heartbeat is the previous owner's, whose counts were
+	// complete, and says how fresh they are.
 	Replaying bool `json:"replaying,omitempty"`
 	// Sites holds, for every site heard from on this partition, the time (unix ms, the
 	// site's clock) up to which the aggregator has counted that site's hits here: the

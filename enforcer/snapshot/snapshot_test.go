@@ -519,6 +519,51 @@ func TestSiteTimes(t *testing.T) {
 	}
 }
 
+// A source whose heartbeats stop while the others' go on (its aggregator handing it over,
+// restarting, or dead) is taken with its view of the sites as of the newest heartbeat: the
+// pause is its aggregator's, and no site looks silent, or crashed, because of it. A site
+// cut off still does.
+func TestSiteTimesWhileAnAggregatorPauses(t *testing.T) {
+	f := newFixture(t, Config{})
+	beat := func(p int32, asOf int64, sites map[string]int64) {
+		t.Helper()
+		v, err := topics.Heartbeat{Instance: "a", Topic: "hits", Partition: p, AsOf: asOf, Sites: sites}.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.apply(t, topics.HeartbeatKey("hits", p), v)
+	}
+	get := func(site string) SiteTime {
+		e, _ := f.s.SiteTimes().Get(site)
+		return e
+	}
+	// Partition 1 had heard eu 300 ms and us 200 ms before its last heartbeat.
+	beat(1, 10_000, map[string]int64{"eu": 9_700, "us": 9_800})
+	// Then partition 1's aggregator stops; the others go on every 500 ms for 20 s.
+	for asOf := int64(10_000); asOf <= 30_000; asOf += 500 {
+		beat(0, asOf, map[string]int64{"eu": asOf - 500, "us": asOf - 400})
+		beat(2, asOf, map[string]int64{"eu": asOf - 500, "us": asOf - 400})
+		// Partition 1's view, as of the newest heartbeat, is fresher than the others'.
+		if eu := get("eu"); eu.Heard != asOf-500 || eu.Peer < asOf-400 {
+			t.Fatalf("partition 1 %d ms behind: eu %+v, want heard at %d and its peer us at %d", asOf-10_000, eu, asOf-500, asOf-400)
+		}
+	}
+	// Its new owner takes over.
+	beat(1, 30_000, map[string]int64{"eu": 29_600, "us": 29_600})
+	if eu := get("eu"); eu.Heard != 29_500 {
+		t.Fatalf("after the handover eu heard at %d, want 29500", eu.Heard)
+	}
+	// eu cut off: every source goes on, each with eu's time frozen; us is still heard.
+	for asOf := int64(30_500); asOf <= 33_000; asOf += 500 {
+		for p := range int32(3) {
+			beat(p, asOf, map[string]int64{"eu": 29_500, "us": asOf - 400})
+		}
+	}
+	if eu := get("eu"); eu.Heard != 29_500 {
+		t.Fatalf("cut off: eu heard at %d, want 29500", eu.Heard)
+	}
+}
+
 // A count made on another sub-bucket grid is refused and counted; one that states none
 // (version 1) or the same is applied.
 func TestSubBucketMismatch(t *testing.T) {

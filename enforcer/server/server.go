@@ -9,7 +9,6 @@ package server
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -18,10 +17,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,8 +31,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer"
-	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/headers"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/rlqs"
@@ -240,22 +237,15 @@ func (c Config) normalize() (Config, error) {
 // Server is an assembled enforcer process. New builds it and binds its listeners; Run
 // serves until its context ends, then shuts down gracefully.
 type Server struct {
-	cfg      Config
-	log      *slog.Logger
-	reloader *rules.Reloader
-	local    *algo.Store
-	counter  *enforcer.LocalCounter
-	site     *sitestore.Store
-	snap     *snapshot.Snapshot
-	prod     *producer.Producer
-	lim      *enforcer.Limiter
-	mw       *httplimit.Middleware
-	proxyMW  *httplimit.Middleware // mw, or one that waits up to ProxyMaxDelay
-	authMW   *httplimit.Middleware // mw, or one that waits up to AuthMaxDelay
-	rls      *rls.Server
-	rlqs     *rlqs.Server
-	// instance names this process in its site heartbeats.
-	instance string
+	cfg     Config
+	log     *slog.Logger
+	core    *streamlimit.Limiter // the rules, counters, snapshot and producer
+	lim     *enforcer.Limiter
+	mw      *httplimit.Middleware
+	proxyMW *httplimit.Middleware // mw, or one that waits up to ProxyMaxDelay
+	authMW  *httplimit.Middleware // mw, or one that waits up to AuthMaxDelay
+	rls     *rls.Server
+	rlqs    *rlqs.Server
 
 	httpLn, grpcLn, proxyLn net.Listener
 	rlqsLn                  net.Listener
@@ -275,7 +265,7 @@ func New(cfg Config) (_ *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, instance: instanceID()}
+	s := &Server{cfg: cfg, log: cfg.Logger}
 	defer func() {
 		if err != nil {
 			s.closeAll()
@@ -289,71 +279,22 @@ func New(cfg Config) (_ *Server, err error) {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
 
-	s.reloader, err = rules.NewReloader(cfg.RulesPath, rules.ReloaderOptions{Interval: cfg.ReloadInterval, Logger: s.log, Clock: cfg.Clock,
-		Load: rules.LoadOptions{Compat: cfg.Compat, MergeDomains: cfg.MergeDomains}})
+	s.core, err = streamlimit.New(streamlimit.Config{
+		Site: cfg.Site, Rules: cfg.RulesPath, ReloadInterval: cfg.ReloadInterval,
+		Load:    rules.LoadOptions{Compat: cfg.Compat, MergeDomains: cfg.MergeDomains},
+		Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, HitsTopic: cfg.HitsTopic, CountsTopic: cfg.CountsTopic,
+		Aggregators: cfg.Aggregators, MaxStaleness: cfg.MaxStaleness,
+		Redis: sitestore.Config{Addrs: cfg.RedisAddrs, MasterName: cfg.RedisMasterName, Username: cfg.RedisUsername,
+			Password: cfg.RedisPassword, TLS: cfg.RedisTLS, KeyPrefix: cfg.RedisKeyPrefix, Timeout: cfg.RedisTimeout},
+		SiteEnforcers: cfg.SiteEnforcers,
+		DefaultShare:  cfg.DefaultShare, MinShare: cfg.MinShare, SiteStaleAfter: cfg.SiteStaleAfter, CrashHold: cfg.CrashHold,
+		SubBuckets: cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxMemory: cfg.MaxMemory,
+		Clock: cfg.Clock, Logger: s.log, Registerer: reg,
+	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("enforcer: %w", err)
 	}
-	mem := enforcer.SplitMemory(cfg.MaxMemory)
-	s.local = algo.New(algo.Options{MaxKeys: cfg.MaxKeys, MaxBytes: mem.Local})
-	s.counter = enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxBytes: mem.Counter})
-	lcfg := enforcer.Config{
-		MaxKeys:        cfg.MaxKeys,
-		KeyCacheBytes:  mem.KeyCache,
-		Rules:          s.reloader.Current,
-		Site:           cfg.Site,
-		Local:          s.local,
-		Counter:        s.counter,
-		DefaultShare:   cfg.DefaultShare,
-		SiteStaleAfter: cfg.SiteStaleAfter,
-		CrashHold:      cfg.CrashHold,
-		SubBuckets:     cfg.SubBuckets,
-		MinShare:       cfg.MinShare,
-		Clock:          cfg.Clock,
-		Logger:         s.log,
-		Registerer:     reg,
-	}
-	if len(cfg.RedisAddrs) > 0 {
-		s.site, err = sitestore.New(sitestore.Config{
-			Addrs: cfg.RedisAddrs, MasterName: cfg.RedisMasterName, Username: cfg.RedisUsername, Password: cfg.RedisPassword, TLS: cfg.RedisTLS,
-			KeyPrefix: cfg.RedisKeyPrefix, Timeout: cfg.RedisTimeout, Fallback: s.local, FallbackShare: fallbackShare(cfg.SiteEnforcers),
-			Clock: cfg.Clock, Logger: s.log, Registerer: reg,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("enforcer: redis: %w", err)
-		}
-		lcfg.SiteStore = s.site
-		lcfg.Counter = sitestore.NewCounter(s.site, sitestore.CounterOptions{SubBuckets: cfg.SubBuckets, Fallback: s.counter,
-			FallbackShare: fallbackShare(cfg.SiteEnforcers)})
-	}
-	if len(cfg.Brokers) > 0 {
-		s.snap, err = snapshot.New(snapshot.Config{
-			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.CountsTopic, Site: cfg.Site, Aggregators: cfg.Aggregators,
-			MaxStaleness: cfg.MaxStaleness, MaxKeys: cfg.MaxKeys, MaxBytes: mem.Snapshot, SubBuckets: cfg.SubBuckets, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("enforcer: snapshot: %w", err)
-		}
-		// The site heartbeats say what counts this site, so that the aggregators can
-		// report two processes given one --site without a shared Redis.
-		counter := "process:" + s.instance
-		if len(cfg.RedisAddrs) > 0 {
-			counter = "redis:" + strings.Join(cfg.RedisAddrs, ",")
-		}
-		s.prod, err = producer.New(producer.Config{
-			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.HitsTopic, Site: cfg.Site,
-			Instance: s.instance, Counter: counter,
-			SubBuckets: cfg.SubBuckets, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("enforcer: producer: %w", err)
-		}
-		lcfg.Snapshot, lcfg.Publisher = s.snap, s.prod
-	}
-	s.lim, err = enforcer.New(lcfg)
-	if err != nil {
-		return nil, err
-	}
+	s.lim = s.core.Enforcer()
 	if cfg.HTTP.Domain != "" {
 		s.mw, err = httplimit.New(s.lim, httplimit.Options{Config: cfg.HTTP, Logger: s.log})
 		if err != nil {
@@ -483,31 +424,11 @@ func (s *Server) grpcServer(extra ...grpc.ServerOption) *grpc.Server {
 }
 
 func (s *Server) registerMetrics(reg prometheus.Registerer) {
-	gauge := func(name, help string, f func() float64) prometheus.Collector {
-		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: name, Help: help}, f)
-	}
-	counter := func(name, help string, f func() float64) prometheus.Collector {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: name, Help: help}, f)
-	}
-	cs := []prometheus.Collector{
-		gauge("local_keys", "Local-scope counters held.", func() float64 { return float64(s.local.Stats().Keys) }),
-		counter("local_evicted_idle_total", "Local counters dropped because idle.", func() float64 { return float64(s.local.Stats().EvictedIdle) }),
-		counter("local_evicted_live_total", "Local counters dropped while live, to keep within the bound.", func() float64 { return float64(s.local.Stats().EvictedLive) }),
-		counter("local_refused_keys_total", "New local keys not counted because the local counters were full of counters at or near their limits (--max-memory, --max-keys).", func() float64 { return float64(s.local.Stats().Refused) }),
-		gauge("global_keys", "Global keys with a count of this site held in process.", func() float64 { return float64(s.counter.Len()) }),
-		counter("global_refused_keys_total", "New global keys not counted at this site because its counter was full of counters at or near their caps (--max-memory, --max-keys).", func() float64 { return float64(s.counter.Refused()) }),
-		counter("global_evicted_total", "Global site counters dropped to keep within the bound.", func() float64 { return float64(s.counter.Evicted()) }),
-		gauge("local_bytes", "Bytes the local counters keep alive, by the estimate --max-memory bounds.", func() float64 { return float64(s.local.Bytes()) }),
-		gauge("global_bytes", "Bytes this site's in-process global counters keep alive, by the estimate --max-memory bounds.", func() float64 { return float64(s.counter.Bytes()) }),
-		gauge("key_cache_bytes", "Bytes the key cache keeps alive, by the estimate --max-memory bounds.", func() float64 { return float64(s.lim.KeyCacheBytes()) }),
-		counter("conns_refused_total", "Connections closed when accepted because their client address held --max-conns-per-addr on that listener.", func() float64 { return float64(s.connsRefused.Load()) }),
-		counter("rules_reloads_total", "Successful rules reloads.", func() float64 { return float64(s.reloader.Stats().Reloads) }),
-		counter("rules_reload_errors_total", "Rejected rules edits (the last good rules stay in force).", func() float64 { return float64(s.reloader.Stats().Failures) }),
-	}
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			s.log.Warn("metric not registered", "err", err)
-		}
+	c := prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: "conns_refused_total",
+		Help: "Connections closed when accepted because their client address held --max-conns-per-addr on that listener."},
+		func() float64 { return float64(s.connsRefused.Load()) })
+	if err := reg.Register(c); err != nil {
+		s.log.Warn("metric not registered", "err", err)
 	}
 }
 
@@ -523,10 +444,10 @@ func fallbackShare(n int) float64 {
 func (s *Server) Limiter() *enforcer.Limiter { return s.lim }
 
 // Snapshot returns the snapshot of the counts topic, nil without Kafka.
-func (s *Server) Snapshot() *snapshot.Snapshot { return s.snap }
+func (s *Server) Snapshot() *snapshot.Snapshot { return s.core.Snapshot() }
 
 // Producer returns the hit producer, nil without Kafka.
-func (s *Server) Producer() *producer.Producer { return s.prod }
+func (s *Server) Producer() *producer.Producer { return s.core.Producer() }
 
 // HTTPAddr returns the address of the check API and the admin endpoints.
 func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
@@ -557,18 +478,7 @@ func (s *Server) ProxyAddr() string {
 
 // Ready reports whether the Server decides on complete data: the snapshot of the counts
 // topic is restored (always true without Kafka). The reason says what it waits for.
-func (s *Server) Ready() (bool, string) {
-	if s.snap == nil {
-		return true, "no Kafka configured: global limits use local shares"
-	}
-	if !s.snap.Ready() {
-		return false, "restoring the counts topic"
-	}
-	if s.snap.Stale() {
-		return true, fmt.Sprintf("counts are %v old: global limits use local shares", s.snap.Age().Round(time.Millisecond))
-	}
-	return true, "snapshot restored and fresh"
-}
+func (s *Server) Ready() (bool, string) { return s.core.Ready() }
 
 // delaying returns s.mw, or, when maxDelay > 0, a middleware like it that waits up to
 // maxDelay for room instead of refusing.
@@ -671,11 +581,7 @@ func (s *Server) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); fail(part, f()) }()
 	}
 
-	goRun("rules reloader", func() error { return s.reloader.Run(ctx) })
-	if s.snap != nil {
-		goRun("snapshot", func() error { return s.snap.Run(ctx) })
-	}
-	goRun("sweeper", func() error { s.sweep(ctx); return nil })
+	goRun("core", func() error { return s.core.Run(ctx) })
 
 	servers := []*http.Server{s.httpServer(s.Handler(), false)}
 	lns := []net.Listener{s.httpLn}
@@ -735,31 +641,12 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}
 	wg.Wait()
-	if s.prod != nil {
-		if err := s.prod.Close(sctx); err != nil {
-			s.log.Warn("hits not delivered at shutdown", "err", err)
-			fail("producer", err)
-		}
-		s.prod = nil
+	if err := s.core.Close(sctx); err != nil {
+		s.log.Warn("hits not delivered at shutdown", "err", err)
+		fail("producer", err)
 	}
 	s.closeAll()
 	return first
-}
-
-// sweep drops idle counters now and then, so that memory follows the active keys.
-func (s *Server) sweep(ctx context.Context) {
-	t := time.NewTicker(10 * time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			now := s.cfg.Clock.Now()
-			s.local.Sweep(now)
-			s.counter.Sweep(now)
-		}
-	}
 }
 
 // closeAll releases what New opened; safe on a partly built Server.
@@ -769,20 +656,10 @@ func (s *Server) closeAll() {
 			_ = ln.Close()
 		}
 	}
-	if s.prod != nil {
+	if s.core != nil {
+		// Close happens once: after Run's own Close, this does nothing.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = s.prod.Close(ctx)
+		_ = s.core.Close(ctx)
 		cancel()
 	}
-	if s.site != nil {
-		_ = s.site.Close()
-	}
-}
-
-// instanceID names this process: "<hostname>-<pid>-<random>".
-func instanceID() string {
-	host, _ := os.Hostname()
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("%s-%d-%x", host, os.Getpid(), b)
 }

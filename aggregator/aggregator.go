@@ -53,11 +53,35 @@ const DefaultEmitInterval = 100 * time.Millisecond
 // its slots without a rebalance.
 const DefaultSessionTimeout = 6 * time.Second
 
+// The other defaults of Config, each its field's value when zero.
+const (
+	// DefaultGroup is the aggregators' consumer group.
+	DefaultGroup = "streamlimit-aggregator"
+	// DefaultMaxEmitPerSecond caps the count records published per second.
+	DefaultMaxEmitPerSecond = 50_000
+	// DefaultMaxKeys bounds the counters held, as the enforcers' structures are bounded.
+	DefaultMaxKeys = 1 << 20
+	// DefaultHeartbeatInterval is the period of the aggregator's heartbeats.
+	DefaultHeartbeatInterval = 500 * time.Millisecond
+	// DefaultLateness is how late a hit may arrive and still count.
+	DefaultLateness = 5 * time.Second
+	// DefaultMaxClockSkew is how far ahead of the aggregator's clock a hit may be stamped.
+	DefaultMaxClockSkew = 30 * time.Second
+	// DefaultDefaultWindow is the window of JSON hits that give none.
+	DefaultDefaultWindow = time.Minute
+	// DefaultMetadataMaxAge is how soon a new hits topic matching the pattern is read.
+	DefaultMetadataMaxAge = 10 * time.Second
+	// DefaultDemandTimeConstant is the time constant of the sites' demand.
+	DefaultDemandTimeConstant = time.Second
+	// DefaultSiteForget is how long a silent site is remembered.
+	DefaultSiteForget = 15 * time.Minute
+)
+
 // Config configures an Aggregator. Every zero field takes the default written in its comment.
 type Config struct {
 	// Brokers are the Kafka seed brokers (host:port). Required unless KafkaOpts seeds them.
 	Brokers []string
-	// Group is the consumer group id. Default "streamlimit-aggregator".
+	// Group is the consumer group id. Default DefaultGroup.
 	Group string
 	// SessionTimeout is how long the group waits for a member that stopped without leaving
 	// before its slots go to the others, and how long a member restarted with the same
@@ -97,7 +121,7 @@ type Config struct {
 	SubBuckets int
 	// DemandTimeConstant is τ of the sites' demand (topics.SiteCount.Demand): a request
 	// weighs e^(−age/τ). It sets how fast the sites' shares of a hot key's room follow a
-	// client that moves between data centers. Default 1s.
+	// client that moves between data centers. Default DefaultDemandTimeConstant.
 	DemandTimeConstant time.Duration
 	// SiteForget is how long after the last site record of a site (on a partition) the
 	// aggregator forgets it. Until then a silent site's heartbeat time stays in this
@@ -105,30 +129,31 @@ type Config struct {
 	// the keys it served (a site cut off from here is also counted as of its last
 	// heartbeat), and a site that left stays listed as left; after it, the site is taken
 	// for gone. A partition between data centers that lasts longer than SiteForget is no
-	// longer bounded. Default 15m.
+	// longer bounded. Default DefaultSiteForget.
 	SiteForget time.Duration
 	// EmitInterval is the least time between two counts published for one counter, and the
 	// period of the emission loop. Default DefaultEmitInterval.
 	EmitInterval time.Duration
 	// MaxEmitPerSecond caps published count records (tombstones included); when more are
-	// due, the counters whose value changed most go first and the rest wait. Default 50000.
+	// due, the counters whose value changed most go first and the rest wait. Default
+	// DefaultMaxEmitPerSecond.
 	MaxEmitPerSecond int
-	// HeartbeatInterval is the period of heartbeat records. Default 500ms.
+	// HeartbeatInterval is the period of heartbeat records. Default DefaultHeartbeatInterval.
 	HeartbeatInterval time.Duration
 	// Lateness is how late (by bucket start) a hit may arrive and still be counted, and how
-	// much earlier than the longest window recovery starts replaying. Default 5s.
+	// much earlier than the longest window recovery starts replaying. Default DefaultLateness.
 	Lateness time.Duration
 	// MaxClockSkew is how far ahead of the aggregator's clock (and of the record's own
-	// timestamp) a hit's bucket start may be. Default 30s.
+	// timestamp) a hit's bucket start may be. Default DefaultMaxClockSkew.
 	MaxClockSkew time.Duration
 	// MaxKeys bounds the counters held (and, separately, the re-routed hits remembered for
 	// de-duplication). Hits for new counters beyond it are dropped and counted in
-	// refused_keys_total. Default 1,000,000.
+	// refused_keys_total. Default DefaultMaxKeys.
 	MaxKeys int
-	// DefaultWindow is the window of JSON hits without "w". Default 1m.
+	// DefaultWindow is the window of JSON hits without "w". Default DefaultDefaultWindow.
 	DefaultWindow time.Duration
 	// MaxWindow is the longest window accepted; recovery replays MaxWindow + Lateness of
-	// hits. Longer windows are skipped as "window_too_long". Default 1h.
+	// hits. Longer windows are skipped as "window_too_long". Default topics.DefaultMaxWindow.
 	MaxWindow time.Duration
 	// Clock tells time. Default clock.Real{}.
 	Clock clock.Clock
@@ -142,7 +167,7 @@ type Config struct {
 	KafkaOpts []kgo.Opt
 	// MetadataMaxAge bounds how long a hits topic that appears after the aggregator started
 	// (a new data center's "<dc>.hits", created by MirrorMaker 2) goes unconsumed when
-	// consuming by pattern. Default 10s (franz-go's own default is 5m).
+	// consuming by pattern. Default DefaultMetadataMaxAge (franz-go's own default is 5m).
 	MetadataMaxAge time.Duration
 	// InstanceID names this instance in heartbeats and, when set, is its static group
 	// membership (Kafka's group.instance.id): a restart with the same InstanceID within
@@ -161,7 +186,7 @@ func (c Config) normalize() (Config, error) {
 		}
 	}
 	if c.Group == "" {
-		c.Group = "streamlimit-aggregator"
+		c.Group = DefaultGroup
 	}
 	if len(c.Topics) == 0 && c.TopicPattern == "" {
 		c.TopicPattern = topics.HitsPattern(topics.DefaultHitsTopic)
@@ -189,20 +214,20 @@ func (c Config) normalize() (Config, error) {
 		c.SubBuckets = window.DefaultSubBuckets
 	}
 	if c.MaxEmitPerSecond == 0 {
-		c.MaxEmitPerSecond = 50000
+		c.MaxEmitPerSecond = DefaultMaxEmitPerSecond
 	}
 	if c.MaxKeys == 0 {
-		c.MaxKeys = 1_000_000
+		c.MaxKeys = DefaultMaxKeys
 	}
 	def(&c.EmitInterval, DefaultEmitInterval)
-	def(&c.HeartbeatInterval, 500*time.Millisecond)
-	def(&c.Lateness, 5*time.Second)
-	def(&c.MaxClockSkew, 30*time.Second)
-	def(&c.DefaultWindow, time.Minute)
-	def(&c.MaxWindow, time.Hour)
-	def(&c.MetadataMaxAge, 10*time.Second)
-	def(&c.DemandTimeConstant, time.Second)
-	def(&c.SiteForget, 15*time.Minute)
+	def(&c.HeartbeatInterval, DefaultHeartbeatInterval)
+	def(&c.Lateness, DefaultLateness)
+	def(&c.MaxClockSkew, DefaultMaxClockSkew)
+	def(&c.DefaultWindow, DefaultDefaultWindow)
+	def(&c.MaxWindow, topics.DefaultMaxWindow)
+	def(&c.MetadataMaxAge, DefaultMetadataMaxAge)
+	def(&c.DemandTimeConstant, DefaultDemandTimeConstant)
+	def(&c.SiteForget, DefaultSiteForget)
 	def(&c.SessionTimeout, DefaultSessionTimeout)
 	c.Clock = clock.Or(c.Clock)
 	if c.Logger == nil {

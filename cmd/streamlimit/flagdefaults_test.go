@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/streamlimit/streamlimit/aggregator"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
@@ -65,6 +66,23 @@ func TestFlagDefaultsAreTheLibraries(t *testing.T) {
 			"grpc-keepalive-min-time": d(server.DefaultGRPCKeepaliveMinTime),
 			"grpc-max-conn-idle":      d(server.DefaultGRPCMaxConnIdle),
 			"shutdown-timeout":        d(server.DefaultShutdownTimeout),
+		},
+		"aggregator": {
+			"hits-topic":          topics.DefaultHitsTopic,
+			"counts-topic":        topics.DefaultCountsTopic,
+			"group":               aggregator.DefaultGroup,
+			"session-timeout":     d(aggregator.DefaultSessionTimeout),
+			"max-local-hold":      d(aggregator.DefaultMaxLocalHold),
+			"counts-format":       aggregator.CountsBinary,
+			"sub-buckets":         fmt.Sprint(window.DefaultSubBuckets),
+			"emit-interval":       d(aggregator.DefaultEmitInterval),
+			"max-emit-per-second": fmt.Sprint(aggregator.DefaultMaxEmitPerSecond),
+			"lateness":            d(aggregator.DefaultLateness),
+			"max-clock-skew":      d(aggregator.DefaultMaxClockSkew),
+			"max-keys":            fmt.Sprint(aggregator.DefaultMaxKeys),
+			"default-window":      d(aggregator.DefaultDefaultWindow),
+			"max-window":          d(topics.DefaultMaxWindow),
+			"metadata-max-age":    d(aggregator.DefaultMetadataMaxAge),
 		},
 		"dev": {
 			"http-listen": server.DefaultHTTPAddr,

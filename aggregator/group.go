@@ -263,7 +263,8 @@ func (a *Aggregator) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[
 	// Every round that chose records of the dropped slots has handed them to the client once
 	// the write lock is had.
 	a.pubMu.Lock()
-	a.pubMu.Unlock() //nolint:staticcheck // an empty critical section: a barrier
+	//lint:ignore SA2001 an empty critical section is the barrier
+	a.pubMu.Unlock()
 	var flushErr error
 	if !stopping {
 		fctx, cancel := context.WithTimeout(ctx, handoverFlush)
@@ -371,7 +372,8 @@ func (a *Aggregator) leave(cl *kgo.Client) {
 	member, _ := cl.GroupMetadata()
 	// Stop the client's group loop first: once the broker has removed this member, its next
 	// heartbeat would fail and the loop would join again as a new member.
-	_ = cl.LeaveGroupContext(nil) //nolint:staticcheck // nil: trigger the leave, do not wait for it
+	//lint:ignore SA1012 nil: trigger the leave, do not wait for it
+	_ = cl.LeaveGroupContext(nil)
 	if member == "" {
 		a.log.Info("not in the group; nothing to leave", "took", time.Since(start).Round(time.Millisecond))
 		return

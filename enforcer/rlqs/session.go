@@ -34,7 +34,6 @@ type request struct {
 	cfg    *rules.Config
 	rep    *enforcer.Reporter
 	quotas []enforcer.Quota // the last Report's, shadow limits left out
-	other  int
 }
 
 // session is the server's side of one stream: its domain and its buckets.

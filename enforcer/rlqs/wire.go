@@ -1,7 +1,6 @@
 package rlqs
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -43,8 +42,6 @@ type wireReports struct {
 	domain []byte
 	usages []usage
 }
-
-var errTruncated = errors.New("truncated field")
 
 // decodeReports decodes a RateLimitQuotaUsageReports message held in r.buf.
 func (r *wireReports) decode() error {

@@ -1,7 +1,8 @@
 // Package server assembles an enforcer process: the rules with hot reload, the snapshot of
 // the counts topic, the hit producer, the optional Redis of the site, the Limiter, and the
 // ways to ask it — the HTTP check API, the nginx auth_request endpoint, the Envoy rate-limit
-// gRPC service and a rate-limiting reverse proxy — with /metrics, /healthz and /readyz.
+// gRPC service and a rate-limiting reverse proxy — with /metrics, /healthz, /readyz and the
+// live console at /ui/ (package console).
 // `streamlimit enforcer` is a thin command over it; the end-to-end tests start it in
 // process.
 package server
@@ -519,7 +520,7 @@ func (s *Server) delaying(maxDelay time.Duration) (*httplimit.Middleware, error)
 }
 
 // Handler returns the HTTP handler of HTTPAddr, asking for a bearer token when
-// Config.AuthTokens are set.
+// Config.AuthTokens are set, with the console at ConsolePath.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/check", httplimit.NewCheckHandler(s.lim, httplimit.CheckOptions{Logger: s.log, MaxBodyBytes: s.cfg.Limits.MaxBodyBytes}))
@@ -544,7 +545,7 @@ func (s *Server) Handler() http.Handler {
 		}
 		_, _ = w.Write([]byte(why + "\n"))
 	})
-	return s.tokens.requireToken(mux)
+	return s.withConsole(s.tokens.requireToken(mux))
 }
 
 // Run serves until ctx ends, then stops accepting requests, drains those in flight,

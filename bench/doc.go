@@ -6,6 +6,11 @@
 //     a null server that answers OK at once (bench/cmd/nullserver, the ceiling), with and
 //     without Kafka, and envoyproxy/ratelimit when its binary is given. Each server runs
 //     pinned to core 0 and the load generator to core 1 (taskset, GOMAXPROCS 1 each).
+//   - The Redis serving comparison (redis.sh): envoyproxy/ratelimit, built by the script
+//     at a pinned version, against streamlimit's site scope and its global + Kafka + Redis
+//     site counter, on one Redis, through serving.sh.
+//   - The hot-key table (hotkey.sh): site scope in Redis and in process, set against each
+//     algorithm's exact bound.
 //   - BenchmarkPropagation: how long a hit admitted at site A takes to show in site B's
 //     snapshot, through the producer, the hits topic on a real broker, the aggregator and
 //     the counts topic, with the delay split into its stages.

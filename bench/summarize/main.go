@@ -167,6 +167,7 @@ func write(w io.Writer, rawPath string, r *run) {
 
 	writeTargets(w, r)
 	writeServing(w, r)
+	writeServingRedis(w, r)
 	writeHotKey(w, r)
 
 	p("## Headline figures\n\n")
@@ -422,5 +423,6 @@ func writeTargets(w io.Writer, r *run) {
 		sp = res.spread("p99-ms")
 	}
 	p("| Propagation A → B, p99 (defaults, real broker) | ≤ 300 ms | %s ms (%s) | %s |\n", num(v), sp, verdict(ok, v <= 300))
+	writeRedisTargets(w, r, verdict)
 	p("\n")
 }

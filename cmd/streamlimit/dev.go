@@ -34,6 +34,7 @@ type devFlags struct {
 	httpAddr, grpcAddr  string
 	httpConfig          string
 	maxMemory           byteSize
+	countsFormat        string
 	logFormat, logLevel string
 }
 
@@ -69,6 +70,7 @@ The broker listens on 127.0.0.1 only. Stop it with Ctrl-C.`,
 	f.StringVar(&df.rulesPath, "rules", "", `rules file or directory for the enforcer (default: the demo's rules, as "streamlimit demo --rules" prints them)`)
 	f.StringVar(&df.httpConfig, "http-config", "", `YAML file saying how /v1/auth requests become descriptors, as for the enforcer (default: domain demo, the client from the X-Client-Id header)`)
 	f.StringVar(&df.site, "site", "dev", "the enforcer's site")
+	f.StringVar(&df.countsFormat, "counts-format", aggregator.CountsBinary, "how the aggregator writes count records: binary, or json for readers without a decoder (kcat, ksqlDB, Kafka Connect)")
 	f.StringVar(&df.httpAddr, "http-listen", server.DefaultHTTPAddr, "address of the enforcer's check API and admin endpoints")
 	f.StringVar(&df.grpcAddr, "grpc-listen", server.DefaultGRPCAddr, `address of the enforcer's Envoy rate-limit gRPC service ("off" to disable)`)
 	df.maxMemory = server.DefaultMaxMemory
@@ -131,7 +133,7 @@ func (df *devFlags) run(cmd *cobra.Command) error {
 	}
 	// One registry, served on the enforcer's /metrics: the aggregator's metrics too.
 	reg := newRegistry()
-	agg, err := aggregator.New(aggregator.Config{Brokers: brokers, Logger: log, Registerer: reg})
+	agg, err := aggregator.New(aggregator.Config{Brokers: brokers, CountsFormat: df.countsFormat, Logger: log, Registerer: reg})
 	if err != nil {
 		return err
 	}

@@ -61,7 +61,7 @@ published to the hits topic. It serves:
 Every listener binds loopback by default. Callers can be made to prove who they are with
 --tls-client-ca (mutual TLS) or --auth-token-file (bearer tokens); slow and idle clients are
 cut off by the timeouts, and connections and gRPC streams are bounded (--max-conns,
---grpc-max-streams).`,
+--max-conns-per-addr, --grpc-max-streams).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ef.trustedProxiesSet = cmd.Flags().Changed("trusted-proxies")
@@ -96,6 +96,7 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	f.BoolVar(&ef.noKafka, "no-kafka", false, "run without Kafka: global limits are decided on --default-share of the limit")
 	f.StringVar(&c.HitsTopic, "hits-topic", topics.DefaultHitsTopic, "topic this site's hits are published to")
 	f.StringVar(&c.CountsTopic, "counts-topic", topics.DefaultCountsTopic, "compacted counts topic to follow")
+	f.StringSliceVar(&c.Aggregators, "aggregator-instances", nil, "instance IDs (the aggregators' --instance-id) whose records of the counts topic are believed; records of any other writer are skipped (default: every record)")
 	f.DurationVar(&c.MaxStaleness, "max-staleness", 10*time.Second, "age of the aggregator's heartbeats past which global limits use local shares")
 	f.Float64Var(&c.DefaultShare, "default-share", 0, "this site's share of a global limit for keys new to the counts (0: 1/the number of sites that may spend them: live, or cut off from here)")
 	f.DurationVar(&c.SiteStaleAfter, "site-stale-after", enforcer.DefaultSiteStaleAfter, "how long a site may go unheard before it is taken as silent and reserved its share of the keys it served")
@@ -149,7 +150,9 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	f.IntVar(&l.MaxHeaderBytes, "max-header-bytes", server.DefaultMaxHeaderBytes, "bound on a request's header block (431 beyond)")
 	f.Int64Var(&l.MaxBodyBytes, "max-body-bytes", httplimit.DefaultMaxBodyBytes, "bound on a check request's body (413 beyond) and a gRPC message")
 	f.IntVar(&l.MaxConns, "max-conns", server.DefaultMaxConns, "connections each listener holds at once; more wait to be accepted (-1: no bound)")
+	f.IntVar(&l.MaxConnsPerAddr, "max-conns-per-addr", server.DefaultMaxConnsPerAddr, "connections each listener holds from one client address (IPv6: one /64); more are closed when accepted (-1: no bound)")
 	f.IntVar(&l.GRPCMaxStreams, "grpc-max-streams", server.DefaultGRPCMaxStreams, "concurrent calls per gRPC connection")
+	f.DurationVar(&l.GRPCHandshakeTimeout, "grpc-handshake-timeout", server.DefaultGRPCHandshakeTimeout, "bound on a new gRPC connection's handshake (TLS and HTTP/2 preface)")
 	f.DurationVar(&l.GRPCKeepaliveMinTime, "grpc-keepalive-min-time", server.DefaultGRPCKeepaliveMinTime, "shortest keepalive ping interval a gRPC client may use before it is disconnected")
 	f.DurationVar(&l.GRPCMaxConnIdle, "grpc-max-conn-idle", server.DefaultGRPCMaxConnIdle, "close gRPC connections without calls for this long")
 	f.StringVar(&c.TLS.CertFile, "tls-cert", "", "PEM certificate of the HTTP API and gRPC (with --tls-key: serve TLS; reloaded when the file changes)")

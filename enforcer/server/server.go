@@ -13,14 +13,17 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,6 +36,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/enforcer/headers"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/rls"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
@@ -63,6 +67,10 @@ type Config struct {
 	HitsTopic string
 	// CountsTopic is followed into the snapshot. Default "counts".
 	CountsTopic string
+	// Aggregators, when set, are the instance IDs of the aggregators that write
+	// CountsTopic; records of any other writer are skipped (snapshot.Config.Aggregators).
+	// Default none: every record is believed.
+	Aggregators []string
 	// MaxStaleness is how old the aggregator's heartbeats may be before global limits
 	// fall back to local shares. Default 10s.
 	MaxStaleness time.Duration
@@ -239,6 +247,8 @@ type Server struct {
 	httpLn, grpcLn, proxyLn net.Listener
 	tls                     *tls.Config // nil: plaintext
 	tokens                  tokens
+	// connsRefused counts connections closed at accept for their address's bound.
+	connsRefused atomic.Uint64
 
 	mu      sync.Mutex
 	started bool
@@ -304,7 +314,7 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 	if len(cfg.Brokers) > 0 {
 		s.snap, err = snapshot.New(snapshot.Config{
-			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.CountsTopic, Site: cfg.Site,
+			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.CountsTopic, Site: cfg.Site, Aggregators: cfg.Aggregators,
 			MaxStaleness: cfg.MaxStaleness, MaxKeys: cfg.MaxKeys, MaxBytes: mem.Snapshot, SubBuckets: cfg.SubBuckets, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
 		})
 		if err != nil {
@@ -370,11 +380,15 @@ func New(cfg Config) (_ *Server, err error) {
 	return s, nil
 }
 
-// listen binds addr, holding at most Limits.MaxConns connections at once.
+// listen binds addr, holding at most Limits.MaxConns connections at once, and
+// Limits.MaxConnsPerAddr from one client address.
 func (s *Server) listen(addr string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
+	}
+	if n := s.cfg.Limits.MaxConnsPerAddr; n > 0 {
+		ln = newPerAddrListener(ln, n, &s.connsRefused)
 	}
 	if n := s.cfg.Limits.MaxConns; n > 0 {
 		ln = netutil.LimitListener(ln, n)
@@ -424,6 +438,9 @@ func (s *Server) grpcServer() *grpc.Server {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.GRPCKeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: l.GRPCMaxConnIdle}),
 	}
+	if l.GRPCHandshakeTimeout > 0 { // grpc-go reads 0 as "at once"
+		opts = append(opts, grpc.ConnectionTimeout(l.GRPCHandshakeTimeout))
+	}
 	if l.GRPCMaxStreams > 0 {
 		opts = append(opts, grpc.MaxConcurrentStreams(uint32(l.GRPCMaxStreams)))
 	}
@@ -444,11 +461,14 @@ func (s *Server) registerMetrics(reg prometheus.Registerer) {
 		gauge("local_keys", "Local-scope counters held.", func() float64 { return float64(s.local.Stats().Keys) }),
 		counter("local_evicted_idle_total", "Local counters dropped because idle.", func() float64 { return float64(s.local.Stats().EvictedIdle) }),
 		counter("local_evicted_live_total", "Local counters dropped while live, to keep within the bound.", func() float64 { return float64(s.local.Stats().EvictedLive) }),
+		counter("local_refused_keys_total", "New local keys not counted because the local counters were full of counters at or near their limits (--max-memory, --max-keys).", func() float64 { return float64(s.local.Stats().Refused) }),
 		gauge("global_keys", "Global keys with a count of this site held in process.", func() float64 { return float64(s.counter.Len()) }),
+		counter("global_refused_keys_total", "New global keys not counted at this site because its counter was full of counters at or near their caps (--max-memory, --max-keys).", func() float64 { return float64(s.counter.Refused()) }),
 		counter("global_evicted_total", "Global site counters dropped to keep within the bound.", func() float64 { return float64(s.counter.Evicted()) }),
 		gauge("local_bytes", "Bytes the local counters keep alive, by the estimate --max-memory bounds.", func() float64 { return float64(s.local.Bytes()) }),
 		gauge("global_bytes", "Bytes this site's in-process global counters keep alive, by the estimate --max-memory bounds.", func() float64 { return float64(s.counter.Bytes()) }),
 		gauge("key_cache_bytes", "Bytes the key cache keeps alive, by the estimate --max-memory bounds.", func() float64 { return float64(s.lim.KeyCacheBytes()) }),
+		counter("conns_refused_total", "Connections closed when accepted because their client address held --max-conns-per-addr on that listener.", func() float64 { return float64(s.connsRefused.Load()) }),
 		counter("rules_reloads_total", "Successful rules reloads.", func() float64 { return float64(s.reloader.Stats().Reloads) }),
 		counter("rules_reload_errors_total", "Rejected rules edits (the last good rules stay in force).", func() float64 { return float64(s.reloader.Stats().Failures) }),
 	}
@@ -545,7 +565,35 @@ func (s *Server) Handler() http.Handler {
 		}
 		_, _ = w.Write([]byte(why + "\n"))
 	})
-	return s.withConsole(s.tokens.requireToken(mux))
+	return s.withConsole(s.tokens.requireToken(tooLarge(mux, max(s.cfg.Limits.MaxBodyBytes, rls.DefaultMaxJSONBytes))))
+}
+
+// tooLarge answers 413 at once, and closes the connection, when a request declares a
+// body larger than limit, the most any endpoint reads, instead of reading it until a
+// handler's bound or the read timeout: a client that declares 10 GiB and sends a byte a
+// second held its connection for the whole read timeout.
+func tooLarge(h http.Handler, limit int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > limit {
+			w.Header().Set("Connection", "close")
+			if r.URL.Path == "/json" { // answered as its handler answers
+				http.Error(w, "request body larger than "+strconv.Itoa(rls.DefaultMaxJSONBytes)+" bytes", http.StatusRequestEntityTooLarge)
+				return
+			}
+			writeTooLarge(w, limit)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// writeTooLarge writes the API's 413 problem.
+func writeTooLarge(w http.ResponseWriter, limit int64) {
+	body := fmt.Sprintf(`{"type":"about:blank","title":"Request Entity Too Large","status":413,"detail":"the body is larger than %d bytes"}`, limit)
+	w.Header().Set("Content-Type", headers.ProblemContentType)
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusRequestEntityTooLarge)
+	_, _ = io.WriteString(w, body)
 }
 
 // Run serves until ctx ends, then stops accepting requests, drains those in flight,

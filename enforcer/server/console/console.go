@@ -16,6 +16,7 @@
 package console
 
 import (
+	"cmp"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -30,6 +31,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
@@ -76,7 +78,21 @@ type Console struct {
 	mu     sync.Mutex
 	madeAt time.Time
 	body   []byte // the last State, encoded
+
+	// topKeys are the keys the last pass over the snapshot found (Snapshot.Top); until
+	// topNext their counts are read again, each with a lookup, instead of another pass.
+	topMu   sync.Mutex
+	topKeys []string
+	topNext time.Time
+	// elapsed measures a pass: time.Since, in real time whatever the clock.
+	elapsed func(time.Time) time.Duration
 }
+
+// TopCPUShare is the most of one core the passes over the snapshot for the top keys take:
+// a pass that took d is not made again within d / TopCPUShare. A small snapshot (dev,
+// tests) is passed over at every State; a million keys, a good part of a second of CPU,
+// every several seconds.
+const TopCPUShare = 0.05
 
 // New returns a Console.
 func New(opts Options) (*Console, error) {
@@ -93,7 +109,7 @@ func New(opts Options) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Console{opts: opts, clk: clock.Or(opts.Limiter.Config().Clock), files: http.FileServerFS(sub)}, nil
+	return &Console{opts: opts, clk: clock.Or(opts.Limiter.Config().Clock), files: http.FileServerFS(sub), elapsed: time.Since}, nil
 }
 
 // Handler serves the page at "/" (index.html, console.js, console.css) and the State at
@@ -271,7 +287,7 @@ func (c *Console) State(now time.Time) State {
 	rs := cfg.Rules()
 	if sn := cfg.Snapshot; sn != nil {
 		st.Snapshot = &SnapshotState{Ready: sn.Ready(), Stale: sn.StaleAt(now), AgeMs: sn.AgeAt(now).Milliseconds(), Keys: sn.Len()}
-		for _, e := range sn.Top(c.opts.TopKeys, now) {
+		for _, e := range c.top(sn, now) {
 			k := Key{Key: e.Key, Total: e.Total, WindowMs: e.Window.Milliseconds(), AsOf: e.AsOf, Sites: make([]SiteCount, 0, len(e.Sites))}
 			for _, s := range e.Sites {
 				k.Sites = append(k.Sites, SiteCount{Site: s.Site, Count: s.Count, Demand: s.Demand})
@@ -297,6 +313,37 @@ func (c *Console) State(now time.Time) State {
 		st.Decisions = decisions(c.opts.Gatherer)
 	}
 	return st
+}
+
+// top returns the top keys of sn at now: a new pass over sn when the last is old enough
+// (TopCPUShare), else the keys the last pass found with their counts as of now, sorted anew.
+func (c *Console) top(sn *snapshot.Snapshot, now time.Time) []snapshot.KeyEntry {
+	c.topMu.Lock()
+	defer c.topMu.Unlock()
+	// A clock set back by more than a minute makes a pass at once too.
+	if c.topKeys == nil || !now.Before(c.topNext) || now.Add(time.Minute).Before(c.topNext) {
+		start := time.Now()
+		es := sn.Top(c.opts.TopKeys, now)
+		c.topNext = now.Add(time.Duration(float64(c.elapsed(start)) / TopCPUShare))
+		c.topKeys = make([]string, len(es))
+		for i := range es {
+			c.topKeys[i] = es[i].Key
+		}
+		return es
+	}
+	es := make([]snapshot.KeyEntry, 0, len(c.topKeys))
+	for _, k := range c.topKeys {
+		if e, ok := sn.Get(k); ok && !e.Expired(now) {
+			es = append(es, snapshot.KeyEntry{Key: k, Entry: e})
+		}
+	}
+	slices.SortFunc(es, func(a, b snapshot.KeyEntry) int {
+		if a.Total != b.Total {
+			return cmp.Compare(b.Total, a.Total)
+		}
+		return strings.Compare(a.Key, b.Key)
+	})
+	return es
 }
 
 func unixMs(t time.Time) int64 {

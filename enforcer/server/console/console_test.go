@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -265,5 +266,37 @@ func TestStateWithoutSnapshot(t *testing.T) {
 	}
 	if _, err := New(Options{}); err == nil {
 		t.Error("New without a Limiter: no error")
+	}
+}
+
+// Between two passes over the snapshot, which a large snapshot spaces out, the top keys
+// keep their places in the list but show their counts as of now; a key that grew in the
+// meantime shows up at the next pass.
+func TestTopKeysBetweenPasses(t *testing.T) {
+	f := newFixture(t)
+	f.c.elapsed = func(time.Time) time.Duration { return time.Second } // a pass of 1 s: the next in 20 s
+	eu := func(n float64) topics.SiteCount { return topics.SiteCount{Site: "eu", Count: n, Demand: n} }
+	f.count(t, "api|user=1#60s", eu(5))
+	f.count(t, "api|user=2#60s", eu(3))
+	f.count(t, "api|user=3#60s", eu(1))
+	keys := func() string {
+		var b strings.Builder
+		for _, k := range f.c.State(f.clk.Now()).Top {
+			fmt.Fprintf(&b, "%s=%v ", k.Key, k.Total)
+		}
+		return b.String()
+	}
+	if got, want := keys(), "api|user=1#60s=5 api|user=2#60s=3 "; got != want {
+		t.Fatalf("first pass: %q, want %q", got, want)
+	}
+	f.clk.Advance(time.Second)
+	f.count(t, "api|user=2#60s", eu(8))
+	f.count(t, "api|user=3#60s", eu(9))
+	if got, want := keys(), "api|user=2#60s=8 api|user=1#60s=5 "; got != want {
+		t.Fatalf("between passes: %q, want %q (the counts of the keys found, sorted anew)", got, want)
+	}
+	f.clk.Advance(20 * time.Second)
+	if got, want := keys(), "api|user=3#60s=9 api|user=2#60s=8 "; got != want {
+		t.Fatalf("next pass: %q, want %q", got, want)
 	}
 }

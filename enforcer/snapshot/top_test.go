@@ -53,11 +53,11 @@ func TestTopAgainstSort(t *testing.T) {
 	}
 }
 
-// BenchmarkTop finds the 20 largest of a million counts: what the console costs the
-// enforcer at most twice a second.
+// BenchmarkTop finds the 20 largest of 100 000 counts: a pass of the console over the
+// snapshot (it costs in proportion to the keys held).
 func BenchmarkTop(b *testing.B) {
-	f := newFixture(b, Config{MaxKeys: 1_100_000})
-	for i := range 1_000_000 {
+	f := newFixture(b, Config{})
+	for i := range 100_000 {
 		key := fmt.Sprintf("api|user=%d#60s", i)
 		f.apply(b, key, countValue(b, key, time.Minute, f.clk.Now(), map[string]float64{"eu": float64(i % 977), "us": 1}))
 	}

@@ -6,7 +6,8 @@
 # Maven (cached in ~/.m2 and ~/.cache/streamlimit) and needs java, mvn,
 # kcat, python3 and redis-server (the scripts apt-get what is missing when
 # run as root); examples/install-test-tools.sh adds confluent-kafka (PyPI)
-# and promtool (Debian's prometheus) for the tests of examples/ and deploy/.
+# and promtool (Debian's prometheus) for the tests of examples/ and deploy/,
+# and Debian's chromium for the console's browser test.
 
 SHELL := /bin/bash
 GO ?= go

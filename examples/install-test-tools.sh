@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # install-test-tools.sh — install what the tests of examples/ and deploy/ run besides Go:
 # the Python client library of examples/python (from PyPI), promtool (Debian's
-# prometheus package, for deploy/prometheus/alerts.yml), and schemathesis (PyPI, in a
+# prometheus package, for deploy/prometheus/alerts.yml), schemathesis (PyPI, in a
 # virtual environment of its own, ~/.cache/streamlimit/venv, where
-# enforcer/server's TestSchemathesis finds it). Each is installed only when missing;
+# enforcer/server's TestSchemathesis finds it), and Chromium (Debian's chromium package,
+# which cmd/streamlimit's TestConsoleInABrowser drives headless). Each is installed only when missing;
 # `make test` runs this first. Java and Kafka's client jars come with
 # e2e/services/kafka.sh.
 set -euo pipefail
@@ -20,6 +21,7 @@ if ! python3 -c 'import confluent_kafka' 2>/dev/null; then
     die "could not install confluent-kafka"
 fi
 need_cmd promtool prometheus
+need_cmd chromium chromium
 # schemathesis, pinned: a new version brings new checks, which a change of this line adopts.
 SCHEMATHESIS_VERSION=4.32.5
 VENV="${STREAMLIMIT_TOOLS_VENV:-$HOME/.cache/streamlimit/venv}"

@@ -167,6 +167,7 @@ func (df *devFlags) run(cmd *cobra.Command) error {
   data        %s
   aggregator  group streamlimit-aggregator, counting %s into %s
   enforcer    site %s: http %s (POST /v1/check, POST /json, /v1/auth, /metrics with the aggregator's, /readyz), grpc %s, rlqs %s
+  console     http://%s%s/ (live: sites, top keys, decisions per second, recent 429s, rules)
   rules       %s
 
 Publish a hit as JSON with kcat (murmur2_random places keys as the Go producer does):
@@ -178,7 +179,7 @@ Ask the enforcer:
   curl -i -H 'X-Client-Id: alice' %s/v1/auth
 `,
 		broker, tcfg.HitsTopic, tcfg.HitsPartitions, tcfg.CountsTopic, tcfg.CountsPartitions, created, data,
-		tcfg.HitsTopic, tcfg.CountsTopic, df.site, srv.HTTPAddr(), orNone(srv.GRPCAddr()), orNone(srv.RLQSAddr()), rulesPath,
+		tcfg.HitsTopic, tcfg.CountsTopic, df.site, srv.HTTPAddr(), orNone(srv.GRPCAddr()), orNone(srv.RLQSAddr()), srv.HTTPAddr(), server.ConsolePath, rulesPath,
 		key, key, broker, tcfg.HitsTopic, key, broker, srv.HTTPAddr(), srv.HTTPAddr())
 
 	g, gctx := errgroup.WithContext(ctx)

@@ -167,7 +167,7 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	f.StringVar(&c.TLS.CertFile, "tls-cert", "", "PEM certificate of the HTTP API and gRPC (with --tls-key: serve TLS; reloaded when the file changes)")
 	f.StringVar(&c.TLS.KeyFile, "tls-key", "", "PEM key of --tls-cert")
 	f.StringVar(&c.TLS.ClientCAFile, "tls-client-ca", "", "PEM CAs whose client certificates the HTTP API and gRPC require (mutual TLS)")
-	f.StringVar(&ef.authTokenFile, "auth-token-file", "", "file of bearer tokens, one per line, that callers of the HTTP API and gRPC must present (/healthz, /readyz and gRPC health stay open)")
+	f.StringVar(&ef.authTokenFile, "auth-token-file", "", "file of bearer tokens, one per line, that callers of the HTTP API and gRPC must present (/healthz, /readyz and gRPC health stay open; the console at /ui/ also takes one as a basic-authentication password)")
 	f.DurationVar(&c.AuthMaxDelay, "auth-max-delay", 0, "hold a /v1/auth request that its limits will admit within this long until they do (nginx's proxy_read_timeout must be longer)")
 	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "bound on draining requests and flushing hits at shutdown")
 	f.StringVar(&ef.logFormat, "log-format", "text", "log format: text or json")

@@ -2,7 +2,7 @@
 // the counts topic, the hit producer, the optional Redis of the site, the Limiter, and the
 // ways to ask it — the HTTP check API, the nginx auth_request endpoint, the Envoy rate-limit
 // gRPC service, Envoy's Rate Limit Quota Service and a rate-limiting reverse proxy — with
-// /metrics, /healthz and /readyz.
+// /metrics, /healthz, /readyz and the live console at /ui/ (package console).
 // `streamlimit enforcer` is a thin command over it; the end-to-end tests start it in
 // process.
 package server
@@ -490,7 +490,7 @@ func (s *Server) delaying(maxDelay time.Duration) (*httplimit.Middleware, error)
 }
 
 // Handler returns the HTTP handler of HTTPAddr, asking for a bearer token when
-// Config.AuthTokens are set.
+// Config.AuthTokens are set, with the console at ConsolePath.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/check", httplimit.NewCheckHandler(s.lim, httplimit.CheckOptions{Logger: s.log, MaxBodyBytes: s.cfg.Limits.MaxBodyBytes}))
@@ -515,7 +515,7 @@ func (s *Server) Handler() http.Handler {
 		}
 		_, _ = w.Write([]byte(why + "\n"))
 	})
-	return s.tokens.requireToken(tooLarge(mux, max(s.cfg.Limits.MaxBodyBytes, rls.DefaultMaxJSONBytes)))
+	return s.withConsole(s.tokens.requireToken(tooLarge(mux, max(s.cfg.Limits.MaxBodyBytes, rls.DefaultMaxJSONBytes))))
 }
 
 // tooLarge answers 413 at once, and closes the connection, when a request declares a

@@ -45,13 +45,12 @@
 // the hit alone.
 //
 // A Counter keeps every site's buckets side by side in one allocation and the sites'
-// headers in another: 40 bytes + 4 bytes × Slots per (key, site).
+// headers in another: 44 bytes per (key, site), plus 8 bytes per bucket the site has hits
+// in, up to 4 bytes × Slots once it has hits in about half of them (counter.go).
 package window
 
 import (
 	"math"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/streamlimit/streamlimit/topics"
@@ -533,181 +532,6 @@ func (s *Spec) tau() int64 {
 		return s.Tau
 	}
 	return s.Width
-}
-
-// Counter is the state of one (key, window) counter: one Ring and one Decay per site,
-// sorted by site. The zero Counter is empty. A Counter is not safe for concurrent use.
-//
-// Its memory is two allocations whatever the number of sites, each of the exact size: the
-// sites' headers (name, demand, newest bucket: 40 bytes each) and their buckets, Spec.Slots
-// uint32 counts per site side by side. A Counter must always be used with the same Spec.
-//
-// Its rings keep no running sum (Ring.sum), so its counts add up each site's buckets: the
-// sum would cost the aggregator 8 bytes per (key, site) in the header (a size class more for
-// three sites), or a memory access more per hit counted after the buckets.
-type Counter struct {
-	sites []siteState // sorted by site
-	c     []uint32    // site k's ring buckets are c[k·Slots : (k+1)·Slots]
-}
-
-// siteState is one site's part of a Counter, beside its buckets in Counter.c.
-type siteState struct {
-	site   string
-	demand Decay
-	head   int64 // the site's Ring.head
-}
-
-// ring returns site k's ring, a view of its buckets in c.
-func (c *Counter) ring(s *Spec, k int) Ring {
-	lo, hi := k*s.Slots, (k+1)*s.Slots
-	return Ring{head: c.sites[k].head, c: c.c[lo:hi:hi], sum: noSum}
-}
-
-// Add counts n hits at site in the bucket holding bucketStart; nowMs is the aggregator's
-// clock. See Ring.Add. The hits also add to the site's demand.
-func (c *Counter) Add(s *Spec, nowMs int64, site string, bucketStart, n int64) bool {
-	return c.AddDenied(s, nowMs, site, bucketStart, n, 0)
-}
-
-// AddDenied is Add for n admitted hits and denied refused requests: only n counts toward
-// the window, n + denied toward the site's demand. It reports false, counting nothing,
-// when n > 0 and the bucket is older than every bucket the ring holds.
-func (c *Counter) AddDenied(s *Spec, nowMs int64, site string, bucketStart, n, denied int64) bool {
-	i, ok := slices.BinarySearchFunc(c.sites, site, func(e siteState, t string) int { return strings.Compare(e.site, t) })
-	if !ok {
-		c.insert(s, i, site)
-	}
-	return c.add(s, i, nowMs, bucketStart, n, denied)
-}
-
-// insert makes room for site at position i, with an empty ring, in exactly sized slices.
-func (c *Counter) insert(s *Spec, i int, site string) {
-	n := len(c.sites)
-	sites := make([]siteState, n+1)
-	copy(sites, c.sites[:i])
-	copy(sites[i+1:], c.sites[i:])
-	sites[i] = siteState{site: site, head: math.MinInt64 / 2} // older than any bucket
-	buf := make([]uint32, (n+1)*s.Slots)
-	copy(buf, c.c[:i*s.Slots])
-	copy(buf[(i+1)*s.Slots:], c.c[i*s.Slots:])
-	c.sites, c.c = sites, buf
-}
-
-func (c *Counter) add(s *Spec, k int, nowMs, bucketStart, n, denied int64) bool {
-	if n > 0 {
-		r := c.ring(s, k)
-		if !r.Add(s, s.Bucket(nowMs), s.Bucket(bucketStart), n) {
-			return false
-		}
-		c.sites[k].head = r.head
-	}
-	c.sites[k].demand.Add(bucketStart, n+denied, s.tau())
-	return true
-}
-
-// AddSite is AddDenied for a site given as bytes, as decoded from a record: it does not
-// allocate unless the site is new to the counter, and then stores intern(site).
-func (c *Counter) AddSite(s *Spec, nowMs int64, site []byte, intern func([]byte) string, bucketStart, n, denied int64) bool {
-	for k := range c.sites {
-		if c.sites[k].site == string(site) {
-			return c.add(s, k, nowMs, bucketStart, n, denied)
-		}
-	}
-	return c.AddDenied(s, nowMs, intern(site), bucketStart, n, denied)
-}
-
-// Sites returns the number of sites the counter has seen.
-func (c *Counter) Sites() int { return len(c.sites) }
-
-// Total returns the count over all sites at instant t and whether it is zero. Zero means
-// no hit lies in the window's oldest bucket or later, so the counter stays zero until it
-// gets a new hit.
-func (c *Counter) Total(s *Spec, t int64) (float64, bool) {
-	i0, frac := s.Oldest(t)
-	var whole, oldest uint64
-	for k := range c.sites {
-		r := c.ring(s, k)
-		w, o := r.parts(s, i0)
-		whole += w
-		oldest += o
-	}
-	return combine(whole, oldest, frac), whole == 0 && oldest == 0
-}
-
-// AppendSites appends the per-site counts at instant t to dst, sorted by site, leaving out
-// sites whose count is zero, and returns dst and the total over all sites (computed from
-// the bucket sums, so that it equals Total).
-func (c *Counter) AppendSites(dst []topics.SiteCount, s *Spec, t int64) ([]topics.SiteCount, float64) {
-	i0, frac := s.Oldest(t)
-	var whole, oldest uint64
-	for k := range c.sites {
-		r := c.ring(s, k)
-		w, o := r.parts(s, i0)
-		if w == 0 && o == 0 {
-			continue
-		}
-		whole += w
-		oldest += o
-		dst = append(dst, topics.SiteCount{Site: c.sites[k].site, Count: combine(w, o, frac), Demand: c.sites[k].demand.At(t, s.tau())})
-	}
-	return dst, combine(whole, oldest, frac)
-}
-
-// AppendSitesAt is AppendSites with each site counted at its own instant: at(site) when it
-// reports true and is before t, else t. The aggregator counts a site whose hits have stopped
-// arriving as of the last time it heard from it, so that its hits do not seem to leave the
-// window while its newer ones cannot be seen; its demand is taken at the same instant, so
-// that its share of a hot key's room does not fade while it cannot be heard. A site is
-// listed when its count is not zero or its demand is at least DemandFloor, so that a site
-// whose requests were all denied still shows its demand. It returns dst, the total and whether no site was
-// listed (the counter has nothing left to say and can be forgotten).
-func (c *Counter) AppendSitesAt(dst []topics.SiteCount, s *Spec, t int64, at func(site string) (int64, bool)) ([]topics.SiteCount, float64, bool) {
-	var total float64
-	zero := true
-	for k := range c.sites {
-		v, d, ok := c.siteAt(s, k, t, at)
-		if !ok {
-			continue
-		}
-		zero = false
-		total += v
-		dst = append(dst, topics.SiteCount{Site: c.sites[k].site, Count: v, Demand: d})
-	}
-	return dst, total, zero
-}
-
-// SumAt returns the total and emptiness of AppendSitesAt without building the breakdown.
-func (c *Counter) SumAt(s *Spec, t int64, at func(site string) (int64, bool)) (float64, bool) {
-	var total float64
-	zero := true
-	for k := range c.sites {
-		v, _, ok := c.siteAt(s, k, t, at)
-		if ok {
-			zero = false
-			total += v
-		}
-	}
-	return total, zero
-}
-
-// DemandFloor is the demand below which a site with no hits in the window is left out of a
-// counter's breakdown: a hundredth of one request.
-const DemandFloor = 0.01
-
-func (c *Counter) siteAt(s *Spec, k int, t int64, at func(site string) (int64, bool)) (count, demand float64, listed bool) {
-	sr := &c.sites[k]
-	ts := t
-	if a, ok := at(sr.site); ok && a < t {
-		ts = a
-	}
-	i0, frac := s.Oldest(ts)
-	r := c.ring(s, k)
-	w, o := r.parts(s, i0)
-	demand = sr.demand.At(ts, s.tau())
-	if w == 0 && o == 0 && demand < DemandFloor {
-		return 0, 0, false
-	}
-	return combine(w, o, frac), demand, true
 }
 
 // Reference is the brute-force statement of the rule: given every hit of one counter (with

@@ -508,8 +508,8 @@ func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps 
 			a.bad(ctx, cl, topics.Reason(err), r, err)
 			return
 		}
-		if slow.IsSiteHeartbeat() {
-			a.siteHeartbeat(ctx, cl, now, ps, r, slow)
+		if slow.IsSiteRecord() {
+			a.siteRecord(ctx, cl, now, ps, r, slow)
 			return
 		}
 		h = hitRef{key: []byte(slow.Key), site: []byte(slow.Site), bucketStart: slow.BucketStart, window: slow.Window, count: slow.Count, denied: slow.Denied}
@@ -542,26 +542,31 @@ func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps 
 	applyHeld(a.st, a.m, now, &it)
 }
 
-// siteHeartbeat records that the heartbeat's site was heard from on the record's partition
-// up to its time. Heartbeats are not re-routed: producers write one to every partition.
-func (a *Aggregator) siteHeartbeat(ctx context.Context, cl *kgo.Client, now int64, ps *partState, r *kgo.Record, h topics.Hit) {
+// siteRecord records that the site of a site heartbeat was heard from on the record's
+// partition up to its time, or that an instance of it left (a leave record). Site records
+// are not re-routed: producers write one to every partition.
+func (a *Aggregator) siteRecord(ctx context.Context, cl *kgo.Client, now int64, ps *partState, r *kgo.Record, h topics.Hit) {
 	if reason := a.cfg.checkSiteHeartbeat(now, h.BucketStart, r.Timestamp); reason != "" {
 		if reason != ReasonTooOld || !ps.replaying {
 			a.bad(ctx, cl, reason, r, nil)
 		}
 		return
 	}
-	a.m.siteHeartbeats.Inc()
 	remote := a.cfg.remote(r.Topic)
 	if !ps.replaying {
 		a.hold.sample(now, h.BucketStart, remote)
 		if !remote && a.hold.delay() > 0 {
-			a.hold.push(now, held{slot: r.Partition, site: true, h: hitRef{site: []byte(h.Site), bucketStart: h.BucketStart}, inst: h.Instance, counter: h.Counter})
+			a.hold.push(now, siteHeld(r.Topic, r.Partition, h))
 			return
 		}
 	}
-	a.st.heardFrom(r.Partition, h.Site, h.BucketStart)
-	a.st.sawInstance(now, h.Site, h.Instance, h.Counter)
+	it := siteHeld(r.Topic, r.Partition, h)
+	applyHeld(a.st, a.m, now, &it)
+}
+
+// siteHeld is site record h of a topic's partition as a held record.
+func siteHeld(topic string, part int32, h topics.Hit) held {
+	return held{slot: part, site: true, leave: h.IsSiteLeave(), topic: topic, h: hitRef{site: []byte(h.Site), bucketStart: h.BucketStart}, inst: h.Instance, counter: h.Counter}
 }
 
 // release counts the held local records whose time has come at now. The caller holds a.mu.
@@ -576,7 +581,14 @@ func (a *Aggregator) release(now int64) {
 // applyHeld counts one held record, as the Kafka path and Memory do.
 func applyHeld(st *state, m *metrics, now int64, it *held) {
 	if it.site {
-		st.heardFrom(it.slot, string(it.h.site), it.h.bucketStart)
+		src := source{topic: it.topic, part: it.slot}
+		if it.leave {
+			m.siteLeaves.Inc()
+			st.leftFrom(src, string(it.h.site), it.inst, it.h.bucketStart)
+			return
+		}
+		m.siteHeartbeats.Inc()
+		st.heardFrom(src, string(it.h.site), it.inst, it.h.bucketStart)
 		st.sawInstance(now, string(it.h.site), it.inst, it.counter)
 		return
 	}
@@ -771,9 +783,10 @@ func (a *Aggregator) heartbeatLoop(ctx context.Context, cl *kgo.Client) {
 			if ps.suspended || ps.fresh {
 				continue
 			}
-			hbs = append(hbs, topics.Heartbeat{Instance: a.cfg.InstanceID, Topic: k.topic, Partition: k.part,
-				AsOf: now, Offset: ps.next, HighWatermark: ps.hwm, Replaying: ps.replaying, Sites: a.st.heardMap(k.part, now),
-				Conflicts: conflicts})
+			hb := topics.Heartbeat{Instance: a.cfg.InstanceID, Topic: k.topic, Partition: k.part,
+				AsOf: now, Offset: ps.next, HighWatermark: ps.hwm, Replaying: ps.replaying, Conflicts: conflicts}
+			hb.Sites, hb.Left = a.st.siteMaps(source{topic: k.topic, part: k.part}, now)
+			hbs = append(hbs, hb)
 		}
 		n := a.countsParts
 		a.st.pruneSeen(now)

@@ -48,8 +48,10 @@ type held struct {
 	h       hitRef
 	origin  string
 	expiry  int64
-	site    bool   // a site heartbeat: h.site and h.bucketStart are its site and time
-	inst    string // the heartbeat's instance and counter
+	site    bool   // a site record: h.site and h.bucketStart are its site and time
+	leave   bool   // the site record is a leave
+	topic   string // a site record's topic, with slot its source
+	inst    string // the site record's instance and counter
 	counter string
 }
 

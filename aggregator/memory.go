@@ -2,6 +2,8 @@ package aggregator
 
 import (
 	"errors"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/streamlimit/streamlimit/topics"
@@ -62,10 +64,10 @@ type Memory struct {
 // MaxEmitPerSecond, HeartbeatInterval, Lateness, MaxClockSkew, MaxKeys, DefaultWindow,
 // MaxWindow, CountsFormat, InstanceID, Registerer), with the same defaults; the Kafka fields are
 // ignored. Memory has no loop: the caller calls Emit, normally every EmitInterval, and
-// Emit returns at most MaxEmitPerSecond × EmitInterval counts. Its heartbeats describe one
-// source, topics.HeartbeatKey(LocalTopic, 0); InstanceID defaults to "memory". Hits added
-// with Add are the local ones, held back behind those added with AddRemote by up to
-// MaxLocalHold.
+// Emit returns at most MaxEmitPerSecond × EmitInterval counts. Its heartbeats describe
+// partition 0 of each topic heard from (LocalTopic at least); InstanceID defaults to
+// "memory". Hits added with Add are the local ones, held back behind those added with
+// AddFrom another topic by up to MaxLocalHold.
 func NewMemory(cfg Config) (*Memory, error) {
 	if cfg.InstanceID == "" {
 		cfg.InstanceID = "memory"
@@ -91,33 +93,35 @@ func NewMemory(cfg Config) (*Memory, error) {
 }
 
 // Add counts hit h at aggregator time now, as the Kafka path counts a hit record consumed
-// at now from the partition that owns its key. A hit the aggregator would skip returns a
-// *BadHitError (invalid fields, too far in the future, too old, window too long), a hit
-// of a new counter beyond MaxKeys returns ErrRefused; both are counted in the metrics as
-// on the Kafka path. A hit older than every bucket the counter still holds is ignored.
-func (m *Memory) Add(now time.Time, h topics.Hit) error { return m.add(now, h, false) }
+// at now from the partition of the local hits topic (Config.LocalTopic) that owns its key.
+// A hit the aggregator would skip returns a *BadHitError (invalid fields, too far in the
+// future, too old, window too long), a hit of a new counter beyond MaxKeys returns
+// ErrRefused; both are counted in the metrics as on the Kafka path. A hit older than every
+// bucket the counter still holds is ignored. Site records (heartbeats and leaves) are
+// recorded for their source, as the Kafka path does.
+func (m *Memory) Add(now time.Time, h topics.Hit) error { return m.AddFrom(now, m.cfg.LocalTopic, h) }
 
-// AddRemote is Add for a hit replicated from another data center (a "<dc>.hits" record):
-// its lag is what local hits are held back by (Config.LocalTopic). A held local hit is
-// counted at a later Add, AddRemote or Emit; if its counter is then refused, that is
-// counted in the metrics, not returned.
-func (m *Memory) AddRemote(now time.Time, h topics.Hit) error { return m.add(now, h, true) }
-
-func (m *Memory) add(now time.Time, h topics.Hit, remote bool) error {
+// AddFrom is Add for a hit consumed from topic: the local hits topic (Config.LocalTopic),
+// or another data center's, replicated here ("<dc>.hits"), whose lag is what local hits
+// are held back by. A held local hit is counted at a later Add, AddFrom or Emit; if its
+// counter is then refused, that is counted in the metrics, not returned. Site records are
+// recorded per topic, as they are per source partition on the Kafka path, and Emit writes
+// a heartbeat for each topic heard from.
+func (m *Memory) AddFrom(now time.Time, topic string, h topics.Hit) error {
 	m.release(now.UnixMilli())
 	if err := h.Validate(); err != nil {
 		m.m.bad.WithLabelValues(topics.Reason(err)).Inc()
 		return &BadHitError{Reason: topics.Reason(err), Err: err}
 	}
 	ms := now.UnixMilli()
-	if h.IsSiteHeartbeat() {
+	remote := m.cfg.remote(topic)
+	if h.IsSiteRecord() {
 		if reason := m.cfg.checkSiteHeartbeat(ms, h.BucketStart, time.Time{}); reason != "" {
 			m.m.bad.WithLabelValues(reason).Inc()
 			return &BadHitError{Reason: reason}
 		}
 		m.m.recordsIn.Inc()
-		m.m.siteHeartbeats.Inc()
-		it := held{slot: m.src.Partition, site: true, h: hitRef{site: []byte(h.Site), bucketStart: h.BucketStart}, inst: h.Instance, counter: h.Counter}
+		it := siteHeld(topic, m.src.Partition, h)
 		m.hold.sample(ms, h.BucketStart, remote)
 		if !remote && m.hold.delay() > 0 {
 			m.hold.push(ms, it)
@@ -156,8 +160,9 @@ func (m *Memory) release(now int64) {
 
 // Emit returns the records due at now, in the order the aggregator would publish them:
 // the counts and tombstones of one emission round (see the package documentation), then
-// a heartbeat for the Memory's single source if HeartbeatInterval has passed since the
-// last one (the first Emit always includes one). The returned slice and its values are
+// a heartbeat for each source (partition 0 of LocalTopic and of every topic a site record
+// came from) if HeartbeatInterval has passed since the last ones (the first Emit always
+// includes them). The returned slice and its values are
 // the caller's.
 func (m *Memory) Emit(now time.Time) []Emission {
 	ms := now.UnixMilli()
@@ -183,14 +188,21 @@ func (m *Memory) Emit(now time.Time) []Emission {
 	m.m.keys.Set(float64(m.st.size()))
 	if !m.hbDone || ms-m.lastHB >= m.cfg.HeartbeatInterval.Milliseconds() {
 		m.hbDone, m.lastHB = true, ms
-		hb := m.src
-		hb.AsOf, hb.Offset, hb.HighWatermark = ms, m.added, m.added
-		hb.Sites = m.st.heardMap(m.src.Partition, ms)
-		hb.Conflicts = m.st.conflicts(ms)
-		m.m.siteConflicts.Set(float64(len(hb.Conflicts)))
-		if v, err := hb.MarshalBinary(); err == nil {
-			m.m.heartbeats.Inc()
-			out = append(out, Emission{Key: []byte(topics.HeartbeatKey(hb.Topic, hb.Partition)), Value: v})
+		conflicts := m.st.conflicts(ms)
+		m.m.siteConflicts.Set(float64(len(conflicts)))
+		srcs := m.st.sourcesOf(m.src.Partition)
+		if !slices.ContainsFunc(srcs, func(s source) bool { return s.topic == m.src.Topic }) {
+			srcs = append(srcs, source{topic: m.src.Topic, part: m.src.Partition})
+		}
+		slices.SortFunc(srcs, func(a, b source) int { return strings.Compare(a.topic, b.topic) })
+		for _, src := range srcs {
+			hb := m.src
+			hb.Topic, hb.AsOf, hb.Offset, hb.HighWatermark, hb.Conflicts = src.topic, ms, m.added, m.added, conflicts
+			hb.Sites, hb.Left = m.st.siteMaps(src, ms)
+			if v, err := hb.MarshalBinary(); err == nil {
+				m.m.heartbeats.Inc()
+				out = append(out, Emission{Key: []byte(topics.HeartbeatKey(hb.Topic, hb.Partition)), Value: v})
+			}
 		}
 	}
 	return out

@@ -114,8 +114,8 @@ func emitted(t *testing.T, out []Emission) (map[string]topics.Count, *topics.Hea
 }
 
 // A site that sends site heartbeats has its heartbeat time published, per partition, in
-// the aggregator's heartbeats; its hits leave the window like any (the enforcers, not the
-// aggregator, treat a silent site); after SiteForget it is no longer listed.
+// the aggregator's heartbeats; after SiteForget it is no longer listed, and once its hits
+// have left the window its key goes.
 func TestMemorySiteFreshness(t *testing.T) {
 	m, err := NewMemory(Config{SiteForget: time.Minute, HeartbeatInterval: time.Millisecond})
 	if err != nil {
@@ -242,7 +242,7 @@ func TestMemoryHoldsLocalHitsBehindRemote(t *testing.T) {
 			for i := range 100 {
 				now = t0.Add(time.Duration(i) * 10 * time.Millisecond)
 				ms := now.UnixMilli()
-				if err := m.AddRemote(now, topics.Hit{Key: "r", Site: "us", BucketStart: ms - 200, Window: 60_000, Count: 1}); err != nil {
+				if err := m.AddFrom(now, "us.hits", topics.Hit{Key: "r", Site: "us", BucketStart: ms - 200, Window: 60_000, Count: 1}); err != nil {
 					t.Fatal(err)
 				}
 				if err := m.Add(now, topics.Hit{Key: "l", Site: "eu", BucketStart: ms - 5, Window: 60_000, Count: 1}); err != nil {

@@ -35,6 +35,8 @@ type metrics struct {
 	heartbeats prometheus.Counter
 	// siteHeartbeats counts the site heartbeats consumed from the hits topics.
 	siteHeartbeats prometheus.Counter
+	// siteLeaves counts the site leave records consumed from the hits topics.
+	siteLeaves prometheus.Counter
 	// siteConflicts is the number of sites announced by instances that count apart.
 	siteConflicts prometheus.Gauge
 }
@@ -68,6 +70,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Sites that two or more live instances announce while counting apart (at least one in its own process)."}),
 		siteHeartbeats: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "site_heartbeats_total",
 			Help: "Site heartbeats consumed from the hits topics (each says a site was alive up to its time)."}),
+		siteLeaves: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "site_leaves_total",
+			Help: "Site leave records consumed from the hits topics (each says an instance of a site stopped cleanly)."}),
 		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "heartbeats_total",
 			Help: "Heartbeat records published."}),
 	}
@@ -76,7 +80,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.lag, m.keys, m.recordsIn, m.countsOut, m.tombstones, m.emitDur,
-			m.bad, m.replayDur, m.rerouted, m.duplicates, m.refused, m.heartbeats, m.siteHeartbeats, m.siteConflicts} {
+			m.bad, m.replayDur, m.rerouted, m.duplicates, m.refused, m.heartbeats, m.siteHeartbeats, m.siteLeaves, m.siteConflicts} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("aggregator: register metrics: %w", err)
 			}

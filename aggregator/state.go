@@ -73,9 +73,9 @@ type state struct {
 	// paused slots publish nothing (replaying, or between revocation and re-assignment).
 	paused map[int32]bool
 	sites  map[string]string // interned site names (bounded by maxInternedSites)
-	// heard holds, per slot, the time each site was last heard from there (its latest site
-	// heartbeat), unix ms of the site's clock. Sites are few: one entry per site per slot.
-	heard map[int32]map[string]int64
+	// heard holds, per source partition, what it has heard of each site (sites.go). Sites
+	// are few: one entry per site per source partition.
+	heard map[source]map[string]*siteSeen
 	// instances holds, per site, the producer instances heard from and what each counts
 	// its site with, to find two instances of one site that count apart.
 	instances map[string]map[string]instanceSeen
@@ -111,7 +111,7 @@ func newState(cfg stateConfig) *state {
 		seen:   map[int32]map[string]int64{},
 		paused: map[int32]bool{},
 		sites:  map[string]string{},
-		heard:  map[int32]map[string]int64{},
+		heard:  map[source]map[string]*siteSeen{},
 
 		instances: map[string]map[string]instanceSeen{},
 	}
@@ -166,44 +166,10 @@ func (s *state) conflicts(now int64) []string {
 	return out
 }
 
-// heardFrom records a site heartbeat of site at ts (ms) on slot.
-func (s *state) heardFrom(slot int32, site string, ts int64) {
-	m := s.heard[slot]
-	if m == nil {
-		m = map[string]int64{}
-		s.heard[slot] = m
-	}
-	if prev, ok := m[site]; ok && prev >= ts {
-		return
-	}
-	if _, ok := m[site]; !ok && len(m) >= maxInternedSites {
-		return
-	}
-	m[s.intern([]byte(site))] = ts
-}
-
-// heardMap returns a copy of slot's heard times as of now, forgetting sites silent for
-// longer than siteForget, or nil when there are none.
-func (s *state) heardMap(slot int32, now int64) map[string]int64 {
-	m := s.heard[slot]
-	if len(m) == 0 {
-		return nil
-	}
-	out := make(map[string]int64, len(m))
-	for site, ts := range m {
-		if ts+s.cfg.siteForget < now {
-			delete(m, site)
-			continue
-		}
-		out[site] = ts
-	}
-	return out
-}
-
-// countNow counts every site at the emission's instant. A site's count is not frozen at
-// the last time it was heard from: heartbeat jitter would then make the sites' counts
-// disagree by up to a heartbeat period of hits, and shares flip with that noise; a silent
-// site is instead taken care of by the enforcers, which assume it spends its share.
+// countNow counts every site at the emission's instant. A live site's count is not frozen
+// at the last time it was heard from: heartbeat jitter would then make the sites' counts
+// disagree by up to a heartbeat period of hits, and shares flip with that noise. A site
+// cut off from here is counted as of its last heartbeat instead (cutSites).
 func countNow(string) (int64, bool) { return 0, false }
 
 func (s *state) spec(w int64) *window.Spec {
@@ -395,6 +361,7 @@ type candidate struct {
 // unchanged publishes nothing. Re-evaluation happens every max(bucket width, emit interval).
 func (s *state) collect(now int64, budget int, cands []candidate, out []emission) ([]candidate, []emission) {
 	cands = cands[:0]
+	cuts := s.cutSites(now)
 	for i := len(s.list) - 1; i >= 0; i-- {
 		e := s.list[i]
 		if s.paused[e.slot] {
@@ -403,7 +370,11 @@ func (s *state) collect(now int64, budget int, cands []candidate, out []emission
 		if !(e.dirty && now >= e.lastEmitAt+s.cfg.emitInterval) && now < e.nextEval {
 			continue
 		}
-		total, zero := e.c.SumAt(e.spec, now, countNow)
+		at := cuts.at(e.slot)
+		if at == nil {
+			at = countNow
+		}
+		total, zero := e.c.SumAt(e.spec, now, at)
 		if zero {
 			if !e.emitted {
 				s.remove(e) // nothing published: forget silently
@@ -446,7 +417,11 @@ func (s *state) collect(now int64, budget int, cands []candidate, out []emission
 			continue
 		}
 		cnt := &topics.Count{Key: e.id.key, Window: e.id.window, AsOf: now, SubBuckets: s.cfg.subBuckets}
-		cnt.Sites, cnt.Total, _ = e.c.AppendSitesAt(make([]topics.SiteCount, 0, e.c.Sites()), e.spec, now, countNow)
+		at := cuts.at(e.slot)
+		if at == nil {
+			at = countNow
+		}
+		cnt.Sites, cnt.Total, _ = e.c.AppendSitesAt(make([]topics.SiteCount, 0, e.c.Sites()), e.spec, now, at)
 		out = append(out, emission{key: e.id.key, slot: e.slot, count: cnt})
 		e.dirty, e.emitted = false, true
 		e.lastEmitted, e.lastEmitAt = c.total, now

@@ -11,6 +11,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/topics"
 )
 
 // Publisher publishes the admitted hits of global limits to the hits topic, and the
@@ -91,15 +92,25 @@ type Config struct {
 	// DefaultNewKeyHold; negative: none.
 	NewKeyHold time.Duration
 	// SiteStaleAfter is how long a site may go unheard (its site heartbeats, through the
-	// aggregators' heartbeats) before it is assumed to spend its share of every global
-	// limit: its hits may be cut off from here (a partition between data centers), and its
-	// silence is not idleness. Default DefaultSiteStaleAfter.
+	// aggregators' heartbeats) before it is taken as silent: its hits may be cut off from
+	// here (a partition between data centers), and its silence is not idleness. A silent
+	// site is reserved its share of each key it served before the silence, for as long as
+	// it stays silent when its whole data center is (cut off), for CrashHold when the
+	// other sites of its data center still speak (it crashed). A site that stopped cleanly
+	// (a leave record) is reserved nothing. Default DefaultSiteStaleAfter.
 	SiteStaleAfter time.Duration
+	// CrashHold is how long a site found silent while the other sites of its data center
+	// still speak (a crash, most likely, or a process cut off alone) keeps a reservation
+	// of its share of the keys it served, fading linearly to nothing; it is reserved
+	// nothing of keys it never served. Longer protects against a lone process that still
+	// admits while it cannot publish; shorter frees a crashed process's clients sooner.
+	// Default DefaultCrashHold; negative: no reservation at all.
+	CrashHold time.Duration
 	// RecoveryHold is how long, after the snapshot was last stale, a global limit stays
 	// capped at this site's share as well as by the snapshot (bounded by the limit's
 	// window): right after Kafka or the aggregator comes back, hits published during the
 	// outage are still being delivered and counted, so the first fresh counts are low, and
-	// every site would spend the room they seem to leave. Default 30s.
+	// every site would spend the room they seem to leave. Default DefaultRecoveryHold.
 	RecoveryHold time.Duration
 	// MaxKeys bounds the counter keys the Limiter interns (its key cache; the counters
 	// have their own bounds). A full part of the cache is emptied, which costs only
@@ -126,12 +137,16 @@ type Config struct {
 const (
 	// DefaultMinShare is Config.MinShare when zero.
 	DefaultMinShare = 0.05
-	// DefaultSiteStaleAfter is Config.SiteStaleAfter when zero: three site heartbeat
-	// intervals (500 ms), so that a healthy site with replication lag and one late
-	// heartbeat is never taken as stale, while a cut site is taken as stale within about
-	// a second and a half: until then the sites on both sides of a cut still share the
-	// room as if they saw each other, which is what a partition can over-admit.
-	DefaultSiteStaleAfter = 1500 * time.Millisecond
+	// DefaultSiteStaleAfter is Config.SiteStaleAfter when zero: topics.SiteSilentAfter,
+	// three site heartbeat periods. Until a cut site is taken as silent, the sites on both
+	// sides of the cut still share the room as if they saw each other, which is what a
+	// partition can over-admit.
+	DefaultSiteStaleAfter = topics.SiteSilentAfter
+	// DefaultCrashHold is Config.CrashHold when zero, chosen with the accuracy simulation's
+	// churn scenarios (docs/accuracy.md).
+	DefaultCrashHold = 10 * time.Second
+	// DefaultRecoveryHold is Config.RecoveryHold when zero.
+	DefaultRecoveryHold = 30 * time.Second
 	// DefaultNewKeyHold is Config.NewKeyHold when zero: a few pipeline lags.
 	DefaultNewKeyHold = time.Second
 	// DefaultShareDamping is Config.ShareDamping when zero.

@@ -13,16 +13,42 @@ import (
 // maxSites is how many sites a global decision considers without allocating.
 const maxSites = 16
 
+// siteState is what a global decision takes a site to be doing.
+type siteState uint8
+
+const (
+	// siteFresh: heard from within SiteStaleAfter (or never announced by heartbeats at
+	// all, as a producer that sends none): it shares the room by demand.
+	siteFresh siteState = iota
+	// siteCut: silent, and so is every other site heard on its sources — its data center
+	// is cut off from here, or down. It may be admitting what it was given before the
+	// silence, so it is reserved its share of each key it served, for as long as it stays
+	// silent, and a default share of keys new since.
+	siteCut
+	// siteCrashed: silent while other sites of its sources still speak — it stopped on its
+	// own, most likely without the chance to leave. It is reserved its share of the keys it
+	// served for a while (Config.CrashHold, fading), and nothing of keys it never saw.
+	siteCrashed
+	// siteLeft: stopped cleanly (a leave record on every partition). It admits nothing
+	// more: its hits still in the window count, and nothing is reserved beyond them.
+	siteLeft
+)
+
 // siteView is one site as a global decision sees it.
 type siteView struct {
 	site   string
 	count  float64 // its count in the snapshot
 	demand float64 // its demand in the snapshot
-	stale  bool    // not heard from within SiteStaleAfter
+	state  siteState
+	silent int64   // for a silent site, ms since it was last heard from
 	hold   float64 // what it may hold: its count, or more for a silent site
 	cap    float64 // the cap the decision gives it
-	f      float64 // its share of the room (0 for a stale site)
+	f      float64 // its share of the room (0 unless fresh)
 }
+
+// spends reports whether a site may start spending a key it has no count of: a fresh site,
+// or one cut off from here.
+func (v *siteView) spends() bool { return v.state == siteFresh || v.state == siteCut }
 
 // sharing is the global-share policy: how much of a global limit this site may hold, given
 // the snapshot's view of every site. It is the whole of what makes a global limit global;
@@ -30,38 +56,65 @@ type siteView struct {
 type sharing struct {
 	site         string
 	minShare     float64
-	defaultShare float64       // 0: 1 / the number of sites known
+	defaultShare float64       // 0: 1 / the number of sites that may spend
 	siteStale    time.Duration // Config.SiteStaleAfter
+	crashHold    time.Duration // Config.CrashHold
 	damping      float64       // Config.ShareDamping
 	prior        float64       // Config.DemandPrior
+}
+
+// classify returns the state of the site st at now (unix ms) and, when silent, how long it
+// has been.
+func (g *sharing) classify(now int64, st *snapshot.SiteTime) (siteState, int64) {
+	limit := now - g.siteStale.Milliseconds()
+	switch {
+	case st.Left:
+		return siteLeft, 0
+	case st.Heard >= limit || st.Site == g.site:
+		return siteFresh, 0
+	case st.Peer >= limit:
+		return siteCrashed, now - st.Heard
+	}
+	return siteCut, now - st.Heard
 }
 
 // capFor returns the most this site's own count of a global counter may reach (request
 // included) under allowance, from the snapshot entry e (known: the snapshot has one) and the
 // per-site freshness st, at now; newKey says that this site saw no count for the key within
-// the last NewKeyHold. It also reports whether a site the entry or st lists was taken as
-// stale.
-func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapshot.Entry, known, newKey bool, st *snapshot.SiteTimes) (capLocal float64, anyStale bool, f float64) {
+// the last NewKeyHold. frozen is the key's per-site breakdown from before any site went
+// silent, seen at frozenAt (unix ms; nil when unknown), by which silent sites are reserved
+// their shares; it is used for a site only if seen within a window of its silence. It also
+// reports whether the cap reserves room for a silent site, and this site's share of the
+// room.
+func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapshot.Entry, known, newKey bool, st *snapshot.SiteTimes, frozen []topics.SiteCount, frozenAt int64) (capLocal float64, reserved bool, f float64) {
 	var buf [maxSites]siteView
 	sites := g.view(buf[:0], now, e, known, st)
 	def := g.defaultShare
 	if def <= 0 {
-		def = 1 / float64(max(len(sites), 1))
-	}
-	for i := range sites {
-		anyStale = anyStale || sites[i].stale
+		n := 0
+		for i := range sites {
+			if sites[i].spends() {
+				n++
+			}
+		}
+		def = 1 / float64(max(n, 1))
 	}
 	if !known {
 		// A key the fresh snapshot does not show is new, or was idle for a whole window.
-		// Every site sees it so until its first hits come back through the pipeline, and
-		// would each admit the whole limit: spend only this site's default share until then,
-		// rounded together with the other sites' (the salt is the second).
+		// Every site that may spend sees it so until its first hits come back through the
+		// pipeline, and would each admit the whole limit: spend only this site's default
+		// share until then, rounded together with the other sites' (the salt is the
+		// second). A site cut off from here may be doing the same on its side.
 		var before float64
 		u := unitHash(key, now.Unix())
 		for i := range sites {
+			if !sites[i].spends() {
+				continue
+			}
+			reserved = reserved || sites[i].state == siteCut
 			c := allowance * def
 			if sites[i].site == g.site {
-				return math.Floor(before+c+u) - math.Floor(before+u), anyStale, 0
+				return math.Floor(before+c+u) - math.Floor(before+u), reserved, 0
 			}
 			before += c
 		}
@@ -71,22 +124,63 @@ func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapsh
 		// shares they were allowed while it was unknown, which its first counts do not show
 		// yet.
 		for i := range sites {
-			sites[i].count = max(sites[i].count, allowance*def)
+			if sites[i].spends() {
+				sites[i].count = max(sites[i].count, allowance*def)
+			}
 		}
 	}
-	// Each site holds its count; a site not heard from within SiteStaleAfter may be
-	// spending while its hits cannot reach us (a cut link), so it is assumed to hold at
-	// least its default share of the limit, never less than its count in the snapshot.
+	// Each site holds its count; a silent site may be admitting while its hits cannot reach
+	// us, so it is assumed to hold at least its share of the key as it was before the
+	// silence (frozen; else as the snapshot shows it now), of the whole limit.
+	ms := now.UnixMilli()
 	for i := range sites {
 		s := &sites[i]
 		s.hold = s.count
-		if s.stale {
-			s.hold = max(s.hold, allowance*def)
+		fz := frozen
+		if fz != nil && ms-s.silent-frozenAt > e.Window.Milliseconds() {
+			fz = nil // seen too long before the silence to describe the window it left
+		}
+		var r float64
+		switch s.state {
+		case siteCut:
+			r = shareOf(s.site, fz, e)
+		case siteCrashed:
+			if fade := 1 - float64(s.silent-g.siteStale.Milliseconds())/float64(max(g.crashHold.Milliseconds(), 1)); fade > 0 {
+				r = shareOf(s.site, fz, e) * fade
+			}
+		}
+		if r > 0 && allowance*r > s.hold {
+			s.hold, reserved = allowance*r, true
 		}
 	}
 	g.allot(sites, allowance, unitHash(key, e.AsOf))
 	i, _ := siteIndex(sites, g.site)
-	return sites[i].cap, anyStale, sites[i].f
+	return sites[i].cap, reserved, sites[i].f
+}
+
+// shareOf returns site's share of a key: its part of the count in the breakdown frozen
+// before the silence, else in e's; by demand when the breakdown counts nothing. 0 when
+// the site has none.
+func shareOf(site string, frozen []topics.SiteCount, e *snapshot.Entry) float64 {
+	sc := frozen
+	if sc == nil {
+		sc = e.Sites
+	}
+	var mine, total, dMine, dTotal float64
+	for i := range sc {
+		total += sc[i].Count
+		dTotal += sc[i].Demand
+		if sc[i].Site == site {
+			mine, dMine = sc[i].Count, sc[i].Demand
+		}
+	}
+	switch {
+	case total > 0:
+		return mine / total
+	case dTotal > 0:
+		return dMine / dTotal
+	}
+	return 0
 }
 
 // allot sets every site's cap from its hold: the fresh sites share the room left by all
@@ -95,8 +189,8 @@ func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapsh
 // weighted by recency, so that a client's room goes where the client is now; without
 // demand (counts of an older aggregator, or a key idle for long) by count; without either,
 // evenly. Every fresh site gets at least minShare, so that one the snapshot does not show
-// yet — where the client has just arrived — is not shut out for the pipeline's lag. A stale
-// site's cap is its hold.
+// yet — where the client has just arrived — is not shut out for the pipeline's lag. The cap
+// of a site that is not fresh is its hold.
 //
 // The caps are rounded to whole requests together, by systematic sampling with the offset
 // u, which every site draws alike from the key and the count's as-of time: site s gets
@@ -111,7 +205,7 @@ func (g *sharing) allot(sites []siteView, allowance, u float64) {
 	for i := range sites {
 		s := &sites[i]
 		room -= s.hold
-		if !s.stale {
+		if s.state == siteFresh {
 			wsum += s.demand
 			csum += s.count
 			n++
@@ -129,14 +223,14 @@ func (g *sharing) allot(sites []siteView, allowance, u float64) {
 	}
 	var norm float64
 	for i := range sites {
-		if s := &sites[i]; !s.stale {
+		if s := &sites[i]; s.state == siteFresh {
 			norm += max(weight(s), g.minShare)
 		}
 	}
 	var before float64
 	for i := range sites {
 		s := &sites[i]
-		if s.stale {
+		if s.state != siteFresh {
 			s.cap = s.hold
 			continue
 		}
@@ -152,31 +246,35 @@ func (g *sharing) allot(sites []siteView, allowance, u float64) {
 }
 
 // view lists the sites a decision considers, sorted by name: those of the entry's
-// breakdown, those the site times list (alive, or silent but not forgotten), and this site,
-// which is never stale to itself.
+// breakdown, those the site times list (alive, silent but not forgotten, or left), and this
+// site, which is always fresh to itself.
 func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known bool, st *snapshot.SiteTimes) []siteView {
 	var es []topics.SiteCount
 	if known {
 		es = e.Sites
 	}
 	ts := st.Sites()
-	limit := now.UnixMilli() - g.siteStale.Milliseconds()
+	ms := now.UnixMilli()
 	for i, j := 0, 0; i < len(es) || j < len(ts); {
 		switch {
 		case j >= len(ts) || (i < len(es) && es[i].Site < ts[j].Site):
 			dst = append(dst, siteView{site: es[i].Site, count: es[i].Count, demand: es[i].Demand})
 			i++
 		case i >= len(es) || ts[j].Site < es[i].Site:
-			dst = append(dst, siteView{site: ts[j].Site, stale: ts[j].Heard < limit})
+			v := siteView{site: ts[j].Site}
+			v.state, v.silent = g.classify(ms, &ts[j])
+			dst = append(dst, v)
 			j++
 		default:
-			dst = append(dst, siteView{site: es[i].Site, count: es[i].Count, demand: es[i].Demand, stale: ts[j].Heard < limit})
+			v := siteView{site: es[i].Site, count: es[i].Count, demand: es[i].Demand}
+			v.state, v.silent = g.classify(ms, &ts[j])
+			dst = append(dst, v)
 			i++
 			j++
 		}
 	}
 	if k, ok := siteIndex(dst, g.site); ok {
-		dst[k].stale = false
+		dst[k].state, dst[k].silent = siteFresh, 0
 	} else {
 		dst = slices.Insert(dst, k, siteView{site: g.site})
 	}
@@ -190,7 +288,7 @@ func (g *sharing) othersHeard(now time.Time, st *snapshot.SiteTimes) (int64, boo
 	limit := now.UnixMilli() - g.siteStale.Milliseconds()
 	t0, ok := int64(0), false
 	for _, s := range st.Sites() {
-		if s.Site == g.site || s.Heard < limit {
+		if s.Site == g.site || s.Left || s.Heard < limit {
 			continue
 		}
 		if !ok || s.Heard < t0 {
@@ -200,27 +298,36 @@ func (g *sharing) othersHeard(now time.Time, st *snapshot.SiteTimes) (int64, boo
 	return t0, ok
 }
 
-// staleBits returns which sites of st are stale at now (bit i for st.Sites()[i]), and
-// false when there are too many sites for the bits.
-func (g *sharing) staleBits(now time.Time, st *snapshot.SiteTimes) (uint64, bool) {
+// stateSig returns the states of st's sites at now, two bits per site (Sites()[i] at bits
+// 2i), for the cap cache, and whether no site is silent in a way that reserves room (cut,
+// or crashed within CrashHold). cacheable is false when the cap may change without the
+// signature changing: too many sites for the bits, or a crashed site whose reservation is
+// fading.
+func (g *sharing) stateSig(now time.Time, st *snapshot.SiteTimes) (sig uint64, allFresh, cacheable bool) {
 	sites := st.Sites()
-	if len(sites) > 64 {
-		return 0, false
-	}
-	limit := now.UnixMilli() - g.siteStale.Milliseconds()
-	var bits uint64
+	ms := now.UnixMilli()
+	allFresh, cacheable = true, len(sites) <= 32
 	for i := range sites {
-		if sites[i].Heard < limit && sites[i].Site != g.site {
-			bits |= 1 << uint(i)
+		state, silent := g.classify(ms, &sites[i])
+		switch state {
+		case siteCut:
+			allFresh = false
+		case siteCrashed:
+			if silent < g.siteStale.Milliseconds()+g.crashHold.Milliseconds() {
+				allFresh, cacheable = false, false
+			}
+		}
+		if i < 32 {
+			sig |= uint64(state) << (2 * uint(i))
 		}
 	}
-	return bits, true
+	return sig, allFresh, cacheable
 }
 
 // staleShare is this site's share of a global limit when the snapshot cannot be trusted
 // at all (no aggregator heartbeat for MaxStaleness): its last known fraction of the key's
-// count (at least MinShare), or DefaultShare (by default 1/number of sites) for a key never
-// seen.
+// count (at least MinShare), or DefaultShare (by default 1/the number of sites that may
+// spend, as of the last heartbeats) for a key never seen.
 func (g *sharing) staleShare(e *snapshot.Entry, known bool, st *snapshot.SiteTimes) float64 {
 	if known && e.Total > 0 {
 		return max(e.Share(), g.minShare)
@@ -228,11 +335,22 @@ func (g *sharing) staleShare(e *snapshot.Entry, known bool, st *snapshot.SiteTim
 	if g.defaultShare > 0 {
 		return g.defaultShare
 	}
-	n := len(st.Sites())
-	if _, ok := st.Heard(g.site); !ok {
-		n++
+	// The sites' states as of the latest time anything was heard: the snapshot's clock
+	// has stopped with the heartbeats.
+	var latest int64
+	for _, s := range st.Sites() {
+		latest = max(latest, s.Heard)
 	}
-	return 1 / float64(max(n, 1))
+	n := 1 // this site
+	for _, s := range st.Sites() {
+		if s.Site == g.site {
+			continue
+		}
+		if state, _ := g.classify(latest, &s); state == siteFresh || state == siteCut {
+			n++
+		}
+	}
+	return 1 / float64(n)
 }
 
 // dither rounds a fractional cap up or down at random, up with probability equal to its

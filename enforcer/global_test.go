@@ -52,6 +52,7 @@ func newGlobal(t *testing.T, sites map[string]float64, mods ...func(*Config)) (*
 	if err != nil {
 		t.Fatal(err)
 	}
+	l.born = time.Time{} // running for longer than the window: its counter starts empty by the test's choice
 	return l, clk, sn, pub
 }
 
@@ -164,6 +165,10 @@ func siteLimiters(t *testing.T, clk *clock.Fake, sites map[string]float64, mods 
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Each site's count is in the snapshot and the tests start its counter empty: the
+		// limiters are taken to have run for longer than the window, not to have just
+		// restarted (which Limiter.restarted corrects for).
+		l.born = time.Time{}
 		out = append(out, l)
 	}
 	return out
@@ -274,13 +279,15 @@ func TestGlobalClientMovesSitesIsNotStarved(t *testing.T) {
 	}
 }
 
-// A site that has not been heard from within SiteStaleAfter is assumed to spend at least
-// its default share: with eu and us cut off from each other, each keeps to its part and
-// together they admit at most the limit, where trusting the decaying counts would let each
-// admit nearly all of it.
+// A site that has not been heard from within SiteStaleAfter, with every other site of its
+// data center (here, the only one), is cut off: it is assumed to hold its share of each key
+// it served. With eu and us cut off from each other, each keeps to its part and together
+// they admit at most the limit, where trusting the decaying counts would let each admit
+// nearly all of it. Such a decision is not a fallback; it is counted apart.
 func TestGlobalPartitionBounded(t *testing.T) {
 	clk := clock.NewFake(t0)
 	limiters := map[string]*Limiter{}
+	reg := prometheus.NewRegistry()
 	for _, site := range []string{"eu", "us"} {
 		sn, err := snapshot.NewMemory(snapshot.Config{Site: site, Clock: clk})
 		if err != nil {
@@ -289,21 +296,32 @@ func TestGlobalPartitionBounded(t *testing.T) {
 		// Both sites were heard from 10 s ago; only this site's own aggregator is fresh.
 		heartbeat(t, sn, clk, map[string]int64{"eu": t0.UnixMilli() - 10_000, "us": t0.UnixMilli() - 10_000})
 		putCount(t, sn, clk, globalKey, map[string]float64{"eu": 10, "us": 10}, nil)
-		l, err := New(Config{Rules: StaticRules(loadRules(t, globalRules)), Site: site, Clock: clk, Snapshot: sn})
+		cfg := Config{Rules: StaticRules(loadRules(t, globalRules)), Site: site, Clock: clk, Snapshot: sn}
+		if site == "eu" {
+			cfg.Registerer = reg
+		}
+		l, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
+		l.born = time.Time{} // its count is in the snapshot; the test starts its counter empty
 		limiters[site] = l
 	}
-	// Each assumes the other holds max(10, 100/2) = 50 and may reach 50 itself (its local
-	// count starts empty here); trusting the other's count of 10 it would reach 90.
+	// Each assumes the other holds max(10, 100 × 10/20) = 50 and may reach 50 itself;
+	// trusting the other's count of 10 it would reach 90.
 	eu, us := admitN(limiters["eu"], req42, 200), admitN(limiters["us"], req42, 200)
 	if eu+us > 100 || eu < 45 || us < 45 {
 		t.Fatalf("partition: eu admitted %d, us %d; want each about 50 and together at most 100", eu, us)
 	}
 	res := limiters["eu"].Decide(context.Background(), req42)
-	if !res.Statuses[0].Fallback {
-		t.Fatalf("a decision that assumed a silent site is not marked Fallback: %+v", res.Statuses[0])
+	if res.Statuses[0].Fallback {
+		t.Fatalf("a decision that reserved room for a silent site is marked Fallback: %+v", res.Statuses[0])
+	}
+	if got := testutil.ToFloat64(limiters["eu"].metrics.reserved); got < 1 {
+		t.Fatalf("silent_site_reservations_total = %v, want > 0", got)
+	}
+	if got := testutil.ToFloat64(limiters["eu"].metrics.fallback.WithLabelValues("stale")); got != 0 {
+		t.Fatalf("fallback_decisions_total{stale} = %v, want 0", got)
 	}
 }
 

@@ -14,13 +14,15 @@ import (
 
 // globalCap computes one global limit's cap on this site's count (for Commit) from the
 // snapshot, with the key's total over all sites in the snapshot, and whether the decision
-// is a fallback: the snapshot is stale and the limit is decided on a local share, or a
-// remote site is silent and assumed to spend its share.
+// is a fallback: the snapshot is stale and the limit is decided on a local share. Without
+// a snapshot (a single site) the limit is this site's share, DefaultShare or the whole.
+// A cap that reserves room for a silent site is not a fallback; it is counted in the
+// metrics.
 func (l *Limiter) globalCap(now time.Time, op *GlobalOp, allow int64) (capLocal, total float64, fallback bool) {
 	allowance := float64(allow)
 	sn := l.cfg.Snapshot
 	if sn == nil {
-		return dither(allowance*l.share.staleShare(nil, false, nil), op.Key, now.Unix()), 0, true
+		return dither(allowance*l.share.staleShare(nil, false, nil), op.Key, now.Unix()), 0, false
 	}
 	stale := sn.StaleAt(now)
 	if stale {
@@ -35,8 +37,10 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, allow int64) (capLocal,
 		e     snapshot.Entry
 		known bool
 	)
+	var reserved bool
 	if h := op.h; h != nil && !stale {
-		capLocal, total, fallback, e, known, _ = l.cachedCap(now, op, h, sn, st, allowance)
+		capLocal, total, reserved, e, known = l.cachedCap(now, op, h, sn, st, allowance)
+		l.restarted(now, op, &e, known)
 	} else {
 		if h != nil {
 			e, known = l.snapEntry(sn, h)
@@ -50,14 +54,18 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, allow int64) (capLocal,
 		if stale {
 			return dither(allowance*l.share.staleShare(&e, known, st), op.Key, salt(&e, known, now)), total, true
 		}
-		capLocal, fallback, _ = l.share.capFor(now, op.Key, allowance, &e, known, false, st)
+		capLocal, reserved, _ = l.share.capFor(now, op.Key, allowance, &e, known, false, st, nil, 0)
+		l.restarted(now, op, &e, known)
+	}
+	if reserved {
+		l.metrics.reserved.Inc()
 	}
 	if last := l.lastStale.Load(); last != 0 && now.UnixNano()-last < int64(min(op.Window, l.cfg.RecoveryHold)) {
 		// Recovering from an outage: the fresh counts may still miss hits published
 		// during it; each site also keeps to its share, which sum to the limit.
 		capLocal = min(capLocal, dither(allowance*l.share.staleShare(&e, known, st), op.Key, salt(&e, known, now)))
 	}
-	return capLocal, total, fallback
+	return capLocal, total, false
 }
 
 // usable reports whether snapshot entry e counts op's counter at now: a count for another
@@ -80,7 +88,7 @@ func salt(e *snapshot.Entry, known bool, now time.Time) int64 {
 type capKey struct {
 	ver    uint64              // the snapshot's Version when the entry was read
 	sites  *snapshot.SiteTimes // the site freshness in force
-	stale  uint64              // which of sites' sites are stale (bit i: Sites()[i])
+	states uint64              // the states of sites' sites (sharing.stateSig)
 	allow  float64
 	known  bool
 	newKey bool
@@ -92,20 +100,20 @@ type capCache struct {
 	key      capKey
 	set      bool
 	cap      float64
-	fallback bool
+	reserved bool
 	raw      float64 // the cap before seenAsOthers
 	f        float64 // this site's share of the room
 }
 
 // cachedCap is the cap of a fresh snapshot's key through its handle: the entry from the
 // handle's cache while the snapshot has not changed, and the cap itself while nothing it
-// depends on has (the entry, the site freshness, which sites are stale, the allowance, the
+// depends on has (the entry, the site freshness, the sites' states, the allowance, the
 // rounding salt). A hot key's decision then costs a few comparisons instead of the whole
-// share computation. ok is false when the caller must return cap, total and fallback as
-// they are (never, for now: kept for symmetry with the stale path).
-func (l *Limiter) cachedCap(now time.Time, op *GlobalOp, h *keyHandle, sn *snapshot.Snapshot, st *snapshot.SiteTimes, allowance float64) (capLocal, total float64, fallback bool, e snapshot.Entry, known, ok bool) {
+// share computation. It also keeps the key's breakdown from before any site went silent
+// (keyGlobal.keepFrozen), by which silent sites are reserved their shares.
+func (l *Limiter) cachedCap(now time.Time, op *GlobalOp, h *keyHandle, sn *snapshot.Snapshot, st *snapshot.SiteTimes, allowance float64) (capLocal, total float64, reserved bool, e snapshot.Entry, known bool) {
 	v := sn.Version()
-	bits, cacheable := l.share.staleBits(now, st)
+	sig, allFresh, cacheable := l.share.stateSig(now, st)
 	g := l.keys.globalOf(h)
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -116,17 +124,62 @@ func (l *Limiter) cachedCap(now time.Time, op *GlobalOp, h *keyHandle, sn *snaps
 	} else {
 		g.unknownAt = now.UnixNano()
 	}
+	ms := now.UnixMilli()
+	g.keepFrozen(ms, &e, known, allFresh, l.cfg.SiteStaleAfter.Milliseconds())
 	newKey := known && now.UnixNano()-g.unknownAt < int64(l.cfg.NewKeyHold)
-	k := capKey{ver: v, sites: st, stale: bits, allow: allowance, known: known, newKey: newKey, salt: salt(&e, known, now)}
+	k := capKey{ver: v, sites: st, states: sig, allow: allowance, known: known, newKey: newKey, salt: salt(&e, known, now)}
 	if cacheable && g.cc.set && g.cc.key == k {
-		return l.seenAsOthers(now, op, &e, known, st, g.cc.raw, g.cc.f), total, g.cc.fallback, e, known, true
+		return l.seenAsOthers(now, op, &e, known, st, g.cc.raw, g.cc.f), total, g.cc.reserved, e, known
 	}
 	var f float64
-	capLocal, fallback, f = l.share.capFor(now, op.Key, allowance, &e, known, newKey, st)
+	capLocal, reserved, f = l.share.capFor(now, op.Key, allowance, &e, known, newKey, st, g.frozen, g.frozenAt)
 	raw := capLocal
 	capLocal = l.seenAsOthers(now, op, &e, known, st, capLocal, f)
-	g.cc = capCache{key: k, set: cacheable, cap: capLocal, fallback: fallback, raw: raw, f: f}
-	return capLocal, total, fallback, e, known, true
+	g.cc = capCache{key: k, set: cacheable, cap: capLocal, reserved: reserved, raw: raw, f: f}
+	return capLocal, total, reserved, e, known
+}
+
+// keepFrozen keeps the key's breakdown from before any site went silent: a breakdown e
+// seen while every site was fresh becomes the frozen one once every site has stayed fresh
+// for hold (SiteStaleAfter) after it was seen, so that the frozen breakdown is never one
+// made after a silence began but before it was noticed (the silent site's count then
+// already falls as its hits leave the window unseen). While any site is silent it stays
+// as it was. Called with g.mu held, at now (unix ms).
+func (g *keyGlobal) keepFrozen(now int64, e *snapshot.Entry, known, allFresh bool, hold int64) {
+	switch {
+	case !allFresh:
+		g.cand = nil // it may have been seen after the silence began
+	case !known:
+	case g.cand == nil:
+		g.cand, g.candAt = e.Sites, now
+	case now-g.candAt >= hold:
+		g.frozen, g.frozenAt = g.cand, g.candAt
+		g.cand, g.candAt = e.Sites, now
+	}
+}
+
+// restarted gives this site's counter what the snapshot shows of this site's hits of a
+// key it has no count of while the Limiter is younger than the key's window: a site that
+// restarted under the same name (a process counting in process) lost its count of the hits
+// it admitted before, which the aggregators still count for it, and would otherwise admit
+// them again. They are counted as made at the snapshot's as-of time, so that they leave
+// the window no sooner than the real ones (later, for the older of them: the restart costs
+// some under-admission for up to a window, never over-admission). A counter that keeps its
+// counts elsewhere (Redis) is not a seeder and needs none of this.
+func (l *Limiter) restarted(now time.Time, op *GlobalOp, e *snapshot.Entry, known bool) {
+	if !known || e.Mine <= 0 || now.Sub(l.born) >= op.Window || e.AsOf > now.UnixMilli() {
+		return
+	}
+	if sd, ok := l.cfg.Counter.(seeder); ok {
+		sd.seedFrom(now, op, int64(math.Ceil(e.Mine)), e.AsOf)
+	}
+}
+
+// seeder is a SiteCounter that can be given hits made before it started (LocalCounter).
+type seeder interface {
+	// seedFrom counts n hits of op's key at instant at (unix ms) unless it already counts
+	// the key.
+	seedFrom(now time.Time, op *GlobalOp, n, at int64)
 }
 
 // seenAsOthers corrects a fresh key's cap for the lag between this site's view of itself

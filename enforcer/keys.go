@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
+	"github.com/streamlimit/streamlimit/topics"
 )
 
 // keyCache interns counter keys, so that a decision builds a key in a reused byte buffer
@@ -102,15 +103,21 @@ type keyGlobal struct {
 	cc capCache
 	// unknownAt is when a decision last found no count for the key (unix ns).
 	unknownAt int64
+	// frozen is the key's per-site breakdown from before any site went silent, seen at
+	// frozenAt (unix ms); cand, seen at candAt, becomes frozen once every site has stayed
+	// fresh for SiteStaleAfter after it (keepFrozen). The slices are the snapshot's
+	// immutable breakdowns, shared, not copies.
+	frozen, cand     []topics.SiteCount
+	frozenAt, candAt int64
 }
 
 // Byte estimates of the key cache: the structures' sizes, each a size class of the
 // allocator. The tables are counted whole (tableBytes), a quarter to a half full.
 const (
 	keyHandleSize = 32  // unsafe.Sizeof(keyHandle{}), checked by TestKeyCacheSizes
-	keyGlobalSize = 192 // unsafe.Sizeof(keyGlobal{}), for a handle given its state later
+	keyGlobalSize = 256 // unsafe.Sizeof(keyGlobal{}), for a handle given its state later
 	// globalHandleSize is unsafe.Sizeof(globalHandle{}), a size class of its own.
-	globalHandleSize = 224
+	globalHandleSize = 288
 	keySlotBytes     = int64(unsafe.Sizeof(keySlot{}))
 )
 

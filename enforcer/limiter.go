@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
@@ -30,6 +33,8 @@ type Limiter struct {
 	lastStale atomic.Int64
 	// waiters counts the requests Await keeps waiting.
 	waiters atomic.Int64
+	// born is when the Limiter was made: its site counter has seen no hit before.
+	born time.Time
 }
 
 // New returns a Limiter.
@@ -76,7 +81,10 @@ func New(cfg Config) (*Limiter, error) {
 		cfg.DemandPrior = 0
 	}
 	if cfg.RecoveryHold <= 0 {
-		cfg.RecoveryHold = 30 * time.Second
+		cfg.RecoveryHold = DefaultRecoveryHold
+	}
+	if cfg.CrashHold == 0 {
+		cfg.CrashHold = DefaultCrashHold
 	}
 	if cfg.MaxWaiters <= 0 {
 		cfg.MaxWaiters = DefaultMaxWaiters
@@ -95,8 +103,18 @@ func New(cfg Config) (*Limiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
-	l := &Limiter{cfg: cfg, metrics: m,
-		share: sharing{site: cfg.Site, minShare: cfg.MinShare, defaultShare: cfg.DefaultShare, siteStale: cfg.SiteStaleAfter, damping: cfg.ShareDamping, prior: cfg.DemandPrior}}
+	l := &Limiter{cfg: cfg, metrics: m, born: cfg.Clock.Now(),
+		share: sharing{site: cfg.Site, minShare: cfg.MinShare, defaultShare: cfg.DefaultShare, siteStale: cfg.SiteStaleAfter,
+			crashHold: cfg.CrashHold, damping: cfg.ShareDamping, prior: cfg.DemandPrior}}
+	if cfg.Registerer != nil {
+		c := &siteStates{l: l, desc: prometheus.NewDesc("streamlimit_enforcer_sites",
+			"Sites by the state global decisions take them to be in: fresh, cut (silent with every site of its data center), crashed (silent while others of its data center speak), left.",
+			[]string{"state"}, nil)}
+		var are prometheus.AlreadyRegisteredError
+		if err := cfg.Registerer.Register(c); err != nil && !errors.As(err, &are) {
+			return nil, fmt.Errorf("enforcer: %w", err)
+		}
+	}
 	l.keys.init(cfg.MaxKeys, cfg.KeyCacheBytes)
 	l.scratch.New = func() any { return new(scratch) }
 	return l, nil
@@ -368,8 +386,13 @@ func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64)
 		}
 		for i := range s.globOps {
 			s.globOut[i] = l.decideGlobal(now, &s.globOps[i], s.globRefs[i].allowance(), s.globCount[i], s.globTotal[i])
-			if !s.globOut[i].Allowed && !s.globRefs[i].shadow {
-				admitted = false
+			if !s.globOut[i].Allowed {
+				// Remaining is the room as it is, since a denied limit takes nothing: what
+				// local and site limits report too (Status.Remaining).
+				s.globOut[i].Remaining = max(int64(math.Floor(s.globOps[i].Cap-s.globCount[i])), 0)
+				if !s.globRefs[i].shadow {
+					admitted = false
+				}
 			}
 		}
 		if fused && admitted && l.cfg.Publisher != nil {
@@ -543,6 +566,7 @@ func (l *Limiter) commitShadow(ctx context.Context, now time.Time, s *scratch) {
 		if s.siteRefs[i].shadow {
 			s.oneOp[0] = s.siteOps[i]
 			l.cfg.SiteStore.AllowAll(ctx, now, s.oneOp[:], s.oneOut[:])
+			s.siteOut[i] = s.oneOut[0]
 		}
 	}
 	for i := range s.globOps {

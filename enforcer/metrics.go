@@ -25,6 +25,8 @@ type metrics struct {
 	detailedKeys map[string]struct{}
 	shadow       *prometheus.CounterVec
 	fallback     *prometheus.CounterVec
+	// reserved counts global caps computed with room reserved for a silent site.
+	reserved prometheus.Counter
 	// waiting, waited and awaited measure Limiter.Await: requests waiting now, how long
 	// they waited, and how their waits ended.
 	waiting prometheus.Gauge
@@ -98,6 +100,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Decisions made by a fallback: reason redis (site store down) or stale (snapshot too old).",
 		}, []string{"reason"}),
 	}
+	m.reserved = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: "silent_site_reservations_total",
+		Help: "Global caps computed with room reserved for a silent site (cut off, or crashed within --crash-hold): not fallbacks, but less room here."})
 	m.waiting = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: "waiting_requests",
 		Help: "Requests waiting for room instead of being refused (Await)."})
 	m.waited = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: "wait_seconds",
@@ -107,7 +111,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		[]string{"outcome"})
 	m.cache.Store(&map[decisionKey]*ruleCounters{})
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.decisions, m.detailed, m.shadow, m.fallback, m.waiting, m.waited, m.awaited} {
+		for _, c := range []prometheus.Collector{m.decisions, m.detailed, m.shadow, m.fallback, m.reserved, m.waiting, m.waited, m.awaited} {
 			if err := reg.Register(c); err != nil {
 				var are prometheus.AlreadyRegisteredError
 				if !errors.As(err, &are) {
@@ -199,5 +203,29 @@ func (m *metrics) counters(domain string, r *rules.Rule) *ruleCounters {
 func (m *metrics) shadowDenied(_ *rules.Limit, r *rules.Rule) {
 	if r != nil {
 		m.shadow.WithLabelValues(r.ID).Inc()
+	}
+}
+
+// siteStates reports, at scrape time, how many sites a global decision takes to be in each
+// state (sharing.classify): fresh, cut (silent with every site of its data center), crashed
+// (silent while others of its data center speak) or left.
+type siteStates struct {
+	l    *Limiter
+	desc *prometheus.Desc
+}
+
+func (c *siteStates) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *siteStates) Collect(ch chan<- prometheus.Metric) {
+	var n [4]float64
+	if sn := c.l.cfg.Snapshot; sn != nil {
+		now := c.l.cfg.Clock.Now().UnixMilli()
+		for _, st := range sn.SiteTimes().Sites() {
+			state, _ := c.l.share.classify(now, &st)
+			n[state]++
+		}
+	}
+	for state, name := range []string{"fresh", "cut", "crashed", "left"} {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, n[state], name)
 	}
 }

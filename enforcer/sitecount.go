@@ -244,6 +244,27 @@ func (c *LocalCounter) recent(now time.Time, op *GlobalOp, t0 int64) (count, sin
 	return e.ring.CountMode(&e.spec, now.UnixMilli(), c.mode(op)), e.ring.CountSince(&e.spec, t0)
 }
 
+// seedFrom implements seeder: it counts n hits of op's key at instant at (unix ms) when it
+// has no counter for the key yet.
+func (c *LocalCounter) seedFrom(now time.Time, op *GlobalOp, n, at int64) {
+	sid := c.shardFor(op)
+	sh := &c.shards[sid]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := c.lookup(sh, op); e != nil {
+		return
+	}
+	ms := now.UnixMilli()
+	e := c.newEntry(op, uint8(sid))
+	c.makeRoom(sh, ms, entryBytes(op.Key, e), nil)
+	sh.add(op.Key, e)
+	if op.h != nil {
+		op.h.ring.Store(e)
+	}
+	e.ring.AddAt(&e.spec, e.spec.Bucket(at), at, n)
+	e.last = ms
+}
+
 // fallsTo implements retryCounter: how long until op's count falls to target.
 func (c *LocalCounter) fallsTo(now time.Time, op *GlobalOp, target float64) (time.Duration, bool) {
 	ms := now.UnixMilli()

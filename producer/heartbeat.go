@@ -39,7 +39,11 @@ func (t *topicPartitioner) Partition(r *kgo.Record, n int) int {
 	return t.inner.Partition(r, n)
 }
 
-func isSiteHeartbeat(r *kgo.Record) bool { return string(r.Key) == topics.SiteHeartbeatKey }
+// isSiteHeartbeat reports whether r is a site record (a heartbeat or a leave), which goes to
+// the partition its Partition names.
+func isSiteHeartbeat(r *kgo.Record) bool {
+	return string(r.Key) == topics.SiteHeartbeatKey || string(r.Key) == topics.SiteLeaveKey
+}
 
 // siteHeartbeat sends, when due, a site heartbeat stamped watermark (unix ms) to every
 // partition of the hits topic: each partition's records before it hold every hit of this
@@ -78,4 +82,31 @@ func (p *Producer) siteHeartbeat(nowMs, watermark int64) {
 			}
 		})
 	}
+}
+
+// leave writes a site leave record to every partition of the hits topic and waits until
+// Kafka has them or ctx is done: the last records of this instance, after all of its hits.
+// Without heartbeats (or with a client it does not own, whose partitions it may not know)
+// it writes nothing, and its site is found silent instead.
+func (p *Producer) leave(ctx context.Context) {
+	if p.cfg.SiteHeartbeatInterval < 0 || !p.ownClient {
+		return
+	}
+	now := p.cfg.Clock.Now().UnixMilli()
+	h := topics.Hit{Key: topics.SiteLeaveKey, Site: p.cfg.Site, BucketStart: now, Instance: p.cfg.Instance, Counter: p.cfg.Counter}
+	v, err := h.MarshalBinary()
+	if err != nil {
+		p.cfg.Logger.Error("producer: encoding a site leave record", "err", err)
+		return
+	}
+	n := max(p.parts.n.Load(), 1)
+	recs := make([]*kgo.Record, n)
+	for i := range n {
+		recs[i] = &kgo.Record{Topic: p.cfg.Topic, Key: []byte(topics.SiteLeaveKey), Value: v, Partition: i}
+	}
+	if err := p.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		p.cfg.Logger.Warn("producer: the site leave records were not delivered; the other sites will find this one silent instead", "err", err)
+		return
+	}
+	p.cfg.Logger.Info("producer: left", "site", p.cfg.Site, "instance", p.cfg.Instance, "partitions", n)
 }

@@ -26,6 +26,9 @@ type consumed struct {
 	// siteHeartbeats are the site heartbeats found, by partition; they are not in the
 	// fields above.
 	siteHeartbeats map[int32][]topics.Hit
+	// leaves are the site leave records found, by partition; they are not in the fields
+	// above either.
+	leaves map[int32][]topics.Hit
 	// seq is every record, site heartbeats included, by partition in offset order.
 	seq map[int32][]topics.Hit
 }
@@ -85,6 +88,13 @@ func readTopic(t testing.TB, brokers []string, topic string, opts ...kgo.Opt) co
 				out.seq = map[int32][]topics.Hit{}
 			}
 			out.seq[r.Partition] = append(out.seq[r.Partition], h)
+			if h.IsSiteLeave() {
+				if out.leaves == nil {
+					out.leaves = map[int32][]topics.Hit{}
+				}
+				out.leaves[r.Partition] = append(out.leaves[r.Partition], h)
+				return
+			}
 			if h.IsSiteHeartbeat() {
 				if out.siteHeartbeats == nil {
 					out.siteHeartbeats = map[int32][]topics.Hit{}

@@ -828,7 +828,10 @@ func (p *Producer) flushWait(ctx context.Context) error {
 
 // Close stops the background flush, refuses further hits (they are dropped and counted),
 // and delivers everything pending, retrying until it is acknowledged or ctx is done: give
-// ctx a deadline, since Close waits for an unreachable Kafka until then. It closes the
+// ctx a deadline, since Close waits for an unreachable Kafka until then. Once everything is
+// delivered, it writes a site leave record (topics.SiteLeaveKey) to every partition of the
+// hits topic, unless site heartbeats are off, so that every data center stops reserving
+// room for this instance at once rather than after it is found silent. It closes the
 // Kafka client if the Producer built it. It returns nil when everything was delivered, an
 // *UndeliveredError with the hits it could not deliver, or ErrClosed if already closed.
 // The Producer's metrics stay registered.
@@ -852,6 +855,9 @@ func (p *Producer) Close(ctx context.Context) error {
 		case <-ctx.Done():
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+	if err == nil {
+		p.leave(ctx)
 	}
 	var ue *UndeliveredError
 	if errors.As(err, &ue) && ctx.Err() != nil && !errors.Is(ue.Err, ctx.Err()) {

@@ -335,3 +335,45 @@ func TestSiteHeartbeatDoesNotPassTheCurrentBucket(t *testing.T) {
 		t.Fatalf("last heartbeat at %d, want the current bucket's start 1000030 (records %+v)", last, got.seq[0])
 	}
 }
+
+// Close writes a site leave record to every partition after the instance's last hits, so
+// that the aggregators learn it stopped at once; with site heartbeats off it writes none.
+func TestCloseLeavesEveryPartition(t *testing.T) {
+	for _, heartbeats := range []bool{true, false} {
+		c := newFake(t, 3, "hits")
+		clk := clock.NewFake(time.UnixMilli(1_763_740_000_150))
+		cfg := Config{Brokers: c.ListenAddrs(), Site: "eu-1", Instance: "pod-7", Clock: clk, FlushInterval: -1, Logger: discard}
+		if !heartbeats {
+			cfg.SiteHeartbeatInterval = -1
+		}
+		p, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 30 {
+			p.Hit(fmt.Sprintf("k%d", i), time.Minute, 1)
+		}
+		p.flush(false) // a heartbeat, so that the producer learns the partition count
+		clk.Advance(time.Second)
+		p.Hit("late", time.Minute, 1)
+		if err := p.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		got := readTopic(t, c.ListenAddrs(), "hits")
+		if !heartbeats {
+			if len(got.leaves) != 0 {
+				t.Fatalf("heartbeats off: leave records %v", got.leaves)
+			}
+			continue
+		}
+		if len(got.leaves) != 3 {
+			t.Fatalf("leave records on %d partitions, want 3: %v", len(got.leaves), got.leaves)
+		}
+		for part, seq := range got.seq {
+			last := seq[len(seq)-1]
+			if !last.IsSiteLeave() || last.Site != "eu-1" || last.Instance != "pod-7" || last.BucketStart != clk.Now().UnixMilli() {
+				t.Fatalf("partition %d ends with %+v, want the leave of eu-1/pod-7 at %d", part, last, clk.Now().UnixMilli())
+			}
+		}
+	}
+}

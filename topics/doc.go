@@ -48,6 +48,13 @@
 // it in its heartbeats (Heartbeat.Sites). A site that stops sending them is, after a bound,
 // no longer taken for idle by enforcers.
 //
+// A producer instance that stops cleanly writes a site leave record, key SiteLeaveKey
+// ("__streamlimit/leave"), encoded as a heartbeat is, to every partition after its last
+// hits: {"key":"__streamlimit/leave","site":"eu-1","ts":1763740000000,"instance":"pod-7"}.
+// When every instance of the site heard from on a partition has left, the aggregators list
+// the site as left (Heartbeat.Left) instead of heard, and enforcers stop reserving anything
+// for it; a heartbeat of the site (a restart under the same name) makes it live again.
+//
 // # Count records (topic "counts", compacted)
 //
 // The record key is the counter key; a null value (tombstone) means the count fell to zero.

@@ -49,6 +49,13 @@ type Heartbeat struct {
 	// time falls behind is one whose hits have stopped arriving — a cut link, a stopped
 	// replicator, a data center down — and readers must not take its silence for idleness.
 	Sites map[string]int64 `json:"sites,omitempty"`
+	// Left holds, for every site whose instances heard from on this partition have all
+	// left (site leave records, Hit.IsSiteLeave), the time it left (unix ms, the site's
+	// clock). A site is in Sites or in Left, never both; it stays in Left until a
+	// heartbeat of it arrives again (a restart) or the aggregator forgets it. Its hits
+	// still count until they leave their windows, but it admits nothing more, so readers
+	// reserve nothing for it.
+	Left map[string]int64 `json:"left,omitempty"`
 	// Conflicts lists the sites that two or more live producer instances announce while
 	// counting apart (at least one of them in its own process): each would admit the
 	// site's whole share. It is the same in every heartbeat of one aggregator instance.

@@ -34,19 +34,37 @@ const (
 	jsonStart     byte = '{'
 )
 
-// SiteHeartbeatKey is the key of the site heartbeat, the one hit record whose key is
+// SiteHeartbeatKey is the key of the site heartbeat, a hit record whose key is
 // reserved: it carries no hits, only the news that Site is alive and has handed every hit
 // of its buckets before BucketStart to Kafka (in that partition; a producer writes one to
 // every partition of its hits topic). Replication carries it like any hit, so every data
 // center's aggregator learns how recent its view of each site is; see Hit.IsSiteHeartbeat.
 const SiteHeartbeatKey = ReservedPrefix + "alive"
 
+// SiteSilentAfter is how long after its latest site heartbeat a site is taken as silent
+// by default: three heartbeat periods of our producer (500 ms), so that a healthy site with
+// replication lag and one late heartbeat is never taken as silent, while a cut site is
+// within about a second and a half. Aggregators count a site cut off from them (silent,
+// with every other site of its hits topic) as of its last heartbeat; enforcers take a
+// silent site as possibly still admitting (enforcer.Config.SiteStaleAfter).
+const SiteSilentAfter = 1500 * time.Millisecond
+
+// SiteLeaveKey is the key of the site leave record: the last record a producer instance
+// writes to each partition of its hits topic when it stops cleanly. It has the fields of a
+// site heartbeat (Site, BucketStart as the time it left, Instance, Counter) and says that
+// the instance will admit nothing more; once every instance of a site has left, the
+// aggregators list the site as left and the enforcers stop reserving anything for it. A
+// site that restarts under the same name simply resumes sending heartbeats. See
+// Hit.IsSiteLeave.
+const SiteLeaveKey = ReservedPrefix + "leave"
+
 // Hit says that Key was hit Count times at Site during the bucket starting at BucketStart,
 // toward a window of Window milliseconds, and that Denied more requests for it were refused
 // there. A (Key, Window) pair is one counter. Only Count counts toward the limit; Count +
 // Denied is the site's demand for the key, which sites use to share a hot key's room.
 //
-// A hit whose Key is SiteHeartbeatKey is a site heartbeat instead (IsSiteHeartbeat).
+// A hit whose Key is SiteHeartbeatKey or SiteLeaveKey is a site record instead
+// (IsSiteRecord): a heartbeat or a leave.
 type Hit struct {
 	// Key is the counter key, 1..MaxKeyLen bytes.
 	Key string
@@ -60,9 +78,9 @@ type Hit struct {
 	// Count is the number of admitted hits, ≥ 0.
 	Count int64
 	// Denied is the number of requests refused at Site in the bucket, ≥ 0. Count + Denied
-	// is at least 1, except in a site heartbeat, where both are 0.
+	// is at least 1, except in a site record, where both are 0.
 	Denied int64
-	// Instance and Counter are set in site heartbeats only (each ≤ MaxSiteLen bytes,
+	// Instance and Counter are set in site records only (each ≤ MaxSiteLen bytes,
 	// optional): the producer instance that wrote it, and what holds the site's exact
 	// count ("process:<instance>" for a site that is one process, "redis:<address>" for a
 	// data center's Redis). Two instances of one site that count apart (one of them in its
@@ -74,6 +92,13 @@ type Hit struct {
 // IsSiteHeartbeat reports whether h is a site heartbeat rather than hits of a counter.
 func (h Hit) IsSiteHeartbeat() bool { return h.Key == SiteHeartbeatKey }
 
+// IsSiteLeave reports whether h is a site leave record (SiteLeaveKey).
+func (h Hit) IsSiteLeave() bool { return h.Key == SiteLeaveKey }
+
+// IsSiteRecord reports whether h is a site heartbeat or a site leave record: it carries no
+// hits, only news of its site, and is encoded as a heartbeat is.
+func (h Hit) IsSiteRecord() bool { return h.IsSiteHeartbeat() || h.IsSiteLeave() }
+
 // BucketTime returns BucketStart as a time.Time.
 func (h Hit) BucketTime() time.Time { return time.UnixMilli(h.BucketStart) }
 
@@ -83,22 +108,22 @@ func (h Hit) WindowDuration() time.Duration { return time.Duration(h.Window) * t
 // Validate reports whether h obeys the record limits. A zero Window is accepted (it means
 // the aggregator's default).
 func (h Hit) Validate() error {
-	if h.IsSiteHeartbeat() {
+	if h.IsSiteRecord() {
 		if err := validateSite(h.Site); err != nil {
 			return err
 		}
 		if h.Window != 0 || h.Count != 0 || h.Denied != 0 {
-			return errorf(ErrBadCount, "site heartbeat with window %d, count %d, denied %d", h.Window, h.Count, h.Denied)
+			return errorf(ErrBadCount, "site record with window %d, count %d, denied %d", h.Window, h.Count, h.Denied)
 		}
 		for _, v := range []string{h.Instance, h.Counter} {
 			if len(v) > MaxSiteLen || !utf8.ValidString(v) {
-				return errorf(ErrSiteTooLong, "site heartbeat instance or counter of %d bytes (at most %d of UTF-8)", len(v), MaxSiteLen)
+				return errorf(ErrSiteTooLong, "site record instance or counter of %d bytes (at most %d of UTF-8)", len(v), MaxSiteLen)
 			}
 		}
 		return nil
 	}
 	if h.Instance != "" || h.Counter != "" {
-		return errorf(ErrBadCount, "instance and counter belong to site heartbeats")
+		return errorf(ErrBadCount, "instance and counter belong to site records")
 	}
 	if err := validateKey(h.Key); err != nil {
 		return err
@@ -144,17 +169,17 @@ func validateSite(s string) error {
 }
 
 // AppendBinary appends the binary encoding of h to dst: version 1 when h has no Denied
-// requests and is not a site heartbeat (what every aggregator reads), version 2 otherwise.
-// It fails, appending nothing, if h is invalid or (but for a site heartbeat) has no window.
+// requests and is not a site record (what every aggregator reads), version 2 otherwise.
+// It fails, appending nothing, if h is invalid or (but for a site record) has no window.
 // It does not allocate when dst has room.
 func (h Hit) AppendBinary(dst []byte) ([]byte, error) {
 	if err := h.Validate(); err != nil {
 		return dst, err
 	}
-	if h.Window < 1 && !h.IsSiteHeartbeat() {
+	if h.Window < 1 && !h.IsSiteRecord() {
 		return dst, errorf(ErrBadWindow, "binary hits need a window, got %d ms", h.Window)
 	}
-	v2 := h.Denied != 0 || h.IsSiteHeartbeat()
+	v2 := h.Denied != 0 || h.IsSiteRecord()
 	if v2 {
 		dst = append(dst, hitVersion2)
 	} else {
@@ -170,7 +195,7 @@ func (h Hit) AppendBinary(dst []byte) ([]byte, error) {
 	if v2 {
 		dst = binary.AppendUvarint(dst, uint64(h.Denied))
 	}
-	if h.IsSiteHeartbeat() {
+	if h.IsSiteRecord() {
 		dst = binary.AppendUvarint(dst, uint64(len(h.Instance)))
 		dst = append(dst, h.Instance...)
 		dst = binary.AppendUvarint(dst, uint64(len(h.Counter)))
@@ -185,7 +210,7 @@ func (h Hit) MarshalBinary() ([]byte, error) {
 }
 
 // AppendJSON appends the JSON encoding of h to dst; Window is left out when zero, Denied
-// when zero, and a site heartbeat is written as {"key":…,"site":…,"ts":…}.
+// when zero, and a site record is written as {"key":…,"site":…,"ts":…}.
 func (h Hit) AppendJSON(dst []byte) ([]byte, error) {
 	if err := h.Validate(); err != nil {
 		return dst, err
@@ -196,7 +221,7 @@ func (h Hit) AppendJSON(dst []byte) ([]byte, error) {
 	dst = appendJSONString(dst, h.Site)
 	dst = append(dst, `,"ts":`...)
 	dst = strconv.AppendInt(dst, h.BucketStart, 10)
-	if h.IsSiteHeartbeat() {
+	if h.IsSiteRecord() {
 		if h.Instance != "" {
 			dst = append(dst, `,"instance":`...)
 			dst = appendJSONString(dst, h.Instance)
@@ -277,11 +302,11 @@ func decodeHitBinary(b []byte, version byte) (Hit, error) {
 	if version == hitVersion2 {
 		d = r.uvarint()
 	}
-	if h.IsSiteHeartbeat() && r.err == nil && len(r.b) > 0 {
+	if h.IsSiteRecord() && r.err == nil && len(r.b) > 0 {
 		for _, f := range []*string{&h.Instance, &h.Counter} {
 			l := r.uvarint()
 			if r.err == nil && l > MaxSiteLen {
-				return Hit{}, errorf(ErrSiteTooLong, "site heartbeat field of %d bytes", l)
+				return Hit{}, errorf(ErrSiteTooLong, "site record field of %d bytes", l)
 			}
 			*f = string(r.bytes(int(l)))
 		}
@@ -292,7 +317,7 @@ func decodeHitBinary(b []byte, version byte) (Hit, error) {
 	if len(r.b) != 0 {
 		return Hit{}, errorf(ErrTrailingBytes, "%d bytes", len(r.b))
 	}
-	if (w < 1 && !h.IsSiteHeartbeat()) || w > maxMillis {
+	if (w < 1 && !h.IsSiteRecord()) || w > maxMillis {
 		return Hit{}, errorf(ErrBadWindow, "window %d ms", w)
 	}
 	if (version == hitVersion1 && n < 1) || n > maxCount || d > maxCount {
@@ -315,7 +340,7 @@ type hitJSON struct {
 	W    *int64  `json:"w"`
 	N    *int64  `json:"n"`
 	D    *int64  `json:"d"`
-	// Site heartbeats only.
+	// Site records only.
 	Instance string `json:"instance"`
 	Counter  string `json:"counter"`
 }
@@ -334,9 +359,9 @@ func decodeHitJSON(b []byte) (Hit, error) {
 		return Hit{}, errorf(ErrBadTime, `missing "ts"`)
 	}
 	h := Hit{Key: *j.Key, Site: *j.Site, BucketStart: *j.TS, Count: 1}
-	if h.IsSiteHeartbeat() {
+	if h.IsSiteRecord() {
 		if j.W != nil || j.N != nil || j.D != nil {
-			return Hit{}, errorf(ErrBadCount, "a site heartbeat has no w, n or d")
+			return Hit{}, errorf(ErrBadCount, "a site record has no w, n or d")
 		}
 		h.Count, h.Instance, h.Counter = 0, j.Instance, j.Counter
 		return h, h.Validate()

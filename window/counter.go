@@ -304,7 +304,8 @@ func (c *Counter) AppendSites(dst []topics.SiteCount, s *Spec, t int64) ([]topic
 }
 
 // AppendSitesAt is AppendSites with each site counted at its own instant: at(site) when it
-// reports true and is before t, else t. The aggregator counts a site whose hits have stopped
+// reports true and is before t (but never before the end of the site's newest bucket), else
+// t. The aggregator counts a site whose hits have stopped
 // arriving as of the last time it heard from it, so that its hits do not seem to leave the
 // window while its newer ones cannot be seen; its demand is taken at the same instant, so
 // that its share of a hot key's room does not fade while it cannot be heard. A site is
@@ -348,7 +349,9 @@ func (c *Counter) siteAt(s *Spec, k int, t int64, at func(site string) (int64, b
 	sr := &c.sites[k]
 	ts := t
 	if a, ok := at(sr.site); ok && a < t {
-		ts = a
+		// Never before the end of its newest bucket: the hits it made after its last
+		// heartbeat that did arrive still count.
+		ts = min(t, max(a, (sr.head+1)*s.Width-1))
 	}
 	i0, frac := s.Oldest(ts)
 	w, o := c.parts(s, k, i0)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,6 +68,15 @@ func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, grace time.
 // newLogger returns the process logger: text or JSON on stderr at the given level.
 func newLogger(format, level string) (*slog.Logger, error) {
 	var lv slog.Level
+	// envoyproxy/ratelimit's LOG_LEVEL names (logrus's), which the enforcer reads too.
+	switch strings.ToLower(level) {
+	case "trace":
+		level = "debug"
+	case "warning":
+		level = "warn"
+	case "fatal", "panic":
+		level = "error"
+	}
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("log level %q: %w", level, err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/rls"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/topics"
@@ -37,6 +38,7 @@ type enforcerFlags struct {
 	trustedProxiesSet   bool // --trusted-proxies given (flag, environment or --config)
 	authTokenFile       string
 	limitOverrides      string
+	compat              string
 	maxMemory           byteSize
 	logFormat, logLevel string
 }
@@ -108,10 +110,25 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	ef.redisTLS.register(cmd, "redis")
 	f.IntVar(&c.SiteEnforcers, "site-enforcers", 1, "enforcers sharing --redis-addr; while Redis is down each keeps to 1/N of the site's limits")
 	f.DurationVar(&c.RedisTimeout, "redis-timeout", sitestore.DefaultTimeout, "bound on each Redis call (a hung Redis, not a latency target); past it, decide in process")
+	f.StringVar(&c.RedisKeyPrefix, "redis-key-prefix", sitestore.DefaultKeyPrefix, "start of every Redis key of this site's counters (no '{' or '}')")
 	f.StringVar(&c.HTTPAddr, "http-listen", server.DefaultHTTPAddr, "address of the check API, auth endpoint and admin endpoints")
 	f.StringVar(&c.GRPCAddr, "grpc-listen", server.DefaultGRPCAddr, `address of the Envoy rate-limit gRPC service ("off" to disable)`)
 	f.StringVar(&ef.limitOverrides, "limit-overrides", rls.HonourOverrides.String(),
 		"what the gRPC service and /json do with a descriptor's own limit (Envoy's override): honour (a caller can raise its own quota) or ignore (the rules decide)")
+	f.StringVar(&ef.compat, "compat", rules.DefaultCompat.String(),
+		"whose answers a domain gets when its rules file does not say (compat:): none (streamlimit's) or envoy (envoyproxy/ratelimit's, for its files and clients; docs/envoy-compat.md)")
+	f.BoolVar(&c.MergeDomains, "merge-domains", false, "let several rules files configure one domain, their descriptors put together (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG)")
+	e := &c.Envoy
+	f.BoolVar(&e.StopIncrementWhenOverLimit, "envoy-stop-increment-when-over-limit", false,
+		"compat: envoy: when a request takes one of its limits over, only the limits it takes over count it (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT)")
+	f.BoolVar(&e.ResponseHeaders, "envoy-response-headers", false,
+		"compat: envoy: send the limit, remaining and reset of the descriptor closest to its limit in response_headers_to_add (LIMIT_RESPONSE_HEADERS_ENABLED)")
+	f.StringVar(&e.LimitHeader, "envoy-limit-header", rls.DefaultLimitHeader, "name of the limit field of --envoy-response-headers (LIMIT_LIMIT_HEADER)")
+	f.StringVar(&e.RemainingHeader, "envoy-remaining-header", rls.DefaultRemainingHeader, "name of the remaining field of --envoy-response-headers (LIMIT_REMAINING_HEADER)")
+	f.StringVar(&e.ResetHeader, "envoy-reset-header", rls.DefaultResetHeader, "name of the reset field of --envoy-response-headers (LIMIT_RESET_HEADER)")
+	f.BoolVar(&e.QuotaMode, "envoy-quota-mode", false, "compat: envoy: every rule in quota_mode, admitting over its limit and saying so in the dynamic metadata (QUOTA_MODE)")
+	f.BoolVar(&e.ShadowMode, "envoy-shadow-mode", false, "compat: envoy: answer OK overall whatever the descriptors say (SHADOW_MODE)")
+	f.BoolVar(&e.DynamicMetadata, "envoy-dynamic-metadata", false, "compat: envoy: describe the request and its quota-mode violations in the response's dynamic_metadata (RESPONSE_DYNAMIC_METADATA)")
 	f.StringVar(&ef.upstream, "upstream", "", "URL of a service to reverse-proxy with rate limiting")
 	f.StringVar(&c.ProxyAddr, "proxy-listen", server.DefaultProxyAddr, "address of the reverse proxy (with --upstream); \":8080\" to serve every interface")
 	f.DurationVar(&c.ProxyMaxDelay, "proxy-max-delay", 0, "with --upstream: hold a request that its limits will admit within this long until they do, instead of answering 429")
@@ -142,6 +159,25 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on draining requests and flushing hits at shutdown")
 	f.StringVar(&ef.logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&ef.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	// envoyproxy/ratelimit's names of the settings that mean the same thing, so that its
+	// deployments can swap the binary (docs/envoy-compat.md).
+	for flag, env := range map[string]string{
+		"merge-domains":                        "MERGE_DOMAIN_CONFIG",
+		"envoy-stop-increment-when-over-limit": "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+		"envoy-response-headers":               "LIMIT_RESPONSE_HEADERS_ENABLED",
+		"envoy-limit-header":                   "LIMIT_LIMIT_HEADER",
+		"envoy-remaining-header":               "LIMIT_REMAINING_HEADER",
+		"envoy-reset-header":                   "LIMIT_RESET_HEADER",
+		"envoy-quota-mode":                     "QUOTA_MODE",
+		"envoy-shadow-mode":                    "SHADOW_MODE",
+		"envoy-dynamic-metadata":               "RESPONSE_DYNAMIC_METADATA",
+		"redis-timeout":                        "REDIS_TIMEOUT",
+		"redis-key-prefix":                     "CACHE_KEY_PREFIX",
+		"log-level":                            "LOG_LEVEL",
+		"log-format":                           "LOG_FORMAT",
+	} {
+		setEnvAliases(f, flag, env)
+	}
 	addConfigFlag(cmd)
 	return cmd
 }
@@ -270,6 +306,9 @@ func (ef *enforcerFlags) serverConfig() (server.Config, error) {
 	}
 	if cfg.LimitOverrides, err = rls.ParseOverrideMode(ef.limitOverrides); err != nil {
 		errs = append(errs, fmt.Errorf("--limit-overrides: %w", err))
+	}
+	if cfg.Compat, err = rules.ParseCompat(ef.compat); err != nil {
+		errs = append(errs, fmt.Errorf("--compat: %w", err))
 	}
 	if ef.authTokenFile != "" {
 		if cfg.AuthTokens, err = readTokens(ef.authTokenFile); err != nil {

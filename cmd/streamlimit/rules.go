@@ -24,17 +24,23 @@ func newRulesCmd() *cobra.Command {
 }
 
 func newRulesCheckCmd() *cobra.Command {
-	var asJSON bool
+	var asJSON, merge bool
+	var compat string
 	cmd := &cobra.Command{
 		Use:   "check PATH",
 		Short: "Load a rules file or directory as the enforcer does; list every limit or every error",
 		Long: `check loads PATH (a YAML file, or every *.yaml/*.yml file directly in a directory) exactly
 as the enforcer does. On error it prints every problem as file:line:column: field: reason and
 exits 1, for operators' CI. Otherwise it lists every limit: domain, descriptor path, limit
-(requests per window, and the unit when given), algorithm, scope and flags.`,
+(requests per window, and the unit when given), algorithm, scope and flags. Give it the
+enforcer's --compat and --merge-domains to load as that enforcer loads.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cfg, err := rules.Load(args[0])
+			c, err := rules.ParseCompat(compat)
+			if err != nil {
+				return fmt.Errorf("--compat: %w", err)
+			}
+			cfg, err := rules.LoadWith(args[0], rules.LoadOptions{Compat: c, MergeDomains: merge})
 			if err != nil {
 				var n int
 				if j, ok := err.(interface{ Unwrap() []error }); ok {
@@ -59,6 +65,8 @@ exits 1, for operators' CI. Otherwise it lists every limit: domain, descriptor p
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the limits as a JSON array")
+	cmd.Flags().StringVar(&compat, "compat", rules.DefaultCompat.String(), "whose answers a domain gets when its file does not say (compat:), as the enforcer's --compat: none or envoy")
+	cmd.Flags().BoolVar(&merge, "merge-domains", false, "let several files configure one domain, as the enforcer's --merge-domains")
 	return cmd
 }
 

@@ -148,3 +148,39 @@ func TestRulesCheckAlign(t *testing.T) {
 		}
 	}
 }
+
+// rules check loads as the enforcer does with the same --compat and --merge-domains: a
+// domain split over two files, whose limits are envoyproxy/ratelimit's site fixed windows.
+func TestRulesCheckCompatAndMerge(t *testing.T) {
+	dir := t.TempDir()
+	for name, y := range map[string]string{
+		"a.yaml": "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+		"b.yaml": "domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(y), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := runSplit(t, "rules", "check", dir); err == nil || !strings.Contains(err.Error(), `duplicate domain "d"`) {
+		t.Fatalf("without --merge-domains: %v", err)
+	}
+	out, _, err := runSplit(t, "rules", "check", "--json", "--compat", "envoy", "--merge-domains", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []map[string]any
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(rows) != 2 {
+		t.Fatalf("%d rows, want a and b:\n%s", len(rows), out)
+	}
+	for _, r := range rows {
+		if r["scope"] != "site" || r["algorithm"] != "fixed_window" {
+			t.Errorf("%v: want envoyproxy/ratelimit's site fixed window", r)
+		}
+	}
+	if _, _, err := runSplit(t, "rules", "check", "--compat", "ratelimit", dir); err == nil || !strings.Contains(err.Error(), `unknown compat "ratelimit"`) {
+		t.Errorf("--compat ratelimit: %v", err)
+	}
+}

@@ -18,15 +18,30 @@ func envName(flag string) string {
 }
 
 // envAliases returns further variables accepted for a flag, so that one environment serves
-// the test suite and the binary (STREAMLIMIT_KAFKA_BROKERS is what make test exports).
-func envAliases(flag string) []string {
-	switch flag {
+// the test suite and the binary (STREAMLIMIT_KAFKA_BROKERS is what make test exports), and
+// those a command names for the flag (setEnvAliases).
+func envAliases(f *pflag.Flag) []string {
+	var names []string
+	switch f.Name {
 	case "brokers":
-		return []string{"STREAMLIMIT_KAFKA_BROKERS"}
+		names = []string{"STREAMLIMIT_KAFKA_BROKERS"}
 	case "redis-addr":
-		return []string{"STREAMLIMIT_REDIS_ADDR"}
+		names = []string{"STREAMLIMIT_REDIS_ADDR"}
 	}
-	return nil
+	return append(names, f.Annotations[envAliasAnnotation]...)
+}
+
+// envAliasAnnotation is the flag annotation that lists a flag's further environment
+// variables.
+const envAliasAnnotation = "streamlimit_env_aliases"
+
+// setEnvAliases makes the flag named flag of fs read the environment variables names too,
+// after its own (envName): the enforcer reads envoyproxy/ratelimit's names for the settings
+// that mean the same thing, so that a deployment of it can swap the binary.
+func setEnvAliases(fs *pflag.FlagSet, flag string, names ...string) {
+	if err := fs.SetAnnotation(flag, envAliasAnnotation, names); err != nil {
+		panic(err) // a flag this program defines: a programming error
+	}
 }
 
 // addConfigFlag adds --config to cmd and makes its PreRunE apply settings from the
@@ -61,7 +76,7 @@ func applySettings(fs *pflag.FlagSet, path string, lookup func(string) (string, 
 		if f.Changed || f.Name == "config" || f.Name == "help" {
 			return
 		}
-		for _, env := range append([]string{envName(f.Name)}, envAliases(f.Name)...) {
+		for _, env := range append([]string{envName(f.Name)}, envAliases(f)...) {
 			if v, ok := lookup(env); ok && v != "" {
 				if err := fs.Set(f.Name, v); err != nil {
 					errs = append(errs, fmt.Errorf("%s=%q: %w", env, v, err))

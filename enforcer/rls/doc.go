@@ -32,7 +32,7 @@
 // reported OK with no current_limit, since the Limiter's counters only grow; it is counted
 // in streamlimit_rls_ignored_total{feature="negative_hits"}.
 //
-// A request that rules.ValidateRequest rejects (an empty domain, no descriptors or more
+// A request (outside compat: envoy, below) that rules.ValidateRequest rejects (an empty domain, no descriptors or more
 // than rules.MaxRequestDescriptors, a descriptor with no entries or more than
 // rules.MaxDescriptorEntries, an entry with an empty key) is answered with gRPC status
 // InvalidArgument and the same message as the HTTP check API's 400. The Limiter itself
@@ -65,6 +65,39 @@
 // RateLimit, X-RateLimit-*, and Retry-After when denied), on allowed responses too, so that
 // clients behind Envoy see what clients of the HTTP middleware see.
 // request_headers_to_add, raw_body, dynamic_metadata and quota are left empty.
+//
+// # compat: envoy
+//
+// A request to a domain in rules.CompatEnvoy (or to a domain no file configures, with
+// Options.Compat so) is answered as envoyproxy/ratelimit answers it; docs/envoy-compat.md
+// lists every difference. Its rules are matched as above, with replaces; then:
+//
+//   - A rule whose limits in force are all fixed windows in local or site scope outside
+//     any pool (the defaults of such a domain) is counted as envoyproxy/ratelimit counts:
+//     each of its limits adds the descriptor's cost to its window, over the limit or not
+//     (envoyCount: the Limiter's stores with a ceiling no count reaches, so that they add
+//     as INCRBY adds), and is over when its count is above the limit. With
+//     EnvoyOptions.StopIncrementWhenOverLimit the counts are read first and, when the
+//     request would take a limit over, only such limits add it. A descriptor's own
+//     hits_addend of 0 reads; is_negative_hits is not read.
+//   - The other rules (streamlimit's extensions: global scope, other algorithms, pools)
+//     are decided by the Limiter, all of them together, in groups of equal cost (0 taken
+//     as 1), and answered in envoyproxy/ratelimit's form. Between the two kinds, replaces
+//     leaves out a rule all of whose limits are replaced; the Limiter applies it within
+//     its own rules.
+//   - A descriptor's own limit is a fixed window of requests_per_unit per unit
+//     (unit_multiplier is not read), without a name, on a counter of its own, in a domain
+//     the rules configure.
+//   - The answer: current_limit named by the limit's name: only; limit_remaining 0 when
+//     over; duration_until_reset the whole seconds to the end of the window; a shadow-mode
+//     rule over its limit answered OK; one in quota mode (or with EnvoyOptions.QuotaMode)
+//     answered OK without duration_until_reset and listed in the dynamic metadata;
+//     response_headers_to_add empty unless EnvoyOptions.ResponseHeaders. An empty domain
+//     or descriptor list is refused with code Unknown and envoyproxy/ratelimit's message;
+//     descriptors without entries and entries without a key match nothing; the bounds on
+//     the number of descriptors and entries stay.
+//
+// Such decisions are counted in streamlimit_rls_envoy_decisions_total{domain,rule,result}.
 //
 // # Metrics
 //

@@ -11,6 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/streamlimit/streamlimit/enforcer/rules"
 )
 
 // DefaultMaxJSONBytes bounds the body of a /json request.
@@ -24,8 +26,14 @@ const DefaultMaxJSONBytes = 64 << 10
 // that is not a valid request (the reason in a text/plain body) and 413 for one larger
 // than DefaultMaxJSONBytes. The response also carries the response_headers_to_add as HTTP
 // header fields, so that a client needs no JSON to read Retry-After.
+//
+// A request to a domain in rules.CompatEnvoy (and any body that is not a request, with
+// Options.Compat so) is answered as envoyproxy/ratelimit's /json answers: every refusal
+// is 400 with the body "Bad Request", and the response's header fields are only in its
+// JSON.
 func (s *Server) JSONHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		envoy := s.opts.Compat == rules.CompatEnvoy
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, DefaultMaxJSONBytes))
 		if err != nil {
 			var mbe *http.MaxBytesError
@@ -33,24 +41,25 @@ func (s *Server) JSONHandler() http.Handler {
 				http.Error(w, "request body larger than "+strconv.Itoa(DefaultMaxJSONBytes)+" bytes", http.StatusRequestEntityTooLarge)
 				return
 			}
-			http.Error(w, "reading the request: "+err.Error(), http.StatusBadRequest)
+			jsonError(w, envoy, "reading the request: "+err.Error(), http.StatusBadRequest)
 			return
 		}
 		var req rlsv3.RateLimitRequest
 		if err := protojson.Unmarshal(body, &req); err != nil {
 			s.metrics.invalid.Inc()
-			http.Error(w, "malformed RateLimitRequest JSON: "+err.Error(), http.StatusBadRequest)
+			jsonError(w, envoy, "malformed RateLimitRequest JSON: "+err.Error(), http.StatusBadRequest)
 			return
 		}
+		envoy = s.compat(s.rules(), req.GetDomain()) == rules.CompatEnvoy
 		resp, err := s.ShouldRateLimit(r.Context(), &req)
 		if err != nil {
 			st := status.Convert(err)
 			code := http.StatusBadRequest
-			if st.Code() != codes.InvalidArgument {
+			if st.Code() == codes.Canceled || st.Code() == codes.DeadlineExceeded {
 				// The caller went away or gave up: nobody reads the answer.
 				code = http.StatusServiceUnavailable
 			}
-			http.Error(w, st.Message(), code)
+			jsonError(w, envoy, st.Message(), code)
 			return
 		}
 		out, err := protojson.Marshal(resp)
@@ -59,12 +68,14 @@ func (s *Server) JSONHandler() http.Handler {
 			return
 		}
 		h := w.Header()
-		for _, f := range resp.GetResponseHeadersToAdd() {
-			h.Set(f.GetKey(), f.GetValue())
+		if !envoy {
+			for _, f := range resp.GetResponseHeadersToAdd() {
+				h.Set(f.GetKey(), f.GetValue())
+			}
+			h.Set("Cache-Control", "no-store")
 		}
 		h.Set("Content-Type", "application/json")
 		h.Set("Content-Length", strconv.Itoa(len(out)))
-		h.Set("Cache-Control", "no-store")
 		switch resp.GetOverallCode() {
 		case rlsv3.RateLimitResponse_OVER_LIMIT:
 			w.WriteHeader(http.StatusTooManyRequests)
@@ -77,4 +88,13 @@ func (s *Server) JSONHandler() http.Handler {
 			s.opts.Logger.LogAttrs(r.Context(), slog.LevelDebug, "writing /json response", slog.Any("err", err))
 		}
 	})
+}
+
+// jsonError answers a /json request that gets no decision: with reason, or, as
+// envoyproxy/ratelimit answers every such request (envoy), with the status text alone.
+func jsonError(w http.ResponseWriter, envoy bool, reason string, code int) {
+	if envoy {
+		reason = http.StatusText(code)
+	}
+	http.Error(w, reason, code)
 }

@@ -18,6 +18,9 @@ type metrics struct {
 	ok, overLimit, invalid prometheus.Counter
 	override, negative     prometheus.Counter
 	overrides              prometheus.Counter // honoured
+	// envoy counts the decisions of the limits that a CompatEnvoy domain counts itself
+	// (the Limiter counts the others in streamlimit_enforcer_decisions_total).
+	envoy *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -33,8 +36,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Namespace: "streamlimit", Subsystem: "rls", Name: "limit_overrides_total",
 		Help: "Descriptors limited by their own limit (Envoy's per-descriptor override) instead of the rules'.",
 	})
+	envoy := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "streamlimit", Subsystem: "rls", Name: "envoy_decisions_total",
+		Help: "Decisions per descriptor of the rules that a compat: envoy domain counts as envoyproxy/ratelimit does, by domain, rule and result (ok, over_limit, shadow_over_limit, quota_over_limit).",
+	}, []string{"domain", "rule", "result"})
 	if reg != nil {
-		for _, c := range []prometheus.Collector{requests, ignored, overrides} {
+		for _, c := range []prometheus.Collector{requests, ignored, overrides, envoy} {
 			if err := reg.Register(c); err != nil {
 				var are prometheus.AlreadyRegisteredError
 				if !errors.As(err, &are) {
@@ -49,6 +56,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 					ignored = are.ExistingCollector.(*prometheus.CounterVec)
 				case overrides:
 					overrides = are.ExistingCollector.(prometheus.Counter)
+				case envoy:
+					envoy = are.ExistingCollector.(*prometheus.CounterVec)
 				}
 			}
 		}
@@ -60,6 +69,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		override:  ignored.WithLabelValues(featureOverride),
 		negative:  ignored.WithLabelValues(featureNegative),
 		overrides: overrides,
+		envoy:     envoy,
 	}, nil
 }
 
@@ -77,4 +87,18 @@ func (m *metrics) ignored(feature string) {
 	} else {
 		m.negative.Inc()
 	}
+}
+
+// envoyDecision counts one descriptor's decision in a CompatEnvoy domain.
+func (m *metrics) envoyDecision(domain, rule string, over, shadow, quota bool) {
+	result := "ok"
+	switch {
+	case quota:
+		result = "quota_over_limit"
+	case shadow:
+		result = "shadow_over_limit"
+	case over:
+		result = "over_limit"
+	}
+	m.envoy.WithLabelValues(domain, rule, result).Inc()
 }

@@ -22,8 +22,10 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/headers"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
 // ServiceName is the full gRPC name of the rate limit service, as registered and as
@@ -43,6 +45,12 @@ type Options struct {
 	// Overrides says what a descriptor's own limit does. Default HonourOverrides, as
 	// envoyproxy/ratelimit.
 	Overrides OverrideMode
+	// Compat is whose answers a domain that the rules do not configure gets, and a /json
+	// body that is not a request; a configured domain answers as its rules say
+	// (rules.Config.Compat). Default rules.DefaultCompat.
+	Compat rules.Compat
+	// Envoy configures the answers of domains in rules.CompatEnvoy.
+	Envoy EnvoyOptions
 }
 
 // Server answers ShouldRateLimit with an enforcer.Limiter; see the package documentation
@@ -52,6 +60,10 @@ type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
 	lim     *enforcer.Limiter
+	rules   enforcer.RulesSource
+	clock   clock.Clock
+	local   *algo.Store
+	site    enforcer.SiteStore // nil: site limits are counted in local
 	opts    Options
 	metrics *metrics
 	health  *health.Server
@@ -73,7 +85,9 @@ func NewServer(l *enforcer.Limiter, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rls: %w", err)
 	}
-	s := &Server{lim: l, opts: opts, metrics: m, health: health.NewServer()}
+	opts.Envoy = opts.Envoy.withDefaults()
+	lc := l.Config()
+	s := &Server{lim: l, rules: lc.Rules, clock: lc.Clock, local: lc.Local, site: lc.SiteStore, opts: opts, metrics: m, health: health.NewServer()}
 	s.scratch.New = func() any { return new(scratch) }
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
@@ -121,6 +135,13 @@ type scratch struct {
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
+	}
+	if cfg := s.rules(); s.compat(cfg, req.GetDomain()) == rules.CompatEnvoy {
+		resp, err := s.envoy(ctx, req, cfg)
+		if err == nil {
+			s.metrics.observe(enforcerCode(resp.GetOverallCode()))
+		}
+		return resp, err
 	}
 	sc := s.scratch.Get().(*scratch)
 	defer s.scratch.Put(sc)
@@ -364,4 +385,19 @@ func unitOf(w time.Duration) (rlsv3.RateLimitResponse_RateLimit_Unit, *wrappersp
 		}
 	}
 	return rlsv3.RateLimitResponse_RateLimit_UNKNOWN, nil
+}
+
+// compat returns whose answers domain gets: its rules', else Options.Compat.
+func (s *Server) compat(cfg *rules.Config, domain string) rules.Compat {
+	if c, ok := cfg.Compat(domain); ok {
+		return c
+	}
+	return s.opts.Compat
+}
+
+func enforcerCode(c rlsv3.RateLimitResponse_Code) enforcer.Code {
+	if c == rlsv3.RateLimitResponse_OVER_LIMIT {
+		return enforcer.CodeOverLimit
+	}
+	return enforcer.CodeOK
 }

@@ -82,9 +82,14 @@ func (p *parser) descriptor(m *yaml.Node, parent *node, d *domain, path []Level,
 	}
 }
 
-// descriptorWildcard marks a value with '*' a wildcard, which share_threshold needs.
+// descriptorWildcard marks a value with '*' a wildcard, which share_threshold needs. In a
+// CompatEnvoy domain only a value ending in '*' is one, a prefix, as envoyproxy/ratelimit
+// matches it; another '*' stands for itself.
 func (p *parser) descriptorWildcard(b *descBlock) {
 	b.lv.Wildcard = strings.Contains(b.lv.Value, "*")
+	if p.compat == CompatEnvoy {
+		b.lv.Wildcard = strings.HasSuffix(b.lv.Value, "*")
+	}
 	if b.share && !b.lv.Wildcard {
 		p.errorf(b.at["share_threshold"], b.prefix+"share_threshold", "needs a wildcard value (containing '*')")
 	}
@@ -102,7 +107,11 @@ func (p *parser) place(parent *node, b *descBlock) *node {
 				return nil
 			}
 		}
-		parent.wild = append(parent.wild, wildNode{key: lv.Key, parts: strings.Split(lv.Value, "*"), n: n})
+		parts := strings.Split(lv.Value, "*")
+		if p.compat == CompatEnvoy {
+			parts = []string{strings.TrimSuffix(lv.Value, "*"), ""}
+		}
+		parent.wild = append(parent.wild, wildNode{key: lv.Key, parts: parts, n: n})
 		return n
 	}
 	entry := Entry{Key: lv.Key, Value: lv.Value}
@@ -128,7 +137,7 @@ func (p *parser) rule(b *descBlock, d *domain, path []Level) *Rule {
 	case rl != nil && rls != nil:
 		p.errorf(rls, b.prefix+"rate_limits", "use either rate_limit or rate_limits, not both")
 	case rl != nil:
-		l, unlimited, ok := p.limit(rl, b.prefix+"rate_limit.", true)
+		l, unlimited, ok := p.limit(rl, b.prefix+"rate_limit.", ruleLimit)
 		if ok && unlimited {
 			r.Unlimited, r.replaces = true, l.Replaces
 		} else if ok {

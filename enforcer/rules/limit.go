@@ -71,9 +71,18 @@ var limitChecks = []func(p *parser, b *limitBlock){
 	(*parser).limitValid,
 }
 
-// limit parses one rate_limit block. unlimited is reported when the block says so (only
-// allowed where allowUnlimited).
-func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limit, unlimited, ok bool) {
+// limitKind says where a rate_limit block stands.
+type limitKind uint8
+
+const (
+	ruleLimit limitKind = iota // a descriptor's rate_limit, which may be unlimited
+	listLimit                  // an item of a descriptor's rate_limits
+	poolLimit                  // a pool's capacity
+)
+
+// limit parses one rate_limit block of kind. unlimited is reported when the block says so
+// (only a ruleLimit may).
+func (p *parser) limit(m *yaml.Node, prefix string, kind limitKind) (l Limit, unlimited, ok bool) {
 	b := &limitBlock{m: m, prefix: prefix, nerr: len(p.errs)}
 	b.l.Line = m.Line
 	b.l.Algorithm, b.l.Scope = DefaultAlgorithm, DefaultScope
@@ -81,9 +90,10 @@ func (p *parser) limit(m *yaml.Node, prefix string, allowUnlimited bool) (l Limi
 	if m.Kind != yaml.MappingNode || !p.clean(b) {
 		return b.l, false, false
 	}
+	p.compatDefaults(b, kind)
 	p.limitSelfReplace(b)
 	if b.unlimited {
-		p.limitUnlimited(b, allowUnlimited)
+		p.limitUnlimited(b, kind == ruleLimit)
 		return b.l, true, p.clean(b)
 	}
 	for _, check := range limitChecks {
@@ -356,7 +366,7 @@ func (p *parser) limitList(seq *yaml.Node, field string, r *Rule) {
 	windows := make(map[time.Duration]int)
 	for i, item := range seq.Content {
 		f := fmt.Sprintf("%s[%d].", field, i)
-		l, _, ok := p.limit(item, f, false)
+		l, _, ok := p.limit(item, f, listLimit)
 		if !ok {
 			continue
 		}

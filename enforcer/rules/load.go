@@ -52,14 +52,14 @@ func LoadFile(path string) (*Config, error) {
 	if err != nil {
 		return nil, &Error{File: path, Reason: err.Error()}
 	}
-	return build([]source{{path, data}})
+	return build([]source{{path, data}}, LoadOptions{})
 }
 
 // Parse loads one rules file's contents; name stands for the file in errors (e.g.
 // "demo.yaml:4:5: ..."). It is LoadFile for rules that do not live on disk: embedded
 // defaults, tests, configuration from elsewhere.
 func Parse(name string, data []byte) (*Config, error) {
-	return build([]source{{name, data}})
+	return build([]source{{name, data}}, LoadOptions{})
 }
 
 // LoadDir loads every *.yaml and *.yml file directly in dir (not in subdirectories, and not
@@ -70,16 +70,12 @@ func LoadDir(dir string) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	return build(srcs)
+	return build(srcs, LoadOptions{})
 }
 
 // Load loads path with LoadDir if it is a directory, else with LoadFile.
 func Load(path string) (*Config, error) {
-	srcs, err := read(path)
-	if err != nil {
-		return nil, err
-	}
-	return build(srcs)
+	return LoadWith(path, LoadOptions{})
 }
 
 type source struct {
@@ -123,15 +119,48 @@ func readDir(dir string) ([]source, error) {
 	return srcs, nil
 }
 
-func build(srcs []source) (*Config, error) {
+func build(srcs []source, opts LoadOptions) (*Config, error) {
 	c := &Config{domains: make(map[string]*domain)}
 	var errs []error
-	for _, src := range srcs {
-		p := &parser{file: src.name}
-		d, domLine := p.file1(src.data)
-		errs = append(errs, p.errs...)
+	// Read every file first, so that each domain's Compat is known before any of its
+	// files is parsed: with MergeDomains a file that does not say takes the one another
+	// file of its domain says.
+	roots := make([]*yaml.Node, len(srcs))
+	compat := make(map[string]stated)
+	for i, src := range srcs {
+		var doc yaml.Node
+		if err := yaml.Unmarshal(src.data, &doc); err != nil {
+			errs = append(errs, yamlError(src.name, src.data, err))
+			continue
+		}
+		if doc.Kind == 0 || len(doc.Content) == 0 {
+			errs = append(errs, &Error{File: src.name, Field: "domain", Reason: "missing (the file is empty)"})
+			continue
+		}
+		roots[i] = doc.Content[0]
+		if st := preScan(roots[i]); st.compatSet {
+			if prev, ok := compat[st.domain]; !ok || !prev.compatSet {
+				compat[st.domain] = st
+			}
+		}
+	}
+	for i, src := range srcs {
 		c.files = append(c.files, src.name)
-		if d == nil {
+		if roots[i] == nil {
+			continue
+		}
+		p := &parser{file: src.name, compat: opts.Compat}
+		name := preScan(roots[i]).domain
+		if st, ok := compat[name]; ok {
+			p.compat = st.compat
+		}
+		var into *domain
+		if opts.MergeDomains {
+			into = c.domains[name] // nil for the domain's first file
+		}
+		d, domLine := p.file1(roots[i], into)
+		errs = append(errs, p.errs...)
+		if d == nil || into != nil {
 			continue
 		}
 		if prev, ok := c.domains[d.name]; ok {
@@ -151,9 +180,10 @@ func build(srcs []source) (*Config, error) {
 }
 
 type parser struct {
-	file  string
-	errs  []error
-	rules []*Rule // the file's rules in the order they were parsed (the file's order)
+	file   string
+	compat Compat // the Compat of the file's domain, which sets its limits' defaults
+	errs   []error
+	rules  []*Rule // the file's rules in the order they were parsed (the file's order)
 }
 
 func (p *parser) errorf(n *yaml.Node, field, format string, args ...any) {
@@ -297,24 +327,31 @@ var rootFields = []field[*domain]{
 	}},
 	{"descriptors", nil},
 	{"pools", nil},
+	{"compat", func(p *parser, d *domain, v *yaml.Node, f string) {
+		if s, ok := p.str(v, f); ok {
+			c, err := ParseCompat(s)
+			switch {
+			case err != nil:
+				p.errorf(v, f, "%v", err)
+			case c != p.compat:
+				// Another file of the domain (merged) said otherwise.
+				p.errorf(v, f, "%s, where another file of the domain says %s", c, p.compat)
+			}
+		}
+	}},
 }
 
 // rootFieldNames are the names of rootFields, in their order.
 var rootFieldNames = fieldNames(rootFields)
 
-// file1 parses one file into a domain, returning the domain node for positions.
-func (p *parser) file1(data []byte) (*domain, *yaml.Node) {
-	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		p.errs = append(p.errs, yamlError(p.file, data, err))
-		return nil, nil
+// file1 parses the root of one file into a new domain, or into the domain into that
+// earlier files configured (LoadOptions.MergeDomains), where its descriptors and pools
+// join theirs. It returns the domain node for positions.
+func (p *parser) file1(root *yaml.Node, into *domain) (*domain, *yaml.Node) {
+	d := into
+	if d == nil {
+		d = &domain{file: p.file, root: newNode(), compat: p.compat}
 	}
-	if doc.Kind == 0 || len(doc.Content) == 0 {
-		p.errorf(nil, "domain", "missing (the file is empty)")
-		return nil, nil
-	}
-	root := doc.Content[0]
-	d := &domain{file: p.file, root: newNode()}
 	at := envoyTable(p, root, "", rootFields, rootFieldNames, d)
 	if root.Kind != yaml.MappingNode {
 		return nil, nil

@@ -138,7 +138,11 @@ func dumpConfig(b *strings.Builder, c *Config) {
 	slices.Sort(doms)
 	for _, name := range doms {
 		d := c.domains[name]
-		fmt.Fprintf(b, "domain %q file %s\n", d.name, d.file)
+		fmt.Fprintf(b, "domain %q file %s", d.name, d.file)
+		if d.compat != CompatNone {
+			fmt.Fprintf(b, " compat %s", d.compat)
+		}
+		b.WriteString("\n")
 		for _, pl := range c.Pools(name) {
 			fmt.Fprintf(b, "  pool %q key %s at %s:%d priorities %v\n    ", pl.Name, pl.Key, pl.File, pl.Line, pl.Priorities)
 			dumpLimit(b, &pl.Limit)

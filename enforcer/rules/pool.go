@@ -100,7 +100,7 @@ func (p *parser) pools(seq *yaml.Node, d *domain) {
 			p.errorf(item, prefix+"rate_limit", "missing (the pool's capacity)")
 			continue
 		}
-		l, unlimited, ok := p.limit(rl, prefix+"rate_limit.", false)
+		l, unlimited, ok := p.limit(rl, prefix+"rate_limit.", poolLimit)
 		if !ok || unlimited {
 			continue
 		}

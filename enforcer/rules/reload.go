@@ -19,6 +19,8 @@ type ReloaderOptions struct {
 	Logger *slog.Logger
 	// Clock stamps Stats.LastReload. Default (nil): clock.Real{}.
 	Clock clock.Clock
+	// Load says how the files become a Config (Compat, MergeDomains).
+	Load LoadOptions
 	// OnReload, if set, is called with each newly loaded Config (not the initial one), from
 	// the goroutine that detected the change.
 	OnReload func(*Config)
@@ -62,7 +64,7 @@ type Reloader struct {
 	lastLoad time.Time
 }
 
-// NewReloader loads path (see Load) and returns a Reloader holding it. It fails if the
+// NewReloader loads path (see LoadWith) with opts.Load and returns a Reloader holding it. It fails if the
 // initial load fails, so that a bad rules file is a clear error at start.
 func NewReloader(path string, opts ReloaderOptions) (*Reloader, error) {
 	if opts.Interval <= 0 {
@@ -76,7 +78,7 @@ func NewReloader(path string, opts ReloaderOptions) (*Reloader, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := build(srcs)
+	c, err := build(srcs, r.opts.Load)
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +120,7 @@ func (r *Reloader) Check() (bool, error) {
 	if sum == r.good || (r.hasBad && sum == r.bad) {
 		return false, nil
 	}
-	c, err := build(srcs)
+	c, err := build(srcs, r.opts.Load)
 	if err != nil {
 		r.bad, r.hasBad = sum, true
 		r.failures++

@@ -343,10 +343,11 @@ type Config struct {
 }
 
 type domain struct {
-	name  string
-	file  string
-	root  *node
-	pools map[string]*Pool
+	name   string
+	file   string // the first file that configures it
+	root   *node
+	pools  map[string]*Pool
+	compat Compat
 }
 
 // node is one level of a domain's descriptor tree.
@@ -358,7 +359,7 @@ type node struct {
 
 type wildNode struct {
 	key   string
-	parts []string // the pattern split at '*'
+	parts []string // the pattern split at '*' (in a CompatEnvoy domain: its prefix, and "")
 	n     *node
 }
 

@@ -100,6 +100,9 @@ type Config struct {
 	RedisTLS *tls.Config
 	// RedisTimeout bounds every Redis call on the request path. Default sitestore.DefaultTimeout.
 	RedisTimeout time.Duration
+	// RedisKeyPrefix starts every Redis key of this site's counters, so that sites (or
+	// test runs) can share one Redis apart. Default sitestore's.
+	RedisKeyPrefix string
 	// SiteEnforcers is the number of enforcers sharing the site's Redis. While Redis is
 	// unavailable each counts only itself, so each keeps to 1/SiteEnforcers of every site
 	// limit and of the site's part of every global limit. Default 1.
@@ -114,6 +117,14 @@ type Config struct {
 	// LimitOverrides says what the gRPC service and /json do with a descriptor's own
 	// limit. Default rls.HonourOverrides, as envoyproxy/ratelimit.
 	LimitOverrides rls.OverrideMode
+	// Compat is whose answers a domain gets when its rules file does not say (compat:),
+	// and a domain no file configures. Default rules.DefaultCompat.
+	Compat rules.Compat
+	// MergeDomains lets several rules files configure one domain
+	// (rules.LoadOptions.MergeDomains). Default false.
+	MergeDomains bool
+	// Envoy configures the gRPC and /json answers of domains in rules.CompatEnvoy.
+	Envoy rls.EnvoyOptions
 	// Upstream, when set, makes ProxyAddr a reverse proxy to it that rate-limits every
 	// request with HTTP.
 	Upstream *url.URL
@@ -251,7 +262,8 @@ func New(cfg Config) (_ *Server, err error) {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
 
-	s.reloader, err = rules.NewReloader(cfg.RulesPath, rules.ReloaderOptions{Interval: cfg.ReloadInterval, Logger: s.log, Clock: cfg.Clock})
+	s.reloader, err = rules.NewReloader(cfg.RulesPath, rules.ReloaderOptions{Interval: cfg.ReloadInterval, Logger: s.log, Clock: cfg.Clock,
+		Load: rules.LoadOptions{Compat: cfg.Compat, MergeDomains: cfg.MergeDomains}})
 	if err != nil {
 		return nil, err
 	}
@@ -276,7 +288,7 @@ func New(cfg Config) (_ *Server, err error) {
 	if len(cfg.RedisAddrs) > 0 {
 		s.site, err = sitestore.New(sitestore.Config{
 			Addrs: cfg.RedisAddrs, MasterName: cfg.RedisMasterName, Username: cfg.RedisUsername, Password: cfg.RedisPassword, TLS: cfg.RedisTLS,
-			Timeout: cfg.RedisTimeout, Fallback: s.local, FallbackShare: fallbackShare(cfg.SiteEnforcers),
+			KeyPrefix: cfg.RedisKeyPrefix, Timeout: cfg.RedisTimeout, Fallback: s.local, FallbackShare: fallbackShare(cfg.SiteEnforcers),
 			Clock: cfg.Clock, Logger: s.log, Registerer: reg,
 		})
 		if err != nil {
@@ -327,7 +339,7 @@ func New(cfg Config) (_ *Server, err error) {
 		}
 	}
 	if cfg.GRPCAddr != "off" {
-		s.rls, err = rls.NewServer(s.lim, rls.Options{Logger: s.log, Registerer: reg, Overrides: cfg.LimitOverrides})
+		s.rls, err = rls.NewServer(s.lim, rls.Options{Logger: s.log, Registerer: reg, Overrides: cfg.LimitOverrides, Compat: cfg.Compat, Envoy: cfg.Envoy})
 		if err != nil {
 			return nil, err
 		}

@@ -117,7 +117,8 @@ type Config struct {
 	Password string
 	// TLS enables TLS with these settings when Client is nil. Default (nil): plain TCP.
 	TLS *tls.Config
-	// KeyPrefix starts every Redis key. It must not contain '{'. Default: "sl:".
+	// KeyPrefix starts every Redis key. It must not contain '{' or '}'. Default
+	// DefaultKeyPrefix.
 	KeyPrefix string
 	// HashTag maps a counter key to the hash tag of its Redis key (see the package doc).
 	// Default (nil): DomainTag.
@@ -158,6 +159,9 @@ type Config struct {
 // that load alone never sends decisions in process. A Redis that hangs costs each request
 // in flight one timeout; the breaker, judging the error rate, then keeps the others away.
 const DefaultTimeout = 250 * time.Millisecond
+
+// DefaultKeyPrefix is Config.KeyPrefix's default.
+const DefaultKeyPrefix = "sl:"
 
 // DomainTag is the default Config.HashTag: the counter key's domain, i.e. its text before
 // the first '|' or '#' (see rules.Rule.AppendKey), or the whole key if it has neither.
@@ -207,7 +211,7 @@ type Store struct {
 // handled like one that fails later.
 func New(cfg Config) (*Store, error) {
 	if cfg.KeyPrefix == "" {
-		cfg.KeyPrefix = "sl:"
+		cfg.KeyPrefix = DefaultKeyPrefix
 	}
 	if strings.ContainsAny(cfg.KeyPrefix, "{}") {
 		return nil, fmt.Errorf("sitestore: key prefix %q contains '{' or '}'", cfg.KeyPrefix)

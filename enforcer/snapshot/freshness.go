@@ -72,13 +72,13 @@ func (s *Snapshot) applyHeartbeat(key, value []byte) error {
 	return nil
 }
 
-// SiteTimes is how far the snapshot's view of each site reaches, from the aggregators'
-// heartbeats: for every site some source lists, the earliest of the times up to which the
-// sources say they have counted its hits (topics.Heartbeat.Sites), in unix milliseconds of
-// the site's clock. A site whose time falls behind is one whose hits have stopped arriving
-// here — a cut link, a stopped replicator, a data center down, or the site itself gone —
-// and it is no longer known to be idle: the enforcer then assumes it spends its share. A
-// SiteTimes is immutable.
+// SiteTimes is what the snapshot knows of each site, from the aggregators' heartbeats: for
+// every site some source lists, the earliest of the times up to which the sources say they
+// have counted its hits (topics.Heartbeat.Sites), in unix milliseconds of the site's clock,
+// or, once every source lists it as left (topics.Heartbeat.Left), that it left. A site whose
+// time falls behind is one whose hits have stopped arriving here — a cut link, a stopped
+// replicator, a data center down, or the site itself crashed — and it is no longer known to
+// be idle; Peer tells the last case from the others. A SiteTimes is immutable.
 type SiteTimes struct {
 	sites []SiteTime // sorted by Site
 }
@@ -86,8 +86,16 @@ type SiteTimes struct {
 // SiteTime is one site's entry in SiteTimes.
 type SiteTime struct {
 	Site string
-	// Heard is the time up to which this site's hits have been counted, unix ms.
+	// Heard is the time up to which this site's hits have been counted, unix ms; for a site
+	// that left, the time it left.
 	Heard int64
+	// Left reports that the site stopped cleanly (every source lists it as left): it admits
+	// nothing more, and only its hits still in their windows count for it.
+	Left bool
+	// Peer is the latest time any other live site was heard from on the sources that list
+	// this one (unix ms; 0 when none): the sites of one source are one data center's, so a
+	// site silent while Peer is recent has stopped on its own rather than been cut off.
+	Peer int64
 }
 
 // Sites returns every site with a time, sorted by name. Read only.
@@ -98,17 +106,23 @@ func (t *SiteTimes) Sites() []SiteTime {
 	return t.sites
 }
 
-// Heard returns the time up to which site's hits have been counted, and whether any
-// source lists the site.
+// Heard returns the time up to which site's hits have been counted (for a site that left,
+// the time it left), and whether any source lists the site.
 func (t *SiteTimes) Heard(site string) (int64, bool) {
+	e, ok := t.Get(site)
+	return e.Heard, ok
+}
+
+// Get returns site's entry and whether any source lists the site.
+func (t *SiteTimes) Get(site string) (SiteTime, bool) {
 	if t == nil {
-		return 0, false
+		return SiteTime{}, false
 	}
 	i, ok := slices.BinarySearchFunc(t.sites, site, func(e SiteTime, s string) int { return strings.Compare(e.Site, s) })
 	if !ok {
-		return 0, false
+		return SiteTime{}, false
 	}
-	return t.sites[i].Heard, true
+	return t.sites[i], true
 }
 
 // SiteTimes returns the current per-site freshness (nil before any heartbeat that lists a
@@ -119,16 +133,37 @@ func (s *Snapshot) SiteTimes() *SiteTimes { return s.sites.Load() }
 // partition per data center), so a full pass per heartbeat is cheap.
 func (s *Snapshot) recomputeLocked() {
 	oldest, replaying := int64(noHeartbeat), false
-	heard := map[string]int64{}
+	heard, left, peer := map[string]int64{}, map[string]int64{}, map[string]int64{}
 	for _, h := range s.sources {
 		if oldest == noHeartbeat || h.AsOf < oldest {
 			oldest = h.AsOf
 		}
 		replaying = replaying || h.Replaying
+		// The two latest sites of the source, so that each site's peer time is the latest
+		// of the others'.
+		var top1, top2 int64
+		top1Site := ""
 		for site, ms := range h.Sites {
 			if prev, ok := heard[site]; !ok || ms < prev {
 				heard[site] = ms
 			}
+			switch {
+			case ms > top1:
+				top2, top1, top1Site = top1, ms, site
+			case ms > top2:
+				top2 = ms
+			}
+		}
+		for site := range h.Sites {
+			p := top1
+			if site == top1Site {
+				p = top2
+			}
+			peer[site] = max(peer[site], p)
+		}
+		for site, ms := range h.Left {
+			left[site] = max(left[site], ms)
+			peer[site] = max(peer[site], top1)
 		}
 	}
 	s.oldestMs.Store(oldest)
@@ -144,10 +179,17 @@ func (s *Snapshot) recomputeLocked() {
 		s.logConflict()
 	}
 	var st *SiteTimes
-	if len(heard) > 0 {
-		st = &SiteTimes{sites: make([]SiteTime, 0, len(heard))}
+	if len(heard)+len(left) > 0 {
+		st = &SiteTimes{sites: make([]SiteTime, 0, len(heard)+len(left))}
 		for site, ms := range heard {
-			st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms})
+			st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Peer: peer[site]})
+		}
+		for site, ms := range left {
+			// A site some source still hears from is live there: its leave has not reached
+			// every partition yet, or it restarted.
+			if _, live := heard[site]; !live {
+				st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Left: true, Peer: peer[site]})
+			}
 		}
 		slices.SortFunc(st.sites, func(a, b SiteTime) int { return strings.Compare(a.Site, b.Site) })
 	}

@@ -59,8 +59,11 @@ func newMetrics(s *Snapshot, reg prometheus.Registerer) (*metrics, error) {
 	cs := []prometheus.Collector{
 		m.applied, m.tombstones, m.heartbeats, m.ignored, m.badVec, m.evicted, m.refused, m.ready, m.siteConflicts,
 		&siteCollector{s: s, age: prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "site_age_seconds"),
-			"How old the snapshot's view of each site is: now minus the time up to which its hits have been counted (a silent site's age grows).",
-			[]string{"site"}, nil)},
+			"How old the snapshot's view of each live site is: now minus the time up to which its hits have been counted (a silent site's age grows; a site that left is not listed).",
+			[]string{"site"}, nil),
+			left: prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "site_left"),
+				"1 for each site that stopped cleanly (a leave record on every partition) and is still remembered; nothing is reserved for it.",
+				[]string{"site"}, nil)},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("keys", "Counter keys held.")),
 			func() float64 { return float64(s.Len()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("bytes", "Bytes the counter keys' entries keep alive, by the estimate Config.MaxBytes bounds.")),
@@ -122,17 +125,22 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// siteCollector reports each site's freshness age at scrape time.
+// siteCollector reports each live site's freshness age at scrape time, and the sites that
+// left.
 type siteCollector struct {
-	s   *Snapshot
-	age *prometheus.Desc
+	s         *Snapshot
+	age, left *prometheus.Desc
 }
 
-func (c *siteCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.age }
+func (c *siteCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.age; ch <- c.left }
 
 func (c *siteCollector) Collect(ch chan<- prometheus.Metric) {
 	now := c.s.cfg.Clock.Now().UnixMilli()
 	for _, st := range c.s.SiteTimes().Sites() {
+		if st.Left {
+			ch <- prometheus.MustNewConstMetric(c.left, prometheus.GaugeValue, 1, st.Site)
+			continue
+		}
 		ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, float64(now-st.Heard)/1000, st.Site)
 	}
 }

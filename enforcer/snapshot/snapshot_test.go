@@ -458,6 +458,33 @@ func TestConfig(t *testing.T) {
 	}
 }
 
+// A site is left once no source lists it as heard and some lists it as left: while its
+// leave has not reached every partition it is still live. Peer is the latest other site
+// heard on its sources.
+func TestSiteTimesLeft(t *testing.T) {
+	f := newFixture(t, Config{})
+	hb := func(p int32, sites, left map[string]int64) {
+		t.Helper()
+		v, err := topics.Heartbeat{Instance: "a", Topic: "us.hits", Partition: p, AsOf: 300, Sites: sites, Left: left}.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.apply(t, topics.HeartbeatKey("us.hits", p), v)
+	}
+	hb(0, map[string]int64{"us2": 250}, map[string]int64{"us": 200})
+	hb(1, map[string]int64{"us": 150, "us2": 240}, nil)
+	if got, _ := f.s.SiteTimes().Get("us"); got != (SiteTime{Site: "us", Heard: 150, Peer: 250}) {
+		t.Fatalf("us left on one partition only: %+v, want live, heard up to 150", got)
+	}
+	hb(1, map[string]int64{"us2": 260}, map[string]int64{"us": 210})
+	if got, _ := f.s.SiteTimes().Get("us"); got != (SiteTime{Site: "us", Heard: 210, Left: true, Peer: 260}) {
+		t.Fatalf("us left on every partition: %+v, want left at 210", got)
+	}
+	if got, _ := f.s.SiteTimes().Get("us2"); got.Left || got.Heard != 250 {
+		t.Fatalf("us2: %+v", got)
+	}
+}
+
 // Each site's time is the earliest any source gives it: a site is only as fresh as its
 // most lagging partition.
 func TestSiteTimes(t *testing.T) {
@@ -474,7 +501,8 @@ func TestSiteTimes(t *testing.T) {
 		f.apply(t, topics.HeartbeatKey("hits", int32(p)), v)
 	}
 	st := f.s.SiteTimes()
-	want := []SiteTime{{"ap", 7}, {"eu", 95}, {"us", 90}}
+	// Peer is the latest other site heard on a source that lists the site.
+	want := []SiteTime{{Site: "ap", Heard: 7, Peer: 200}, {Site: "eu", Heard: 95, Peer: 90}, {Site: "us", Heard: 90, Peer: 100}}
 	if got := st.Sites(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("sites %v, want %v", got, want)
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -56,6 +58,16 @@ type DCConfig struct {
 	// as at most Burst in any Burst / rate, and the oracle is that exact sliding log.
 	Algorithm string
 	Burst     int64
+
+	// Procs is the number of enforcer processes of each data center at the start, each a
+	// site of its own counting in process (named "<dc>-p<k>"), among which a data
+	// center's requests are spread at random. Default 1 (the data center is one site, as
+	// with a shared Redis), 6 for the churn scenarios.
+	Procs int
+
+	// heartbeatsCrossCuts lets site heartbeats through cut links while hits stay cut: a
+	// broken replicator that the sites cannot notice, for the tests' control runs.
+	heartbeatsCrossCuts bool
 }
 
 // dcRulesYAML is a run's one rule: every client gets Limit per Window, global scope, by
@@ -103,9 +115,18 @@ func (c DCConfig) normalize() (DCConfig, error) {
 	if c.SubBuckets == 0 {
 		c.SubBuckets = 60
 	}
+	if c.Procs == 0 {
+		c.Procs = 1
+		if c.Scenario.churns() {
+			c.Procs = 6
+		}
+	}
 	var errs []error
 	if c.DCs < 2 || c.DCs > 16 {
 		errs = append(errs, fmt.Errorf("sim: DCs %d out of 2..16", c.DCs))
+	}
+	if c.Procs < 1 || c.Procs > 16 {
+		errs = append(errs, fmt.Errorf("sim: Procs %d out of 1..16", c.Procs))
 	}
 	if c.Jitter >= c.WAN && c.WAN > 0 {
 		errs = append(errs, fmt.Errorf("sim: Jitter %v must be below WAN %v", c.Jitter, c.WAN))
@@ -127,15 +148,52 @@ type cut struct {
 	from, to int64 // ms since the start
 }
 
-// dcSite is one data center: its enforcer, snapshot, producer model and aggregator.
+// dcSite is one data center: its aggregator, the latest record of every key of its counts
+// topic (what a process that starts reads first), and its enforcer processes.
 type dcSite struct {
-	name string
-	lim  *enforcer.Limiter
-	snap *snapshot.Snapshot
-	pub  *publisher
-	agg  *aggregator.Memory
-	// lastHB is when this site's producer last sent site heartbeats (ms since start).
+	name      string
+	agg       *aggregator.Memory
+	compacted map[string][]byte
+	procs     []*dcProc // serving, in the order they started
+}
+
+// dcProc is one enforcer process of a data center: a site of its own (DCConfig.Procs), or
+// the whole data center when it runs one; with its own snapshot of the data center's
+// counts, producer model and site heartbeats.
+type dcProc struct {
+	name     string // its site
+	instance string // its producer instance: a restart under the same site is another
+	lim      *enforcer.Limiter
+	snap     *snapshot.Snapshot
+	pub      *publisher
+	// lastHB is when this process last sent site heartbeats (ms since start).
 	lastHB int64
+}
+
+// procName is the site of process k of data center dc: the data center's own name when it
+// runs one process.
+func procName(dc string, k, procs int) string {
+	if procs == 1 {
+		return dc
+	}
+	return fmt.Sprintf("%s-p%d", dc, k)
+}
+
+// churnKind is what happens to a process.
+type churnKind uint8
+
+const (
+	churnLeave churnKind = iota // it stops cleanly: pending hits delivered, then a leave record
+	churnCrash                  // it stops at once: pending hits lost, nothing said
+	churnStart                  // it starts, reading the counts topic before it serves
+)
+
+// churnEvent starts or stops process proc of data center dc at t (ms since the start).
+type churnEvent struct {
+	t    int64
+	dc   int
+	proc string
+	kind churnKind
 }
 
 // transit is a record on its way to a data center's aggregator or snapshot.
@@ -180,7 +238,7 @@ func RunDC(ctx context.Context, cfg DCConfig) (DCResult, error) {
 	}
 	acc := newDCAccounting(cfg, load, lim.GlobalAllowance(), lim.CountWindow())
 	var res DCResult
-	res.AggregatorErrors, res.SnapshotErrors, err = simulateDCs(ctx, cfg, rc, seed, durMs, load.arrivals, load.cuts, reqs, len(load.clients), acc.decide)
+	res.AggregatorErrors, res.SnapshotErrors, err = simulateDCs(ctx, cfg, rc, seed, durMs, load.arrivals, load.cuts, load.churn, reqs, len(load.clients), acc.decide)
 	if err != nil {
 		return DCResult{}, err
 	}
@@ -190,42 +248,75 @@ func RunDC(ctx context.Context, cfg DCConfig) (DCResult, error) {
 }
 
 // simulateDCs runs cfg's data centers under rc for durMs: arrivals (in time order) are
-// decided by their site's enforcer with reqs[client], and every decision goes to decided.
-// It returns the records the aggregators and snapshots refused.
+// decided by one of their data center's serving processes with reqs[client], and every
+// decision goes to decided; churn starts and stops processes. It returns the records the
+// aggregators and snapshots refused.
 func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint64, durMs int64, arrivals []dcArrival, cuts []cut,
-	reqs []enforcer.Request, clients int, decided func(dcArrival, bool)) (aggErrs, snapErrs int64, err error) {
+	churn []churnEvent, reqs []enforcer.Request, clients int, decided func(dcArrival, bool)) (aggErrs, snapErrs int64, err error) {
 	clk := clock.NewFake(Start())
 	startMs := Start().UnixMilli()
 	sites := make([]*dcSite, cfg.DCs)
-	for i := range sites {
-		s := &dcSite{name: siteName(i), lastHB: -1 << 40}
-		if s.snap, err = snapshot.NewMemory(snapshot.Config{Site: s.name, Clock: clk, SubBuckets: cfg.SubBuckets}); err != nil {
-			return 0, 0, err
+	incarnation := 0
+	startProc := func(dc *dcSite, name string) error {
+		incarnation++
+		p := &dcProc{name: name, instance: fmt.Sprintf("%s#%d", name, incarnation), lastHB: -1 << 40}
+		var err error
+		if p.snap, err = snapshot.NewMemory(snapshot.Config{Site: name, Clock: clk, SubBuckets: cfg.SubBuckets}); err != nil {
+			return err
 		}
+		// A new process reads the compacted counts topic before it serves.
+		for _, k := range slices.Sorted(maps.Keys(dc.compacted)) {
+			if err := p.snap.Apply([]byte(k), dc.compacted[k]); err != nil {
+				snapErrs++
+			}
+		}
+		p.pub = &publisher{clk: clk, sub: cfg.SubBuckets, widthMs: 100}
+		p.lim, err = enforcer.New(enforcer.Config{
+			Rules: enforcer.StaticRules(rc), Site: name, Snapshot: p.snap, Publisher: p.pub, Clock: clk,
+			SubBuckets: cfg.SubBuckets, MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter,
+			ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior, CrashHold: cfg.Tuning.CrashHold,
+		})
+		if err != nil {
+			return err
+		}
+		dc.procs = append(dc.procs, p)
+		return nil
+	}
+	for i := range sites {
+		s := &dcSite{name: siteName(i), compacted: map[string][]byte{}}
 		if s.agg, err = aggregator.NewMemory(aggregator.Config{SubBuckets: cfg.SubBuckets, MaxKeys: 10 * (clients + 10)}); err != nil {
 			return 0, 0, err
 		}
-		s.pub = &publisher{clk: clk, sub: cfg.SubBuckets, widthMs: 100}
-		s.lim, err = enforcer.New(enforcer.Config{
-			Rules: enforcer.StaticRules(rc), Site: s.name, Snapshot: s.snap, Publisher: s.pub, Clock: clk,
-			SubBuckets: cfg.SubBuckets, MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter,
-			ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior,
-		})
-		if err != nil {
-			return 0, 0, err
-		}
 		sites[i] = s
+		for k := range cfg.Procs {
+			if err := startProc(s, procName(s.name, k, cfg.Procs)); err != nil {
+				return 0, 0, err
+			}
+		}
 	}
-	// hits[i][j]: site i's records on their way to data center j's aggregator; counts[j]:
-	// data center j's emissions on their way to its enforcer.
-	hits := make([][]stream, cfg.DCs)
+	// hits[i][j]: data center i's records on their way to data center j's aggregator;
+	// counts[j]: data center j's emissions on their way to its processes.
+	// hbs carries the site heartbeats apart from the hits when they cross cuts (the
+	// control runs); otherwise it is hits itself.
+	hits, hbs := make([][]stream, cfg.DCs), make([][]stream, cfg.DCs)
 	for i := range hits {
-		hits[i] = make([]stream, cfg.DCs)
+		hits[i], hbs[i] = make([]stream, cfg.DCs), make([]stream, cfg.DCs)
+		if !cfg.heartbeatsCrossCuts {
+			hbs[i] = hits[i]
+		}
 	}
 	counts := make([]stream, cfg.DCs)
+	// topicFrom is the hits topic data center j reads data center i's records from.
+	topicFrom := func(i, j int) string {
+		if i == j {
+			return topics.DefaultHitsTopic
+		}
+		return topics.RemoteHitsTopic(sites[i].name, topics.DefaultHitsTopic)
+	}
 	localMs, wanMs, jitMs := cfg.Local.Milliseconds(), cfg.WAN.Milliseconds(), cfg.Jitter.Milliseconds()
 	linkRng := rand.New(rand.NewPCG(seed^0x5bd1e995, 3))
-	delay := func(i, j int, t int64) int64 {
+	routeRng := rand.New(rand.NewPCG(seed^0x2545f491, 5))
+	delay := func(i, j int, t int64, heartbeat bool) int64 {
 		if i == j {
 			return t + localMs
 		}
@@ -234,6 +325,9 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 			d += linkRng.Int64N(2*jitMs+1) - jitMs
 		}
 		at := t + localMs + d
+		if heartbeat && cfg.heartbeatsCrossCuts {
+			return at
+		}
 		for _, c := range cuts {
 			if ((c.a == i && c.b == j) || (c.a == j && c.b == i)) && at >= c.from && t < c.to {
 				at = max(at, c.to+d)
@@ -245,29 +339,61 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 		recs []pubRec
 		out  enforcer.Result
 	)
-	next := 0
+	// send publishes records of process p of data center i to every data center.
+	send := func(i int, p *dcProc, t int64, recs []pubRec) {
+		for _, r := range recs {
+			h := topics.Hit{Key: r.key, Site: p.name, BucketStart: r.bucket, Window: r.window, Count: r.n, Denied: r.d}
+			for j := range sites {
+				hits[i][j].push(transit{at: delay(i, j, t, false), hit: h})
+			}
+		}
+	}
+	siteRecord := func(i int, p *dcProc, t int64, h topics.Hit) {
+		for j := range sites {
+			hbs[i][j].push(transit{at: delay(i, j, t, true), hit: h})
+		}
+	}
+	next, nextChurn := 0, 0
 	for t := int64(0); t < durMs; t++ {
 		if t%1024 == 0 && ctx.Err() != nil {
 			return 0, 0, ctx.Err()
 		}
 		now := time.UnixMilli(startMs + t).UTC()
 		clk.Set(now)
+		// 0. Processes stop and start.
+		for ; nextChurn < len(churn) && churn[nextChurn].t <= t; nextChurn++ {
+			ev := churn[nextChurn]
+			dc := sites[ev.dc]
+			if ev.kind == churnStart {
+				if err := startProc(dc, ev.proc); err != nil {
+					return 0, 0, err
+				}
+				continue
+			}
+			k := slices.IndexFunc(dc.procs, func(p *dcProc) bool { return p.name == ev.proc })
+			if k < 0 {
+				continue
+			}
+			p := dc.procs[k]
+			dc.procs = slices.Delete(dc.procs, k, k+1)
+			if ev.kind == churnLeave {
+				// Close: everything pending is delivered, then a leave record.
+				recs = p.pub.flush(math.MaxInt64, recs[:0])
+				send(ev.dc, p, t, recs)
+				siteRecord(ev.dc, p, t, topics.Hit{Key: topics.SiteLeaveKey, Site: p.name, BucketStart: startMs + t, Instance: p.instance})
+			}
+			// A crash loses what was pending and says nothing.
+		}
 		// 1. Producers: finished buckets every 50 ms, then site heartbeats every 500 ms,
 		// stamped with the oldest bucket still held back.
 		if t%50 == 0 {
 			for i, s := range sites {
-				recs = s.pub.flush(startMs+t, recs[:0])
-				for _, r := range recs {
-					h := topics.Hit{Key: r.key, Site: s.name, BucketStart: r.bucket, Window: r.window, Count: r.n, Denied: r.d}
-					for j := range sites {
-						hits[i][j].push(transit{at: delay(i, j, t), hit: h})
-					}
-				}
-				if t-s.lastHB >= 500 {
-					s.lastHB = t
-					h := topics.Hit{Key: topics.SiteHeartbeatKey, Site: s.name, BucketStart: s.pub.watermark(startMs + t)}
-					for j := range sites {
-						hits[i][j].push(transit{at: delay(i, j, t), hit: h})
+				for _, p := range s.procs {
+					recs = p.pub.flush(startMs+t, recs[:0])
+					send(i, p, t, recs)
+					if t-p.lastHB >= 500 {
+						p.lastHB = t
+						siteRecord(i, p, t, topics.Hit{Key: topics.SiteHeartbeatKey, Site: p.name, BucketStart: p.pub.watermark(startMs + t), Instance: p.instance})
 					}
 				}
 			}
@@ -276,19 +402,26 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 		for j, s := range sites {
 			for i := range sites {
 				st := &hits[i][j]
+				if cfg.heartbeatsCrossCuts {
+					// Heartbeats first: they arrive as if nothing were cut.
+					hb := &hbs[i][j]
+					k := 0
+					for ; k < len(hb.q) && hb.q[k].at <= t; k++ {
+						if err := s.agg.AddFrom(now, topicFrom(i, j), hb.q[k].hit); err != nil {
+							aggErrs++
+						}
+					}
+					hb.q = hb.q[k:]
+				}
 				k := 0
 				for ; k < len(st.q) && st.q[k].at <= t; k++ {
-					add := s.agg.AddRemote
-					if i == j {
-						add = s.agg.Add
-					}
-					if err := add(now, st.q[k].hit); err != nil {
+					if err := s.agg.AddFrom(now, topicFrom(i, j), st.q[k].hit); err != nil {
 						aggErrs++
 					}
 				}
 				st.q = st.q[k:]
 			}
-			// 3. It emits every 100 ms, to its own data center's enforcer.
+			// 3. It emits every 100 ms, to its own data center's processes.
 			if t%100 == 0 {
 				for _, e := range s.agg.Emit(now) {
 					counts[j].push(transit{at: t + localMs, em: e})
@@ -297,16 +430,33 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 			st := &counts[j]
 			k := 0
 			for ; k < len(st.q) && st.q[k].at <= t; k++ {
-				if err := s.snap.Apply(st.q[k].em.Key, st.q[k].em.Value); err != nil {
-					snapErrs++
+				em := st.q[k].em
+				if em.Value == nil {
+					delete(s.compacted, string(em.Key))
+				} else {
+					s.compacted[string(em.Key)] = em.Value
+				}
+				for _, p := range s.procs {
+					if err := p.snap.Apply(em.Key, em.Value); err != nil {
+						snapErrs++
+					}
 				}
 			}
 			st.q = st.q[k:]
 		}
-		// 4. Requests, in arrival order.
+		// 4. Requests, in arrival order, each to one of its data center's serving processes.
 		for ; next < len(arrivals) && arrivals[next].t == t; next++ {
 			a := arrivals[next]
-			sites[a.site].lim.DecideInto(ctx, reqs[a.client], &out)
+			procs := sites[a.site].procs
+			if len(procs) == 0 {
+				decided(a, false) // nothing serves the data center: refused
+				continue
+			}
+			p := procs[0]
+			if len(procs) > 1 {
+				p = procs[routeRng.IntN(len(procs))]
+			}
+			p.lim.DecideInto(ctx, reqs[a.client], &out)
 			decided(a, out.Code == enforcer.CodeOK)
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-	"time"
 )
 
 // The data-center simulation holds every client near its limit across data centers,
@@ -61,7 +60,9 @@ func TestDCSimulationBounds(t *testing.T) {
 	if cut > 1.05 || healed > 1.02 {
 		t.Errorf("partition: max/limit %.3f during the cut (want ≤ 1.05), %.3f after healing (want ≤ 1.02)", cut, healed)
 	}
-	part.Tuning.SiteStaleAfter = time.Hour // the cut site is never taken as stale
+	// Control: a cut that the sites cannot notice (their heartbeats still cross it while
+	// their hits do not) is taken for idleness, and the bound breaks.
+	part.heartbeatsCrossCuts = true
 	if blind, _ := phases(run(part)); blind < 1.2 {
 		t.Errorf("partition taken for fresh: max/limit %.3f during the cut, want well above the limit (the test would not see a broken bound)", blind)
 	}

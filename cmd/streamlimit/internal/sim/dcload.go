@@ -34,11 +34,46 @@ const (
 	// DCBursty: one client at 10× its limit, on and off (ON ~ Exp(1 s) at 4× the average,
 	// OFF ~ Exp(3 s)), spread over the data centers, as the classic bursty scenario.
 	DCBursty DCScenario = "bursty"
+	// DCSkewedCut: clients (default 100) at 5× their limit, each with 98% of its requests
+	// at one of the first two data centers and 2% at the other; the first data center's
+	// links are cut for 20 s one window into the measurement. Each side of the cut should
+	// still admit its part of every client's limit, together the whole.
+	DCSkewedCut DCScenario = "skewed-cut"
+
+	// The churn scenarios: the mix (default 2 000 clients) on data centers of six enforcer
+	// processes each (DCConfig.Procs), each a site of its own counting in process, among
+	// which a data center's requests are spread.
+
+	// DCRolling restarts every process of every data center, one at a time every 10 s
+	// (staggered across data centers): it stops cleanly and starts again under its name 2 s
+	// later, its in-process count lost.
+	DCRolling DCScenario = "rolling"
+	// DCAutoscale adds a process to every data center and removes the oldest, alternately
+	// every 10 s: sites join under new names and leave cleanly.
+	DCAutoscale DCScenario = "autoscale"
+	// DCCrash stops two processes of every data center without a word (10 s and 30 s into
+	// the measurement): their pending hits are lost and they send no leave record.
+	DCCrash DCScenario = "crash"
+	// DCLeave is DCCrash with clean stops.
+	DCLeave DCScenario = "leave"
+	// DCRename stops two processes of every data center cleanly and starts each again 2 s
+	// later under a new site name.
+	DCRename DCScenario = "rename"
 )
+
+// churns reports whether the scenario starts and stops processes.
+func (s DCScenario) churns() bool {
+	switch s {
+	case DCRolling, DCAutoscale, DCCrash, DCLeave, DCRename:
+		return true
+	}
+	return false
+}
 
 // DCScenarios returns every data-center scenario, in table order.
 func DCScenarios() []DCScenario {
-	return []DCScenario{DCMix, DCMigrating, DCFailover, DCPartition, DCJitter, DCBursty}
+	return []DCScenario{DCMix, DCMigrating, DCFailover, DCPartition, DCSkewedCut, DCJitter, DCBursty,
+		DCRolling, DCAutoscale, DCCrash, DCLeave, DCRename}
 }
 
 // clientKind says how a client behaves, for the per-kind figures.
@@ -71,6 +106,7 @@ type dcPlan struct {
 	clients  []dcClient
 	arrivals []dcArrival
 	cuts     []cut
+	churn    []churnEvent // in time order
 	// phases are the named intervals (ms since the start) the figures are also given for.
 	phases []phase
 }
@@ -82,6 +118,16 @@ type phase struct {
 
 // placement returns the site of a client's request at t.
 type placement func(r *rand.Rand, t int64) int
+
+// skewed places a request at site a with probability pa, else at b.
+func skewed(a, b int, pa float64) placement {
+	return func(r *rand.Rand, _ int64) int {
+		if r.Float64() < pa {
+			return a
+		}
+		return b
+	}
+}
 
 func home(s int) placement { return func(*rand.Rand, int64) int { return s } }
 
@@ -115,9 +161,12 @@ func dcLoad(rng *rand.Rand, cfg DCConfig, durMs int64) dcPlan {
 		}
 		return def
 	}
-	switch cfg.Scenario {
-	case DCMix, DCJitter:
-		total := clients(map[DCScenario]int{DCMix: 10_000, DCJitter: 2_000}[cfg.Scenario])
+	switch sc := cfg.Scenario; {
+	case sc == DCMix || sc == DCJitter || sc.churns():
+		total := clients(map[DCScenario]int{DCMix: 10_000}[cfg.Scenario])
+		if total == 0 {
+			total = clients(2_000)
+		}
 		abusive := max(total/100, 1)
 		migrating := max(total/100, 1)
 		for i := range total - abusive - migrating {
@@ -138,7 +187,7 @@ func dcLoad(rng *rand.Rand, cfg DCConfig, durMs int64) dcPlan {
 		for range migrating {
 			add(kindMigrating, 0.2+0.6*rng.Float64(), gen{place: migrate(rng.IntN(n), n, 30_000, rng.Int64N(30_000)), bursty: true})
 		}
-	case DCMigrating:
+	case sc == DCMigrating:
 		total := clients(200)
 		for i := range total {
 			load := 0.3 + 0.6*rng.Float64()
@@ -147,7 +196,7 @@ func dcLoad(rng *rand.Rand, cfg DCConfig, durMs int64) dcPlan {
 			}
 			add(kindMigrating, load, gen{place: migrate(rng.IntN(n), n, 10_000, rng.Int64N(10_000))})
 		}
-	case DCFailover:
+	case sc == DCFailover:
 		total := clients(300)
 		fail := warm + 2*wMs
 		for i := range total {
@@ -164,7 +213,7 @@ func dcLoad(rng *rand.Rand, cfg DCConfig, durMs int64) dcPlan {
 			}})
 		}
 		p.phases = append(p.phases, phase{"after the failover", fail, durMs})
-	case DCPartition:
+	case sc == DCPartition:
 		total := clients(200)
 		for i := range total {
 			if i%2 == 0 {
@@ -179,9 +228,25 @@ func dcLoad(rng *rand.Rand, cfg DCConfig, durMs int64) dcPlan {
 			p.cuts = append(p.cuts, cut{a: 0, b: j, from: from, to: to})
 		}
 		p.phases = append(p.phases, phase{"during the cut", from, to}, phase{"after healing", to + wMs, durMs})
-	case DCBursty:
+	case sc == DCSkewedCut:
+		total := clients(100)
+		for i := range total {
+			a, b := 0, 1
+			if i%2 == 1 {
+				a, b = 1, 0
+			}
+			add(kindAbusive, 5, gen{place: skewed(a, b, 0.98)})
+		}
+		from := warm + wMs
+		to := from + 20_000
+		for j := 1; j < n; j++ {
+			p.cuts = append(p.cuts, cut{a: 0, b: j, from: from, to: to})
+		}
+		p.phases = append(p.phases, phase{"during the cut", from, to}, phase{"after healing", to + wMs, durMs})
+	case sc == DCBursty:
 		add(kindAbusive, 10, gen{place: spread(n), onOff: true})
 	}
+	p.churn = churnPlan(cfg, warm)
 	// Arrivals: each client a Poisson process at its load (bursty clients in bursts of 1 to
 	// 5 requests; on/off clients at 4× their load during ON periods).
 	for c, g := range gens {
@@ -237,4 +302,50 @@ func dcLoad(rng *rand.Rand, cfg DCConfig, durMs int64) dcPlan {
 		return 0
 	})
 	return p
+}
+
+// churnPlan is the scenario's starts and stops of processes, in time order; warm is the end
+// of the warm-up (ms).
+func churnPlan(cfg DCConfig, warm int64) []churnEvent {
+	var ev []churnEvent
+	name := func(d, k int) string { return procName(siteName(d), k, cfg.Procs) }
+	switch cfg.Scenario {
+	case DCRolling:
+		for d := range cfg.DCs {
+			for k := range cfg.Procs {
+				at := warm + int64(k)*10_000 + int64(d)*3_000
+				ev = append(ev, churnEvent{t: at, dc: d, proc: name(d, k), kind: churnLeave},
+					churnEvent{t: at + 2_000, dc: d, proc: name(d, k), kind: churnStart})
+			}
+		}
+	case DCAutoscale:
+		for d := range cfg.DCs {
+			added, oldest := cfg.Procs, 0
+			for m := int64(0); m < int64(cfg.Windows)*cfg.Window.Milliseconds(); m += 20_000 {
+				ev = append(ev, churnEvent{t: warm + m + 5_000 + int64(d)*1_000, dc: d, proc: name(d, added), kind: churnStart},
+					churnEvent{t: warm + m + 15_000 + int64(d)*1_000, dc: d, proc: name(d, oldest), kind: churnLeave})
+				added++
+				oldest++
+			}
+		}
+	case DCCrash, DCLeave:
+		kind := churnCrash
+		if cfg.Scenario == DCLeave {
+			kind = churnLeave
+		}
+		for d := range cfg.DCs {
+			ev = append(ev, churnEvent{t: warm + 10_000 + int64(d)*1_000, dc: d, proc: name(d, 0), kind: kind},
+				churnEvent{t: warm + 30_000 + int64(d)*1_000, dc: d, proc: name(d, 1), kind: kind})
+		}
+	case DCRename:
+		for d := range cfg.DCs {
+			for i, at := range []int64{warm + 10_000, warm + 30_000} {
+				at += int64(d) * 1_000
+				ev = append(ev, churnEvent{t: at, dc: d, proc: name(d, i), kind: churnLeave},
+					churnEvent{t: at + 2_000, dc: d, proc: name(d, i) + "-renamed", kind: churnStart})
+			}
+		}
+	}
+	slices.SortStableFunc(ev, func(a, b churnEvent) int { return int(a.t - b.t) })
+	return ev
 }

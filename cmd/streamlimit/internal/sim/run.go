@@ -25,6 +25,7 @@ type Tuning struct {
 	SiteStaleAfter time.Duration
 	ShareDamping   float64
 	DemandPrior    float64
+	CrashHold      time.Duration
 }
 
 // Config is one simulation run. Every zero field takes the default written in its comment.

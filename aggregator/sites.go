@@ -1,0 +1,201 @@
+package aggregator
+
+import (
+	"maps"
+
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// source names one partition of a hits topic: the local "hits" or a data center's
+// replicated "<dc>.hits". The sites heard on a source are one data center's, so a site
+// silent while the others of its source still speak has stopped on its own (a crash),
+// while a source whose sites are all silent has been cut off.
+type source struct {
+	topic string
+	part  int32
+}
+
+// siteSeen is what one source partition has heard of one site: its site records
+// (heartbeats and leaves, topics.Hit.IsSiteRecord), by instance.
+type siteSeen struct {
+	at    int64            // the latest site record's time, unix ms of the site's clock
+	left  bool             // every instance heard from here has left
+	insts map[string]int64 // instance → its latest record's time; "" for producers that name none
+}
+
+// instanceLive is how long after its latest heartbeat another instance of a site keeps the
+// site live when one instance leaves: a few site heartbeat intervals (500 ms by default).
+// An instance silent for longer has most likely stopped without a leave record (a crash),
+// and the site is then taken as left when its last speaking instance leaves.
+const instanceLive = 3_000 // ms
+
+// maxInstancesPerSource bounds the instances kept per site and source; beyond it the one
+// heard from longest ago is dropped.
+const maxInstancesPerSource = 64
+
+// siteSeenOn returns what src has heard of site, making the entry when create is set and
+// the bound on sites allows; nil otherwise.
+func (s *state) siteSeenOn(src source, site string, create bool) *siteSeen {
+	m := s.heard[src]
+	if m == nil {
+		if !create {
+			return nil
+		}
+		m = map[string]*siteSeen{}
+		s.heard[source{topic: s.intern([]byte(src.topic)), part: src.part}] = m
+	}
+	e := m[site]
+	if e == nil && create && len(m) < maxInternedSites {
+		e = &siteSeen{at: -1 << 62}
+		m[s.intern([]byte(site))] = e
+	}
+	return e
+}
+
+// heardFrom records a site heartbeat of site and instance, stamped ts (ms), on src: the
+// site is live there, whatever it said before (a site that restarts under its name joins
+// again with its first heartbeat).
+func (s *state) heardFrom(src source, site, instance string, ts int64) {
+	e := s.siteSeenOn(src, site, true)
+	if e == nil {
+		return
+	}
+	if ts > e.at || e.left {
+		e.at, e.left = max(e.at, ts), false
+	}
+	e.saw(instance, ts)
+}
+
+// leftFrom records a site leave record of site and instance, stamped ts (ms), on src. The
+// site is left there once no other instance of it heard from there has spoken within
+// instanceLive before ts.
+func (s *state) leftFrom(src source, site, instance string, ts int64) {
+	e := s.siteSeenOn(src, site, true)
+	if e == nil {
+		return
+	}
+	delete(e.insts, instance)
+	for _, t := range e.insts {
+		if t >= ts-instanceLive {
+			return // another instance still speaks for the site
+		}
+	}
+	e.insts = nil
+	e.left, e.at = true, max(e.at, ts)
+}
+
+// saw records instance's record at ts, dropping the instance heard from longest ago when
+// the bound is reached.
+func (e *siteSeen) saw(instance string, ts int64) {
+	if e.insts == nil {
+		e.insts = map[string]int64{}
+	}
+	if prev, ok := e.insts[instance]; ok {
+		e.insts[instance] = max(prev, ts)
+		return
+	}
+	if len(e.insts) >= maxInstancesPerSource {
+		oldest, at := "", int64(0)
+		for k, t := range e.insts {
+			if oldest == "" || t < at {
+				oldest, at = k, t
+			}
+		}
+		delete(e.insts, oldest)
+	}
+	e.insts[instance] = ts
+}
+
+// siteMaps returns copies of what src has heard as of now: the live sites with the time
+// of their latest heartbeat, and the sites that left with the time they left (nil maps
+// when empty). Sites not heard from for longer than siteForget are forgotten.
+func (s *state) siteMaps(src source, now int64) (heard, left map[string]int64) {
+	m := s.heard[src]
+	for site, e := range m {
+		switch {
+		case e.at+s.cfg.siteForget < now:
+			delete(m, site)
+		case e.left:
+			if left == nil {
+				left = make(map[string]int64, 1)
+			}
+			left[site] = e.at
+		default:
+			if heard == nil {
+				heard = make(map[string]int64, len(m))
+			}
+			heard[site] = e.at
+		}
+	}
+	return heard, left
+}
+
+// sourcesOf returns the sources of partition part that have heard any site, sorted by
+// topic, for the heartbeats of a Memory (which has no partitions of its own to list).
+func (s *state) sourcesOf(part int32) []source {
+	var out []source
+	for src := range maps.Keys(s.heard) {
+		if src.part == part {
+			out = append(out, src)
+		}
+	}
+	return out
+}
+
+// cutTimes holds, per slot, the sites cut off from here with the time each was last heard
+// from (cutSites); nil when there are none.
+type cutTimes map[int32]func(site string) (int64, bool)
+
+// at returns how to time slot's sites for counting (window.Counter.AppendSitesAt), or nil
+// when every site of the slot is counted now.
+func (c cutTimes) at(slot int32) func(site string) (int64, bool) { return c[slot] }
+
+// cutSites finds, at now, the sites cut off from this aggregator: silent for longer than
+// topics.SiteSilentAfter on a source whose other live sites are all silent too (their data
+// center's link is cut, or the data center is down). Such a site may still be admitting
+// what it was given, and its hits in the window cannot be seen leaving it: it is counted
+// as of its last heartbeat, count and demand, so that neither fades while it cannot be
+// heard. A silent site whose source still carries other sites' heartbeats has stopped on
+// its own (a crash) and is counted now, its hits leaving their windows.
+func (s *state) cutSites(now int64) cutTimes {
+	limit := now - topics.SiteSilentAfter.Milliseconds()
+	var out cutTimes
+	for src, m := range s.heard {
+		live := false
+		for _, e := range m {
+			if !e.left && e.at >= limit {
+				live = true
+				break
+			}
+		}
+		if live {
+			continue
+		}
+		var times map[string]int64
+		for site, e := range m {
+			if !e.left && e.at+s.cfg.siteForget >= now {
+				if times == nil {
+					times = map[string]int64{}
+				}
+				times[site] = e.at
+			}
+		}
+		if times == nil {
+			continue
+		}
+		if out == nil {
+			out = cutTimes{}
+		}
+		prev := out[src.part]
+		out[src.part] = func(site string) (int64, bool) {
+			if t, ok := times[site]; ok {
+				return t, true
+			}
+			if prev != nil {
+				return prev(site)
+			}
+			return 0, false
+		}
+	}
+	return out
+}

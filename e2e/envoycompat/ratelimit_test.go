@@ -1,0 +1,326 @@
+package envoycompat
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/streamlimit/streamlimit/enforcer/rls"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/internal/testenv"
+)
+
+// The envoyproxy/ratelimit whose tests and binary the package compares with.
+const (
+	RatelimitModule  = "github.com/envoyproxy/ratelimit"
+	RatelimitVersion = "v1.4.1-0.20260122083618-3fb702589d36"
+)
+
+// moduleDir caches ratelimitSource's answer for the test binary.
+var moduleDir struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// ratelimitSource returns the directory of envoyproxy/ratelimit's module source at
+// RatelimitVersion in the module cache, downloading it through the Go module proxy when
+// it is not there yet. It ends the test with testenv.Unavailable when that fails.
+func ratelimitSource(t testing.TB) string {
+	t.Helper()
+	moduleDir.once.Do(func() {
+		cmd := exec.Command("go", "mod", "download", "-json", RatelimitModule+"@"+RatelimitVersion)
+		cmd.Dir = os.TempDir() // outside any module: nothing of ours is touched
+		var out, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &stderr
+		if err := cmd.Run(); err != nil {
+			moduleDir.err = fmt.Errorf("go mod download %s@%s: %v: %s%s", RatelimitModule, RatelimitVersion, err, stderr.String(), out.String())
+			return
+		}
+		var info struct{ Dir, Error string }
+		if err := json.Unmarshal(out.Bytes(), &info); err != nil || info.Dir == "" {
+			moduleDir.err = fmt.Errorf("go mod download: no module directory in %q (%v, %s)", out.String(), err, info.Error)
+			return
+		}
+		moduleDir.dir = info.Dir
+	})
+	if moduleDir.err != nil {
+		testenv.Unavailable(t, "envoyproxy/ratelimit's source: %v", moduleDir.err)
+	}
+	return moduleDir.dir
+}
+
+// theirFile returns the contents of a file of envoyproxy/ratelimit's module source.
+func theirFile(t testing.TB, rel string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(ratelimitSource(t), filepath.FromSlash(rel)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// rulesDir makes a directory of rules files: theirs (paths in their module source, under
+// the name of their last element, or renamed as "rel=name") and ours (name → YAML).
+func rulesDir(t testing.TB, theirs []string, ours map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, rel := range theirs {
+		name := filepath.Base(rel)
+		if r, n, ok := strings.Cut(rel, "="); ok {
+			rel, name = r, n
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), theirFile(t, rel), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, body := range ours {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// target is a server under test: its gRPC client and /json URL.
+type target struct {
+	name    string
+	rls     rlsv3.RateLimitServiceClient
+	jsonURL string
+}
+
+func dial(t testing.TB, addr string) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return rlsv3.NewRateLimitServiceClient(cc)
+}
+
+// ourOptions are the settings of one streamlimit server under test.
+type ourOptions struct {
+	rulesDir string
+	compat   rules.Compat
+	merge    bool
+	envoy    rls.EnvoyOptions
+	clock    clock.Clock // nil: the wall clock
+	redis    string      // "": site counters in process
+}
+
+// startOurs runs streamlimit's enforcer server (without Kafka) until the test ends.
+func startOurs(t testing.TB, o ourOptions) (target, *server.Server) {
+	t.Helper()
+	cfg := server.Config{
+		Site: "compat", RulesPath: o.rulesDir, ReloadInterval: 20 * time.Millisecond,
+		HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
+		Compat: o.compat, MergeDomains: o.merge, Envoy: o.envoy,
+		Clock: o.clock, Registry: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler),
+	}
+	if o.redis != "" {
+		cfg.RedisAddrs = []string{o.redis}
+		cfg.RedisKeyPrefix = "slcompat-" + randomHex(6) + ":"
+	}
+	srv, err := server.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return target{name: "streamlimit", rls: dial(t, srv.GRPCAddr()), jsonURL: "http://" + srv.HTTPAddr() + "/json"}, srv
+}
+
+// jsonAnswer is what a /json request got.
+type jsonAnswer struct {
+	status      int
+	contentType string
+	body        string
+}
+
+func postJSON(t testing.TB, url, body string) jsonAnswer {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return jsonAnswer{status: resp.StatusCode, contentType: resp.Header.Get("Content-Type"), body: string(b)}
+}
+
+// ratelimitBinary returns envoyproxy/ratelimit's server (src/service_cmd) at
+// RatelimitVersion, built with `go install` through the module proxy on first use and
+// kept in the user's cache directory (streamlimit/envoy-ratelimit-VERSION), so that later
+// runs start at once. It ends the test with testenv.Unavailable when it cannot be built.
+func ratelimitBinary(t testing.TB) string {
+	t.Helper()
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		testenv.Unavailable(t, "no cache directory for envoyproxy/ratelimit's binary: %v", err)
+	}
+	dir := filepath.Join(cache, "streamlimit", "envoy-ratelimit-"+RatelimitVersion)
+	bin := filepath.Join(dir, "service_cmd")
+	if fi, err := os.Stat(bin); err == nil && fi.Mode().IsRegular() {
+		return bin
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		testenv.Unavailable(t, "%v", err)
+	}
+	// Build into a directory of its own, then rename, so that a build cut short never
+	// leaves a binary behind.
+	tmp, err := os.MkdirTemp(dir, "build-")
+	if err != nil {
+		testenv.Unavailable(t, "%v", err)
+	}
+	defer os.RemoveAll(tmp)
+	start := time.Now()
+	cmd := exec.Command("go", "install", RatelimitModule+"/src/service_cmd@"+RatelimitVersion)
+	cmd.Dir = os.TempDir()
+	cmd.Env = append(os.Environ(), "GOBIN="+tmp, "GOFLAGS=")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		testenv.Unavailable(t, "building envoyproxy/ratelimit %s: %v\n%s", RatelimitVersion, err, out)
+	}
+	if err := os.Rename(filepath.Join(tmp, "service_cmd"), bin); err != nil {
+		testenv.Unavailable(t, "%v", err)
+	}
+	t.Logf("built envoyproxy/ratelimit %s in %v into %s", RatelimitVersion, time.Since(start).Round(time.Second), bin)
+	return bin
+}
+
+// theirOptions are the settings of one envoyproxy/ratelimit server under test, as its
+// environment variables.
+type theirOptions struct {
+	theirs []string          // rules files of its module source (see rulesDir)
+	ours   map[string]string // rules files of this package
+	env    map[string]string
+	redis  string
+}
+
+// startTheirs runs envoyproxy/ratelimit with o until the test ends. It returns its target
+// and its rules directory (RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY, whose
+// *.yaml it loads).
+func startTheirs(t testing.TB, bin string, o theirOptions) (target, string) {
+	t.Helper()
+	root := t.TempDir()
+	dir := filepath.Join(root, "rl", "config")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.CopyFS(dir, os.DirFS(rulesDir(t, o.theirs, o.ours))); err != nil {
+		t.Fatal(err)
+	}
+	grpcPort, httpPort, debugPort := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
+	env := []string{
+		"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"),
+		"USE_STATSD=false", "LOG_LEVEL=warn", "LOG_FORMAT=text",
+		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + o.redis, "CACHE_KEY_PREFIX=rlcompat-" + randomHex(6) + ":",
+		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=rl", "RUNTIME_APPDIRECTORY=config", "RUNTIME_WATCH_ROOT=false",
+		"HOST=127.0.0.1", "PORT=" + strconv.Itoa(httpPort),
+		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + strconv.Itoa(grpcPort),
+		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + strconv.Itoa(debugPort),
+		"EXPIRATION_JITTER_MAX_SECONDS=0",
+	}
+	for k, v := range o.env {
+		env = append(env, k+"="+v)
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = env
+	var log testenv.SyncBuffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("envoyproxy/ratelimit's log:\n%s", log.String())
+		}
+	})
+	grpcAddr := "127.0.0.1:" + strconv.Itoa(grpcPort)
+	httpAddr := "127.0.0.1:" + strconv.Itoa(httpPort)
+	deadline := time.Now().Add(20 * time.Second)
+	for _, addr := range []string{grpcAddr, httpAddr} {
+		for {
+			c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+			if err == nil {
+				c.Close()
+				break
+			}
+			select {
+			case <-exited:
+				t.Fatalf("envoyproxy/ratelimit exited at start:\n%s", log.String())
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("envoyproxy/ratelimit did not listen on %s:\n%s", addr, log.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return target{name: "envoyproxy/ratelimit", rls: dial(t, grpcAddr), jsonURL: "http://" + httpAddr + "/json"}, dir
+}
+
+// theirEnv is the environment that gives envoyproxy/ratelimit the settings of e.
+func theirEnv(e rls.EnvoyOptions) map[string]string {
+	env := map[string]string{}
+	set := func(k string, on bool) {
+		if on {
+			env[k] = "true"
+		}
+	}
+	set("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", e.StopIncrementWhenOverLimit)
+	set("LIMIT_RESPONSE_HEADERS_ENABLED", e.ResponseHeaders)
+	set("QUOTA_MODE", e.QuotaMode)
+	set("SHADOW_MODE", e.ShadowMode)
+	set("RESPONSE_DYNAMIC_METADATA", e.DynamicMetadata)
+	for k, v := range map[string]string{"LIMIT_LIMIT_HEADER": e.LimitHeader, "LIMIT_REMAINING_HEADER": e.RemainingHeader, "LIMIT_RESET_HEADER": e.ResetHeader} {
+		if v != "" {
+			env[k] = v
+		}
+	}
+	return env
+}

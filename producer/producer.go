@@ -156,6 +156,15 @@ type Producer struct {
 	clock     *msClock
 	shards    [numShards]shard
 	parts     partitioner // the client's partitioner when the Producer built the client
+	// keyParts places keys as parts does, for the hit batches (sendAll); scratch is the
+	// record it reads a key from. Both guarded by flushMu.
+	keyParts kgo.TopicPartitioner
+	scratch  kgo.Record
+	// sendAll's scratch, guarded by flushMu: the counts in partition order, each count's
+	// partition, and the partitions' counts.
+	placed    []placed
+	partOf    []int32
+	partCount []int32
 
 	hbNext int64 // unix ms of the next site heartbeat, guarded by flushMu
 
@@ -180,6 +189,7 @@ type Producer struct {
 	inflightRecs  atomic.Int64
 	inflightHits  wideSum
 	recordsOut    atomic.Int64
+	batchesOut    atomic.Int64
 	heartbeatsOut atomic.Int64
 	bytesOut      atomic.Int64
 	produceErrs   atomic.Int64
@@ -221,6 +231,7 @@ func New(cfg Config) (*Producer, error) {
 	} else {
 		p.maxInflight = int64(cfg.MaxInFlightRecords)
 		p.parts.inner = kgo.StickyKeyPartitioner(nil)
+		p.keyParts = p.parts.inner.ForTopic(cfg.Topic)
 		opts := append([]kgo.Opt{
 			kgo.SeedBrokers(cfg.Brokers...),
 			// StickyKeyPartitioner(nil) is documented to place keyed records exactly as
@@ -539,11 +550,9 @@ func (p *Producer) loop() {
 func (p *Producer) flush(all bool) { p.drain(all, false) }
 
 // drain is flush; with spread, shard i's finished buckets are held back until
-// i·FlushSpread/numShards after their end, so that the records of buckets that end
-// together (every counter's, at each multiple of BucketWidth) reach the Kafka client in
-// several smaller hand-offs over FlushSpread instead of one burst: on a server with one
-// core, the burst of encoding and acknowledging thousands of records at once held the
-// core for milliseconds, and every call waiting behind it showed in the p99.
+// i·FlushSpread/numShards after their end (Config.FlushSpread), so that the records of
+// buckets that end together (every counter's, at each multiple of BucketWidth) reach the
+// Kafka client in several smaller hand-offs instead of one.
 func (p *Producer) drain(all, spread bool) {
 	p.flushMu.Lock()
 	defer p.flushMu.Unlock()
@@ -623,17 +632,7 @@ func (p *Producer) drain(all, spread bool) {
 	p.buffered.Add(-released)
 	p.noIdle.Store(false) // the drained counters are idle now
 
-	for i, r := range batch {
-		if room > 0 {
-			p.send(r)
-			room--
-		} else {
-			p.keepUnsent(r)
-		}
-		if i%256 == 255 {
-			runtime.Gosched()
-		}
-	}
+	p.sendAll(batch, room)
 	clear(batch)
 	p.batch = batch[:0]
 	if !all {
@@ -693,18 +692,16 @@ func (p *Producer) logDrops() {
 // most, none once the pool is warm. The client returns the *kgo.Record to the promise,
 // which finds the outRecord around it.
 type outRecord struct {
-	kr  kgo.Record // first field: a *kgo.Record of an outRecord is the outRecord's address
-	rec record
-	buf []byte
+	kr   kgo.Record // first field: a *kgo.Record of an outRecord is the outRecord's address
+	rec  record
+	recs []record // the counts of a hit batch (sendAll); rec is unused then
+	buf  []byte
 }
 
 // send hands r to the Kafka client.
 func (p *Producer) send(r record) {
 	h := topics.Hit{Key: r.ck.key, Site: p.cfg.Site, BucketStart: r.bucket, Window: r.ck.window, Count: r.n, Denied: r.d}
-	o, _ := p.outFree.Get().(*outRecord)
-	if o == nil {
-		o = &outRecord{}
-	}
+	o := p.outRecord()
 	buf := append(o.buf[:0], r.ck.key...)
 	buf, err := h.AppendBinary(buf)
 	if err != nil {
@@ -720,25 +717,36 @@ func (p *Producer) send(r record) {
 	p.cl.TryProduce(context.Background(), &o.kr, p.produced)
 }
 
-// onProduced is the promise of every record send hands to Kafka.
+// onProduced is the promise of every record send and sendAll hand to Kafka.
 func (p *Producer) onProduced(kr *kgo.Record, err error) {
 	o := (*outRecord)(unsafe.Pointer(kr))
-	r := o.rec
-	p.inflightRecs.Add(-1)
-	p.inflightHits.add(-r.n)
+	recs := o.recs
+	if len(recs) == 0 {
+		recs = []record{o.rec} // does not escape: no allocation
+	}
+	p.inflightRecs.Add(-int64(len(recs)))
+	for _, r := range recs {
+		p.inflightHits.add(-r.n)
+	}
 	if err == nil {
-		p.recordsOut.Add(1)
+		p.recordsOut.Add(int64(len(recs)))
+		if len(o.recs) > 0 {
+			p.batchesOut.Add(1)
+		}
 		p.bytesOut.Add(int64(len(kr.Key) + len(kr.Value)))
 	} else {
 		// With the idempotent producer, kgo fails a record only when it is sure the
-		// broker did not write it (never sent, or an error response), so the count can be
-		// merged back without risk of counting it twice.
+		// broker did not write it (never sent, or an error response), so the counts can be
+		// merged back without risk of counting them twice.
 		p.produceErrs.Add(1)
 		p.lastErr.Store(&err)
-		p.keepUnsent(r)
+		for _, r := range recs {
+			p.keepUnsent(r)
+		}
 	}
-	o.kr, o.rec = kgo.Record{}, record{}
-	if cap(o.buf) <= 1024 {
+	clear(o.recs)
+	o.kr, o.rec, o.recs = kgo.Record{}, record{}, o.recs[:0]
+	if cap(o.buf) <= 2*maxBatchBytes {
 		p.outFree.Put(o)
 	}
 }

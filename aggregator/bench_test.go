@@ -20,41 +20,90 @@ import (
 // Aggregator replaying the topic (decode, validate, count). It reports both rates in
 // hits/s and their ratio, and the ratio of the CPU time each took. Each side's rate is
 // timed from its first partition positioning to its last record, so group join time is
-// left out.
+// left out. records=hits writes one record per hit, as producers in other languages (and
+// streamlimit's with SingleHitRecords) do; records=batches writes them in hit batches of
+// endToEndBatch hits, as streamlimit's producer does.
 func BenchmarkEndToEnd(b *testing.B) {
+	for _, batch := range []int{1, endToEndBatch} {
+		name := "records=hits"
+		if batch > 1 {
+			name = "records=batches"
+		}
+		b.Run(name, func(b *testing.B) { endToEnd(b, batch) })
+	}
+}
+
+// endToEndBatch is the hits per batch of BenchmarkEndToEnd/records=batches: what the
+// producer's hit batches hold at the serving bench's load (some 4 000 counts a flush over
+// four partitions, in batches of at most 16 KiB).
+const endToEndBatch = 500
+
+func endToEnd(b *testing.B, batch int) {
 	const hitsPerRun, endToEndKeys = 1_000_000, 100_000
 	brokers := testenv.Brokers(b)
 	var tc topics.Config
 	tc, _ = tc.Normalize()
 	hits := testenv.CreateTopic(b, "hits", testPartitions, tc.HitsConfigs())
 	counts := testenv.CreateTopic(b, "counts", testPartitions, tc.CountsConfigs())
-	prod := testenv.KafkaClient(b, kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(100_000))
+	prod := testenv.KafkaClient(b, kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(100_000),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	now := time.Now()
 	sites := []string{"eu-1", "us-1", "ap-1"}
 	ctx := context.Background()
+	// Per partition and site, the batch being filled.
+	type open struct {
+		v []byte
+		n int
+	}
+	pending := map[[2]int32]*open{}
+	records := 0
+	send := func(q int32, o *open) {
+		records++
+		prod.Produce(ctx, &kgo.Record{Topic: hits, Partition: q, Key: []byte(topics.HitBatchKey), Value: o.v, Timestamp: now}, nil)
+	}
 	for i := range hitsPerRun {
-		h := topics.Hit{Key: "bench|user=" + strconv.Itoa(i%endToEndKeys), Site: sites[i%3],
+		site := i % 3
+		h := topics.Hit{Key: "bench|user=" + strconv.Itoa(i%endToEndKeys), Site: sites[site],
 			BucketStart: now.Add(-time.Duration(hitsPerRun-i) * 30 * time.Microsecond).UnixMilli(), Window: 60_000, Count: 1}
-		v, _ := h.MarshalBinary()
-		prod.Produce(ctx, &kgo.Record{Topic: hits, Key: []byte(h.Key), Value: v, Timestamp: h.BucketTime()}, nil)
+		q := kafkaPartition([]byte(h.Key), testPartitions)
+		if batch == 1 {
+			v, _ := h.MarshalBinary()
+			records++
+			prod.Produce(ctx, &kgo.Record{Topic: hits, Partition: q, Key: []byte(h.Key), Value: v, Timestamp: h.BucketTime()}, nil)
+			continue
+		}
+		k := [2]int32{q, int32(site)}
+		o := pending[k]
+		if o == nil {
+			o = &open{}
+			o.v, _ = topics.AppendHitBatch(nil, h.Site)
+			pending[k] = o
+		}
+		o.v, _ = h.AppendToBatch(o.v)
+		if o.n++; o.n == batch {
+			send(q, o)
+			delete(pending, k)
+		}
+	}
+	for k, o := range pending {
+		send(k[0], o)
 	}
 	if err := prod.Flush(ctx); err != nil {
 		b.Fatal(err)
 	}
-	var rawRate, aggRate, cpuRatio float64
+	var rawRate, aggRate, cpuRatio, aggCPU, rawCPUHit float64
 	for b.Loop() {
 		// Raw consumer.
 		start, cpu0 := time.Now(), processCPU()
 		cl := testenv.KafkaClient(b, kgo.ConsumeTopics(hits), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 		n := 0
-		for n < hitsPerRun {
+		for n < records {
 			fs := cl.PollRecords(ctx, 10000)
 			fs.EachRecord(func(*kgo.Record) { n++ })
 		}
 		rawRate = hitsPerRun / time.Since(start).Seconds()
 		rawCPU := processCPU() - cpu0
 		cl.Close()
-
 		// Aggregator replay.
 		a, err := New(Config{Brokers: brokers, Group: testenv.TopicName(b, "g"), Topics: []string{hits}, CountsTopic: counts,
 			MaxWindow: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -69,7 +118,9 @@ func BenchmarkEndToEnd(b *testing.B) {
 			time.Sleep(10 * time.Millisecond)
 		}
 		if rawCPU > 0 {
-			cpuRatio = float64(processCPU()-cpu0) / float64(rawCPU)
+			replayCPU := processCPU() - cpu0
+			cpuRatio = float64(replayCPU) / float64(rawCPU)
+			aggCPU, rawCPUHit = float64(replayCPU.Nanoseconds())/hitsPerRun, float64(rawCPU.Nanoseconds())/hitsPerRun
 		}
 		a.mu.Lock()
 		var first, last time.Time
@@ -97,6 +148,10 @@ func BenchmarkEndToEnd(b *testing.B) {
 	// what it spent in the raw read: unlike the rates, it hardly moves with what else the
 	// machine runs. 0 where the platform does not tell (processCPU).
 	b.ReportMetric(cpuRatio, "cpu_agg/raw")
+	// The same CPU times per hit: what one core's worth of aggregator or raw consumer
+	// spends on a hit (docs/scaling.md plans the aggregator tier with it).
+	b.ReportMetric(aggCPU, "agg_cpu_ns/hit")
+	b.ReportMetric(rawCPUHit, "raw_cpu_ns/hit")
 }
 
 // memoryPerCounter returns the heap per counter (with its bookkeeping) of a state holding

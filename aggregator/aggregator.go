@@ -78,12 +78,13 @@ type Config struct {
 	// weighs e^(−age/τ). It sets how fast the sites' shares of a hot key's room follow a
 	// client that moves between data centers. Default 1s.
 	DemandTimeConstant time.Duration
-	// SiteForget is how long after the last site heartbeat of a site (on a partition) the
-	// aggregator forgets it. Until then the site's heartbeat time stays in this
-	// aggregator's heartbeats, ever older, so that enforcers keep assuming it spends its
-	// share of every global limit; after it, the site is taken for gone (a decommissioned
-	// data center). A partition between data centers that lasts longer than SiteForget is
-	// no longer bounded. Default 15m.
+	// SiteForget is how long after the last site record of a site (on a partition) the
+	// aggregator forgets it. Until then a silent site's heartbeat time stays in this
+	// aggregator's heartbeats, ever older, so that enforcers keep reserving its share of
+	// the keys it served (a site cut off from here is also counted as of its last
+	// heartbeat), and a site that left stays listed as left; after it, the site is taken
+	// for gone. A partition between data centers that lasts longer than SiteForget is no
+	// longer bounded. Default 15m.
 	SiteForget time.Duration
 	// EmitInterval is the least time between two counts published for one counter, and the
 	// period of the emission loop. Default DefaultEmitInterval.
@@ -218,6 +219,9 @@ type Aggregator struct {
 	cfg Config
 	log *slog.Logger
 	m   *metrics
+	// instHeader names this instance on every record it writes to the counts topic
+	// (topics.InstanceHeader); shared, read only, by those records.
+	instHeader []kgo.RecordHeader
 
 	admin *kadm.Client // on the group client; set by onAssigned, which precedes adjust
 
@@ -236,6 +240,10 @@ type Aggregator struct {
 	heldBuf []held
 }
 
+// tp names one partition of a hits topic: the local "hits" or a data center's replicated
+// "<dc>.hits". The sites heard on one topic are one data center's, so a site silent while
+// the others of its topic still speak has stopped on its own (a crash), while a topic whose
+// sites are all silent has been cut off (sites.go).
 type tp struct {
 	topic string
 	part  int32
@@ -263,13 +271,14 @@ func New(cfg Config) (*Aggregator, error) {
 		return nil, err
 	}
 	return &Aggregator{
-		cfg:    cfg,
-		log:    cfg.Logger.With("component", "aggregator", "instance", cfg.InstanceID),
-		m:      m,
-		st:     newState(cfg.stateConfig()),
-		parts:  map[tp]*partState{},
-		nparts: map[string]int32{},
-		hold:   holder{max: max(cfg.MaxLocalHold.Milliseconds(), 0)},
+		cfg:        cfg,
+		instHeader: []kgo.RecordHeader{{Key: topics.InstanceHeader, Value: []byte(cfg.InstanceID)}},
+		log:        cfg.Logger.With("component", "aggregator", "instance", cfg.InstanceID),
+		m:          m,
+		st:         newState(cfg.stateConfig()),
+		parts:      map[tp]*partState{},
+		nparts:     map[string]int32{},
+		hold:       holder{max: max(cfg.MaxLocalHold.Milliseconds(), 0)},
 	}, nil
 }
 
@@ -609,7 +618,7 @@ func (a *Aggregator) release(now int64) {
 // applyHeld counts one held record, as the Kafka path and Memory do.
 func applyHeld(st *state, m *metrics, now int64, it *held) {
 	if it.site {
-		src := source{topic: it.topic, part: it.slot}
+		src := tp{topic: it.topic, part: it.slot}
 		if it.leave {
 			m.siteLeaves.Inc()
 			st.leftFrom(src, string(it.h.site), it.inst, it.h.bucketStart)
@@ -792,7 +801,7 @@ func (a *Aggregator) emitLoop(ctx context.Context, cl *kgo.Client) {
 		a.m.keys.Set(float64(a.st.size()))
 		a.mu.Unlock()
 		for _, e := range outs {
-			rec := &kgo.Record{Topic: a.cfg.CountsTopic, Key: []byte(e.key)}
+			rec := &kgo.Record{Topic: a.cfg.CountsTopic, Key: []byte(e.key), Headers: a.instHeader}
 			if e.count != nil {
 				var err error
 				buf, err = a.cfg.appendCount(buf[:0], e.count)
@@ -838,7 +847,7 @@ func (a *Aggregator) heartbeatLoop(ctx context.Context, cl *kgo.Client) {
 			}
 			hb := topics.Heartbeat{Instance: a.cfg.InstanceID, Topic: k.topic, Partition: k.part,
 				AsOf: now, Offset: ps.next, HighWatermark: ps.hwm, Replaying: ps.replaying, Conflicts: conflicts}
-			hb.Sites, hb.Left = a.st.siteMaps(source{topic: k.topic, part: k.part}, now)
+			hb.Sites, hb.Left = a.st.siteMaps(k, now)
 			hbs = append(hbs, hb)
 		}
 		n := a.countsParts
@@ -853,7 +862,7 @@ func (a *Aggregator) heartbeatLoop(ctx context.Context, cl *kgo.Client) {
 			key := []byte(topics.HeartbeatKey(hb.Topic, hb.Partition))
 			for p := range n {
 				a.m.heartbeats.Inc()
-				cl.Produce(ctx, &kgo.Record{Topic: a.cfg.CountsTopic, Key: key, Value: v, Partition: p}, a.produced)
+				cl.Produce(ctx, &kgo.Record{Topic: a.cfg.CountsTopic, Key: key, Value: v, Partition: p, Headers: a.instHeader}, a.produced)
 			}
 		}
 	}

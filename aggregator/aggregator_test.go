@@ -503,7 +503,7 @@ func TestHitBatches(t *testing.T) {
 			t.Fatalf("%s counted %v, more than its %v hits", c.Key, c.Total, want[c.Key])
 		}
 	}
-	e.checkExact(e.countsRecs.counts(t), cfg, hasPrefix("batch|user="))
+	e.checkExact(e.countsRecs.counts(t), cfg, func(c topics.Count) bool { return strings.HasPrefix(c.Key, "batch|user=") })
 	if n := metricValue(t, reg, "streamlimit_aggregator_rerouted_total"); n < float64(len(misrouted)) {
 		t.Errorf("rerouted_total = %v, want ≥ %d", n, len(misrouted))
 	}

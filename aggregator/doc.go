@@ -4,7 +4,7 @@
 // An Aggregator is one member of a Kafka consumer group over the local hits topic and its
 // MirrorMaker-2 copies ("hits", "us.hits", ..., by list or pattern). For each counter — a
 // (key, window) pair — and each site it keeps a ring of sub-window buckets (package
-// aggregator/window, which defines the counting rule exactly), and publishes the counter's
+// window, which defines the counting rule exactly), and publishes the counter's
 // count at the aggregator's clock (topics.Count, binary encoding, AsOf = the instant the
 // count was computed for) keyed by the counter key.
 //

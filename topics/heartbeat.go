@@ -9,6 +9,13 @@ import (
 // HeartbeatPrefix starts the key of every heartbeat record in the counts topic.
 const HeartbeatPrefix = ReservedPrefix + "hb/"
 
+// InstanceHeader is the Kafka record header in which an aggregator names itself (its
+// instance ID, as in its heartbeats) on every record it writes to the counts topic: counts,
+// tombstones and heartbeats. An enforcer configured with the aggregators' names believes
+// only records that carry one of them. It identifies, it does not authenticate: who may
+// write the topic at all is the brokers' ACLs' to say (docs/hardening.md).
+const InstanceHeader = "streamlimit-instance"
+
 // HeartbeatKey returns the counts-topic key of the heartbeat that describes the aggregator's
 // progress on one partition of a hits topic: "__streamlimit/hb/<topic>/<partition>".
 // Because the key names the source partition and not the aggregator instance, the

@@ -92,7 +92,7 @@ as the hits topics have partitions; they share the work through the group.`,
 	f.DurationVar(&cfg.DefaultWindow, "default-window", time.Minute, "window of JSON hits without \"w\"")
 	f.DurationVar(&cfg.MaxWindow, "max-window", time.Hour, "longest window accepted; recovery replays this much")
 	f.DurationVar(&cfg.MetadataMaxAge, "metadata-max-age", 10*time.Second, "how soon a new <dc>.hits topic matching the pattern is consumed")
-	f.StringVar(&cfg.InstanceID, "instance-id", "", "name in heartbeats (default host-pid-random)")
+	f.StringVar(&cfg.InstanceID, "instance-id", "", "name in heartbeats and on every record it writes to the counts topic, which enforcers started with --aggregator-instances check (default host-pid-random)")
 	f.StringVar(&admin, "admin-listen", "127.0.0.1:9090", "address of /metrics, /healthz and /readyz")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")

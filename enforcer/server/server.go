@@ -1,7 +1,8 @@
 // Package server assembles an enforcer process: the rules with hot reload, the snapshot of
 // the counts topic, the hit producer, the optional Redis of the site, the Limiter, and the
 // ways to ask it — the HTTP check API, the nginx auth_request endpoint, the Envoy rate-limit
-// gRPC service and a rate-limiting reverse proxy — with /metrics, /healthz and /readyz.
+// gRPC service, Envoy's Rate Limit Quota Service and a rate-limiting reverse proxy — with
+// /metrics, /healthz and /readyz.
 // `streamlimit enforcer` is a thin command over it; the end-to-end tests start it in
 // process.
 package server
@@ -12,14 +13,17 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,7 +36,9 @@ import (
 
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/enforcer/headers"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
+	"github.com/streamlimit/streamlimit/enforcer/rlqs"
 	"github.com/streamlimit/streamlimit/enforcer/rls"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
@@ -62,16 +68,22 @@ type Config struct {
 	HitsTopic string
 	// CountsTopic is followed into the snapshot. Default "counts".
 	CountsTopic string
+	// Aggregators, when set, are the instance IDs of the aggregators that write
+	// CountsTopic; records of any other writer are skipped (snapshot.Config.Aggregators).
+	// Default none: every record is believed.
+	Aggregators []string
 	// MaxStaleness is how old the aggregator's heartbeats may be before global limits
 	// fall back to local shares. Default 10s.
 	MaxStaleness time.Duration
 	// DefaultShare is this site's share of a global limit for keys the snapshot never
-	// showed, and the share a silent site is assumed to spend. Default 0: 1/the number of
-	// sites the aggregators' heartbeats list (see enforcer.Config).
+	// showed. Default 0: 1/the number of sites that may spend them (see enforcer.Config).
 	DefaultShare float64
-	// SiteStaleAfter is how long a remote site may go unheard before it is assumed to
-	// spend its share of every global limit. Default enforcer.DefaultSiteStaleAfter.
+	// SiteStaleAfter is how long a site may go unheard before it is taken as silent and
+	// reserved its share of the keys it served. Default enforcer.DefaultSiteStaleAfter.
 	SiteStaleAfter time.Duration
+	// CrashHold is how long a site silent while the rest of its data center speaks keeps
+	// its reservation, fading. Default enforcer.DefaultCrashHold.
+	CrashHold time.Duration
 	// SubBuckets of the site's own sliding-window counts; must equal the aggregator's.
 	// Default window.DefaultSubBuckets.
 	SubBuckets int
@@ -125,6 +137,13 @@ type Config struct {
 	MergeDomains bool
 	// Envoy configures the gRPC and /json answers of domains in rules.CompatEnvoy.
 	Envoy rls.EnvoyOptions
+	// RLQSAddr serves Envoy's Rate Limit Quota Service (package rlqs) on its own gRPC
+	// listener, with the Limits, TLS and AuthTokens of GRPCAddr. Default "": not served.
+	RLQSAddr string
+	// RLQS tunes the RLQS server. Its TTL defaults to MaxStaleness (the assignments live
+	// as long as the counts they come from are trusted), its SiteShare to 1/SiteEnforcers;
+	// Clock, Logger and Registerer are the Server's.
+	RLQS rlqs.Options
 	// Upstream, when set, makes ProxyAddr a reverse proxy to it that rate-limits every
 	// request with HTTP.
 	Upstream *url.URL
@@ -230,12 +249,16 @@ type Server struct {
 	proxyMW  *httplimit.Middleware // mw, or one that waits up to ProxyMaxDelay
 	authMW   *httplimit.Middleware // mw, or one that waits up to AuthMaxDelay
 	rls      *rls.Server
+	rlqs     *rlqs.Server
 	// instance names this process in its site heartbeats.
 	instance string
 
 	httpLn, grpcLn, proxyLn net.Listener
+	rlqsLn                  net.Listener
 	tls                     *tls.Config // nil: plaintext
 	tokens                  tokens
+	// connsRefused counts connections closed at accept for their address's bound.
+	connsRefused atomic.Uint64
 
 	mu      sync.Mutex
 	started bool
@@ -279,6 +302,7 @@ func New(cfg Config) (_ *Server, err error) {
 		Counter:        s.counter,
 		DefaultShare:   cfg.DefaultShare,
 		SiteStaleAfter: cfg.SiteStaleAfter,
+		CrashHold:      cfg.CrashHold,
 		SubBuckets:     cfg.SubBuckets,
 		MinShare:       cfg.MinShare,
 		Clock:          cfg.Clock,
@@ -300,7 +324,7 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 	if len(cfg.Brokers) > 0 {
 		s.snap, err = snapshot.New(snapshot.Config{
-			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.CountsTopic, Site: cfg.Site,
+			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.CountsTopic, Site: cfg.Site, Aggregators: cfg.Aggregators,
 			MaxStaleness: cfg.MaxStaleness, MaxKeys: cfg.MaxKeys, MaxBytes: mem.Snapshot, SubBuckets: cfg.SubBuckets, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
 		})
 		if err != nil {
@@ -344,6 +368,19 @@ func New(cfg Config) (_ *Server, err error) {
 			return nil, err
 		}
 	}
+	if cfg.RLQSAddr != "" {
+		o := cfg.RLQS
+		if o.TTL == 0 {
+			o.TTL = cfg.MaxStaleness
+		}
+		if o.SiteShare == 0 {
+			o.SiteShare = fallbackShare(cfg.SiteEnforcers)
+		}
+		o.Clock, o.Logger, o.Registerer = cfg.Clock, s.log, reg
+		if s.rlqs, err = rlqs.NewServer(s.lim, o); err != nil {
+			return nil, err
+		}
+	}
 	s.registerMetrics(reg)
 
 	if s.httpLn, err = s.listen(cfg.HTTPAddr); err != nil {
@@ -358,6 +395,11 @@ func New(cfg Config) (_ *Server, err error) {
 			return nil, fmt.Errorf("enforcer: grpc listener: %w", err)
 		}
 	}
+	if s.rlqs != nil {
+		if s.rlqsLn, err = s.listen(cfg.RLQSAddr); err != nil {
+			return nil, fmt.Errorf("enforcer: rlqs listener: %w", err)
+		}
+	}
 	if cfg.Upstream != nil {
 		if s.proxyLn, err = s.listen(cfg.ProxyAddr); err != nil {
 			return nil, fmt.Errorf("enforcer: proxy listener: %w", err)
@@ -366,11 +408,15 @@ func New(cfg Config) (_ *Server, err error) {
 	return s, nil
 }
 
-// listen binds addr, holding at most Limits.MaxConns connections at once.
+// listen binds addr, holding at most Limits.MaxConns connections at once, and
+// Limits.MaxConnsPerAddr from one client address.
 func (s *Server) listen(addr string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
+	}
+	if n := s.cfg.Limits.MaxConnsPerAddr; n > 0 {
+		ln = newPerAddrListener(ln, n, &s.connsRefused)
 	}
 	if n := s.cfg.Limits.MaxConns; n > 0 {
 		ln = netutil.LimitListener(ln, n)
@@ -408,8 +454,8 @@ func extend(timeout, wait time.Duration) time.Duration {
 	return timeout + max(wait, 0)
 }
 
-// grpcServer returns the gRPC server with the Limits, TLS and tokens.
-func (s *Server) grpcServer() *grpc.Server {
+// grpcServer returns the gRPC server with the Limits, TLS and tokens, then extra.
+func (s *Server) grpcServer(extra ...grpc.ServerOption) *grpc.Server {
 	l := s.cfg.Limits
 	opts := []grpc.ServerOption{
 		// Stream workers keep their grown stacks from call to call: without them every call
@@ -420,13 +466,16 @@ func (s *Server) grpcServer() *grpc.Server {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.GRPCKeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: l.GRPCMaxConnIdle}),
 	}
+	if l.GRPCHandshakeTimeout > 0 { // grpc-go reads 0 as "at once"
+		opts = append(opts, grpc.ConnectionTimeout(l.GRPCHandshakeTimeout))
+	}
 	if l.GRPCMaxStreams > 0 {
 		opts = append(opts, grpc.MaxConcurrentStreams(uint32(l.GRPCMaxStreams)))
 	}
 	if s.tls != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls)))
 	}
-	return grpc.NewServer(append(opts, s.tokens.grpcOptions()...)...)
+	return grpc.NewServer(append(append(opts, s.tokens.grpcOptions()...), extra...)...)
 }
 
 func (s *Server) registerMetrics(reg prometheus.Registerer) {
@@ -440,11 +489,14 @@ func (s *Server) registerMetrics(reg prometheus.Registerer) {
 		gauge("local_keys", "Local-scope counters held.", func() float64 { return float64(s.local.Stats().Keys) }),
 		counter("local_evicted_idle_total", "Local counters dropped because idle.", func() float64 { return float64(s.local.Stats().EvictedIdle) }),
 		counter("local_evicted_live_total", "Local counters dropped while live, to keep within the bound.", func() float64 { return float64(s.local.Stats().EvictedLive) }),
+		counter("local_refused_keys_total", "New local keys not counted because the local counters were full of counters at or near their limits (--max-memory, --max-keys).", func() float64 { return float64(s.local.Stats().Refused) }),
 		gauge("global_keys", "Global keys with a count of this site held in process.", func() float64 { return float64(s.counter.Len()) }),
+		counter("global_refused_keys_total", "New global keys not counted at this site because its counter was full of counters at or near their caps (--max-memory, --max-keys).", func() float64 { return float64(s.counter.Refused()) }),
 		counter("global_evicted_total", "Global site counters dropped to keep within the bound.", func() float64 { return float64(s.counter.Evicted()) }),
 		gauge("local_bytes", "Bytes the local counters keep alive, by the estimate --max-memory bounds.", func() float64 { return float64(s.local.Bytes()) }),
 		gauge("global_bytes", "Bytes this site's in-process global counters keep alive, by the estimate --max-memory bounds.", func() float64 { return float64(s.counter.Bytes()) }),
 		gauge("key_cache_bytes", "Bytes the key cache keeps alive, by the estimate --max-memory bounds.", func() float64 { return float64(s.lim.KeyCacheBytes()) }),
+		counter("conns_refused_total", "Connections closed when accepted because their client address held --max-conns-per-addr on that listener.", func() float64 { return float64(s.connsRefused.Load()) }),
 		counter("rules_reloads_total", "Successful rules reloads.", func() float64 { return float64(s.reloader.Stats().Reloads) }),
 		counter("rules_reload_errors_total", "Rejected rules edits (the last good rules stay in force).", func() float64 { return float64(s.reloader.Stats().Failures) }),
 	}
@@ -481,6 +533,14 @@ func (s *Server) GRPCAddr() string {
 		return ""
 	}
 	return s.grpcLn.Addr().String()
+}
+
+// RLQSAddr returns the address of the Rate Limit Quota Service, "" when not served.
+func (s *Server) RLQSAddr() string {
+	if s.rlqsLn == nil {
+		return ""
+	}
+	return s.rlqsLn.Addr().String()
 }
 
 // ProxyAddr returns the address of the reverse proxy, "" when there is none.
@@ -541,7 +601,35 @@ func (s *Server) Handler() http.Handler {
 		}
 		_, _ = w.Write([]byte(why + "\n"))
 	})
-	return s.tokens.requireToken(mux)
+	return s.tokens.requireToken(tooLarge(mux, max(s.cfg.Limits.MaxBodyBytes, rls.DefaultMaxJSONBytes)))
+}
+
+// tooLarge answers 413 at once, and closes the connection, when a request declares a
+// body larger than limit, the most any endpoint reads, instead of reading it until a
+// handler's bound or the read timeout: a client that declares 10 GiB and sends a byte a
+// second held its connection for the whole read timeout.
+func tooLarge(h http.Handler, limit int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > limit {
+			w.Header().Set("Connection", "close")
+			if r.URL.Path == "/json" { // answered as its handler answers
+				http.Error(w, "request body larger than "+strconv.Itoa(rls.DefaultMaxJSONBytes)+" bytes", http.StatusRequestEntityTooLarge)
+				return
+			}
+			writeTooLarge(w, limit)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// writeTooLarge writes the API's 413 problem.
+func writeTooLarge(w http.ResponseWriter, limit int64) {
+	body := fmt.Sprintf(`{"type":"about:blank","title":"Request Entity Too Large","status":413,"detail":"the body is larger than %d bytes"}`, limit)
+	w.Header().Set("Content-Type", headers.ProblemContentType)
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusRequestEntityTooLarge)
+	_, _ = io.WriteString(w, body)
 }
 
 // Run serves until ctx ends, then stops accepting requests, drains those in flight,
@@ -605,13 +693,28 @@ func (s *Server) Run(ctx context.Context) error {
 		s.rls.Register(gs)
 		goRun("grpc", func() error { return gs.Serve(s.grpcLn) })
 	}
-	s.log.Info("enforcer serving", "site", s.cfg.Site, "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "proxy", s.ProxyAddr())
+	var qs *grpc.Server
+	if s.rlqs != nil {
+		// An Envoy reports all its buckets in one message, larger than a check request.
+		qs = s.grpcServer(grpc.MaxRecvMsgSize(max(rlqs.MaxReportBytes, int(s.cfg.Limits.MaxBodyBytes))), rlqs.ServerOption())
+		s.rlqs.Register(qs)
+		goRun("rlqs", func() error { return qs.Serve(s.rlqsLn) })
+		goRun("rlqs sweeper", func() error { return s.rlqs.Run(ctx) })
+	}
+	s.log.Info("enforcer serving", "site", s.cfg.Site, "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "rlqs", s.RLQSAddr(), "proxy", s.ProxyAddr())
 
 	<-ctx.Done()
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
 	defer scancel()
 	if s.rls != nil {
 		s.rls.SetServing(false)
+	}
+	if qs != nil {
+		// RLQS streams last as long as their Envoys: cut them, and each Envoy starts its
+		// stream again at its next report, on another server, deciding meanwhile on its
+		// last assignments.
+		s.rlqs.SetServing(false)
+		qs.Stop()
 	}
 	for _, srv := range servers {
 		if err := srv.Shutdown(sctx); err != nil {
@@ -657,7 +760,7 @@ func (s *Server) sweep(ctx context.Context) {
 
 // closeAll releases what New opened; safe on a partly built Server.
 func (s *Server) closeAll() {
-	for _, ln := range []net.Listener{s.httpLn, s.grpcLn, s.proxyLn} {
+	for _, ln := range []net.Listener{s.httpLn, s.grpcLn, s.proxyLn, s.rlqsLn} {
 		if ln != nil {
 			_ = ln.Close()
 		}

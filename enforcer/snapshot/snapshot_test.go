@@ -301,7 +301,7 @@ func TestBadRecordsSkippedAndCounted(t *testing.T) {
 }
 
 func TestBoundAndIdleSweep(t *testing.T) {
-	f := newFixture(t, Config{MaxKeys: 3})
+	f := newFixture(t, Config{MaxKeys: 3, MaxCountAhead: time.Minute})
 	s := f.s
 	f.apply(t, "a", countValue(t, "a", time.Minute, t0, map[string]float64{"eu": 1}))
 	f.apply(t, "b", countValue(t, "b", time.Minute, t0.Add(30*time.Second), map[string]float64{"eu": 1}))
@@ -561,8 +561,9 @@ func TestSiteConflictReported(t *testing.T) {
 	}
 }
 
-// A count or heartbeat from beyond the clock-skew bound is refused and counted; one within
-// it is applied.
+// A count from further ahead than DefaultMaxCountAhead (500 ms), or a heartbeat from
+// beyond the clock-skew bound, is refused and counted; one within it is applied. A count
+// 25 s ahead, within the heartbeats' 30 s, was believed before.
 func TestFutureRecordsRefused(t *testing.T) {
 	f := newFixture(t, Config{})
 	tenYears := t0.AddDate(10, 0, 0)
@@ -572,9 +573,12 @@ func TestFutureRecordsRefused(t *testing.T) {
 	if _, ok := f.s.Get("k"); ok {
 		t.Fatal("count 10 years ahead was applied")
 	}
-	f.apply(t, "k", countValue(t, "k", time.Minute, t0.Add(DefaultMaxClockSkew), map[string]float64{"us": 1}))
+	if err := f.s.Apply([]byte("k"), countValue(t, "k", time.Minute, t0.Add(25*time.Second), map[string]float64{"us": 0})); !errors.Is(err, ErrTooFarFuture) {
+		t.Fatalf("count 25 s ahead: %v, want ErrTooFarFuture", err)
+	}
+	f.apply(t, "k", countValue(t, "k", time.Minute, t0.Add(DefaultMaxCountAhead), map[string]float64{"us": 1}))
 	if e, ok := f.s.Get("k"); !ok || e.Total != 1 {
-		t.Fatalf("count at the skew bound: %+v %v", e, ok)
+		t.Fatalf("count at the bound: %+v %v", e, ok)
 	}
 
 	hk, hv := heartbeat(t, "hits", 0, tenYears, false)
@@ -593,8 +597,8 @@ func TestFutureRecordsRefused(t *testing.T) {
 	if heard, ok := f.s.SiteTimes().Heard("us"); !ok || heard != t0.Add(DefaultMaxClockSkew).UnixMilli() {
 		t.Fatalf("site us heard until %v (%v), want the skew bound", time.UnixMilli(heard).UTC(), ok)
 	}
-	if got := f.metric(t, "streamlimit_snapshot_bad_records_total", "reason", ReasonTooFarFuture); got != 3 {
-		t.Fatalf("bad_records_total{too_far_future} = %v, want 3", got)
+	if got := f.metric(t, "streamlimit_snapshot_bad_records_total", "reason", ReasonTooFarFuture); got != 4 {
+		t.Fatalf("bad_records_total{too_far_future} = %v, want 4", got)
 	}
 }
 

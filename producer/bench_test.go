@@ -3,10 +3,16 @@ package producer
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"golang.org/x/time/rate"
 
@@ -172,5 +178,93 @@ func BenchmarkCoalescingRealBroker(b *testing.B) {
 		b.ReportMetric(float64(st.HitsIn)/float64(st.RecordsOut), "hits/record")
 		b.ReportMetric(float64(st.RecordsOut), "records")
 		b.ReportMetric(float64(st.BytesOut)/float64(st.RecordsOut), "bytes/record")
+	}
+}
+
+// BenchmarkPublishLoad drives the publishing path as the serving bench's Kafka row does —
+// Hit on 10 000 keys round-robin at publishRate hits/s for publishFor, so that every
+// count is alone in its bucket — against the real broker, with the counts in hit batches
+// (records=batches, the default) and as records of their own (records=single,
+// SingleHitRecords), each after a run with no Hit at all (the pacing's own cost). It
+// reports the process's CPU per hit above that baseline (cpu-ns/hit), the broker's when
+// its process is the one e2e/services started (broker-cpu-ns/hit; the broker is shared, so
+// its figure includes what other clients cost it), and the produce requests per second.
+func BenchmarkPublishLoad(b *testing.B) {
+	brokers := testenv.Brokers(b)
+	topic := testenv.CreateTopic(b, "hits", 4, nil)
+	keys := make([]string, 10_000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("api|user=%d#60s", i)
+	}
+	bpid := ""
+	if dir := os.Getenv("STREAMLIMIT_RUN_DIR"); dir != "" {
+		if v, err := os.ReadFile(filepath.Join(dir, "kafka", "kafka.pid")); err == nil {
+			bpid = strings.TrimSpace(string(v))
+		}
+	}
+	// run paces Hits (none with noHits) for d and returns the hits, the process's and the
+	// broker's CPU, and the produce requests the client wrote.
+	run := func(b *testing.B, single, noHits bool, d time.Duration) (hits int, cpu, broker time.Duration, reqs int64) {
+		var produces atomic.Int64
+		p, err := New(Config{Brokers: brokers, Topic: topic, Site: "eu-1", SingleHitRecords: single, Logger: discard,
+			KafkaOpts: []kgo.Opt{kgo.WithHooks(produceCounter{&produces})}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer p.Close(context.Background())
+		pace := func(d time.Duration) int {
+			n, k := 0, 0
+			start := time.Now()
+			for time.Since(start) < d {
+				for range publishRate / 1000 {
+					if !noHits {
+						p.Hit(keys[k], time.Minute, 1)
+					}
+					k = (k + 1) % len(keys)
+					n++
+				}
+				time.Sleep(time.Millisecond - time.Since(start)%time.Millisecond)
+			}
+			return n
+		}
+		pace(time.Second) // every counter known, the partition count learned
+		cpu0, b0, r0 := processCPU(), procCPU(bpid), produces.Load()
+		hits = pace(d)
+		return hits, processCPU() - cpu0, procCPU(bpid) - b0, produces.Load() - r0
+	}
+	for _, c := range []struct {
+		name   string
+		single bool
+	}{{"records=batches", false}, {"records=single", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			var cpuHit, brokerHit, reqsPerSec float64
+			for b.Loop() {
+				n0, cpu0, broker0, _ := run(b, c.single, true, publishFor)
+				n, cpu, broker, reqs := run(b, c.single, false, publishFor)
+				cpuHit = float64(cpu.Nanoseconds())/float64(n) - float64(cpu0.Nanoseconds())/float64(n0)
+				brokerHit = float64(broker.Nanoseconds())/float64(n) - float64(broker0.Nanoseconds())/float64(n0)
+				reqsPerSec = float64(reqs) / publishFor.Seconds()
+			}
+			b.ReportMetric(cpuHit, "cpu-ns/hit")
+			if bpid != "" {
+				b.ReportMetric(brokerHit, "broker-cpu-ns/hit")
+			}
+			b.ReportMetric(reqsPerSec, "produce-req/s")
+		})
+	}
+}
+
+// The load of BenchmarkPublishLoad: the serving bench's Kafka row admits 30-40 k calls/s.
+const (
+	publishRate = 30_000
+	publishFor  = 4 * time.Second
+)
+
+// produceCounter counts the produce requests a client writes.
+type produceCounter struct{ n *atomic.Int64 }
+
+func (h produceCounter) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, _ error) {
+	if key == 0 { // Produce
+		h.n.Add(1)
 	}
 }

@@ -541,11 +541,12 @@ func (a *Aggregator) count(ctx context.Context, cl *kgo.Client, now int64, fp *k
 		return
 	}
 	nparts := a.nparts[fp.Topic]
+	n := 0
 	for _, r := range recs {
-		a.process(ctx, cl, now, ps, nparts, r)
+		n += a.process(ctx, cl, now, ps, nparts, r)
 		ps.next = r.Offset + 1
 	}
-	a.m.recordsIn.Add(float64(len(recs)))
+	a.m.recordsIn.Add(float64(n))
 	if fp.HighWatermark > 0 {
 		ps.hwm = fp.HighWatermark
 	}
@@ -596,9 +597,10 @@ func (a *Aggregator) recomputePaused() {
 	}
 }
 
-// process handles one hit record. The caller holds a.mu.
+// process handles one hit record, and returns the number of hit records it held: one, or
+// the hits of a hit batch. The caller holds a.mu.
 // nparts is the partition count of the record's topic (0: unknown, no re-routing).
-func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps *partState, nparts int32, r *kgo.Record) {
+func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps *partState, nparts int32, r *kgo.Record) int {
 	origin := ""
 	for _, h := range r.Headers {
 		if h.Key == topics.HeaderRerouted {
@@ -608,32 +610,58 @@ func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps 
 			}
 		}
 	}
+	if topics.IsHitBatch(r.Value) {
+		// Several hits of one site, each counted as a record of its own would be; a batch
+		// that does not decode whole is skipped whole.
+		b, err := topics.ReadHitBatch(r.Value)
+		if err != nil {
+			a.bad(ctx, cl, topics.Reason(err), r, err)
+			return 1
+		}
+		var bh topics.BatchHit
+		for i := 0; b.Next(&bh); i++ {
+			h := hitRef{key: bh.Key, site: b.Site, bucketStart: bh.BucketStart, window: bh.Window, count: bh.Count, denied: bh.Denied}
+			o := origin
+			if o != "" {
+				o += "#" + strconv.Itoa(i)
+			}
+			a.processHit(ctx, cl, now, ps, nparts, r, h, o, i)
+		}
+		return b.Len
+	}
 	var h hitRef
 	if !decodeFast(r.Value, &h) {
 		slow, err := topics.DecodeHit(r.Value)
 		if err != nil {
 			a.bad(ctx, cl, topics.Reason(err), r, err)
-			return
+			return 1
 		}
 		if slow.IsSiteRecord() {
 			a.siteRecord(ctx, cl, now, ps, r, slow)
-			return
+			return 1
 		}
 		h = hitRef{key: []byte(slow.Key), site: []byte(slow.Site), bucketStart: slow.BucketStart, window: slow.Window, count: slow.Count, denied: slow.Denied}
 	}
+	a.processHit(ctx, cl, now, ps, nparts, r, h, origin, -1)
+	return 1
+}
+
+// processHit counts hit h of record r: the record itself when i < 0, else the i-th hit of
+// the hit batch r. The caller holds a.mu.
+func (a *Aggregator) processHit(ctx context.Context, cl *kgo.Client, now int64, ps *partState, nparts int32, r *kgo.Record, h hitRef, origin string, i int) {
 	if reason := a.cfg.checkHit(now, &h, r.Timestamp); reason != "" {
 		if reason != ReasonTooOld || !ps.replaying { // during replay, old hits are expected, not bad
-			a.bad(ctx, cl, reason, r, nil)
+			a.badHit(ctx, cl, reason, r, &h, i)
 		}
 		return
 	}
 	late := a.cfg.Lateness.Milliseconds()
 	if origin == "" && nparts > 0 {
 		// Ownership follows the counter key (the hit's key), which our producer also uses
-		// as the record key.
+		// as the record key, or places the batch by.
 		h.hash, h.hashed = murmur2(h.key), true
 		if q := partitionOf(h.hash, nparts); q != r.Partition {
-			a.reroute(ctx, cl, r, h.key, q)
+			a.reroute(ctx, cl, r, &h, i, q)
 			return
 		}
 	}
@@ -791,19 +819,44 @@ func (c *Config) emitBudget() int {
 }
 
 // reroute re-publishes a misrouted hit to partition q (the key's murmur2 partition) of the
-// same topic, marked with HeaderRerouted = "<topic>/<partition>/<offset>" of the original.
-func (a *Aggregator) reroute(ctx context.Context, cl *kgo.Client, r *kgo.Record, key []byte, q int32) {
+// same topic, marked with HeaderRerouted = "<topic>/<partition>/<offset>" of the original,
+// and "/<i>" for the i-th hit of a hit batch, which goes as a hit record of its own.
+func (a *Aggregator) reroute(ctx context.Context, cl *kgo.Client, r *kgo.Record, h *hitRef, i int, q int32) {
 	a.m.rerouted.Inc()
 	origin := r.Topic + "/" + strconv.Itoa(int(r.Partition)) + "/" + strconv.FormatInt(r.Offset, 10)
+	value := r.Value
+	if i >= 0 {
+		origin += "/" + strconv.Itoa(i)
+		value = h.record()
+	}
 	hs := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
 	hs = append(hs, r.Headers...)
 	hs = append(hs, kgo.RecordHeader{Key: topics.HeaderRerouted, Value: []byte(origin)})
-	rec := &kgo.Record{Topic: r.Topic, Key: key, Value: r.Value, Timestamp: r.Timestamp, Headers: hs}
+	rec := &kgo.Record{Topic: r.Topic, Key: h.key, Value: value, Timestamp: r.Timestamp, Headers: hs}
 	cl.Produce(context.WithoutCancel(ctx), rec, func(_ *kgo.Record, err error) {
 		if err != nil {
 			a.log.Error("re-route misrouted hit", "origin", origin, "to_partition", q, "err", err)
 		}
 	})
+}
+
+// record returns h as a hit record's value of its own (binary), for a hit taken out of a
+// hit batch; the batch decoded, so it encodes.
+func (h *hitRef) record() []byte {
+	v, _ := topics.Hit{Key: string(h.key), Site: string(h.site), BucketStart: h.bucketStart, Window: h.window, Count: h.count, Denied: h.denied}.MarshalBinary()
+	return v
+}
+
+// badHit is bad for hit h of record r: the record itself when i < 0, else the i-th hit of
+// the hit batch r, whose dead-letter copy is a hit record of its own.
+func (a *Aggregator) badHit(ctx context.Context, cl *kgo.Client, reason string, r *kgo.Record, h *hitRef, i int) {
+	if i < 0 {
+		a.bad(ctx, cl, reason, r, nil)
+		return
+	}
+	one := *r
+	one.Key, one.Value = h.key, h.record()
+	a.bad(ctx, cl, reason, &one, nil)
 }
 
 func (a *Aggregator) bad(ctx context.Context, cl *kgo.Client, reason string, r *kgo.Record, err error) {

@@ -10,8 +10,8 @@ import (
 )
 
 // partitioner places records as kgo.StickyKeyPartitioner(nil) does (murmur2 of the key,
-// Java's placement), except site heartbeats, which go to the partition set in
-// Record.Partition. Every record it places tells it the topic's partition count, which the
+// Java's placement), except site heartbeats and hit batches, which go to the partition set
+// in Record.Partition. Every record it places tells it the topic's partition count, which the
 // heartbeats need.
 type partitioner struct {
 	inner kgo.Partitioner
@@ -39,10 +39,10 @@ func (t *topicPartitioner) Partition(r *kgo.Record, n int) int {
 	return t.inner.Partition(r, n)
 }
 
-// isSiteHeartbeat reports whether r is a site record (a heartbeat or a leave), which goes to
-// the partition its Partition names.
+// isSiteHeartbeat reports whether r is a site record (a heartbeat or a leave) or a hit
+// batch, which go to the partition their Partition names.
 func isSiteHeartbeat(r *kgo.Record) bool {
-	return string(r.Key) == topics.SiteHeartbeatKey || string(r.Key) == topics.SiteLeaveKey
+	return string(r.Key) == topics.SiteHeartbeatKey || string(r.Key) == topics.SiteLeaveKey || string(r.Key) == topics.HitBatchKey
 }
 
 // siteHeartbeat sends, when due, a site heartbeat stamped watermark (unix ms) to every

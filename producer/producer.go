@@ -82,9 +82,9 @@ type counterKey struct {
 }
 
 // entry is a known counter and the count of its current bucket. Guarded by its shard's mu.
+// It is 64 bytes, one cache line of its size class, so that a Hit reads one line of it.
 type entry struct {
 	ck     counterKey
-	sub    int64  // the window's sub-bucket width, ms
 	bucket int64  // start of the bucket n counts toward, unix ms
 	end    int64  // end of that bucket, unix ms
 	n      int64  // hits in bucket not yet drained
@@ -112,12 +112,12 @@ type recordKey struct {
 }
 
 type shard struct {
-	mu sync.Mutex
-	// m finds entries by a 64-bit hash of (key, window), so that a lookup hashes the key
-	// once (the same hash picks the shard); coll holds the rare entries whose hash another
-	// entry already has.
-	m    map[uint64]*entry
-	coll map[counterKey]*entry
+	// What a Hit reads, first, in one cache line.
+	mu     sync.Mutex
+	hitsIn int64 // guarded by mu; saturating
+	// tab finds entries by a 64-bit hash of (key, window), so that a lookup hashes the key
+	// once (the same hash picks the shard).
+	tab table
 	// dirty lists the entries with a count not yet drained; minEnd is at most the
 	// smallest end of their buckets, so that a flush tick skips a shard with nothing due
 	// without reading its entries.
@@ -129,32 +129,14 @@ type shard struct {
 	// so they are bounded by the entries. Dropping them would lose hits of counters that
 	// carry traffic.
 	pending []record
-	hitsIn  int64 // guarded by mu; saturating
 	dropped [numDropReasons]atomic.Int64
 	invalid atomic.Int64
 	_       [64]byte // keep shards on separate cache lines
 }
 
-func (s *shard) get(h uint64, ck counterKey) *entry {
-	if e := s.m[h]; e != nil && e.ck == ck {
-		return e
-	}
-	if len(s.coll) > 0 {
-		return s.coll[ck]
-	}
-	return nil
-}
+func (s *shard) get(h uint64, ck counterKey) *entry { return s.tab.get(h, ck) }
 
-func (s *shard) put(h uint64, e *entry) {
-	if _, taken := s.m[h]; !taken {
-		s.m[h] = e
-		return
-	}
-	if s.coll == nil {
-		s.coll = make(map[counterKey]*entry)
-	}
-	s.coll[e.ck] = e
-}
+func (s *shard) put(h uint64, e *entry) { s.tab.put(h, e) }
 
 // drop counts n dropped hits for reason r.
 func (s *shard) drop(r int, n int64) { satAddAtomic(&s.dropped[r], n) }
@@ -171,8 +153,18 @@ type Producer struct {
 	idleMs    int64
 	maxKeys   int64
 	seed      maphash.Seed
+	clock     *msClock
 	shards    [numShards]shard
 	parts     partitioner // the client's partitioner when the Producer built the client
+	// keyParts places keys as parts does, for the hit batches (sendAll); scratch is the
+	// record it reads a key from. Both guarded by flushMu.
+	keyParts kgo.TopicPartitioner
+	scratch  kgo.Record
+	// sendAll's scratch, guarded by flushMu: the counts in partition order, each count's
+	// partition, and the partitions' counts.
+	placed    []placed
+	partOf    []int32
+	partCount []int32
 
 	hbNext int64 // unix ms of the next site heartbeat, guarded by flushMu
 
@@ -197,6 +189,7 @@ type Producer struct {
 	inflightRecs  atomic.Int64
 	inflightHits  wideSum
 	recordsOut    atomic.Int64
+	batchesOut    atomic.Int64
 	heartbeatsOut atomic.Int64
 	bytesOut      atomic.Int64
 	produceErrs   atomic.Int64
@@ -223,12 +216,10 @@ func New(cfg Config) (*Producer, error) {
 		idleMs:   cfg.IdleTimeout.Milliseconds(),
 		maxKeys:  int64(cfg.MaxBufferedKeys),
 		seed:     maphash.MakeSeed(),
+		clock:    newMsClock(cfg.Clock),
 		unsent:   make(map[recordKey]counts),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
-	}
-	for i := range p.shards {
-		p.shards[i].m = make(map[uint64]*entry)
 	}
 	p.produced = p.onProduced
 	if cfg.Client != nil {
@@ -240,6 +231,7 @@ func New(cfg Config) (*Producer, error) {
 	} else {
 		p.maxInflight = int64(cfg.MaxInFlightRecords)
 		p.parts.inner = kgo.StickyKeyPartitioner(nil)
+		p.keyParts = p.parts.inner.ForTopic(cfg.Topic)
 		opts := append([]kgo.Opt{
 			kgo.SeedBrokers(cfg.Brokers...),
 			// StickyKeyPartitioner(nil) is documented to place keyed records exactly as
@@ -281,9 +273,11 @@ func New(cfg Config) (*Producer, error) {
 // Hit records n hits of key, toward a window of length window, at the Producer's clock's
 // current time. It is HitAt(key, window, cfg.Clock.Now(), n), but for when the clock is
 // read: as the hit is recorded, so that a site heartbeat never passes it (see
-// siteHeartbeat).
+// siteHeartbeat). With the real clock, the time is the monotonic clock's plus the wall
+// clock's offset from it, taken at most 10 ms before (msClock): one read of a clock per
+// Hit instead of time.Now's two.
 func (p *Producer) Hit(key string, window time.Duration, n int) {
-	p.add(key, window, time.Time{}, true, int64(n), 0)
+	p.add(key, window, 0, true, int64(n), 0)
 }
 
 // HitAt records n hits of key, toward a window of length window (whole milliseconds; the
@@ -299,14 +293,14 @@ func (p *Producer) Hit(key string, window time.Duration, n int) {
 // n < 1) is ignored and counted in invalid_hits_total. Hits that the memory bound cannot take, or
 // that arrive after Close, are dropped and counted in dropped_hits_total.
 func (p *Producer) HitAt(key string, window time.Duration, t time.Time, n int) {
-	p.add(key, window, t, false, int64(n), 0)
+	p.add(key, window, t.UnixMilli(), false, int64(n), 0)
 }
 
 // Denied records n requests for key, toward a window of length window, that were refused at
 // this site at the Producer's clock's current time. It is DeniedAt(key, window,
 // cfg.Clock.Now(), n), with the clock read as for Hit.
 func (p *Producer) Denied(key string, window time.Duration, n int) {
-	p.add(key, window, time.Time{}, true, 0, int64(n))
+	p.add(key, window, 0, true, 0, int64(n))
 }
 
 // DeniedAt records n refused requests for key in the bucket that contains t. They count
@@ -314,14 +308,14 @@ func (p *Producer) Denied(key string, window time.Duration, n int) {
 // key's room (a site where a client has just arrived has demand before it has hits). It is
 // coalesced with the hits of the same bucket and behaves as HitAt otherwise.
 func (p *Producer) DeniedAt(key string, window time.Duration, t time.Time, n int) {
-	p.add(key, window, t, false, 0, int64(n))
+	p.add(key, window, t.UnixMilli(), false, 0, int64(n))
 }
 
-// add records n64 hits and d64 denials of key toward window wd at t, or, with now, at the
-// clock's time read under the shard's lock: a flush reads its time before it takes the
-// lock, so a hit it did not see is not older than its time, and the site heartbeat it
-// sends (stamped at most at the start of the current bucket) stays true.
-func (p *Producer) add(key string, wd time.Duration, t time.Time, now bool, n64, d64 int64) {
+// add records n64 hits and d64 denials of key toward window wd at ms (unix ms), or, with
+// now, at the clock's time read under the shard's lock: a flush reads its time before it
+// takes the lock, so a hit it did not see is not older than its time, and the site
+// heartbeat it sends (stamped at most at the start of the current bucket) stays true.
+func (p *Producer) add(key string, wd time.Duration, ms int64, now bool, n64, d64 int64) {
 	w := int64(wd / time.Millisecond)
 	h := maphash.String(p.seed, key)
 	s := &p.shards[h&(numShards-1)]
@@ -334,9 +328,8 @@ func (p *Producer) add(key string, wd time.Duration, t time.Time, now bool, n64,
 
 	s.mu.Lock()
 	if now {
-		t = p.cfg.Clock.Now()
+		ms = p.clock.nowMs()
 	}
-	ms := t.UnixMilli()
 	if p.closed.Load() {
 		s.drop(dropClosed, n64)
 		s.mu.Unlock()
@@ -356,7 +349,7 @@ func (p *Producer) add(key string, wd time.Duration, t time.Time, now bool, n64,
 			s.mu.Unlock()
 			return
 		}
-		e = &entry{ck: ck, sub: window.Width(time.Duration(w)*time.Millisecond, p.cfg.SubBuckets)}
+		e = &entry{ck: ck}
 		e.bucket, e.end = p.bucketOf(e, ms)
 		s.put(h, e)
 	} else if ms < e.bucket || ms >= e.end {
@@ -395,9 +388,11 @@ func (p *Producer) add(key string, wd time.Duration, t time.Time, now bool, n64,
 func (p *Producer) bucketOf(e *entry, ms int64) (start, end int64) {
 	start = ms - floorMod(ms, p.widthMs)
 	end = start + p.widthMs
-	if e.sub%p.widthMs != 0 {
-		sb := ms - floorMod(ms, e.sub)
-		start, end = max(start, sb), min(end, sb+e.sub)
+	// The sub-bucket width is worked out again at every bucket (a division) rather than
+	// kept, so that the entry fits in 64 bytes.
+	if sub := window.Width(time.Duration(e.ck.window)*time.Millisecond, p.cfg.SubBuckets); sub%p.widthMs != 0 {
+		sb := ms - floorMod(ms, sub)
+		start, end = max(start, sb), min(end, sb+sub)
 	}
 	return start, end
 }
@@ -413,7 +408,6 @@ func (p *Producer) evictIdle(s *shard, nowMs int64) bool {
 		victim     *entry
 		victimHash uint64
 		recent     bool
-		seen       int
 	)
 	better := func(e *entry) bool {
 		r := e.end+p.widthMs > nowMs
@@ -425,25 +419,15 @@ func (p *Producer) evictIdle(s *shard, nowMs int64) bool {
 		}
 		return e.heat < victim.heat
 	}
-	for h, e := range s.m { // Go starts a map's iteration at a random place
-		if seen++; seen > evictSample {
-			break
-		}
+	s.tab.sample(evictSample, func(h uint64, e *entry) {
 		if !e.dirty && better(e) {
 			victim, victimHash, recent = e, h, e.end+p.widthMs > nowMs
 		}
-	}
+	})
 	if victim == nil {
-		for ck, e := range s.coll {
-			if !e.dirty {
-				delete(s.coll, ck)
-				return true
-			}
-		}
 		return false
 	}
-	delete(s.m, victimHash)
-	// A colliding entry may now take the freed hash slot; it stays findable in coll.
+	s.tab.remove(victimHash, victim)
 	return true
 }
 
@@ -566,16 +550,15 @@ func (p *Producer) loop() {
 func (p *Producer) flush(all bool) { p.drain(all, false) }
 
 // drain is flush; with spread, shard i's finished buckets are held back until
-// i·FlushSpread/numShards after their end, so that the records of buckets that end
-// together (every counter's, at each multiple of BucketWidth) reach the Kafka client in
-// several smaller hand-offs over FlushSpread instead of one burst: on a server with one
-// core, the burst of encoding and acknowledging thousands of records at once held the
-// core for milliseconds, and every call waiting behind it showed in the p99.
+// i·FlushSpread/numShards after their end (Config.FlushSpread), so that the records of
+// buckets that end together (every counter's, at each multiple of BucketWidth) reach the
+// Kafka client in several smaller hand-offs instead of one.
 func (p *Producer) drain(all, spread bool) {
 	p.flushMu.Lock()
 	defer p.flushMu.Unlock()
 	start := p.cfg.Clock.Now()
-	nowMs := start.UnixMilli()
+	// The same reading of the clock as add's, so that a hit after this pass is not older.
+	nowMs := p.clock.nowMs()
 	p.flushes.Add(1)
 
 	batch := p.batch[:0]
@@ -635,18 +618,7 @@ func (p *Producer) drain(all, spread bool) {
 			s.minEnd = minEnd
 		}
 		if i == p.sweepNext {
-			for h, e := range s.m {
-				if !e.dirty && nowMs-e.end >= p.idleMs {
-					delete(s.m, h)
-					released++
-				}
-			}
-			for ck, e := range s.coll {
-				if !e.dirty && nowMs-e.end >= p.idleMs {
-					delete(s.coll, ck)
-					released++
-				}
-			}
+			released += int64(s.tab.removeIf(func(e *entry) bool { return !e.dirty && nowMs-e.end >= p.idleMs }))
 		}
 		s.mu.Unlock()
 		if i%8 == 7 {
@@ -660,17 +632,7 @@ func (p *Producer) drain(all, spread bool) {
 	p.buffered.Add(-released)
 	p.noIdle.Store(false) // the drained counters are idle now
 
-	for i, r := range batch {
-		if room > 0 {
-			p.send(r)
-			room--
-		} else {
-			p.keepUnsent(r)
-		}
-		if i%256 == 255 {
-			runtime.Gosched()
-		}
-	}
+	p.sendAll(batch, room)
 	clear(batch)
 	p.batch = batch[:0]
 	if !all {
@@ -730,18 +692,16 @@ func (p *Producer) logDrops() {
 // most, none once the pool is warm. The client returns the *kgo.Record to the promise,
 // which finds the outRecord around it.
 type outRecord struct {
-	kr  kgo.Record // first field: a *kgo.Record of an outRecord is the outRecord's address
-	rec record
-	buf []byte
+	kr   kgo.Record // first field: a *kgo.Record of an outRecord is the outRecord's address
+	rec  record
+	recs []record // the counts of a hit batch (sendAll); rec is unused then
+	buf  []byte
 }
 
 // send hands r to the Kafka client.
 func (p *Producer) send(r record) {
 	h := topics.Hit{Key: r.ck.key, Site: p.cfg.Site, BucketStart: r.bucket, Window: r.ck.window, Count: r.n, Denied: r.d}
-	o, _ := p.outFree.Get().(*outRecord)
-	if o == nil {
-		o = &outRecord{}
-	}
+	o := p.outRecord()
 	buf := append(o.buf[:0], r.ck.key...)
 	buf, err := h.AppendBinary(buf)
 	if err != nil {
@@ -757,25 +717,36 @@ func (p *Producer) send(r record) {
 	p.cl.TryProduce(context.Background(), &o.kr, p.produced)
 }
 
-// onProduced is the promise of every record send hands to Kafka.
+// onProduced is the promise of every record send and sendAll hand to Kafka.
 func (p *Producer) onProduced(kr *kgo.Record, err error) {
 	o := (*outRecord)(unsafe.Pointer(kr))
-	r := o.rec
-	p.inflightRecs.Add(-1)
-	p.inflightHits.add(-r.n)
+	recs := o.recs
+	if len(recs) == 0 {
+		recs = []record{o.rec} // does not escape: no allocation
+	}
+	p.inflightRecs.Add(-int64(len(recs)))
+	for _, r := range recs {
+		p.inflightHits.add(-r.n)
+	}
 	if err == nil {
-		p.recordsOut.Add(1)
+		p.recordsOut.Add(int64(len(recs)))
+		if len(o.recs) > 0 {
+			p.batchesOut.Add(1)
+		}
 		p.bytesOut.Add(int64(len(kr.Key) + len(kr.Value)))
 	} else {
 		// With the idempotent producer, kgo fails a record only when it is sure the
-		// broker did not write it (never sent, or an error response), so the count can be
-		// merged back without risk of counting it twice.
+		// broker did not write it (never sent, or an error response), so the counts can be
+		// merged back without risk of counting them twice.
 		p.produceErrs.Add(1)
 		p.lastErr.Store(&err)
-		p.keepUnsent(r)
+		for _, r := range recs {
+			p.keepUnsent(r)
+		}
 	}
-	o.kr, o.rec = kgo.Record{}, record{}
-	if cap(o.buf) <= 1024 {
+	clear(o.recs)
+	o.kr, o.rec, o.recs = kgo.Record{}, record{}, o.recs[:0]
+	if cap(o.buf) <= 2*maxBatchBytes {
 		p.outFree.Put(o)
 	}
 }

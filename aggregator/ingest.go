@@ -71,7 +71,10 @@ func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps 
 		return b.Len
 	}
 	var h hitRef
-	if !decodeFast(r.Value, &h) {
+	var bh topics.BatchHit
+	if site, ok := topics.ReadHit(r.Value, &bh); ok {
+		h = hitRef{key: bh.Key, site: site, bucketStart: bh.BucketStart, window: bh.Window, count: bh.Count}
+	} else {
 		slow, err := topics.DecodeHit(r.Value)
 		if err != nil {
 			a.bad(ctx, cl, topics.Reason(err), r, err)

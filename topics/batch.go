@@ -198,3 +198,31 @@ func DecodeHits(value []byte) ([]Hit, error) {
 	}
 	return out, nil
 }
+
+// ReadHit reads the common hit record — one hit in binary version 1 — without allocating:
+// h.Key and the site returned point into value. It reports false for anything else (JSON,
+// other versions, site records, any invalid field), which DecodeHit decodes or rejects
+// with the reason. What it accepts, DecodeHit accepts with the same values, so that a
+// reader may try it first and fall back to DecodeHit.
+func ReadHit(value []byte, h *BatchHit) (site []byte, ok bool) {
+	if len(value) == 0 || value[0] != hitVersion1 {
+		return nil, false
+	}
+	r := reader{b: value[1:]}
+	kl, sl := r.uvarint(), r.uvarint()
+	if r.err != nil || kl > MaxKeyLen || sl < 1 || sl > MaxSiteLen {
+		return nil, false
+	}
+	ks := r.bytes(int(kl + sl))
+	bs := r.varint()
+	w, c := r.uvarint(), r.uvarint()
+	if r.err != nil || len(r.b) != 0 || w > maxMillis || c > maxCount {
+		return nil, false
+	}
+	key, site := ks[:kl], ks[kl:]
+	if !utf8.Valid(site) || validateHitFieldsBytes(key, int64(w), int64(c), 0) != nil {
+		return nil, false
+	}
+	*h = BatchHit{Key: key, BucketStart: bs, Window: int64(w), Count: int64(c)}
+	return site, true
+}

@@ -198,7 +198,7 @@ func TestMisroutedHitsCountedOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	key := "misrouted|user=1"
-	owner := kafkaPartition([]byte(key), testPartitions)
+	owner := topics.Partition([]byte(key), testPartitions)
 	manual := newManualProducer(t, e)
 	now := time.Now()
 	var hs []topics.Hit
@@ -441,7 +441,7 @@ func TestHitBatches(t *testing.T) {
 	var all []topics.Hit
 	for i := range 40 {
 		h := topics.Hit{Key: fmt.Sprintf("batch|user=%d", i), Site: "eu-1", BucketStart: now.Add(-time.Duration(i%5) * time.Second).UnixMilli(), Window: w, Count: int64(1 + i%3), Denied: int64(i % 2)}
-		q := kafkaPartition([]byte(h.Key), testPartitions)
+		q := topics.Partition([]byte(h.Key), testPartitions)
 		byPart[q] = append(byPart[q], h)
 		all = append(all, h)
 	}

@@ -65,7 +65,7 @@ func endToEnd(b *testing.B, batch int) {
 		site := i % 3
 		h := topics.Hit{Key: "bench|user=" + strconv.Itoa(i%endToEndKeys), Site: sites[site],
 			BucketStart: now.Add(-time.Duration(hitsPerRun-i) * 30 * time.Microsecond).UnixMilli(), Window: 60_000, Count: 1}
-		q := kafkaPartition([]byte(h.Key), testPartitions)
+		q := topics.Partition([]byte(h.Key), testPartitions)
 		if batch == 1 {
 			v, _ := h.MarshalBinary()
 			records++

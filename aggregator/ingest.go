@@ -103,8 +103,8 @@ func (a *Aggregator) processHit(ctx context.Context, cl *kgo.Client, now int64, 
 	if origin == "" && nparts > 0 {
 		// Ownership follows the counter key (the hit's key), which our producer also uses
 		// as the record key, or places the batch by.
-		h.hash, h.hashed = murmur2(h.key), true
-		if q := partitionOf(h.hash, nparts); q != r.Partition {
+		h.hash, h.hashed = topics.Murmur2(h.key), true
+		if q := topics.PartitionOfHash(h.hash, nparts); q != r.Partition {
 			a.reroute(ctx, cl, r, &h, i, q)
 			return
 		}

@@ -19,19 +19,6 @@ func testState(maxKeys int) *state {
 	return newState(stateConfig{subBuckets: 10, maxSkew: time.Second, maxKeys: maxKeys, emitInterval: 100, maxSpecs: 16})
 }
 
-func TestMurmur2MatchesKafkaPartitioner(t *testing.T) {
-	p := kgo.StickyKeyPartitioner(nil).ForTopic("t")
-	for i := range 2000 {
-		key := []byte("api:POST /articles|user=" + strconv.Itoa(i) + string(make([]byte, i%5)))
-		for _, n := range []int32{1, 3, 4, 12, 100} {
-			want := p.Partition(&kgo.Record{Key: key}, int(n))
-			if got := kafkaPartition(key, n); int(got) != want {
-				t.Fatalf("key %q n=%d: %d, kgo says %d", key, n, got, want)
-			}
-		}
-	}
-}
-
 func TestCollectEmitsDecaysAndTombstones(t *testing.T) {
 	fc := clock.NewFake(time.UnixMilli(1_763_740_000_000))
 	s := testState(100)
@@ -183,7 +170,7 @@ func processHits(b *testing.B, batch int) {
 	}
 	for i := range keys {
 		h := topics.Hit{Key: "api:POST /articles|user=" + strconv.Itoa(i), Site: sites[i%3], BucketStart: now, Window: 60_000, Count: 1}
-		p := kafkaPartition([]byte(h.Key), parts)
+		p := topics.Partition([]byte(h.Key), parts)
 		byPart[p][i%3] = append(byPart[p][i%3], h)
 	}
 	// The records of a partition side by side, their bytes in one buffer, as the client

@@ -65,13 +65,11 @@ func (p *Producer) sendAll(batch []record, room int64) {
 			continue
 		}
 		key := batch[i].ck.key
-		// The partitioner only reads the key: no copy of it.
-		p.scratch.Key = unsafe.Slice(unsafe.StringData(key), len(key))
-		q := int32(p.keyParts.Partition(&p.scratch, int(n)))
+		// Partition only reads the key: no copy of it.
+		q := topics.Partition(unsafe.Slice(unsafe.StringData(key), len(key)), n)
 		parts = append(parts, q)
 		cnt[q+1]++
 	}
-	p.scratch.Key = nil
 	for q := 1; q <= int(n); q++ {
 		cnt[q] += cnt[q-1]
 	}

@@ -153,10 +153,6 @@ type Producer struct {
 	clock     *msClock
 	shards    [numShards]shard
 	parts     partitioner // the client's partitioner when the Producer built the client
-	// keyParts places keys as parts does, for the hit batches (sendAll); scratch is the
-	// record it reads a key from. Both guarded by flushMu.
-	keyParts kgo.TopicPartitioner
-	scratch  kgo.Record
 	// sendAll's scratch, guarded by flushMu: the counts in partition order, each count's
 	// partition, and the partitions' counts.
 	placed    []placed
@@ -227,17 +223,11 @@ func New(cfg Config) (*Producer, error) {
 		}
 	} else {
 		p.maxInflight = int64(cfg.MaxInFlightRecords)
-		p.parts.inner = kgo.StickyKeyPartitioner(nil)
-		p.keyParts = p.parts.inner.ForTopic(cfg.Topic)
 		opts := append([]kgo.Opt{
 			kgo.SeedBrokers(cfg.Brokers...),
-			// StickyKeyPartitioner(nil) is documented to place keyed records exactly as
-			// Java does (before and after 3.3): murmur2, high bit masked, mod the
-			// partition count. Non-Go producers can match it (librdkafka:
-			// partitioner=murmur2_random).
-			//
-			// The wrapper sends site heartbeats to the partition they name, and learns the
-			// partition count from every record it places.
+			// Keys placed as Java places them (topics.Partition), which non-Go producers
+			// match (librdkafka: partitioner=murmur2_random); site records and hit
+			// batches on the partition they name.
 			kgo.RecordPartitioner(&p.parts),
 			kgo.MaxBufferedRecords(cfg.MaxInFlightRecords),
 			// A flush hands over its records within a millisecond or two: lingering

@@ -9,6 +9,12 @@
 #   streamlimit-redis  streamlimit enforcer --no-kafka with the site's Redis
 #                      (STREAMLIMIT_REDIS_ADDR): for site-scope rules (SERVING_RULES); not
 #                      in the default list
+#   streamlimit-site   streamlimit enforcer --no-kafka with the site's Redis, the same rule
+#                      with scope: site (every call decided in Redis); not in the default list
+#   streamlimit-kafka-redis
+#                      streamlimit enforcer, the global rule, publishing to the real broker
+#                      and counting this site in the site's Redis (sitestore.Counter): a data
+#                      center of several enforcers; not in the default list
 #   envoy-ratelimit    envoyproxy/ratelimit with Redis, gRPC only: set
 #                      STREAMLIMIT_BENCH_ENVOY_RATELIMIT to its binary (built by you from
 #                      its source; nothing of it is in this repository) and
@@ -19,7 +25,9 @@
 # `go test -bench` style line on stdout ("BenchmarkServing/api=grpc/server=null 1 … req/s
 # … p50-µs … p99-µs … admitted … server-cpu-µs/req"), which bench/summarize reads; progress
 # goes to stderr. server-cpu-µs/req is the server process's CPU time (user + system) per
-# answered call, from /proc: the cost per call whatever the generator managed.
+# answered call, from /proc: the cost per call whatever the generator managed;
+# broker-cpu-µs/req the Kafka broker's (when STREAMLIMIT_RUN_DIR holds the one
+# e2e/services started), which every row pays for, the Kafka row most.
 #
 # Environment (defaults): SERVING_ROUNDS (3), SERVING_DURATION (10s), SERVING_CALLERS
 # (32), SERVING_CONNS (4), SERVING_KEYS (10000), SERVING_APIS ("grpc http"),
@@ -85,6 +93,8 @@ descriptors:
     rate_limit: {name: per-minute, unit: minute, requests_per_unit: 1000000000}
 YAML
 fi
+# The same rule with scope site, for the streamlimit-site row.
+sed 's/requests_per_unit: \([0-9]*\)}/requests_per_unit: \1, scope: site}/' "$work/rules.yaml" >"$work/site.yaml"
 read -r -a extra <<<"${SERVING_LOADGEN_FLAGS:-}"
 
 brokers=${STREAMLIMIT_KAFKA_BROKERS:-}
@@ -117,15 +127,18 @@ start() {
       GOMAXPROCS=1 $pin_server "$work/nullserver" -http 127.0.0.1:0 -grpc 127.0.0.1:0 >"$out" 2>&1 &
       spid=$!
       ;;
-    streamlimit | streamlimit-kafka | streamlimit-redis)
-      local kafka=(--no-kafka)
+    streamlimit | streamlimit-kafka | streamlimit-redis | streamlimit-site | streamlimit-kafka-redis)
+      local kafka=(--no-kafka) rules="$work/rules.yaml"
       case $name in
         streamlimit-kafka) kafka=(--brokers "$brokers" --hits-topic "bench-hits-$run_id" --counts-topic "bench-counts-$run_id") ;;
         streamlimit-redis) kafka=(--no-kafka --redis-addr "$STREAMLIMIT_REDIS_ADDR") ;;
+        streamlimit-site) kafka=(--no-kafka --redis-addr "$STREAMLIMIT_REDIS_ADDR") rules="$work/site.yaml" ;;
+        streamlimit-kafka-redis) kafka=(--brokers "$brokers" --hits-topic "bench-hits-$run_id" --counts-topic "bench-counts-$run_id"
+          --redis-addr "$STREAMLIMIT_REDIS_ADDR") ;;
       esac
       # A clean environment: every flag of the command also reads STREAMLIMIT_<FLAG>
       # (STREAMLIMIT_REDIS_ADDR would give the server a site Redis).
-      env -i PATH="$PATH" HOME="$HOME" GOMAXPROCS=1 $pin_server "$work/streamlimit" enforcer --site bench --rules "$work/rules.yaml" \
+      env -i PATH="$PATH" HOME="$HOME" GOMAXPROCS=1 $pin_server "$work/streamlimit" enforcer --site bench --rules "$rules" \
         --http-listen 127.0.0.1:0 --grpc-listen 127.0.0.1:0 --log-level warn "${kafka[@]}" >"$out" 2>&1 &
       spid=$!
       ;;
@@ -166,13 +179,21 @@ start() {
 }
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+# The broker's process, when it runs here (e2e/services, as under make bench): its CPU per
+# call shows what each row costs Kafka, which shares the machine's cores with the rows.
+broker_pid=""
+if [ -n "${STREAMLIMIT_RUN_DIR:-}" ] && [ -f "$STREAMLIMIT_RUN_DIR/kafka/kafka.pid" ]; then
+  broker_pid=$(cat "$STREAMLIMIT_RUN_DIR/kafka/kafka.pid")
+fi
 
 for round in $(seq "$rounds"); do
   for api in $apis; do
     for name in $servers; do
       case $name in
         streamlimit-kafka) [ -n "$brokers" ] || { log "skip $name: STREAMLIMIT_KAFKA_BROKERS unset"; continue; } ;;
-        streamlimit-redis) [ -n "${STREAMLIMIT_REDIS_ADDR:-}" ] || { log "skip $name: STREAMLIMIT_REDIS_ADDR unset"; continue; } ;;
+        streamlimit-redis | streamlimit-site) [ -n "${STREAMLIMIT_REDIS_ADDR:-}" ] || { log "skip $name: STREAMLIMIT_REDIS_ADDR unset"; continue; } ;;
+        streamlimit-kafka-redis)
+          [ -n "$brokers" ] && [ -n "${STREAMLIMIT_REDIS_ADDR:-}" ] || { log "skip $name: STREAMLIMIT_KAFKA_BROKERS or STREAMLIMIT_REDIS_ADDR unset"; continue; } ;;
         envoy-ratelimit)
           [ -n "$envoy" ] && [ -n "${STREAMLIMIT_REDIS_ADDR:-}" ] || { [ "$round" = 1 ] && log "skip $name: STREAMLIMIT_BENCH_ENVOY_RATELIMIT or STREAMLIMIT_REDIS_ADDR unset"; continue; }
           [ "$api" = grpc ] || continue
@@ -194,15 +215,23 @@ for round in $(seq "$rounds"); do
         perfpid=$!
       fi
       t0=$(cpu_ticks "$spid")
+      b0=0
+      [ -z "$broker_pid" ] || b0=$(cpu_ticks "$broker_pid")
       line=$(GOMAXPROCS=1 $pin_load "$work/loadgen" -api "$api" -addr "$addr" -callers "$callers" -conns "$conns" \
         -keys "$keys" -duration "$duration" -prefix "r$round-" "${extra[@]}" -bench "Serving/api=$api/server=$name")
       t1=$(cpu_ticks "$spid")
+      b1=0
+      [ -z "$broker_pid" ] || b1=$(cpu_ticks "$broker_pid")
       [ -z "$perfpid" ] || wait "$perfpid" || log "perf record failed for $name ($api)"
       calls=$(awk '{for (i = 1; i < NF; i++) if ($(i+1) == "admitted" || $(i+1) == "denied") s += $i} END {print s + 0}' <<<"$line")
       hz=$(getconf CLK_TCK)
       cpu=$(awk -v t="$((t1 - t0))" -v hz="$hz" -v n="$calls" 'BEGIN {if (n > 0) printf "%.2f", t / hz * 1e6 / n; else print 0}')
-      echo "$line	$cpu server-cpu-µs/req"
-      log "round $round: $line $cpu server-cpu-µs/req"
+      bcpu=""
+      if [ -n "$broker_pid" ]; then
+        bcpu=$(awk -v t="$((b1 - b0))" -v hz="$hz" -v n="$calls" 'BEGIN {if (n > 0) printf "\t%.2f broker-cpu-µs/req", t / hz * 1e6 / n}')
+      fi
+      echo "$line	$cpu server-cpu-µs/req$bcpu"
+      log "round $round: $line $cpu server-cpu-µs/req$bcpu"
       kill "$spid" 2>/dev/null || true
       wait "$spid" 2>/dev/null || true
     done

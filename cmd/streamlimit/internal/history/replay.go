@@ -114,15 +114,16 @@ type Result struct {
 	Rows []Row
 	// Topics are the topics read, sorted.
 	Topics []string
-	// Records counts the records read (within the offsets of the range).
+	// Records counts the Kafka records read (within the offsets of the range); a hit batch is
+	// one, and its hits are counted below one by one.
 	Records int64
 	// Hits counts the hit records added to Rows.
 	Hits int64
 	// Outside counts the hit records read whose bucket starts outside [From, To), or whose
 	// key Keep left out.
 	Outside int64
-	// Heartbeats counts the site heartbeats skipped.
-	Heartbeats int64
+	// SiteRecords counts the site heartbeats and leave records skipped.
+	SiteRecords int64
 	// Rerouted counts the aggregator's re-routed copies skipped: their originals, on the
 	// partition they were first written to, are counted instead.
 	Rerouted int64
@@ -186,14 +187,21 @@ func (res *Result) add(o Options, r *kgo.Record, sums map[rowKey]*Row) {
 			return
 		}
 	}
-	h, err := topics.DecodeHit(r.Value)
+	hs, err := topics.DecodeHits(r.Value) // one hit, a site record, or a hit batch
 	if err != nil {
 		res.Bad++
 		res.BadReasons[topics.Reason(err)]++
 		return
 	}
-	if h.IsSiteHeartbeat() {
-		res.Heartbeats++
+	for _, h := range hs {
+		res.addHit(o, h, sums)
+	}
+}
+
+// addHit counts hit h into sums.
+func (res *Result) addHit(o Options, h topics.Hit, sums map[rowKey]*Row) {
+	if h.IsSiteRecord() {
+		res.SiteRecords++
 		return
 	}
 	if h.BucketStart < o.From.UnixMilli() || h.BucketStart >= o.To.UnixMilli() || (o.Keep != nil && !o.Keep(h.Key)) {

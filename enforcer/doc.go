@@ -41,14 +41,16 @@
 // a data center of many processes gets one minimum share and one part of the prior, not
 // one per process.
 //
-// Shares alone hold a site to a fraction of the room; with many sites, a quiet key's share
-// at each is a fraction of a request, and a client under its limit is denied while its room
-// is unspent. So a key not in demand beyond its limit (its demand rate, over the sites,
-// below the limit's, for a window) may reach, where its share gives less, the whole room
-// less what the other sites are expected to spend before they see this site's admissions
-// (their demand rate over the snapshot's age and a lead, with a margin). The price is a
-// bounded risk: a client that surges at several sites at once before the counts show it can
-// be admitted beyond its limit by what arrives within one lag; once its demand reaches its
+// Shares alone hold a site to a fraction of its data center's share; with many sites in a
+// data center, a quiet key's share at each is a fraction of a request, and a client under
+// its limit is denied while its room is unspent. So a key not in demand beyond its limit
+// (its demand rate, over the sites, below the limit's, for a window) may reach, where its
+// share gives less, its data center's whole share of the room less what the data center's
+// other sites are expected to spend before they see this site's admissions (their demand
+// rate over the snapshot's age and a lead, with a margin). The data centers' shares still
+// add up to the room; the price is a bounded risk within a data center: a client that
+// surges at several of its sites at once before the counts show it can be admitted beyond
+// the data center's share by what arrives within one lag; once its demand reaches its
 // limit it gets shares only.
 //
 // The snapshot shows this site as of a local hop ago, the other data centers as of a

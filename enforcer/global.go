@@ -58,14 +58,18 @@ func (v *siteView) spends() bool { return v.state == siteFresh || v.state == sit
 type allotment struct {
 	// base is the cap by the shares, which add up to the room.
 	base float64
-	// top is this site's hold plus the room left by all holds: the most the room ahead
-	// may give (when ahead: the room is positive).
+	// top is this site's hold plus its data center's share of the room left by all
+	// holds: the most the room ahead may give (when ahead: the room is positive).
 	top float64
-	// rate is the other fresh sites' demand rate for the key (requests per ms).
+	// rate is the demand rate for the key of the other fresh sites of this site's data
+	// center (requests per ms).
 	rate float64
 	// others is the part of the room given to the sites of other data centers, which see
 	// this site a replication late.
 	others float64
+	// peers is the number of the other fresh sites of this site's data center (at most
+	// 255).
+	peers uint8
 	// reserved reports that the caps keep room for a silent site; ahead that there is
 	// room to spend ahead; heavy that the key is in demand beyond its limit (its demand
 	// rate over its limit's above heavyLoad).
@@ -296,7 +300,11 @@ func (g *sharing) allot(sites []siteView, allowance, u float64) (a allotment, de
 		c := s.hold + f*room
 		s.cap = math.Floor(before+c+u) - math.Floor(before+u)
 		if i == me {
-			a.base, a.top, a.rate = s.cap, s.hold+room, (wsum-s.demand)/demandTau
+			// Room ahead only within this data center: its sites may spend its share of
+			// the room less what its other sites are expected to spend, and the data
+			// centers' shares still add up to the room.
+			a.base, a.top, a.rate = s.cap, s.hold+share(s.group)*room, (gd[s.group]-s.demand)/demandTau
+			a.peers = uint8(min(gn[s.group]-1, 255))
 		}
 		before += c
 	}

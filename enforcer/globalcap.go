@@ -134,7 +134,35 @@ func (l *Limiter) cachedCap(now time.Time, op *GlobalOp, h *keyHandle, sn *snaps
 	}
 	a := g.cc.a
 	a.heavy = a.heavy || ms < g.heavyUntil
+	if own := g.arrive(ms, op.N); a.peers > 0 {
+		// The other sites of this data center see the client's requests alike (behind one
+		// load balancer), and now, where the snapshot's demand shows them a lag late and
+		// decayed: a surge here is taken to be one there.
+		a.rate = max(a.rate, float64(a.peers)*own)
+	}
 	return l.finalCap(now, op, &e, known, st, &a), total, a.reserved, e, known
+}
+
+// arrivalPeriod is the period over which this site's own request rate for a key is
+// measured (ms; keyGlobal.arrive): short enough to see a surge within a pipeline lag.
+const arrivalPeriod = 500
+
+// arrive counts a request of n at ms (unix ms) and returns this site's request rate for
+// the key before it, per ms, over the last one to two periods of arrivalPeriod. Called
+// with g.mu held.
+func (g *keyGlobal) arrive(ms int64, n int64) float64 {
+	slot := ms / arrivalPeriod
+	switch {
+	case slot == g.arrSlot:
+	case slot == g.arrSlot+1:
+		g.arrPrev, g.arrCur = g.arrCur, 0
+	default:
+		g.arrPrev, g.arrCur = 0, 0
+	}
+	g.arrSlot = slot
+	rate := float64(g.arrPrev+g.arrCur) / float64(arrivalPeriod+ms-slot*arrivalPeriod)
+	g.arrCur += float32(n)
+	return rate
 }
 
 // keepFrozen keeps the key's breakdown from before any site went silent: a breakdown e
@@ -205,18 +233,21 @@ const (
 // now, on every decision (the allotment a is cached while the snapshot does not change).
 // Only a SiteCounter that can tell its recent hits (LocalCounter) is corrected.
 //
-// Room ahead. The shares split the room among the fresh sites; with many sites (several
-// processes per data center, each a site) a quiet key's share at each is a fraction of a
+// Room ahead. The shares split the room among the fresh sites; with many sites in a data
+// center (several processes, each a site) a quiet key's share at each is a fraction of a
 // request, and a client under its limit is denied while most of its room is unspent. What
-// takes the room from this site is what the other sites spend before they see this site's
-// admissions, not their shares: so a key that is not in demand beyond its limit (heavy)
-// may reach, when its share gives less, the room less the other sites' expected spend
-// within the lag — their demand rate times the snapshot's age plus aheadLead, with aheadZ
-// standard deviations of margin. Only this site's hits surely in the window count against
-// it: the room ahead is lowered by the part of the oldest sub-bucket the span count takes
-// as gone and the hard count does not. Sites that all spend ahead at once can admit more
-// than the limit by what arrives at them within one lag beyond the expected; a key whose
-// demand reaches its limit (heavyLoad) loses the room ahead for a window.
+// takes the data center's room from this site is what its other sites spend before this
+// site sees them, not their shares: so a key that is not in demand beyond its limit
+// (heavy) may reach, when its share gives less, its data center's share of the room less
+// the other sites of the data center's expected spend within the lag — their demand rate
+// times the snapshot's age plus aheadLead, with aheadZ standard deviations of margin. Only
+// this site's hits surely in the window count against it: the room ahead is lowered by the
+// part of the oldest sub-bucket the span count takes as gone and the hard count does not.
+// The data centers' shares still add up to the room, so a surge at every data center at
+// once is held as before; a surge at several sites of one data center before the counts
+// show it can be admitted beyond that data center's share by what arrives within one lag
+// beyond the expected, and a key whose demand reaches its limit (heavyLoad) loses the room
+// ahead for a window. A data center of one site is not affected.
 //
 // Seen as others. This data center's aggregator counts this site's hits a local hop after
 // they are made, the other data centers' a replication later: the snapshot shows this site

@@ -113,6 +113,11 @@ type keyGlobal struct {
 	// gets no room ahead (Limiter.finalCap) for a window after its demand was last seen
 	// beyond heavyLoad.
 	heavyUntil int64
+	// arrSlot is the current period of arrivalPeriod (unix ms / arrivalPeriod), arrCur
+	// and arrPrev this site's requests for the key in it and in the one before
+	// (keyGlobal.arrive).
+	arrSlot         int64
+	arrCur, arrPrev float32
 }
 
 // Byte estimates of the key cache: the structures' sizes, each a size class of the

@@ -28,7 +28,8 @@ const (
 type Aggregator struct {
 	cfg Config
 	log *slog.Logger
-	m   *metrics
+	// counting's state, hold and scratch are guarded by mu.
+	counting
 	// instHeader names this instance on every record it writes to the counts topic
 	// (topics.InstanceHeader); shared, read only, by those records.
 	instHeader []kgo.RecordHeader
@@ -51,7 +52,6 @@ type Aggregator struct {
 	hbNow chan struct{}
 
 	mu          sync.Mutex
-	st          *state
 	parts       map[tp]*partState
 	nparts      map[string]int32 // partition count of each hits topic
 	countsParts int32
@@ -66,10 +66,6 @@ type Aggregator struct {
 	replayRecords   int64
 	sessionErrs     int   // group session failures since the last assignment
 	lastConflictLog int64 // ms of the last site-conflict log, guarded by mu
-	// hold keeps local records back (see hold.go); heldBuf is release's scratch. Both
-	// guarded by mu.
-	hold    holder
-	heldBuf []held
 }
 
 // tp names one partition of a hits topic: the local "hits" or a data center's replicated
@@ -105,13 +101,11 @@ func New(cfg Config) (*Aggregator, error) {
 		cfg:        cfg,
 		instHeader: []kgo.RecordHeader{{Key: topics.InstanceHeader, Value: []byte(cfg.InstanceID)}},
 		log:        cfg.Logger.With("component", "aggregator", "instance", cfg.InstanceID),
-		m:          m,
+		counting:   newCounting(&cfg, m),
 		static:     static,
 		hbNow:      make(chan struct{}, 1),
-		st:         newState(cfg.stateConfig()),
 		parts:      map[tp]*partState{},
 		nparts:     map[string]int32{},
-		hold:       holder{max: max(cfg.MaxLocalHold.Milliseconds(), 0)},
 	}
 	a.started.Store(cfg.Clock.Now().UnixMilli())
 	if cfg.Registerer != nil {

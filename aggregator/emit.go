@@ -43,24 +43,19 @@ func (a *Aggregator) emitRound(ctx context.Context, cl *kgo.Client, sc *emitScra
 		a.mu.Unlock()
 		return
 	}
-	a.release(now)
-	sc.cands, sc.outs = a.st.collect(now, a.cfg.emitBudget(), sc.cands, sc.outs[:0])
-	a.m.keys.Set(float64(a.st.size()))
+	a.collect(now, a.cfg.emitBudget(), sc)
 	a.mu.Unlock()
-	for _, e := range sc.outs {
+	for i := range sc.outs {
+		e := &sc.outs[i]
 		rec := &kgo.Record{Topic: a.cfg.CountsTopic, Key: []byte(e.key), Headers: a.instHeader}
-		if e.count != nil {
-			var err error
-			sc.buf, err = a.cfg.appendCount(sc.buf[:0], e.count)
-			if err != nil {
-				a.log.Error("encode count", "key", e.key, "err", err)
-				continue
-			}
-			rec.Value = append([]byte(nil), sc.buf...)
-		} else {
-			a.m.tombstones.Inc()
+		var err error
+		if sc.buf, err = a.encode(&a.cfg, sc.buf[:0], e); err != nil {
+			a.log.Error("encode count", "key", e.key, "err", err)
+			continue
 		}
-		a.m.countsOut.Inc()
+		if e.count != nil {
+			rec.Value = append([]byte(nil), sc.buf...)
+		}
 		cl.Produce(ctx, rec, a.produced)
 	}
 	a.m.emitDur.Observe(time.Since(start).Seconds())

@@ -109,16 +109,7 @@ func (a *Aggregator) processHit(ctx context.Context, cl *kgo.Client, now int64, 
 			return
 		}
 	}
-	it := held{slot: r.Partition, h: h, origin: origin, expiry: h.bucketStart + h.window + late}
-	if !ps.replaying {
-		remote := a.cfg.remote(r.Topic)
-		a.hold.sample(now, h.bucketStart, remote)
-		if !remote && a.hold.delay() > 0 {
-			a.hold.push(now, it)
-			return
-		}
-	}
-	applyHeld(a.st, a.m, now, &it)
+	a.take(now, a.cfg.remote(r.Topic), ps.replaying, held{slot: r.Partition, h: h, origin: origin, expiry: h.bucketStart + h.window + late})
 }
 
 // siteRecord records that the site of a site heartbeat was heard from on the record's
@@ -131,52 +122,12 @@ func (a *Aggregator) siteRecord(ctx context.Context, cl *kgo.Client, now int64, 
 		}
 		return
 	}
-	remote := a.cfg.remote(r.Topic)
-	if !ps.replaying {
-		a.hold.sample(now, h.BucketStart, remote)
-		if !remote && a.hold.delay() > 0 {
-			a.hold.push(now, siteHeld(r.Topic, r.Partition, h))
-			return
-		}
-	}
-	it := siteHeld(r.Topic, r.Partition, h)
-	applyHeld(a.st, a.m, now, &it)
+	a.take(now, a.cfg.remote(r.Topic), ps.replaying, siteHeld(r.Topic, r.Partition, h))
 }
 
 // siteHeld is site record h of a topic's partition as a held record.
 func siteHeld(topic string, part int32, h topics.Hit) held {
 	return held{slot: part, site: true, leave: h.IsSiteLeave(), topic: topic, h: hitRef{site: []byte(h.Site), bucketStart: h.BucketStart}, inst: h.Instance, counter: h.Counter}
-}
-
-// release counts the held local records whose time has come at now. The caller holds a.mu.
-func (a *Aggregator) release(now int64) {
-	a.heldBuf = a.hold.due(now, a.heldBuf[:0])
-	for i := range a.heldBuf {
-		applyHeld(a.st, a.m, now, &a.heldBuf[i])
-	}
-	clear(a.heldBuf)
-}
-
-// applyHeld counts one held record, as the Kafka path and Memory do.
-func applyHeld(st *state, m *metrics, now int64, it *held) {
-	if it.site {
-		src := tp{topic: it.topic, part: it.slot}
-		if it.leave {
-			m.siteLeaves.Inc()
-			st.leftFrom(src, string(it.h.site), it.inst, it.h.bucketStart)
-			return
-		}
-		m.siteHeartbeats.Inc()
-		st.heardFrom(src, string(it.h.site), it.inst, it.h.bucketStart)
-		st.sawInstance(now, string(it.h.site), it.inst, it.counter)
-		return
-	}
-	switch st.addRaw(now, it.slot, it.h, it.origin, it.expiry) {
-	case refusedKey:
-		m.refused.Inc()
-	case duplicate:
-		m.duplicates.Inc()
-	}
 }
 
 // reportConflicts sets the site_conflicts gauge and logs each conflicting site at error

@@ -101,7 +101,7 @@ brokers=${STREAMLIMIT_KAFKA_BROKERS:-}
 run_id=$$-$RANDOM
 if [ -n "$brokers" ]; then
   "$work/streamlimit" topics ensure --brokers "$brokers" --hits-topic "bench-hits-$run_id" \
-    --counts-topic "bench-counts-$run_id" --partitions 4 --counts-partitions 4 >&2
+    --counts-topic "bench-counts-$run_id" --hits-partitions 4 --counts-partitions 4 >&2
 fi
 
 # envoyproxy/ratelimit's configuration: the same rule, and a limit high enough that every

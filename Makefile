@@ -6,7 +6,8 @@
 # Maven (cached in ~/.m2 and ~/.cache/streamlimit) and needs java, mvn,
 # kcat, python3 and redis-server (the scripts apt-get what is missing when
 # run as root); examples/install-test-tools.sh adds confluent-kafka (PyPI)
-# and promtool (Debian's prometheus) for the tests of examples/ and deploy/.
+# and promtool (Debian's prometheus) for the tests of examples/ and deploy/,
+# and Debian's chromium for the console's browser test.
 
 SHELL := /bin/bash
 GO ?= go
@@ -15,15 +16,24 @@ TEST_TIMEOUT ?= 30m
 # Extra flags for go test, e.g. make test TESTFLAGS='-run Foo -v'.
 TESTFLAGS ?=
 
-.PHONY: all test test-short bench fmt vet services-up services-down
+.PHONY: all test test-short lint bench fmt vet services-up services-down
 
 all: test
 
-# Allocation tests run first without -race (under -race, sync.Pool drops items on purpose
-# and allocation counts mean nothing), then everything with -race.
-test:
+# Lint first (unformatted code, vet and staticcheck findings fail the run), then the
+# allocation tests without -race (under -race, sync.Pool drops items on purpose and
+# allocation counts mean nothing), then everything with -race.
+test: lint
 	bash examples/install-test-tools.sh
-	bash $(SERVICES)/with-services.sh bash -c '$(GO) vet ./... && $(GO) test -count=1 -run Alloc $(TESTFLAGS) ./... && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./...'
+	bash $(SERVICES)/with-services.sh bash -c '$(GO) test -count=1 -run Alloc $(TESTFLAGS) ./... && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./...'
+
+# staticcheck's version, fetched from the Go module proxy by go run (cached afterwards).
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+lint:
+	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt would change these files (make fmt):"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
 
 # Unit tests only: no services. Tests that need Kafka or Redis skip
 # (or fail when CI=true).
@@ -48,9 +58,13 @@ vet:
 	$(GO) vet ./...
 
 # Long-lived services for interactive work, in /tmp/streamlimit-services
-# (or STREAMLIMIT_RUN_DIR). Prints the variables to export.
+# (or STREAMLIMIT_RUN_DIR), on free ports unless KAFKA_PORT and REDIS_PORT pin them
+# (make services-up KAFKA_PORT=9092 REDIS_PORT=6379). Prints the variables to export.
+KAFKA_PORT ?=
+REDIS_PORT ?=
 services-up:
-	@k=$$(bash $(SERVICES)/kafka.sh start) && r=$$(bash $(SERVICES)/redis.sh start) && \
+	@k=$$(STREAMLIMIT_KAFKA_PORT=$(KAFKA_PORT) bash $(SERVICES)/kafka.sh start) && \
+	  r=$$(STREAMLIMIT_REDIS_PORT=$(REDIS_PORT) bash $(SERVICES)/redis.sh start) && \
 	  echo "export STREAMLIMIT_KAFKA_BROKERS=$$k STREAMLIMIT_REDIS_ADDR=$$r"
 
 services-down:

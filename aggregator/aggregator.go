@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,12 +39,56 @@ const DefaultMaxLocalHold = 2 * time.Second
 // most this long after its hit arrived, which is most of the pipeline's lag.
 const DefaultEmitInterval = 100 * time.Millisecond
 
+// DefaultSessionTimeout is Config.SessionTimeout when zero: the least a broker accepts by
+// default (group.min.session.timeout.ms). A member that stops without leaving the group
+// (killed, crashed, cut off) keeps its slots until its session times out, and nothing of
+// theirs is published meanwhile: enforcers take the sites as silent after a few seconds
+// and decide those keys on local shares until another member has taken the slots over
+// (a group heartbeat interval later) and replayed them, and their counts pass the
+// enforcers' staleness bound (--max-staleness, 10 s) if that takes longer than it. So the
+// shorter the better, down to what a live member can always keep up: it heartbeats four
+// times a second, and one that cannot reach the group coordinator for 6 s (a network blip,
+// a stop-the-world pause) is taken for dead, which costs a rebalance and a replay, not a
+// wrong count. A restart under the same InstanceID must also come back within it to keep
+// its slots without a rebalance.
+const DefaultSessionTimeout = 6 * time.Second
+
+// The other defaults of Config, each its field's value when zero.
+const (
+	// DefaultGroup is the aggregators' consumer group.
+	DefaultGroup = "streamlimit-aggregator"
+	// DefaultMaxEmitPerSecond caps the count records published per second.
+	DefaultMaxEmitPerSecond = 50_000
+	// DefaultMaxKeys bounds the counters held, as the enforcers' structures are bounded.
+	DefaultMaxKeys = 1 << 20
+	// DefaultHeartbeatInterval is the period of the aggregator's heartbeats.
+	DefaultHeartbeatInterval = 500 * time.Millisecond
+	// DefaultLateness is how late a hit may arrive and still count.
+	DefaultLateness = 5 * time.Second
+	// DefaultMaxClockSkew is how far ahead of the aggregator's clock a hit may be stamped.
+	DefaultMaxClockSkew = 30 * time.Second
+	// DefaultDefaultWindow is the window of JSON hits that give none.
+	DefaultDefaultWindow = time.Minute
+	// DefaultMetadataMaxAge is how soon a new hits topic matching the pattern is read.
+	DefaultMetadataMaxAge = 10 * time.Second
+	// DefaultDemandTimeConstant is the time constant of the sites' demand.
+	DefaultDemandTimeConstant = time.Second
+	// DefaultSiteForget is how long a silent site is remembered.
+	DefaultSiteForget = 15 * time.Minute
+)
+
 // Config configures an Aggregator. Every zero field takes the default written in its comment.
 type Config struct {
 	// Brokers are the Kafka seed brokers (host:port). Required unless KafkaOpts seeds them.
 	Brokers []string
-	// Group is the consumer group id. Default "streamlimit-aggregator".
+	// Group is the consumer group id. Default DefaultGroup.
 	Group string
+	// SessionTimeout is how long the group waits for a member that stopped without leaving
+	// before its slots go to the others, and how long a member restarted with the same
+	// InstanceID may take to come back without a rebalance. It must lie within the
+	// brokers' group.min.session.timeout.ms and group.max.session.timeout.ms (6 s and
+	// 30 min by default). Default DefaultSessionTimeout.
+	SessionTimeout time.Duration
 	// Topics lists the hits topics to consume. When empty, TopicPattern is used.
 	Topics []string
 	// TopicPattern is a regular expression (Kafka consumer pattern, anchored by the caller)
@@ -76,37 +121,39 @@ type Config struct {
 	SubBuckets int
 	// DemandTimeConstant is τ of the sites' demand (topics.SiteCount.Demand): a request
 	// weighs e^(−age/τ). It sets how fast the sites' shares of a hot key's room follow a
-	// client that moves between data centers. Default 1s.
+	// client that moves between data centers. Default DefaultDemandTimeConstant.
 	DemandTimeConstant time.Duration
-	// SiteForget is how long after the last site heartbeat of a site (on a partition) the
-	// aggregator forgets it. Until then the site's heartbeat time stays in this
-	// aggregator's heartbeats, ever older, so that enforcers keep assuming it spends its
-	// share of every global limit; after it, the site is taken for gone (a decommissioned
-	// data center). A partition between data centers that lasts longer than SiteForget is
-	// no longer bounded. Default 15m.
+	// SiteForget is how long after the last site record of a site (on a partition) the
+	// aggregator forgets it. Until then a silent site's heartbeat time stays in this
+	// aggregator's heartbeats, ever older, so that enforcers keep reserving its share of
+	// the keys it served (a site cut off from here is also counted as of its last
+	// heartbeat), and a site that left stays listed as left; after it, the site is taken
+	// for gone. A partition between data centers that lasts longer than SiteForget is no
+	// longer bounded. Default DefaultSiteForget.
 	SiteForget time.Duration
 	// EmitInterval is the least time between two counts published for one counter, and the
 	// period of the emission loop. Default DefaultEmitInterval.
 	EmitInterval time.Duration
 	// MaxEmitPerSecond caps published count records (tombstones included); when more are
-	// due, the counters whose value changed most go first and the rest wait. Default 50000.
+	// due, the counters whose value changed most go first and the rest wait. Default
+	// DefaultMaxEmitPerSecond.
 	MaxEmitPerSecond int
-	// HeartbeatInterval is the period of heartbeat records. Default 500ms.
+	// HeartbeatInterval is the period of heartbeat records. Default DefaultHeartbeatInterval.
 	HeartbeatInterval time.Duration
 	// Lateness is how late (by bucket start) a hit may arrive and still be counted, and how
-	// much earlier than the longest window recovery starts replaying. Default 5s.
+	// much earlier than the longest window recovery starts replaying. Default DefaultLateness.
 	Lateness time.Duration
 	// MaxClockSkew is how far ahead of the aggregator's clock (and of the record's own
-	// timestamp) a hit's bucket start may be. Default 30s.
+	// timestamp) a hit's bucket start may be. Default DefaultMaxClockSkew.
 	MaxClockSkew time.Duration
 	// MaxKeys bounds the counters held (and, separately, the re-routed hits remembered for
 	// de-duplication). Hits for new counters beyond it are dropped and counted in
-	// refused_keys_total. Default 1,000,000.
+	// refused_keys_total. Default DefaultMaxKeys.
 	MaxKeys int
-	// DefaultWindow is the window of JSON hits without "w". Default 1m.
+	// DefaultWindow is the window of JSON hits without "w". Default DefaultDefaultWindow.
 	DefaultWindow time.Duration
 	// MaxWindow is the longest window accepted; recovery replays MaxWindow + Lateness of
-	// hits. Longer windows are skipped as "window_too_long". Default 1h.
+	// hits. Longer windows are skipped as "window_too_long". Default topics.DefaultMaxWindow.
 	MaxWindow time.Duration
 	// Clock tells time. Default clock.Real{}.
 	Clock clock.Clock
@@ -120,9 +167,15 @@ type Config struct {
 	KafkaOpts []kgo.Opt
 	// MetadataMaxAge bounds how long a hits topic that appears after the aggregator started
 	// (a new data center's "<dc>.hits", created by MirrorMaker 2) goes unconsumed when
-	// consuming by pattern. Default 10s (franz-go's own default is 5m).
+	// consuming by pattern. Default DefaultMetadataMaxAge (franz-go's own default is 5m).
 	MetadataMaxAge time.Duration
-	// InstanceID names this instance in heartbeats. Default "<hostname>-<pid>-<random>".
+	// InstanceID names this instance in heartbeats and, when set, is its static group
+	// membership (Kafka's group.instance.id): a restart with the same InstanceID within
+	// SessionTimeout is given the same slots back without a rebalance (it replays them,
+	// while the other members go on undisturbed). It must be stable across restarts (a pod
+	// name, a host name) and unique among running aggregators: the group fences the older
+	// of two members that share one. Default "<hostname>-<pid>-<random>", with dynamic
+	// membership (every start is a new member).
 	InstanceID string
 }
 
@@ -133,7 +186,7 @@ func (c Config) normalize() (Config, error) {
 		}
 	}
 	if c.Group == "" {
-		c.Group = "streamlimit-aggregator"
+		c.Group = DefaultGroup
 	}
 	if len(c.Topics) == 0 && c.TopicPattern == "" {
 		c.TopicPattern = topics.HitsPattern(topics.DefaultHitsTopic)
@@ -161,20 +214,21 @@ func (c Config) normalize() (Config, error) {
 		c.SubBuckets = window.DefaultSubBuckets
 	}
 	if c.MaxEmitPerSecond == 0 {
-		c.MaxEmitPerSecond = 50000
+		c.MaxEmitPerSecond = DefaultMaxEmitPerSecond
 	}
 	if c.MaxKeys == 0 {
-		c.MaxKeys = 1_000_000
+		c.MaxKeys = DefaultMaxKeys
 	}
 	def(&c.EmitInterval, DefaultEmitInterval)
-	def(&c.HeartbeatInterval, 500*time.Millisecond)
-	def(&c.Lateness, 5*time.Second)
-	def(&c.MaxClockSkew, 30*time.Second)
-	def(&c.DefaultWindow, time.Minute)
-	def(&c.MaxWindow, time.Hour)
-	def(&c.MetadataMaxAge, 10*time.Second)
-	def(&c.DemandTimeConstant, time.Second)
-	def(&c.SiteForget, 15*time.Minute)
+	def(&c.HeartbeatInterval, DefaultHeartbeatInterval)
+	def(&c.Lateness, DefaultLateness)
+	def(&c.MaxClockSkew, DefaultMaxClockSkew)
+	def(&c.DefaultWindow, DefaultDefaultWindow)
+	def(&c.MaxWindow, topics.DefaultMaxWindow)
+	def(&c.MetadataMaxAge, DefaultMetadataMaxAge)
+	def(&c.DemandTimeConstant, DefaultDemandTimeConstant)
+	def(&c.SiteForget, DefaultSiteForget)
+	def(&c.SessionTimeout, DefaultSessionTimeout)
 	c.Clock = clock.Or(c.Clock)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -200,7 +254,7 @@ func (c Config) normalize() (Config, error) {
 	}
 	for name, d := range map[string]time.Duration{"EmitInterval": c.EmitInterval, "HeartbeatInterval": c.HeartbeatInterval,
 		"Lateness": c.Lateness, "MaxClockSkew": c.MaxClockSkew, "DefaultWindow": c.DefaultWindow, "MaxWindow": c.MaxWindow,
-		"DemandTimeConstant": c.DemandTimeConstant, "SiteForget": c.SiteForget} {
+		"DemandTimeConstant": c.DemandTimeConstant, "SiteForget": c.SiteForget, "SessionTimeout": c.SessionTimeout} {
 		if d < time.Millisecond {
 			errs = append(errs, fmt.Errorf("aggregator: %s %v must be at least 1ms", name, d))
 		}
@@ -218,16 +272,41 @@ type Aggregator struct {
 	cfg Config
 	log *slog.Logger
 	m   *metrics
+	// instHeader names this instance on every record it writes to the counts topic
+	// (topics.InstanceHeader); shared, read only, by those records.
+	instHeader []kgo.RecordHeader
 
 	admin *kadm.Client // on the group client; set by onAssigned, which precedes adjust
+	// static says that InstanceID was given: it is the group instance id.
+	static bool
+	// started is when New made the Aggregator (unix ms), newestCount when Kafka
+	// acknowledged the newest count it published (unix ms, 0: none yet):
+	// newest_count_age_seconds.
+	started, newestCount atomic.Int64
+	// pubMu orders publication against handing slots over: an emission or heartbeat round
+	// holds it for reading from choosing its records until they are handed to the client,
+	// and a revocation takes it for writing once the revoked slots are dropped, so that
+	// every record of those slots is in the client (then flushed) before the group can give
+	// them to another member.
+	pubMu sync.RWMutex
+	// hbNow asks the heartbeat loop for a round now (a replay ended), without waiting for
+	// its ticker.
+	hbNow chan struct{}
 
-	mu              sync.Mutex
-	st              *state
-	parts           map[tp]*partState
-	nparts          map[string]int32 // partition count of each hits topic
-	countsParts     int32
-	joined          bool
-	running         bool
+	mu          sync.Mutex
+	st          *state
+	parts       map[tp]*partState
+	nparts      map[string]int32 // partition count of each hits topic
+	countsParts int32
+	joined      bool
+	running     bool
+	stopping    bool // Run is leaving the group: nothing more is published
+	// replayingParts is how many partitions replay; replayFrom is when the current batch
+	// of replays began (the count went from 0 to more) and replayRecords how many records it
+	// has to replay: one log line when a batch starts and one when it is done.
+	replayingParts  int
+	replayFrom      time.Time
+	replayRecords   int64
 	sessionErrs     int   // group session failures since the last assignment
 	lastConflictLog int64 // ms of the last site-conflict log, guarded by mu
 	// hold keeps local records back (see hold.go); heldBuf is release's scratch. Both
@@ -236,6 +315,10 @@ type Aggregator struct {
 	heldBuf []held
 }
 
+// tp names one partition of a hits topic: the local "hits" or a data center's replicated
+// "<dc>.hits". The sites heard on one topic are one data center's, so a site silent while
+// the others of its topic still speak has stopped on its own (a crash), while a topic whose
+// sites are all silent has been cut off (sites.go).
 type tp struct {
 	topic string
 	part  int32
@@ -244,9 +327,7 @@ type tp struct {
 type partState struct {
 	next, hwm, target int64
 	replaying         bool
-	suspended         bool // revoked, maybe about to be re-assigned (eager rebalance)
 	fresh             bool // assigned but not yet positioned
-	reseek            bool // its slot was dropped: position by time again
 	assignedAt        time.Time
 	replayedAt        time.Time
 }
@@ -254,6 +335,7 @@ type partState struct {
 // New validates cfg and returns an Aggregator. It registers the metrics on cfg.Registerer
 // and touches no network.
 func New(cfg Config) (*Aggregator, error) {
+	static := cfg.InstanceID != ""
 	cfg, err := cfg.normalize()
 	if err != nil {
 		return nil, err
@@ -262,15 +344,35 @@ func New(cfg Config) (*Aggregator, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Aggregator{
-		cfg:    cfg,
-		log:    cfg.Logger.With("component", "aggregator", "instance", cfg.InstanceID),
-		m:      m,
-		st:     newState(cfg.stateConfig()),
-		parts:  map[tp]*partState{},
-		nparts: map[string]int32{},
-		hold:   holder{max: max(cfg.MaxLocalHold.Milliseconds(), 0)},
-	}, nil
+	a := &Aggregator{
+		cfg:        cfg,
+		instHeader: []kgo.RecordHeader{{Key: topics.InstanceHeader, Value: []byte(cfg.InstanceID)}},
+		log:        cfg.Logger.With("component", "aggregator", "instance", cfg.InstanceID),
+		m:          m,
+		static:     static,
+		hbNow:      make(chan struct{}, 1),
+		st:         newState(cfg.stateConfig()),
+		parts:      map[tp]*partState{},
+		nparts:     map[string]int32{},
+		hold:       holder{max: max(cfg.MaxLocalHold.Milliseconds(), 0)},
+	}
+	a.started.Store(cfg.Clock.Now().UnixMilli())
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(newestCountAgeGauge(a.newestCountAge)); err != nil {
+			return nil, fmt.Errorf("aggregator: register metrics: %w", err)
+		}
+	}
+	return a, nil
+}
+
+// newestCountAge returns the seconds since the newest count this instance published was
+// acknowledged, or since it started when none was.
+func (a *Aggregator) newestCountAge() float64 {
+	last := a.newestCount.Load()
+	if last == 0 {
+		last = a.started.Load()
+	}
+	return float64(a.cfg.Clock.Now().UnixMilli()-last) / 1000
 }
 
 // Ready reports whether the aggregator has joined its group and no assigned partition is
@@ -302,17 +404,15 @@ func (a *Aggregator) Assigned() map[string][]int32 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	out := map[string][]int32{}
-	for k, ps := range a.parts {
-		if !ps.suspended {
-			out[k.topic] = append(out[k.topic], k.part)
-		}
+	for k := range a.parts {
+		out[k.topic] = append(out[k.topic], k.part)
 	}
 	return out
 }
 
-// Run consumes and publishes until ctx is done, then leaves the group and returns nil; it
-// returns an error if the Kafka client cannot be created or the counts topic is missing.
-// Run may be called once.
+// Run consumes and publishes until ctx is done, then leaves the group at once (see leave)
+// and returns nil; it returns an error if the Kafka client cannot be created or the counts
+// topic is missing. Run may be called once.
 func (a *Aggregator) Run(ctx context.Context) error {
 	a.mu.Lock()
 	if a.running {
@@ -329,9 +429,12 @@ func (a *Aggregator) Run(ctx context.Context) error {
 
 	opts := []kgo.Opt{
 		kgo.ConsumerGroup(a.cfg.Group),
-		// Range assigns partition p of every co-partitioned hits topic to one member:
-		// one key, one owner (package documentation).
-		kgo.Balancers(kgo.RangeBalancer()),
+		// Partition s of every co-partitioned hits topic to one member (one key, one
+		// owner), moving only what changes hands (balancer.go).
+		kgo.Balancers(&slotBalancer{log: a.log}),
+		kgo.SessionTimeout(a.cfg.SessionTimeout),
+		kgo.HeartbeatInterval(groupHeartbeat(a.cfg.SessionTimeout)),
+		kgo.WithHooks(&joinWatch{a: a, after: joinWaitAfter(a.cfg.SessionTimeout)}),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.OnPartitionsAssigned(a.onAssigned),
@@ -344,6 +447,9 @@ func (a *Aggregator) Run(ctx context.Context) error {
 		kgo.ClientID("streamlimit-aggregator"),
 		kgo.MetadataMaxAge(a.cfg.MetadataMaxAge),
 		kgo.MetadataMinAge(min(a.cfg.MetadataMaxAge, 5*time.Second)),
+	}
+	if a.static {
+		opts = append(opts, kgo.InstanceID(a.cfg.InstanceID))
 	}
 	if len(a.cfg.Brokers) > 0 {
 		opts = append(opts, kgo.SeedBrokers(a.cfg.Brokers...))
@@ -378,11 +484,7 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	a.pollLoop(loopCtx, cl)
 	stop()
 	wg.Wait()
-	flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := cl.Flush(flushCtx); err != nil {
-		a.log.Warn("flush on shutdown", "err", err)
-	}
+	a.leave(cl)
 	return nil
 }
 
@@ -433,8 +535,9 @@ func (a *Aggregator) count(ctx context.Context, cl *kgo.Client, now int64, fp *k
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ps := a.parts[tp{fp.Topic, fp.Partition}]
-	if ps == nil || ps.suspended {
-		// Revoked or lost: whoever owns the partition next reads these records again.
+	if ps == nil || ps.fresh {
+		// Revoked or lost (whoever owns the partition next reads these records again), or
+		// not positioned yet.
 		return
 	}
 	nparts := a.nparts[fp.Topic]
@@ -466,14 +569,18 @@ func (a *Aggregator) sessionError(err error) {
 }
 
 // checkReplayDone ends a partition's replay once it consumed up to the high watermark seen
-// at assignment, and resumes its slot when no other partition of the slot replays.
+// at assignment and to the one its latest fetch saw: caught up, so that the first counts and
+// heartbeat of the slot after the replay are as fresh as any (a heartbeat written at the
+// assignment's high watermark would show every site as unheard for as long as the replay
+// took). It resumes the slot when no other partition of the slot replays.
 func (a *Aggregator) checkReplayDone(slot int32, ps *partState) {
-	if !ps.replaying || ps.next < ps.target {
+	if !ps.replaying || ps.next < max(ps.target, ps.hwm) {
 		return
 	}
 	ps.replaying = false
 	ps.replayedAt = time.Now()
 	a.m.replayDur.Observe(ps.replayedAt.Sub(ps.assignedAt).Seconds())
+	a.replayDone(slot, ps)
 	a.recomputePaused()
 	if !a.st.paused[slot] {
 		a.st.markDirty(slot)
@@ -483,7 +590,7 @@ func (a *Aggregator) checkReplayDone(slot int32, ps *partState) {
 func (a *Aggregator) recomputePaused() {
 	clear(a.st.paused)
 	for k, ps := range a.parts {
-		if ps.replaying || ps.suspended || ps.fresh {
+		if ps.replaying || ps.fresh {
 			a.st.paused[k.part] = true
 		}
 	}
@@ -581,7 +688,7 @@ func (a *Aggregator) release(now int64) {
 // applyHeld counts one held record, as the Kafka path and Memory do.
 func applyHeld(st *state, m *metrics, now int64, it *held) {
 	if it.site {
-		src := source{topic: it.topic, part: it.slot}
+		src := tp{topic: it.topic, part: it.slot}
 		if it.leave {
 			m.siteLeaves.Inc()
 			st.leftFrom(src, string(it.h.site), it.inst, it.h.bucketStart)
@@ -719,48 +826,71 @@ func (a *Aggregator) bad(ctx context.Context, cl *kgo.Client, reason string, r *
 func (a *Aggregator) emitLoop(ctx context.Context, cl *kgo.Client) {
 	t := time.NewTicker(a.cfg.EmitInterval)
 	defer t.Stop()
-	budget := a.cfg.emitBudget()
-	var (
-		cands []candidate
-		outs  []emission
-		buf   []byte
-	)
+	var sc emitScratch
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		start := time.Now()
-		now := a.cfg.Clock.Now().UnixMilli()
-		a.mu.Lock()
-		a.release(now)
-		cands, outs = a.st.collect(now, budget, cands, outs[:0])
-		a.m.keys.Set(float64(a.st.size()))
-		a.mu.Unlock()
-		for _, e := range outs {
-			rec := &kgo.Record{Topic: a.cfg.CountsTopic, Key: []byte(e.key)}
-			if e.count != nil {
-				var err error
-				buf, err = a.cfg.appendCount(buf[:0], e.count)
-				if err != nil {
-					a.log.Error("encode count", "key", e.key, "err", err)
-					continue
-				}
-				rec.Value = append([]byte(nil), buf...)
-			} else {
-				a.m.tombstones.Inc()
-			}
-			a.m.countsOut.Inc()
-			cl.Produce(ctx, rec, a.produced)
-		}
-		a.m.emitDur.Observe(time.Since(start).Seconds())
+		a.emitRound(ctx, cl, &sc)
 	}
 }
 
+// emitScratch is an emission round's working memory, kept from round to round.
+type emitScratch struct {
+	cands []candidate
+	outs  []emission
+	buf   []byte
+}
+
+// emitRound publishes the counts that are due (see the package documentation), unless Run
+// is leaving the group.
+func (a *Aggregator) emitRound(ctx context.Context, cl *kgo.Client, sc *emitScratch) {
+	a.pubMu.RLock()
+	defer a.pubMu.RUnlock()
+	start := time.Now()
+	now := a.cfg.Clock.Now().UnixMilli()
+	a.mu.Lock()
+	if a.stopping {
+		a.mu.Unlock()
+		return
+	}
+	a.release(now)
+	sc.cands, sc.outs = a.st.collect(now, a.cfg.emitBudget(), sc.cands, sc.outs[:0])
+	a.m.keys.Set(float64(a.st.size()))
+	a.mu.Unlock()
+	for _, e := range sc.outs {
+		rec := &kgo.Record{Topic: a.cfg.CountsTopic, Key: []byte(e.key), Headers: a.instHeader}
+		if e.count != nil {
+			var err error
+			sc.buf, err = a.cfg.appendCount(sc.buf[:0], e.count)
+			if err != nil {
+				a.log.Error("encode count", "key", e.key, "err", err)
+				continue
+			}
+			rec.Value = append([]byte(nil), sc.buf...)
+		} else {
+			a.m.tombstones.Inc()
+		}
+		a.m.countsOut.Inc()
+		cl.Produce(ctx, rec, a.produced)
+	}
+	a.m.emitDur.Observe(time.Since(start).Seconds())
+}
+
+// produced is the delivery callback of every record the aggregator writes.
 func (a *Aggregator) produced(r *kgo.Record, err error) {
-	if err != nil && !errors.Is(err, context.Canceled) {
-		a.log.Error("publish", "topic", r.Topic, "key", string(r.Key), "err", err)
+	if err != nil {
+		if !errors.Is(err, context.Canceled) {
+			a.log.Error("publish", "topic", r.Topic, "key", string(r.Key), "err", err)
+		}
+		return
+	}
+	if r.Topic == a.cfg.CountsTopic && !topics.IsReservedKey(r.Key) {
+		ms := r.Timestamp.UnixMilli()
+		for last := a.newestCount.Load(); ms > last && !a.newestCount.CompareAndSwap(last, ms); last = a.newestCount.Load() {
+		}
 	}
 }
 
@@ -773,35 +903,51 @@ func (a *Aggregator) heartbeatLoop(ctx context.Context, cl *kgo.Client) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-a.hbNow:
 		}
-		now := a.cfg.Clock.Now().UnixMilli()
-		hbs = hbs[:0]
-		a.mu.Lock()
-		conflicts := a.st.conflicts(now)
-		a.reportConflicts(now, conflicts)
-		for k, ps := range a.parts {
-			if ps.suspended || ps.fresh {
-				continue
-			}
-			hb := topics.Heartbeat{Instance: a.cfg.InstanceID, Topic: k.topic, Partition: k.part,
-				AsOf: now, Offset: ps.next, HighWatermark: ps.hwm, Replaying: ps.replaying, Conflicts: conflicts}
-			hb.Sites, hb.Left = a.st.siteMaps(source{topic: k.topic, part: k.part}, now)
-			hbs = append(hbs, hb)
-		}
-		n := a.countsParts
-		a.st.pruneSeen(now)
+		hbs = a.heartbeatRound(ctx, cl, hbs[:0])
+	}
+}
+
+// heartbeatRound writes a heartbeat of every assigned partition that is positioned and not
+// replaying to every partition of the counts topic, unless Run is leaving the group, and
+// returns hbs for reuse. A partition that replays gets none: the latest heartbeat of a
+// partition is then always from an owner whose counts of it are complete (the previous
+// owner's while a new one replays), and says how fresh they are.
+func (a *Aggregator) heartbeatRound(ctx context.Context, cl *kgo.Client, hbs []topics.Heartbeat) []topics.Heartbeat {
+	a.pubMu.RLock()
+	defer a.pubMu.RUnlock()
+	now := a.cfg.Clock.Now().UnixMilli()
+	a.mu.Lock()
+	if a.stopping {
 		a.mu.Unlock()
-		for _, hb := range hbs {
-			v, err := hb.MarshalBinary()
-			if err != nil {
-				a.log.Error("encode heartbeat", "err", err)
-				continue
-			}
-			key := []byte(topics.HeartbeatKey(hb.Topic, hb.Partition))
-			for p := range n {
-				a.m.heartbeats.Inc()
-				cl.Produce(ctx, &kgo.Record{Topic: a.cfg.CountsTopic, Key: key, Value: v, Partition: p}, a.produced)
-			}
+		return hbs
+	}
+	conflicts := a.st.conflicts(now)
+	a.reportConflicts(now, conflicts)
+	for k, ps := range a.parts {
+		if ps.fresh || ps.replaying {
+			continue
+		}
+		hb := topics.Heartbeat{Instance: a.cfg.InstanceID, Topic: k.topic, Partition: k.part,
+			AsOf: now, Offset: ps.next, HighWatermark: ps.hwm, Conflicts: conflicts}
+		hb.Sites, hb.Left = a.st.siteMaps(k, now)
+		hbs = append(hbs, hb)
+	}
+	n := a.countsParts
+	a.st.pruneSeen(now)
+	a.mu.Unlock()
+	for _, hb := range hbs {
+		v, err := hb.MarshalBinary()
+		if err != nil {
+			a.log.Error("encode heartbeat", "err", err)
+			continue
+		}
+		key := []byte(topics.HeartbeatKey(hb.Topic, hb.Partition))
+		for p := range n {
+			a.m.heartbeats.Inc()
+			cl.Produce(ctx, &kgo.Record{Topic: a.cfg.CountsTopic, Key: key, Value: v, Partition: p, Headers: a.instHeader}, a.produced)
 		}
 	}
+	return hbs
 }

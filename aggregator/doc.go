@@ -4,7 +4,7 @@
 // An Aggregator is one member of a Kafka consumer group over the local hits topic and its
 // MirrorMaker-2 copies ("hits", "us.hits", ..., by list or pattern). For each counter — a
 // (key, window) pair — and each site it keeps a ring of sub-window buckets (package
-// aggregator/window, which defines the counting rule exactly), and publishes the counter's
+// window, which defines the counting rule exactly), and publishes the counter's
 // count at the aggregator's clock (topics.Count, binary encoding, AsOf = the instant the
 // count was computed for) keyed by the counter key.
 //
@@ -13,13 +13,16 @@
 // Our producer partitions hits by key with Kafka's murmur2 partitioner, and every hits topic
 // has the same partition count (MirrorMaker 2 keeps partition numbers), so all hits of a key
 // are on partition p of every hits topic. The count is the union over those topics, so all
-// partitions numbered p — one "slot" — must belong to the same member. The group uses
-// kgo.RangeBalancer: per topic it gives member i (members sorted) the i-th contiguous range
-// of partitions, which for topics with equal partition counts and the same subscribers is
-// the same set of partition numbers on every topic (Kafka Streams relies on the same
-// property for co-partitioning). The sticky and round-robin balancers do not have it. The
-// aggregator logs an error when matched topics have different partition counts. KafkaOpts
-// must not change the balancer.
+// partitions numbered p — one "slot" — must belong to the same member. The group's balancer
+// (balancer.go, protocol BalancerProtocol) hands out slots, not partitions: the owner of
+// slot p is assigned partition p of every hits topic. It is cooperative (KIP-429): a
+// rebalance moves only the slots that change hands, a slot that moves is taken from its
+// owner in one round and given to its new owner in the next, once nobody holds any of it,
+// and the other members go on counting and publishing throughout. Kafka's range balancer
+// keeps slots together only because it is eager (every rebalance stops every member), and
+// franz-go's cooperative-sticky balancer balances each partition apart. The aggregator logs
+// an error when matched topics have different partition counts. KafkaOpts must not change
+// the balancer.
 //
 // A hit can still arrive on the wrong partition when some foreign producer uses another
 // partitioner. Counting it there would give two instances competing partial counts for one
@@ -42,14 +45,24 @@
 // aggregator never commits offsets (auto-commit is off): when a partition is assigned it
 // seeks to the first offset whose timestamp is at or after now − MaxWindow − Lateness
 // (ListOffsets by time; the hits topic uses CreateTime, the producer's clock) and replays up
-// to the high watermark listed at assignment. While any partition of a slot replays, or a
-// partition is revoked, Ready reports false and nothing is published for the slot's keys;
-// when the replay ends every key of the slot is published. With the eager range balancer
-// each rebalance revokes everything before assigning: partitions that come back to the same
-// member continue from their position with their state, slots that lose a partition are
-// dropped and every remaining partition of the slot is replayed again; lost partitions
-// (session expiry) are dropped at once. A killed instance, a restarted one, or a member
-// joining or leaving therefore ends up publishing what a never-interrupted instance would.
+// to the high watermark listed at assignment. While any partition of a slot replays, Ready
+// reports false and nothing is published for the slot's keys; when the replay ends every
+// key of the slot is published. That holds on every path a partition arrives by: a first
+// assignment, a slot handed over in a rebalance, a static member's restart, and an
+// assignment that reaches a member already leaving (it is never published). A member that
+// gives a slot up (revoked) first publishes what is due and a last heartbeat of it and
+// flushes them, so that none of its records lands after the next owner's; lost partitions
+// (the session expired: another member may own them already) are dropped at once. On
+// shutdown Run publishes and flushes, then leaves the group with a LeaveGroup of its own,
+// before anything can make it wait (group.go). A killed instance, a restarted one, or a
+// member joining or leaving therefore ends up publishing what a never-interrupted instance
+// would.
+//
+// InstanceID, when set, makes the member static (Kafka's group.instance.id): a restart
+// under the same id within SessionTimeout gets its slots back without a rebalance. Every
+// group event is logged and counted: group_events_total and group_partitions_total
+// (assigned, revoked, lost, a rebalance waiting for members, left), the JoinGroup times,
+// replays (replaying_partitions, replay_duration_seconds), and newest_count_age_seconds.
 //
 // # Emission
 //
@@ -69,8 +82,10 @@
 // writes a topics.Heartbeat under topics.HeartbeatKey(topic, partition) to every partition
 // of the counts topic, so that a reader of any counts partition can tell an idle pipeline
 // from a broken one and measure lag: AsOf is the aggregator's clock, Offset the next offset
-// to consume, HighWatermark the last one seen, Replaying whether the partition's counts are
-// held back.
+// to consume, HighWatermark the last one seen. A partition that replays gets no heartbeat
+// (and one as soon as its replay ends): the latest heartbeat of a partition is always from
+// an owner whose counts of it are complete, the previous owner's while a new one replays,
+// and says how fresh they are. Replaying is therefore never set.
 //
 // # Bad input
 //

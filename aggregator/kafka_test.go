@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/internal/windowref"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
 )
@@ -141,7 +141,7 @@ func (e *env) reference(key string, w int64, asOf int64, subBuckets int, skew ti
 	e.hitsMu.Lock()
 	hs := append([]topics.Hit(nil), e.hitsByCounter[counterID{key, w}]...)
 	e.hitsMu.Unlock()
-	return window.Reference(window.NewSpec(time.Duration(w)*time.Millisecond, subBuckets, skew), hs, asOf)
+	return windowref.Reference(window.NewSpec(time.Duration(w)*time.Millisecond, subBuckets, skew), hs, asOf)
 }
 
 // run starts an aggregator and returns it with a stop function that waits for Run.
@@ -346,10 +346,6 @@ func keysOf(hs ...[]topics.Hit) map[string]bool {
 		}
 	}
 	return out
-}
-
-func hasPrefix(p string) func(topics.Count) bool {
-	return func(c topics.Count) bool { return strings.HasPrefix(c.Key, p) }
 }
 
 func newAdmin(t *testing.T, e *env) *kadm.Client {

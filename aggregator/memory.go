@@ -191,10 +191,10 @@ func (m *Memory) Emit(now time.Time) []Emission {
 		conflicts := m.st.conflicts(ms)
 		m.m.siteConflicts.Set(float64(len(conflicts)))
 		srcs := m.st.sourcesOf(m.src.Partition)
-		if !slices.ContainsFunc(srcs, func(s source) bool { return s.topic == m.src.Topic }) {
-			srcs = append(srcs, source{topic: m.src.Topic, part: m.src.Partition})
+		if !slices.ContainsFunc(srcs, func(s tp) bool { return s.topic == m.src.Topic }) {
+			srcs = append(srcs, tp{topic: m.src.Topic, part: m.src.Partition})
 		}
-		slices.SortFunc(srcs, func(a, b source) int { return strings.Compare(a.topic, b.topic) })
+		slices.SortFunc(srcs, func(a, b tp) int { return strings.Compare(a.topic, b.topic) })
 		for _, src := range srcs {
 			hb := m.src
 			hb.Topic, hb.AsOf, hb.Offset, hb.HighWatermark, hb.Conflicts = src.topic, ms, m.added, m.added, conflicts

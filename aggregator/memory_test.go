@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamlimit/streamlimit/internal/windowref"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
 )
@@ -35,7 +36,7 @@ func TestMemoryCountsLikeTheReference(t *testing.T) {
 	if err != nil || string(out[0].Key) != key {
 		t.Fatalf("count record %q: %v", out[0].Key, err)
 	}
-	want, sites := window.Reference(window.NewSpec(10*time.Second, 60, 30*time.Second), hits, now.UnixMilli())
+	want, sites := windowref.Reference(window.NewSpec(10*time.Second, 60, 30*time.Second), hits, now.UnixMilli())
 	if c.Total != want || c.Site("eu") != sites["eu"] || c.Site("us") != sites["us"] || c.AsOf != now.UnixMilli() {
 		t.Fatalf("count %+v, want total %v sites %v as of %d", c, want, sites, now.UnixMilli())
 	}

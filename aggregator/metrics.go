@@ -39,7 +39,26 @@ type metrics struct {
 	siteLeaves prometheus.Counter
 	// siteConflicts is the number of sites announced by instances that count apart.
 	siteConflicts prometheus.Gauge
+
+	// The consumer group (group.go): events and partitions by event (assigned, revoked,
+	// lost; events also waiting, a rebalance that waits for members, and left), how long
+	// each JoinGroup took (a rebalance waits there for every member), whether one is
+	// waiting now, and the partitions replaying.
+	groupEvents     *prometheus.CounterVec
+	groupPartitions *prometheus.CounterVec
+	joinDur         prometheus.Histogram
+	joinWaiting     prometheus.Gauge
+	replaying       prometheus.Gauge
 }
+
+// The values of the event label of group_events_total and group_partitions_total.
+const (
+	eventAssigned = "assigned"
+	eventRevoked  = "revoked"
+	eventLost     = "lost"
+	eventWaiting  = "waiting"
+	eventLeft     = "left"
+)
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	const ns, sub = "streamlimit", "aggregator"
@@ -74,17 +93,42 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Site leave records consumed from the hits topics (each says an instance of a site stopped cleanly)."}),
 		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "heartbeats_total",
 			Help: "Heartbeat records published."}),
+		groupEvents: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "group_events_total",
+			Help: "Consumer group events: partitions assigned, revoked (handed over in a rebalance), lost (taken away without a handover: session expired), waiting (a rebalance waited for members longer than a heartbeat interval allows for), left (left the group on shutdown)."}, []string{"event"}),
+		groupPartitions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "group_partitions_total",
+			Help: "Hits partitions assigned, revoked and lost."}, []string{"event"}),
+		joinDur: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "group_join_duration_seconds",
+			Help: "Time from sending a JoinGroup to its answer: a rebalance waits there until every member has joined (a member that died without leaving, until its session times out).", Buckets: prometheus.ExponentialBuckets(0.005, 3, 9)}),
+		joinWaiting: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "group_rebalance_waiting",
+			Help: "1 while this member's JoinGroup has waited for other members longer than a live member takes to join."}),
+		replaying: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "replaying_partitions",
+			Help: "Assigned hits partitions being replayed (their slots publish nothing until done)."}),
+	}
+	for _, e := range []string{eventAssigned, eventRevoked, eventLost, eventWaiting, eventLeft} {
+		m.groupEvents.WithLabelValues(e)
+	}
+	for _, e := range []string{eventAssigned, eventRevoked, eventLost} {
+		m.groupPartitions.WithLabelValues(e)
 	}
 	for _, r := range append(topics.Reasons(), ReasonTooFarFuture, ReasonTooOld, ReasonWindowTooLong) {
 		m.bad.WithLabelValues(r)
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.lag, m.keys, m.recordsIn, m.countsOut, m.tombstones, m.emitDur,
-			m.bad, m.replayDur, m.rerouted, m.duplicates, m.refused, m.heartbeats, m.siteHeartbeats, m.siteLeaves, m.siteConflicts} {
+			m.bad, m.replayDur, m.rerouted, m.duplicates, m.refused, m.heartbeats, m.siteHeartbeats, m.siteLeaves, m.siteConflicts,
+			m.groupEvents, m.groupPartitions, m.joinDur, m.joinWaiting, m.replaying} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("aggregator: register metrics: %w", err)
 			}
 		}
 	}
 	return m, nil
+}
+
+// newestCountAgeGauge is streamlimit_aggregator_newest_count_age_seconds, read from age at
+// each scrape. It is registered by the Kafka Aggregator only: Memory publishes nothing.
+func newestCountAgeGauge(age func() float64) prometheus.GaugeFunc {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "streamlimit", Subsystem: "aggregator", Name: "newest_count_age_seconds",
+		Help: "Seconds since the newest count record (or tombstone) this aggregator published was acknowledged by Kafka, or since it started when it has published none: grows while it publishes nothing (no partitions, replaying, stuck, or every count it owns steady for up to half its window)."},
+		age)
 }

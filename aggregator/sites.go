@@ -6,15 +6,6 @@ import (
 	"github.com/streamlimit/streamlimit/topics"
 )
 
-// source names one partition of a hits topic: the local "hits" or a data center's
-// replicated "<dc>.hits". The sites heard on a source are one data center's, so a site
-// silent while the others of its source still speak has stopped on its own (a crash),
-// while a source whose sites are all silent has been cut off.
-type source struct {
-	topic string
-	part  int32
-}
-
 // siteSeen is what one source partition has heard of one site: its site records
 // (heartbeats and leaves, topics.Hit.IsSiteRecord), by instance.
 type siteSeen struct {
@@ -35,14 +26,14 @@ const maxInstancesPerSource = 64
 
 // siteSeenOn returns what src has heard of site, making the entry when create is set and
 // the bound on sites allows; nil otherwise.
-func (s *state) siteSeenOn(src source, site string, create bool) *siteSeen {
+func (s *state) siteSeenOn(src tp, site string, create bool) *siteSeen {
 	m := s.heard[src]
 	if m == nil {
 		if !create {
 			return nil
 		}
 		m = map[string]*siteSeen{}
-		s.heard[source{topic: s.intern([]byte(src.topic)), part: src.part}] = m
+		s.heard[tp{topic: s.intern([]byte(src.topic)), part: src.part}] = m
 	}
 	e := m[site]
 	if e == nil && create && len(m) < maxInternedSites {
@@ -55,7 +46,7 @@ func (s *state) siteSeenOn(src source, site string, create bool) *siteSeen {
 // heardFrom records a site heartbeat of site and instance, stamped ts (ms), on src: the
 // site is live there, whatever it said before (a site that restarts under its name joins
 // again with its first heartbeat).
-func (s *state) heardFrom(src source, site, instance string, ts int64) {
+func (s *state) heardFrom(src tp, site, instance string, ts int64) {
 	e := s.siteSeenOn(src, site, true)
 	if e == nil {
 		return
@@ -69,7 +60,7 @@ func (s *state) heardFrom(src source, site, instance string, ts int64) {
 // leftFrom records a site leave record of site and instance, stamped ts (ms), on src. The
 // site is left there once no other instance of it heard from there has spoken within
 // instanceLive before ts.
-func (s *state) leftFrom(src source, site, instance string, ts int64) {
+func (s *state) leftFrom(src tp, site, instance string, ts int64) {
 	e := s.siteSeenOn(src, site, true)
 	if e == nil {
 		return
@@ -109,7 +100,7 @@ func (e *siteSeen) saw(instance string, ts int64) {
 // siteMaps returns copies of what src has heard as of now: the live sites with the time
 // of their latest heartbeat, and the sites that left with the time they left (nil maps
 // when empty). Sites not heard from for longer than siteForget are forgotten.
-func (s *state) siteMaps(src source, now int64) (heard, left map[string]int64) {
+func (s *state) siteMaps(src tp, now int64) (heard, left map[string]int64) {
 	m := s.heard[src]
 	for site, e := range m {
 		switch {
@@ -130,10 +121,10 @@ func (s *state) siteMaps(src source, now int64) (heard, left map[string]int64) {
 	return heard, left
 }
 
-// sourcesOf returns the sources of partition part that have heard any site, sorted by
-// topic, for the heartbeats of a Memory (which has no partitions of its own to list).
-func (s *state) sourcesOf(part int32) []source {
-	var out []source
+// sourcesOf returns the sources of partition part that have heard any site, in no order,
+// for the heartbeats of a Memory (which has no partitions of its own to list).
+func (s *state) sourcesOf(part int32) []tp {
+	var out []tp
 	for src := range maps.Keys(s.heard) {
 		if src.part == part {
 			out = append(out, src)

@@ -75,7 +75,7 @@ type state struct {
 	sites  map[string]string // interned site names (bounded by maxInternedSites)
 	// heard holds, per source partition, what it has heard of each site (sites.go). Sites
 	// are few: one entry per site per source partition.
-	heard map[source]map[string]*siteSeen
+	heard map[tp]map[string]*siteSeen
 	// instances holds, per site, the producer instances heard from and what each counts
 	// its site with, to find two instances of one site that count apart.
 	instances map[string]map[string]instanceSeen
@@ -111,7 +111,7 @@ func newState(cfg stateConfig) *state {
 		seen:   map[int32]map[string]int64{},
 		paused: map[int32]bool{},
 		sites:  map[string]string{},
-		heard:  map[source]map[string]*siteSeen{},
+		heard:  map[tp]map[string]*siteSeen{},
 
 		instances: map[string]map[string]instanceSeen{},
 	}

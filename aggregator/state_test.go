@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/internal/windowref"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
 )
@@ -78,7 +79,7 @@ func TestCollectEmitsDecaysAndTombstones(t *testing.T) {
 				t.Fatal("count after tombstone")
 			}
 			decays++
-			want, _ := window.Reference(sp, hits, e.count.AsOf)
+			want, _ := windowref.Reference(sp, hits, e.count.AsOf)
 			if math.Abs(e.count.Total-want) > 1e-9 {
 				t.Fatalf("decayed count %v at %d, want %v", e.count.Total, e.count.AsOf, want)
 			}

@@ -5,15 +5,19 @@
 # connections for HOTKEY_DURATION, once per site algorithm. Each run prints one go-test
 # bench style line that bench/summarize reads:
 #
-#   BenchmarkHotKey/scope=S/algorithm=A/callers=C 1 … req/s … admitted … allowance … fallback
+#   BenchmarkHotKey/scope=S/algorithm=A/callers=C 1 … req/s … admitted … start-unix-µs …
+#     end-unix-µs … keys … limit/s … fallback
 #
 # Scope "site" decides in Redis; scope "local" runs the same rule in process, which tells
 # what the algorithm itself admits (its own start-up burst, for instance), so that the
 # site rows' excess over it is what Redis adds (none is expected).
 #
-# "allowance" is what a sliding window of the rule allows over the run (keys × 100 ×
-# elapsed seconds); "fallback" is the enforcer's streamlimit_redis_fallback_decisions_total
-# after the run, summed over reasons (every decision made in process instead of in Redis).
+# bench/summarize sets each row against the most the rule's algorithm can admit over the
+# run, exactly, from the instants the load began and ended (exactBound in
+# bench/summarize/hotkey.go: a sliding window admits a fresh key's whole limit at once,
+# then up to the limit in each aligned second); "fallback" is the enforcer's
+# streamlimit_redis_fallback_decisions_total after the run, summed over reasons (every
+# decision made in process instead of in Redis).
 #
 # Environment (defaults): HOTKEY_CALLERS ("32 128"), HOTKEY_DURATION (5s), HOTKEY_ALGORITHMS
 # ("sliding_window fixed_window sliding_log token_bucket leaky_bucket gcra"), HOTKEY_SCOPES
@@ -85,16 +89,10 @@ YAML
     kill "$spid" 2>/dev/null || true
     wait "$spid" 2>/dev/null || true
     spid=""
-    # The run's elapsed time is ns/op × calls; the allowance is keys × limit × seconds.
-    allowance=$(awk -v l="$line" -v k=$keys -v lim=$limit 'BEGIN {
-      n = split(l, f, /[ \t]+/); ns = 0; calls = 0
-      for (i = 1; i < n; i++) {
-        if (f[i+1] == "ns/op") ns = f[i]
-        if (f[i+1] == "admitted" || f[i+1] == "denied") calls += f[i]
-      }
-      printf "%.0f", k * lim * ns * calls / 1e9 }')
-    echo "$line	$allowance allowance	$fb fallback"
-    log "$line $allowance allowance $fb fallback"
+    # bench/summarize computes the most the algorithm can admit (its exact bound) from
+    # the run's instants (start-unix-µs, end-unix-µs on the loadgen line), keys and limit.
+    echo "$line	$keys keys	$limit limit/s	$fb fallback"
+    log "$line $fb fallback"
   done
   done
 done

@@ -3,7 +3,10 @@
 # e2e/services/with-services.sh, which provides Kafka and Redis): run every
 # package's benchmarks, this directory's included, then the serving comparison
 # (bench/serving.sh; SERVING_* and STREAMLIMIT_BENCH_ENVOY_RATELIMIT pass
-# through) and the site-scope hot-key table (bench/hotkey.sh; HOTKEY_* pass through), write the raw output with
+# through), the Redis serving comparison against envoyproxy/ratelimit (bench/redis.sh, which
+# builds envoyproxy/ratelimit once), the site-scope hot-key table (bench/hotkey.sh;
+# HOTKEY_* pass through) and the RLQS serving table (bench/rlqs.sh; RLQS_* pass through),
+# write the raw output with
 # "# key: value" lines about the machine and the run to OUT, then write the
 # Markdown summary to docs/benchmarks.md (SUMMARY overrides the path).
 # The exit status is go test's: a failed package still gets its results
@@ -31,9 +34,15 @@ rc=${PIPESTATUS[0]}
 # The serving comparison: servers and load generator as separate pinned processes.
 echo "pkg: github.com/streamlimit/streamlimit/bench/serving" >>"$out"
 GO=$GO bash bench/serving.sh | tee -a "$out" || rc=1
+# The Redis rows against envoyproxy/ratelimit on the same Redis (bench/redis.sh).
+echo "pkg: github.com/streamlimit/streamlimit/bench/serving-redis" >>"$out"
+GO=$GO bash bench/redis.sh | tee -a "$out" || rc=1
 # Site scope under a hot-key load, in Redis and in process (bench/hotkey.sh).
 echo "pkg: github.com/streamlimit/streamlimit/bench/hotkey" >>"$out"
 GO=$GO bash bench/hotkey.sh | tee -a "$out" || rc=1
+# The RLQS server under a fleet of Envoys' reports (bench/rlqs.sh).
+echo "pkg: github.com/streamlimit/streamlimit/bench/rlqs" >>"$out"
+GO=$GO bash bench/rlqs.sh | tee -a "$out" || rc=1
 {
   echo "# loadavg at end: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "# duration: $((SECONDS - start))s"

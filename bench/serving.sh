@@ -9,6 +9,12 @@
 #   streamlimit-redis  streamlimit enforcer --no-kafka with the site's Redis
 #                      (STREAMLIMIT_REDIS_ADDR): for site-scope rules (SERVING_RULES); not
 #                      in the default list
+#   streamlimit-site   streamlimit enforcer --no-kafka with the site's Redis, the same rule
+#                      with scope: site (every call decided in Redis); not in the default list
+#   streamlimit-kafka-redis
+#                      streamlimit enforcer, the global rule, publishing to the real broker
+#                      and counting this site in the site's Redis (sitestore.Counter): a data
+#                      center of several enforcers; not in the default list
 #   envoy-ratelimit    envoyproxy/ratelimit with Redis, gRPC only: set
 #                      STREAMLIMIT_BENCH_ENVOY_RATELIMIT to its binary (built by you from
 #                      its source; nothing of it is in this repository) and
@@ -85,6 +91,8 @@ descriptors:
     rate_limit: {name: per-minute, unit: minute, requests_per_unit: 1000000000}
 YAML
 fi
+# The same rule with scope site, for the streamlimit-site row.
+sed 's/requests_per_unit: \([0-9]*\)}/requests_per_unit: \1, scope: site}/' "$work/rules.yaml" >"$work/site.yaml"
 read -r -a extra <<<"${SERVING_LOADGEN_FLAGS:-}"
 
 brokers=${STREAMLIMIT_KAFKA_BROKERS:-}
@@ -117,15 +125,18 @@ start() {
       GOMAXPROCS=1 $pin_server "$work/nullserver" -http 127.0.0.1:0 -grpc 127.0.0.1:0 >"$out" 2>&1 &
       spid=$!
       ;;
-    streamlimit | streamlimit-kafka | streamlimit-redis)
-      local kafka=(--no-kafka)
+    streamlimit | streamlimit-kafka | streamlimit-redis | streamlimit-site | streamlimit-kafka-redis)
+      local kafka=(--no-kafka) rules="$work/rules.yaml"
       case $name in
         streamlimit-kafka) kafka=(--brokers "$brokers" --hits-topic "bench-hits-$run_id" --counts-topic "bench-counts-$run_id") ;;
         streamlimit-redis) kafka=(--no-kafka --redis-addr "$STREAMLIMIT_REDIS_ADDR") ;;
+        streamlimit-site) kafka=(--no-kafka --redis-addr "$STREAMLIMIT_REDIS_ADDR") rules="$work/site.yaml" ;;
+        streamlimit-kafka-redis) kafka=(--brokers "$brokers" --hits-topic "bench-hits-$run_id" --counts-topic "bench-counts-$run_id"
+          --redis-addr "$STREAMLIMIT_REDIS_ADDR") ;;
       esac
       # A clean environment: every flag of the command also reads STREAMLIMIT_<FLAG>
       # (STREAMLIMIT_REDIS_ADDR would give the server a site Redis).
-      env -i PATH="$PATH" HOME="$HOME" GOMAXPROCS=1 $pin_server "$work/streamlimit" enforcer --site bench --rules "$work/rules.yaml" \
+      env -i PATH="$PATH" HOME="$HOME" GOMAXPROCS=1 $pin_server "$work/streamlimit" enforcer --site bench --rules "$rules" \
         --http-listen 127.0.0.1:0 --grpc-listen 127.0.0.1:0 --log-level warn "${kafka[@]}" >"$out" 2>&1 &
       spid=$!
       ;;
@@ -172,7 +183,9 @@ for round in $(seq "$rounds"); do
     for name in $servers; do
       case $name in
         streamlimit-kafka) [ -n "$brokers" ] || { log "skip $name: STREAMLIMIT_KAFKA_BROKERS unset"; continue; } ;;
-        streamlimit-redis) [ -n "${STREAMLIMIT_REDIS_ADDR:-}" ] || { log "skip $name: STREAMLIMIT_REDIS_ADDR unset"; continue; } ;;
+        streamlimit-redis | streamlimit-site) [ -n "${STREAMLIMIT_REDIS_ADDR:-}" ] || { log "skip $name: STREAMLIMIT_REDIS_ADDR unset"; continue; } ;;
+        streamlimit-kafka-redis)
+          [ -n "$brokers" ] && [ -n "${STREAMLIMIT_REDIS_ADDR:-}" ] || { log "skip $name: STREAMLIMIT_KAFKA_BROKERS or STREAMLIMIT_REDIS_ADDR unset"; continue; } ;;
         envoy-ratelimit)
           [ -n "$envoy" ] && [ -n "${STREAMLIMIT_REDIS_ADDR:-}" ] || { [ "$round" = 1 ] && log "skip $name: STREAMLIMIT_BENCH_ENVOY_RATELIMIT or STREAMLIMIT_REDIS_ADDR unset"; continue; }
           [ "$api" = grpc ] || continue

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,7 +19,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/streamlimit/streamlimit/aggregator"
 )
@@ -37,10 +37,11 @@ type childConfig struct {
 	InstanceID   string
 	MaxKeys      int
 	MaxWindow    time.Duration
-	// SessionTimeout of the group member: how long the group waits for a killed member
-	// before giving its partitions to the others. Kafka's default (45 s) would make the
-	// kill test wait that long; 6 s is the broker's minimum.
+	// SessionTimeout of the group member (aggregator.Config.SessionTimeout): how long the
+	// group waits for a killed member before giving its partitions to the others.
 	SessionTimeout time.Duration
+	// LogLevel of the child's log, which goes to the test's log: "warn" when empty.
+	LogLevel string
 }
 
 func TestMain(m *testing.M) {
@@ -52,22 +53,25 @@ func TestMain(m *testing.M) {
 
 // runChild runs an aggregator with an admin server on a free loopback port, whose address
 // it prints as the first line of stdout. It exits when stdin closes (the parent died) or on
-// SIGTERM.
+// SIGTERM, as the streamlimit command does: Run returns once it has left the group.
 func runChild(cfgJSON string) int {
 	var cc childConfig
 	if err := json.Unmarshal([]byte(cfgJSON), &cc); err != nil {
 		fmt.Fprintln(os.Stderr, "child config:", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	reg := prometheus.NewRegistry()
-	var opts []kgo.Opt
-	if cc.SessionTimeout > 0 {
-		opts = append(opts, kgo.SessionTimeout(cc.SessionTimeout), kgo.HeartbeatInterval(cc.SessionTimeout/6))
+	level := slog.LevelWarn
+	if cc.LogLevel != "" {
+		if err := level.UnmarshalText([]byte(cc.LogLevel)); err != nil {
+			fmt.Fprintln(os.Stderr, "child log level:", err)
+			return 2
+		}
 	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	reg := prometheus.NewRegistry()
 	agg, err := aggregator.New(aggregator.Config{
 		Brokers: cc.Brokers, TopicPattern: cc.TopicPattern, CountsTopic: cc.CountsTopic, Group: cc.Group,
-		InstanceID: cc.InstanceID, MaxKeys: cc.MaxKeys, MaxWindow: cc.MaxWindow, KafkaOpts: opts,
+		InstanceID: cc.InstanceID, MaxKeys: cc.MaxKeys, MaxWindow: cc.MaxWindow, SessionTimeout: cc.SessionTimeout,
 		Logger: log, Registerer: reg,
 	})
 	if err != nil {
@@ -90,7 +94,8 @@ func runChild(cfgJSON string) int {
 	go func() { _ = http.Serve(ln, mux) }()
 	fmt.Println(ln.Addr().String())
 
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer cancel()
 	go func() { _, _ = io.Copy(io.Discard, os.Stdin); cancel() }()
 	if err := agg.Run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "aggregator:", err)
@@ -148,6 +153,29 @@ func (c *child) kill() {
 	}
 	_ = c.cmd.Process.Signal(syscall.SIGKILL)
 	_ = c.cmd.Wait()
+}
+
+// term sends SIGTERM and waits for the process to exit (at most timeout, then SIGKILL), and
+// returns how long it took.
+func (c *child) term(timeout time.Duration) time.Duration {
+	c.t.Helper()
+	start := time.Now()
+	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		c.t.Fatalf("SIGTERM to aggregator %s: %v", c.name, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			c.t.Errorf("aggregator %s after SIGTERM: %v", c.name, err)
+		}
+	case <-time.After(timeout):
+		c.t.Errorf("aggregator %s still running %v after SIGTERM", c.name, timeout)
+		_ = c.cmd.Process.Signal(syscall.SIGKILL)
+		<-done
+	}
+	return time.Since(start)
 }
 
 func (c *child) ready() bool {

@@ -41,8 +41,10 @@ func sumNodes(t *testing.T, nodes []*node, name string, labels ...string) float6
 
 // TestFaultKafkaDown stops the (private) broker for 30 s under load, then restarts it.
 // The enforcers must answer every request (HTTP 200), keep deciding on local shares (the
-// stale fallback shows in their metrics), never deny the light clients, and hold the bound
-// of TestMultiDC again within two windows of the restart.
+// stale fallback shows in their metrics), never deny the light clients, keep the heavy
+// client near its limit during the outage (each site keeps to its last share; the shares,
+// with their MinShare floors, add up to a little more than one) until every snapshot is
+// fresh again, and hold the bound of TestMultiDC again a window after that.
 func TestFaultKafkaDown(t *testing.T) {
 	b := testenv.PrivateKafka(t)
 	tp := startTopology(t, topologyOptions{
@@ -81,7 +83,9 @@ func TestFaultKafkaDown(t *testing.T) {
 		return true
 	})
 	fresh := time.Since(g.start)
-	time.Sleep(max(restarted+4*ruleWindow-time.Since(g.start), 0))
+	// The bound holds again once every snapshot is fresh (a broker slow to start on a
+	// loaded machine keeps them stale after the restart): measure three windows after that.
+	time.Sleep(max(fresh+4*ruleWindow-time.Since(g.start), 0))
 	cancel()
 	<-done
 	end := time.Since(g.start)
@@ -102,9 +106,9 @@ func TestFaultKafkaDown(t *testing.T) {
 		t.Errorf("streamlimit_enforcer_fallback_decisions_total{reason=stale} did not rise while Kafka was down")
 	}
 	times := admissions(rs, heavyClient)
-	out := sliding(times, ruleWindow, stoppedAt, restartAt)
-	t.Logf("FIGURE kafka-down: during the outage (not asserted): heavy admitted per sliding window %s", out)
-	checkBound(t, "kafka-down-after-restart", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, restarted+ruleWindow, end)
+	t.Logf("FIGURE kafka-down: during the outage: heavy admitted per sliding window %s", sliding(times, ruleWindow, stoppedAt, restartAt))
+	checkOutage(t, "kafka-down-outage", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, stoppedAt, fresh, 1.2)
+	checkBound(t, "kafka-down-after-restart", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, fresh+ruleWindow, end)
 
 	var dropped, in int64
 	for _, n := range tp.nodes {
@@ -126,8 +130,9 @@ func TestFaultKafkaDown(t *testing.T) {
 }
 
 // TestFaultRedisDown kills the Redis of site us under load: its two enforcers keep deciding
-// in process without an error, and the decision latency seen by clients is reported before
-// and during the failure.
+// in process without an error, each on its half of the site's share (--site-enforcers), so
+// that the heavy client stays near its limit before and during the failure; the decision
+// latency seen by clients is reported before and during it.
 func TestFaultRedisDown(t *testing.T) {
 	tp := startTopology(t, topologyOptions{brokers: testenv.Brokers(t), rules: rulesYAML(ruleLimit, ruleWindow)})
 	heavyRate := 5 * ruleLimit / ruleWindow.Seconds()
@@ -178,9 +183,10 @@ func TestFaultRedisDown(t *testing.T) {
 		t.Error("streamlimit_redis_counter_fallback_total did not rise at site us")
 	}
 	times := admissions(rs, heavyClient)
-	t.Logf("FIGURE redis-down: heavy admitted per sliding window before (not asserted): %s", sliding(times, ruleWindow, ruleWindow+lagAllowance, killAt))
-	t.Logf("FIGURE redis-down: heavy admitted per sliding window during (not asserted; us's two enforcers now count apart): %s",
-		sliding(times, ruleWindow, killAt, end))
+	t.Logf("FIGURE redis-down: heavy admitted per sliding window before: %s", sliding(times, ruleWindow, ruleWindow+lagAllowance, killAt))
+	t.Logf("FIGURE redis-down: heavy admitted per sliding window during: %s", sliding(times, ruleWindow, killAt, end))
+	checkOutage(t, "redis-down-before", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, ruleWindow+lagAllowance, killAt, 1.05)
+	checkOutage(t, "redis-down-during", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, killAt, end, 1.1)
 }
 
 // TestFaultBadRecords injects malformed, oversized, far-future and JSON records into the

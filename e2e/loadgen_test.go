@@ -394,6 +394,20 @@ func possiblyInWindow(rs []result, w, from, to time.Duration) (int, time.Duratio
 	return best, bestAt
 }
 
+// checkOutage asserts the heavy client's sliding-window admissions over [from, to] while a
+// part is down: at most most × limit certainly admitted in any window (surelyInWindow, a
+// bound slow answers cannot inflate). It returns what it measured.
+func checkOutage(t *testing.T, label string, rs []result, limit int, w, from, to time.Duration, most float64) (sure int) {
+	t.Helper()
+	sure, at := surelyInWindow(rs, w, from, to)
+	t.Logf("FIGURE %s: heavy client certainly admitted in one %v window at most %d (%.2f × the limit %d) over [%.1fs, %.1fs]",
+		label, w, sure, float64(sure)/float64(limit), limit, from.Seconds(), to.Seconds())
+	if float64(sure) > most*float64(limit) {
+		t.Errorf("%s: %d certainly admitted in the window ending at %.2fs, more than %.2f × the limit", label, sure, at.Seconds(), most)
+	}
+	return sure
+}
+
 // checkBound asserts the heavy client's sliding-window admissions over [from, to] (rs: its
 // admitted requests): at most limit × 1.02 + 1 (the safety bound) certainly admitted in
 // any window, and at least 0.85 × limit (not starved) possibly admitted in every window
@@ -426,7 +440,7 @@ func checkBound(t *testing.T, label string, rs []result, limit int, w, from, to 
 		t.Errorf("%s: %d certainly admitted in the window ending at %.2fs, more than limit × 1.02 + 1 = %d", label, sure, sureAt.Seconds(), hi)
 	}
 	if maybe < target {
-		t.Logf("TARGET MISSED %s: at most %d admitted in the window ending at %.2fs, below the 0.95 × limit = %d target", label, maybe, maybeAt.Seconds(), target)
+		t.Logf("%s: at most %d admitted in the window ending at %.2fs, below the 0.95 × limit = %d target (docs/e2e.md: missed by 5–11%%; the 0.85 floor below holds)", label, maybe, maybeAt.Seconds(), target)
 	}
 	if maybe < floor {
 		t.Errorf("%s: at most %d admitted in the window ending at %.2fs, less than 0.85 × limit = %d (starved)", label, maybe, maybeAt.Seconds(), floor)

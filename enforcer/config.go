@@ -66,8 +66,9 @@ type Config struct {
 	// out for the pipeline's lag. Default DefaultMinShare.
 	MinShare float64
 	// DefaultShare is a site's share of a global limit for a key the snapshot has never
-	// shown, and the share a silent site is assumed to spend (see SiteStaleAfter). Default
-	// 0: 1/the number of sites the snapshot's heartbeats list (1 without a snapshot).
+	// shown (new, or idle for a whole window). Default 0: 1/the number of sites that may
+	// spend it — the live ones and those cut off from here, not those that left or crashed
+	// (1 without a snapshot).
 	DefaultShare float64
 	// ShareDamping holds back part of a hot key's room: a fresh site whose share of the
 	// room is f may spend f / (1 + ShareDamping × (1 − f)) of it until the next count. The

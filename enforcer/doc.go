@@ -46,15 +46,40 @@
 //
 // A key the snapshot does not show (new, or idle for a whole window) may start at every
 // site at once: each site spends only Config.DefaultShare of the limit (by default one
-// over the number of sites heard from) until its count comes back.
+// over the number of sites that may spend it: the live ones and those cut off from here)
+// until its count comes back.
 //
-// A site not heard from within Config.SiteStaleAfter (its site heartbeats, carried by
-// replication like its hits, no longer reach this data center's aggregator: a cut link, a
-// stopped replicator) may be spending without our seeing it. It is never taken for idle:
-// it is assumed to hold at least its default share of the limit, never less than its
-// count in the snapshot. During a partition every side thus keeps to L minus what it
-// assumes of the others, and together they stay within the limit when the default shares
-// add up to one.
+// # Sites that come and go
+//
+// Every site proves it is alive through site heartbeats on its hits topic, which
+// replication carries like its hits; the aggregators publish, per source partition, when
+// they last heard from each site, and which sites left (package topics). A decision takes
+// each site to be in one of four states (the streamlimit_enforcer_sites gauge counts them):
+//
+//   - fresh: heard from within Config.SiteStaleAfter. It shares the room by demand.
+//   - left: every instance of it stopped cleanly (producer.Producer.Close writes a leave
+//     record to every partition). It admits nothing more: its hits still in the window
+//     count, nothing is reserved beyond them, and it is not counted among the sites that
+//     share new keys. A site that restarts under its name is live again at its next
+//     heartbeat.
+//   - cut: silent, and so is every other site of its data center (its hits topic) — a cut
+//     link, a stopped replicator, a data center down. It may still be admitting what it
+//     was given, so it is assumed to hold at least its share of each key it served, taken
+//     from the key's breakdown before the silence (the aggregators count it as of its last
+//     heartbeat, so its count does not fade either), for as long as the silence lasts, and
+//     its default share of keys new since. Never a share of keys it did not serve. Both
+//     sides of a cut reserve each other's shares from counts made before the cut, so that
+//     together they stay within the limit.
+//   - crashed: silent while other sites of its data center still speak — it stopped on its
+//     own, most likely without the chance to leave. Its reservation fades to nothing over
+//     Config.CrashHold, and it gets no share of new keys.
+//
+// Room reserved for a silent site is not a fallback (Status.Fallback is only for the
+// degraded path below); such caps are counted in
+// streamlimit_enforcer_silent_site_reservations_total. A Limiter younger than a key's
+// window also gives its in-process count what the snapshot shows of its own site's hits of
+// the key (a process restarted under the same site name lost its count, which the
+// aggregators still have), so that a restart admits nothing twice.
 //
 // This site's own count treats the window's oldest sub-bucket by the span of its hits
 // (their exact times are known here), so that a burst that filled part of a sub-bucket

@@ -278,9 +278,6 @@ func (c *keyCache) globalOf(h *keyHandle) *keyGlobal {
 	return g
 }
 
-// intern returns the interned copy of key b.
-func (c *keyCache) intern(b []byte) string { return c.handle(b, false).key }
-
 // bytes returns what the cache keeps alive, by the estimates above.
 func (c *keyCache) bytes() int64 {
 	var n int64

@@ -35,6 +35,8 @@ type Limiter struct {
 	waiters atomic.Int64
 	// born is when the Limiter was made: its site counter has seen no hit before.
 	born time.Time
+	// denials records recently denied keys (RecentDenials).
+	denials denialLog
 }
 
 // New returns a Limiter.
@@ -225,6 +227,9 @@ func (l *Limiter) DecideAt(ctx context.Context, now time.Time, req Request, res 
 	admitted, fused := l.check(ctx, now, s, n)
 	admitted, siteFellBack := l.commit(ctx, now, s, n, admitted, fused)
 	l.finish(req, res, s, admitted, siteFellBack)
+	if res.Code == CodeOverLimit {
+		l.denials.record(now, req.Domain, res)
+	}
 }
 
 // match finds each descriptor's rule and collects the operations of the limits in force,

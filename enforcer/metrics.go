@@ -225,7 +225,7 @@ func (c *siteStates) Collect(ch chan<- prometheus.Metric) {
 			n[state]++
 		}
 	}
-	for state, name := range []string{"fresh", "cut", "crashed", "left"} {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, n[state], name)
+	for state := range n {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, n[state], siteState(state).String())
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/window"
 )
 
@@ -56,8 +57,12 @@ type LocalCounterOptions struct {
 	// SubBuckets is the number of sub-buckets per window; it should equal the
 	// aggregator's. Default window.DefaultSubBuckets.
 	SubBuckets int
-	// MaxKeys bounds the counters held; idle counters (zero count) are dropped first, then
-	// the least recently used of a sample. Default DefaultMaxKeys.
+	// MaxKeys bounds the counters held; idle counters (zero count) are dropped first, then,
+	// of a sample, the counter that used the smallest share of its cap at its last decision
+	// (the least recently used among equals). When every sampled counter used
+	// algo.NearLimit of its cap or more, none is dropped: the new key is refused (Refused)
+	// and its request admitted uncounted at this site, so that the bound on memory never
+	// frees a client at its limit. Default DefaultMaxKeys.
 	MaxKeys int
 	// MaxBytes bounds the bytes the counters keep alive, by an estimate per counter
 	// (Bytes), with the same eviction as MaxKeys; both bounds apply. Default 0: no bound
@@ -81,6 +86,7 @@ type LocalCounter struct {
 	seed        maphash.Seed
 	shards      [64]countShard
 	evicted     atomic.Uint64
+	refused     atomic.Uint64
 }
 
 type countShard struct {
@@ -102,6 +108,10 @@ type ringEntry struct {
 	// dead is set, under the shard lock, when the entry leaves its shard's map, so that a
 	// keyHandle still pointing at it looks the key up again.
 	dead bool
+	// fill is the share of its cap the count reached at its last decision (1: denied or at
+	// the cap), what a full shard keeps counters by; it only overstates the share as the
+	// count drains.
+	fill float32
 	ring window.Ring
 	// buf holds the ring's buckets and their spans when they fit (the default 60
 	// sub-buckets make 62 slots), so that a decision reads the entry and its buckets from
@@ -219,6 +229,10 @@ func (c *LocalCounter) Len() int {
 // Evicted returns how many counters were dropped to keep within MaxKeys.
 func (c *LocalCounter) Evicted() uint64 { return c.evicted.Load() }
 
+// Refused returns how many new keys were not counted because the counter was full of
+// counters at or near their caps (LocalCounterOptions.MaxKeys).
+func (c *LocalCounter) Refused() uint64 { return c.refused.Load() }
+
 // mode is how op's own-site count treats the oldest sub-bucket: whole for a hard limit,
 // else by the span of its hits (the times of this site's own hits are known exactly, so
 // a burst that filled part of a sub-bucket leaves the window when it does).
@@ -314,9 +328,10 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 	// Every op is counted, even after one does not fit, so that counts is complete.
 	fits := true
 	var stack [8]*ringEntry
-	entries := stack[:0]
+	var fillStack [8]float32
+	entries, fills := stack[:0], fillStack[:0]
 	if len(ops) > len(stack) {
-		entries = make([]*ringEntry, 0, len(ops))
+		entries, fills = make([]*ringEntry, 0, len(ops)), make([]float32, 0, len(ops))
 	}
 	for i := range ops {
 		e := c.lookup(&c.shards[c.shardFor(&ops[i])], &ops[i])
@@ -337,8 +352,16 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 				cur += float64(ops[j].N)
 			}
 		}
+		fill := float32(1)
+		if ops[i].Cap > 0 {
+			fill = float32(min((cur+float64(ops[i].N))/ops[i].Cap, 1))
+		}
+		fills = append(fills, fill)
 		if cur+float64(ops[i].N) > ops[i].Cap {
 			fits = false
+			if e != nil {
+				e.fill = 1
+			}
 		}
 	}
 	if !fits {
@@ -353,7 +376,10 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 					remove(sh, ops[i].Key, e) // replaced: the window changed with the rules
 				}
 				e = c.newEntry(&ops[i], uint8(sid))
-				c.makeRoom(sh, ms, entryBytes(ops[i].Key, e), entries)
+				if !c.makeRoom(sh, ms, entryBytes(ops[i].Key, e), entries) {
+					c.refused.Add(1) // admitted, uncounted here: see LocalCounterOptions.MaxKeys
+					continue
+				}
 				sh.add(ops[i].Key, e)
 				entries[i] = e
 			}
@@ -363,20 +389,23 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 		}
 		e.ring.AddAt(&e.spec, e.spec.Bucket(ms), ms, ops[i].N)
 		e.last = ms
+		e.fill = fills[i]
 	}
 	return true, nil
 }
 
 // makeRoom drops counters of sh (locked) until a new one of cost bytes fits in both
-// bounds: idle counters (their count is zero, so nothing is lost), found by a scan of the
-// shard at most once a second, else the least recently used of a few. Counters in keep
-// (the request's own) are never dropped.
-func (c *LocalCounter) makeRoom(sh *countShard, ms, cost int64, keep []*ringEntry) {
+// bounds, and reports whether it fits: idle counters (their count is zero, so nothing is
+// lost), found by a scan of the shard at most once a second, else, of a sample, an idle
+// one or the one that used the least of its cap (the least recently used among equals).
+// It stops, reporting false, when every sampled counter used algo.NearLimit of its cap or
+// more. Counters in keep (the request's own) are never dropped.
+func (c *LocalCounter) makeRoom(sh *countShard, ms, cost int64, keep []*ringEntry) bool {
 	full := func() bool {
 		return len(sh.m) >= c.maxPerShard || (c.maxBytes > 0 && sh.bytes+cost > c.maxBytes)
 	}
 	if !full() {
-		return
+		return true
 	}
 	if ms >= sh.nextSweep {
 		sh.nextSweep = ms + 1000
@@ -391,22 +420,29 @@ func (c *LocalCounter) makeRoom(sh *countShard, ms, cost int64, keep []*ringEntr
 			victim  string
 			victimE *ringEntry
 		)
-		oldest := int64(1<<63 - 1)
 		n := 0
 		for k, e := range sh.m {
-			if e.last < oldest && !slices.Contains(keep, e) {
-				victim, victimE, oldest = k, e, e.last
+			if slices.Contains(keep, e) {
+				continue
 			}
-			if n++; n == 8 {
+			if ms-e.last > e.spec.Window+e.spec.Width {
+				victim, victimE = k, e
+				break
+			}
+			if victimE == nil || e.fill < victimE.fill || e.fill == victimE.fill && e.last < victimE.last {
+				victim, victimE = k, e
+			}
+			if n++; n == 16 {
 				break
 			}
 		}
-		if victimE == nil {
-			return
+		if victimE == nil || victimE.fill >= algo.NearLimit && ms-victimE.last <= victimE.spec.Window+victimE.spec.Width {
+			return false
 		}
 		remove(sh, victim, victimE)
 		c.evicted.Add(1)
 	}
+	return !full()
 }
 
 // Sweep drops every counter whose count is zero at now, and returns how many it dropped.

@@ -39,6 +39,26 @@ type Config struct {
 	CountsMaxCompactionLag time.Duration
 }
 
+// Defaults of Config.
+const (
+	// DefaultPartitions is HitsPartitions and CountsPartitions when zero: room for up to 12
+	// aggregator instances (docs/scaling.md).
+	DefaultPartitions = 12
+	// DefaultReplicationFactor is ReplicationFactor when zero: the broker's default.
+	DefaultReplicationFactor = -1
+	// DefaultHitsRetention is HitsRetention when zero: at least twice DefaultMaxWindow, and
+	// a day of history for `streamlimit counts export`.
+	DefaultHitsRetention = 24 * time.Hour
+	// DefaultMaxWindow is MaxWindow when zero, and the aggregator's longest window.
+	DefaultMaxWindow = time.Hour
+	// DefaultCountsSegment is CountsSegment when zero.
+	DefaultCountsSegment = time.Minute
+	// DefaultCountsDeleteRetention is CountsDeleteRetention when zero.
+	DefaultCountsDeleteRetention = 10 * time.Minute
+	// DefaultCountsMaxCompactionLag is CountsMaxCompactionLag when zero.
+	DefaultCountsMaxCompactionLag = 5 * time.Minute
+)
+
 // Normalize returns c with defaults filled in, or an error naming the first bad field.
 func (c Config) Normalize() (Config, error) {
 	def := func(d *time.Duration, v time.Duration) {
@@ -53,19 +73,19 @@ func (c Config) Normalize() (Config, error) {
 		c.CountsTopic = DefaultCountsTopic
 	}
 	if c.HitsPartitions == 0 {
-		c.HitsPartitions = 12
+		c.HitsPartitions = DefaultPartitions
 	}
 	if c.CountsPartitions == 0 {
-		c.CountsPartitions = 12
+		c.CountsPartitions = DefaultPartitions
 	}
 	if c.ReplicationFactor == 0 {
-		c.ReplicationFactor = -1
+		c.ReplicationFactor = DefaultReplicationFactor
 	}
-	def(&c.HitsRetention, 24*time.Hour)
-	def(&c.MaxWindow, time.Hour)
-	def(&c.CountsSegment, time.Minute)
-	def(&c.CountsDeleteRetention, 10*time.Minute)
-	def(&c.CountsMaxCompactionLag, 5*time.Minute)
+	def(&c.HitsRetention, DefaultHitsRetention)
+	def(&c.MaxWindow, DefaultMaxWindow)
+	def(&c.CountsSegment, DefaultCountsSegment)
+	def(&c.CountsDeleteRetention, DefaultCountsDeleteRetention)
+	def(&c.CountsMaxCompactionLag, DefaultCountsMaxCompactionLag)
 	var errs []error
 	if c.HitsTopic == c.CountsTopic {
 		errs = append(errs, fmt.Errorf("topics: hits and counts topic are both %q", c.HitsTopic))

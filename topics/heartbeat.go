@@ -9,6 +9,13 @@ import (
 // HeartbeatPrefix starts the key of every heartbeat record in the counts topic.
 const HeartbeatPrefix = ReservedPrefix + "hb/"
 
+// InstanceHeader is the Kafka record header in which an aggregator names itself (its
+// instance ID, as in its heartbeats) on every record it writes to the counts topic: counts,
+// tombstones and heartbeats. An enforcer configured with the aggregators' names believes
+// only records that carry one of them. It identifies, it does not authenticate: who may
+// write the topic at all is the brokers' ACLs' to say (docs/hardening.md).
+const InstanceHeader = "streamlimit-instance"
+
 // HeartbeatKey returns the counts-topic key of the heartbeat that describes the aggregator's
 // progress on one partition of a hits topic: "__streamlimit/hb/<topic>/<partition>".
 // Because the key names the source partition and not the aggregator instance, the
@@ -41,7 +48,10 @@ type Heartbeat struct {
 	// HighWatermark − Offset is the consume lag in records.
 	HighWatermark int64 `json:"hwm"`
 	// Replaying is true while the aggregator rebuilds the partition's state after an
-	// assignment and publishes no counts for it.
+	// assignment and publishes no counts for it. Readers take such a source as stale.
+	// Aggregators no longer write one: they write no heartbeat of a partition while they
+	// replay it, so that its latest heartbeat is the previous owner's, whose counts were
+	// complete, and says how fresh they are.
 	Replaying bool `json:"replaying,omitempty"`
 	// Sites holds, for every site heard from on this partition, the time (unix ms, the
 	// site's clock) up to which the aggregator has counted that site's hits here: the

@@ -712,38 +712,3 @@ func (c *Counter) siteAt(s *Spec, k int, t int64, at func(site string) (int64, b
 	}
 	return combine(w, o, frac), demand, true
 }
-
-// Reference is the brute-force statement of the rule: given every hit of one counter (with
-// BucketStart in unix ms), it returns the count at instant t over all sites and per site
-// (sites with a zero count left out). It ignores the ring's clamping of far-future hits.
-func Reference(s Spec, hits []topics.Hit, t int64) (total float64, sites map[string]float64) {
-	i0, frac := s.Oldest(t)
-	type acc struct{ whole, oldest uint64 }
-	per := map[string]*acc{}
-	var all acc
-	for _, h := range hits {
-		i := s.Bucket(h.BucketStart)
-		if i < i0 {
-			continue
-		}
-		a := per[h.Site]
-		if a == nil {
-			a = &acc{}
-			per[h.Site] = a
-		}
-		if i == i0 {
-			a.oldest += uint64(h.Count)
-			all.oldest += uint64(h.Count)
-		} else {
-			a.whole += uint64(h.Count)
-			all.whole += uint64(h.Count)
-		}
-	}
-	sites = map[string]float64{}
-	for k, a := range per {
-		if a.whole != 0 || a.oldest != 0 {
-			sites[k] = combine(a.whole, a.oldest, frac)
-		}
-	}
-	return combine(all.whole, all.oldest, frac), sites
-}

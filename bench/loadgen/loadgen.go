@@ -147,6 +147,11 @@ type Result struct {
 	FirstError string `json:"first_error,omitempty"`
 	// Elapsed is the measured period.
 	Elapsed time.Duration `json:"elapsed_ns"`
+	// Start is when the first call was sent, End when every counted call had returned: the
+	// server decided every counted call within [Start, End] (what a limit can admit over
+	// the run is bounded through them, bench/summarize).
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end"`
 	// ReqPerSec is Calls / Elapsed.
 	ReqPerSec float64 `json:"req_per_s"`
 	// P50 and P99 are percentiles of per-call latency (from the due time when paced).
@@ -255,7 +260,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	wg.Wait()
 	elapsed := min(time.Since(start), cfg.Duration)
 
-	var r Result
+	r := Result{Start: start, End: time.Now()}
 	var lats []time.Duration
 	if cfg.PerKey {
 		r.PerKey = make([]KeyResult, cfg.Keys)

@@ -1,7 +1,8 @@
 // Command summarize turns the raw output of `make bench` (go test -bench output, preceded
 // by "# key: value" lines about the machine and the run) into the Markdown of
 // docs/benchmarks.md: the headline figures first (ratios against baselines, propagation,
-// serving), then every benchmark result by package.
+// serving), then every benchmark result by package. Further raw files (a benchmark run
+// on its own, such as bench/rlqs.sh) add their results and "# key: value" lines.
 //
 //	go run ./bench/summarize bench-results/bench-2025-01-01.txt > docs/benchmarks.md
 package main
@@ -37,26 +38,29 @@ type run struct {
 var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+(\d+)\s+(.*)$`)
 
 func main() {
-	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: summarize RAW-OUTPUT-FILE")
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: summarize RAW-OUTPUT-FILE [MORE-RAW-FILES...]")
 		os.Exit(2)
 	}
-	f, err := os.Open(os.Args[1])
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+	r := &run{}
+	for _, path := range os.Args[1:] {
+		f, err := os.Open(path)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		err = parse(f, r)
+		f.Close()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
 	}
-	defer f.Close()
-	r, err := parse(f)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	write(os.Stdout, os.Args[1], r)
+	write(os.Stdout, strings.Join(os.Args[1:], "` and `"), r)
 }
 
-func parse(in io.Reader) (*run, error) {
-	r := &run{}
+// parse adds what in holds to r.
+func parse(in io.Reader, r *run) error {
 	pkg := ""
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -94,7 +98,7 @@ func parse(in io.Reader) (*run, error) {
 			}
 		}
 	}
-	return r, sc.Err()
+	return sc.Err()
 }
 
 func (r *run) find(pkg, name string) *result {
@@ -167,7 +171,9 @@ func write(w io.Writer, rawPath string, r *run) {
 
 	writeTargets(w, r)
 	writeServing(w, r)
+	writeServingRedis(w, r)
 	writeHotKey(w, r)
+	writeRLQS(w, r)
 
 	p("## Headline figures\n\n")
 	p("Medians over the runs (`-count`) of each benchmark.\n\n")
@@ -422,5 +428,7 @@ func writeTargets(w io.Writer, r *run) {
 		sp = res.spread("p99-ms")
 	}
 	p("| Propagation A → B, p99 (defaults, real broker) | ≤ 300 ms | %s ms (%s) | %s |\n", num(v), sp, verdict(ok, v <= 300))
+	writeRedisTargets(w, r, verdict)
+	writeRLQSTarget(w, r, verdict)
 	p("\n")
 }

@@ -26,8 +26,10 @@ func newAggregatorCmd() *cobra.Command {
 		Short: "Count hits of all data centers into the compacted counts topic",
 		Long: `aggregator is a member of a Kafka consumer group over the local hits topic and its
 MirrorMaker-2 copies (<dc>.hits). It keeps sliding-window counts per counter key and site
-and publishes absolute counts, with heartbeats, to the compacted counts topic. Run as many
-as the hits topics have partitions; they share the work through the group.`,
+and publishes absolute counts, with heartbeats, to the compacted counts topic. Aggregators of
+one data center share the work through their group, by partition number of the hits
+topics; run two or more with stable --instance-id values (docs/operations.md). On SIGTERM it
+publishes what is due, leaves the group at once and exits.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logFormat, logLevel)
@@ -79,20 +81,21 @@ as the hits topics have partitions; they share the work through the group.`,
 	f.StringVar(&pattern, "topic-pattern", "", "regular expression of hits topics to consume (default: the hits topic and its <dc>. copies)")
 	f.StringSliceVar(&topicsList, "topics", nil, "explicit list of hits topics (overrides the pattern)")
 	f.StringVar(&cfg.CountsTopic, "counts-topic", topics.DefaultCountsTopic, "compacted counts topic")
-	f.StringVar(&cfg.Group, "group", "streamlimit-aggregator", "consumer group")
+	f.StringVar(&cfg.Group, "group", aggregator.DefaultGroup, "consumer group")
+	f.DurationVar(&cfg.SessionTimeout, "session-timeout", aggregator.DefaultSessionTimeout, "how long the group waits for a member that stopped without leaving before its slots move, and how long a restart under the same --instance-id may take without a rebalance (within the brokers' group.min/max.session.timeout.ms)")
 	f.DurationVar(&cfg.MaxLocalHold, "max-local-hold", aggregator.DefaultMaxLocalHold, "most the local hits topic's records are held back to match the replicated topics' lag (negative: never)")
 	f.StringVar(&cfg.CountsFormat, "counts-format", aggregator.CountsBinary, "how count records are written: binary, or json for readers without a decoder (kcat, ksqlDB, Kafka Connect)")
 	f.StringVar(&cfg.DeadLetterTopic, "dead-letter-topic", "", "copy skipped hit records here (default: none)")
 	f.IntVar(&cfg.SubBuckets, "sub-buckets", window.DefaultSubBuckets, "sub-window buckets per window (enforcers must use the same)")
-	f.DurationVar(&cfg.EmitInterval, "emit-interval", 100*time.Millisecond, "least time between two counts of one key")
-	f.IntVar(&cfg.MaxEmitPerSecond, "max-emit-per-second", 50000, "cap on count records per second")
-	f.DurationVar(&cfg.Lateness, "lateness", 5*time.Second, "how late a hit may arrive and still count")
-	f.DurationVar(&cfg.MaxClockSkew, "max-clock-skew", 30*time.Second, "how far in the future a hit's time may be")
-	f.IntVar(&cfg.MaxKeys, "max-keys", 1_000_000, "bound on counters held")
-	f.DurationVar(&cfg.DefaultWindow, "default-window", time.Minute, "window of JSON hits without \"w\"")
-	f.DurationVar(&cfg.MaxWindow, "max-window", time.Hour, "longest window accepted; recovery replays this much")
-	f.DurationVar(&cfg.MetadataMaxAge, "metadata-max-age", 10*time.Second, "how soon a new <dc>.hits topic matching the pattern is consumed")
-	f.StringVar(&cfg.InstanceID, "instance-id", "", "name in heartbeats (default host-pid-random)")
+	f.DurationVar(&cfg.EmitInterval, "emit-interval", aggregator.DefaultEmitInterval, "least time between two counts of one key")
+	f.IntVar(&cfg.MaxEmitPerSecond, "max-emit-per-second", aggregator.DefaultMaxEmitPerSecond, "cap on count records per second")
+	f.DurationVar(&cfg.Lateness, "lateness", aggregator.DefaultLateness, "how late a hit may arrive and still count")
+	f.DurationVar(&cfg.MaxClockSkew, "max-clock-skew", aggregator.DefaultMaxClockSkew, "how far in the future a hit's time may be")
+	f.IntVar(&cfg.MaxKeys, "max-keys", aggregator.DefaultMaxKeys, "bound on counters held")
+	f.DurationVar(&cfg.DefaultWindow, "default-window", aggregator.DefaultDefaultWindow, "window of JSON hits without \"w\"")
+	f.DurationVar(&cfg.MaxWindow, "max-window", topics.DefaultMaxWindow, "longest window accepted; recovery replays this much")
+	f.DurationVar(&cfg.MetadataMaxAge, "metadata-max-age", aggregator.DefaultMetadataMaxAge, "how soon a new <dc>.hits topic matching the pattern is consumed")
+	f.StringVar(&cfg.InstanceID, "instance-id", "", "stable, unique name of this aggregator: in heartbeats and on every record it writes to the counts topic (which enforcers started with --aggregator-instances check), and its static group membership (a restart under it within --session-timeout keeps its slots without a rebalance); default host-pid-random, dynamic membership")
 	f.StringVar(&admin, "admin-listen", "127.0.0.1:9090", "address of /metrics, /healthz and /readyz")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")

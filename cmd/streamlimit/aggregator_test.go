@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -79,8 +80,9 @@ func TestAggregatorCommandCountsJSON(t *testing.T) {
 	t.Fatalf("no count of %s in %s within 60 s; aggregator said:\n%s", h.Key, counts, errOut.String())
 }
 
-// readWithKcat runs the README's kcat command on the counts topic and checks that it
-// prints key's count as JSON.
+// readWithKcat runs the README's kcat command on the counts topic while the aggregator
+// writes to it, and checks that it exits (within a minute: without its stop offset it may
+// not for minutes) and prints key's count as JSON.
 func readWithKcat(t *testing.T, brokers, topic, key string) {
 	t.Helper()
 	readme, err := os.ReadFile("../../README.md")
@@ -99,10 +101,20 @@ func readWithKcat(t *testing.T, brokers, topic, key string) {
 	testenv.Tool(t, "kcat", "apt-get install kcat")
 	line = strings.Replace(line, "-b localhost:9092", "-b "+brokers, 1)
 	line = strings.Replace(line, "-t counts", "-t "+topic, 1)
-	out, err := exec.Command("bash", "-c", line).Output()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-c", line)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	start := time.Now()
+	out, err := cmd.Output()
+	if ctx.Err() != nil {
+		t.Fatalf("%s: still running after %v", line, time.Since(start).Round(time.Second))
+	}
 	if err != nil {
 		t.Fatalf("%s: %v", line, err)
 	}
+	t.Logf("the README's kcat command exited in %v", time.Since(start).Round(time.Millisecond))
 	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		k, v, _ := strings.Cut(l, " ")
 		if k != key {

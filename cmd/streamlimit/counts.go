@@ -43,7 +43,7 @@ func (c *countsFlags) register(cmd *cobra.Command) {
 func (c *countsFlags) registerRead(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.DurationVar(&c.timeout, "timeout", time.Minute, "give up reading the topic after this long")
-	f.IntVar(&c.maxKeys, "max-keys", 1_000_000, "fail rather than hold more than this many counters in memory")
+	f.IntVar(&c.maxKeys, "max-keys", countsview.DefaultMaxKeys, "fail rather than hold more than this many counters in memory")
 }
 
 func (c *countsFlags) clock() (clock.Clock, error) {

@@ -37,7 +37,7 @@ that the demo serves as a smoke test; it is also non-zero when the embedded pipe
 run, and 0 after an interrupt.`,
 		Example: `  streamlimit demo
   streamlimit demo --duration 1m --sites 4
-  streamlimit demo --rules   # print the rules the demo enforces`,
+  streamlimit demo --print-rules   # print the rules the demo enforces`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := cmd.OutOrStdout()
@@ -67,7 +67,7 @@ run, and 0 after an interrupt.`,
 	f.Uint64Var(&opts.Seed, "seed", 1, "seed of the light clients' jitter")
 	f.IntVar(&opts.Sites, "sites", demo.DefaultSites, fmt.Sprintf("number of sites, 1..%d (eu, us, ap, sa, af, oc)", demo.MaxSites))
 	f.BoolVar(&plain, "plain", false, "print plain status lines even on a terminal")
-	f.BoolVar(&showRules, "rules", false, "print the demo's rules file and exit")
+	f.BoolVar(&showRules, "print-rules", false, "print the demo's rules file and exit")
 	f.StringVar(&logLevel, "log-level", "error", "level of the components' logs on stderr: debug, info, warn or error")
 	f.StringVar(&logFmt, "log-format", "text", "log format: text or json")
 	return cmd

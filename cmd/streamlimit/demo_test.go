@@ -32,9 +32,9 @@ func TestDemoCommand(t *testing.T) {
 }
 
 func TestDemoRulesAndBadFlags(t *testing.T) {
-	out, err := run(t, "demo", "--rules")
+	out, err := run(t, "demo", "--print-rules")
 	if err != nil || !strings.Contains(out, "domain: demo") || !strings.Contains(out, "requests_per_unit: 50") {
-		t.Fatalf("demo --rules: %v\n%s", err, out)
+		t.Fatalf("demo --print-rules: %v\n%s", err, out)
 	}
 	if _, err := run(t, "demo", "--duration", "3s"); err == nil || !strings.Contains(err.Error(), "must exceed the limit's window") {
 		t.Fatalf("demo --duration 3s: %v", err)

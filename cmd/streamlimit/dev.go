@@ -16,6 +16,7 @@ import (
 	"github.com/streamlimit/streamlimit/aggregator"
 	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/demo"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
+	"github.com/streamlimit/streamlimit/enforcer/rlqs"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/topicadmin"
 	"github.com/streamlimit/streamlimit/topics"
@@ -32,8 +33,11 @@ type devFlags struct {
 	rulesPath           string
 	site                string
 	httpAddr, grpcAddr  string
+	rlqsAddr            string
+	rlqsInterval        time.Duration
 	httpConfig          string
 	maxMemory           byteSize
+	countsFormat        string
 	logFormat, logLevel string
 }
 
@@ -66,11 +70,13 @@ The broker listens on 127.0.0.1 only. Stop it with Ctrl-C.`,
 	f.IntVar(&df.port, "port", 9092, "port of the embedded Kafka broker on 127.0.0.1 (0: any free port)")
 	f.StringVar(&df.dataDir, "data-dir", "", "directory where the broker persists its state across restarts (default: in memory)")
 	// No backquotes in usages: pflag would take the quoted text for the value's name.
-	f.StringVar(&df.rulesPath, "rules", "", `rules file or directory for the enforcer (default: the demo's rules, as "streamlimit demo --rules" prints them)`)
+	f.StringVar(&df.rulesPath, "rules", "", `rules file or directory for the enforcer (default: the demo's rules, as "streamlimit demo --print-rules" prints them)`)
 	f.StringVar(&df.httpConfig, "http-config", "", `YAML file saying how /v1/auth requests become descriptors, as for the enforcer (default: domain demo, the client from the X-Client-Id header)`)
 	f.StringVar(&df.site, "site", "dev", "the enforcer's site")
+	f.StringVar(&df.countsFormat, "counts-format", aggregator.CountsBinary, "how the aggregator writes count records: binary, or json for readers without a decoder (kcat, ksqlDB, Kafka Connect)")
 	f.StringVar(&df.httpAddr, "http-listen", server.DefaultHTTPAddr, "address of the enforcer's check API and admin endpoints")
 	f.StringVar(&df.grpcAddr, "grpc-listen", server.DefaultGRPCAddr, `address of the enforcer's Envoy rate-limit gRPC service ("off" to disable)`)
+	registerRLQSFlags(f, &df.rlqsAddr, &df.rlqsInterval)
 	df.maxMemory = server.DefaultMaxMemory
 	f.Var(&df.maxMemory, "max-memory", "the enforcer's "+memoryUsage)
 	f.StringVar(&df.logFormat, "log-format", "text", "log format: text or json")
@@ -131,14 +137,14 @@ func (df *devFlags) run(cmd *cobra.Command) error {
 	}
 	// One registry, served on the enforcer's /metrics: the aggregator's metrics too.
 	reg := newRegistry()
-	agg, err := aggregator.New(aggregator.Config{Brokers: brokers, Logger: log, Registerer: reg})
+	agg, err := aggregator.New(aggregator.Config{Brokers: brokers, CountsFormat: df.countsFormat, Logger: log, Registerer: reg})
 	if err != nil {
 		return err
 	}
 	srv, err := server.New(server.Config{
 		Site: df.site, RulesPath: rulesPath, Brokers: brokers,
 		HTTPAddr: df.httpAddr, GRPCAddr: df.grpcAddr, HTTP: httpCfg, Logger: log, Registry: reg,
-		MaxMemory: int64(df.maxMemory),
+		MaxMemory: int64(df.maxMemory), RLQSAddr: df.rlqsAddr, RLQS: rlqs.Options{ReportingInterval: df.rlqsInterval},
 	})
 	if err != nil {
 		return err
@@ -160,7 +166,8 @@ func (df *devFlags) run(cmd *cobra.Command) error {
   topics      %s (%d partitions), %s (%d partitions, compacted): %s
   data        %s
   aggregator  group streamlimit-aggregator, counting %s into %s
-  enforcer    site %s: http %s (POST /v1/check, POST /json, /v1/auth, /metrics with the aggregator's, /readyz), grpc %s
+  enforcer    site %s: http %s (POST /v1/check, POST /json, /v1/auth, /metrics with the aggregator's, /readyz), grpc %s, rlqs %s
+  console     http://%s%s/ (live: sites, top keys, decisions per second, recent 429s, rules)
   rules       %s
 
 Publish a hit as JSON with kcat (murmur2_random places keys as the Go producer does):
@@ -172,7 +179,7 @@ Ask the enforcer:
   curl -i -H 'X-Client-Id: alice' %s/v1/auth
 `,
 		broker, tcfg.HitsTopic, tcfg.HitsPartitions, tcfg.CountsTopic, tcfg.CountsPartitions, created, data,
-		tcfg.HitsTopic, tcfg.CountsTopic, df.site, srv.HTTPAddr(), orNone(srv.GRPCAddr()), rulesPath,
+		tcfg.HitsTopic, tcfg.CountsTopic, df.site, srv.HTTPAddr(), orNone(srv.GRPCAddr()), orNone(srv.RLQSAddr()), srv.HTTPAddr(), server.ConsolePath, rulesPath,
 		key, key, broker, tcfg.HitsTopic, key, broker, srv.HTTPAddr(), srv.HTTPAddr())
 
 	g, gctx := errgroup.WithContext(ctx)

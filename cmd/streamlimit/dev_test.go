@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"sync"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/streamlimit/streamlimit/internal/testenv"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -35,16 +38,16 @@ func (s *devOutput) String() string {
 	return s.b.String()
 }
 
-// TestDevCountsAJSONHit starts `streamlimit dev` on a free port, publishes a JSON hit with
-// a plain kgo client as any service would, and reads the hit's count back from the counts
-// topic.
+// TestDevCountsAJSONHit starts `streamlimit dev --counts-format json` on a free port,
+// publishes a JSON hit with a plain kgo client as any service would, and reads the hit's
+// count back from the counts topic, as JSON, and with the README's kcat one-liner.
 func TestDevCountsAJSONHit(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var out devOutput
 	cmd := newRootCmd()
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
-	cmd.SetArgs([]string{"dev", "--port", "0", "--http-listen", "127.0.0.1:0", "--grpc-listen", "off", "--log-level", "error"})
+	cmd.SetArgs([]string{"dev", "--port", "0", "--http-listen", "127.0.0.1:0", "--grpc-listen", "off", "--log-level", "error", "--counts-format", "json"})
 	done := make(chan error, 1)
 	go func() { done <- cmd.ExecuteContext(ctx) }()
 	defer func() {
@@ -96,6 +99,9 @@ func TestDevCountsAJSONHit(t *testing.T) {
 			if string(r.Key) != key || len(r.Value) == 0 {
 				return
 			}
+			if r.Value[0] != '{' {
+				t.Errorf("count record %q is not JSON under --counts-format json", r.Value)
+			}
 			c, err := topics.DecodeCount(r.Value)
 			if err != nil {
 				t.Errorf("decode count: %v", err)
@@ -143,6 +149,25 @@ func TestDevCountsAJSONHit(t *testing.T) {
 	got, err := run(t, "counts", "get", key, "--brokers", broker)
 	if err != nil || !regexp.MustCompile(`\beu\b`).MatchString(got) {
 		t.Fatalf("counts get: %v\n%s", err, got)
+	}
+
+	// And so does the README's kcat one-liner for JSON counts, against this broker.
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := regexp.MustCompile(`(?m)^kcat -C -b localhost:9092 -t counts .*$`).Find(readme)
+	if line == nil {
+		t.Fatal("README has no kcat one-liner reading the counts topic")
+	}
+	if _, err := exec.LookPath("kcat"); err != nil {
+		testenv.Unavailable(t, "kcat is missing: apt-get install kcat")
+	}
+	kctx, kstop := context.WithTimeout(ctx, 60*time.Second)
+	defer kstop()
+	kout, err := exec.CommandContext(kctx, "bash", "-c", strings.Replace(string(line), "localhost:9092", broker, 1)).CombinedOutput()
+	if err != nil || !strings.Contains(string(kout), key+` {"key":`) || !strings.Contains(string(kout), `"total":3`) {
+		t.Fatalf("README kcat one-liner: %v\n%s", err, kout)
 	}
 }
 

@@ -13,14 +13,17 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"gopkg.in/yaml.v3"
 
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
+	"github.com/streamlimit/streamlimit/enforcer/rlqs"
 	"github.com/streamlimit/streamlimit/enforcer/rls"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
+	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
 )
@@ -56,12 +59,14 @@ published to the hits topic. It serves:
   --http-listen   POST /v1/check, /json, /v1/auth (nginx auth_request), /metrics, /healthz,
                   /readyz, and /openapi.yaml (the OpenAPI document of this API)
   --grpc-listen   envoy.service.ratelimit.v3.RateLimitService (Envoy's rate-limit filter)
+  --rlqs-addr     when given: envoy.service.rate_limit_quota.v3.RateLimitQuotaService (Envoy's
+                  rate_limit_quota filter, which decides locally on assigned quotas)
   --proxy-listen  with --upstream: a reverse proxy that answers 429 before the upstream
 
 Every listener binds loopback by default. Callers can be made to prove who they are with
 --tls-client-ca (mutual TLS) or --auth-token-file (bearer tokens); slow and idle clients are
 cut off by the timeouts, and connections and gRPC streams are bounded (--max-conns,
---grpc-max-streams).`,
+--max-conns-per-addr, --grpc-max-streams).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ef.trustedProxiesSet = cmd.Flags().Changed("trusted-proxies")
@@ -80,6 +85,9 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "enforcer site %s: http %s, grpc %s", cfg.Site, srv.HTTPAddr(), orNone(srv.GRPCAddr()))
+			if a := srv.RLQSAddr(); a != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), ", rlqs %s", a)
+			}
 			if a := srv.ProxyAddr(); a != "" {
 				fmt.Fprintf(cmd.OutOrStdout(), ", proxy %s → %s", a, cfg.Upstream)
 			}
@@ -92,15 +100,17 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	c := &ef.cfg
 	f.StringVar(&c.Site, "site", "", "this enforcer's site: the process, or the data center sharing --redis-addr (required)")
 	f.StringVar(&c.RulesPath, "rules", "", "rules file or directory (required)")
-	f.DurationVar(&c.ReloadInterval, "rules-reload-interval", time.Second, "how often the rules are checked for changes")
+	f.DurationVar(&c.ReloadInterval, "rules-reload-interval", rules.DefaultReloadInterval, "how often the rules are checked for changes")
 	f.BoolVar(&ef.noKafka, "no-kafka", false, "run without Kafka: global limits are decided on --default-share of the limit")
 	f.StringVar(&c.HitsTopic, "hits-topic", topics.DefaultHitsTopic, "topic this site's hits are published to")
 	f.StringVar(&c.CountsTopic, "counts-topic", topics.DefaultCountsTopic, "compacted counts topic to follow")
-	f.DurationVar(&c.MaxStaleness, "max-staleness", 10*time.Second, "age of the aggregator's heartbeats past which global limits use local shares")
-	f.Float64Var(&c.DefaultShare, "default-share", 0, "this site's share of a global limit for keys never seen, and the share a silent site is assumed to spend (0: 1/the number of sites heard from)")
-	f.DurationVar(&c.SiteStaleAfter, "site-stale-after", enforcer.DefaultSiteStaleAfter, "how long a remote site may go unheard before it is assumed to spend its share of every global limit")
+	f.StringSliceVar(&c.Aggregators, "aggregator-instances", nil, "instance IDs (the aggregators' --instance-id) whose records of the counts topic are believed; records of any other writer are skipped (default: every record)")
+	f.DurationVar(&c.MaxStaleness, "max-staleness", snapshot.DefaultMaxStaleness, "age of the aggregator's heartbeats past which global limits use local shares")
+	f.Float64Var(&c.DefaultShare, "default-share", 0, "this site's share of a global limit for keys new to the counts (0: 1/the number of sites that may spend them: live, or cut off from here)")
+	f.DurationVar(&c.SiteStaleAfter, "site-stale-after", enforcer.DefaultSiteStaleAfter, "how long a site may go unheard before it is taken as silent and reserved its share of the keys it served")
+	f.DurationVar(&c.CrashHold, "crash-hold", enforcer.DefaultCrashHold, "how long a site silent while the rest of its data center speaks (a crash) keeps its reservation, fading (negative: none)")
 	f.IntVar(&c.SubBuckets, "sub-buckets", window.DefaultSubBuckets, "sub-window buckets per window (must equal the aggregator's)")
-	f.IntVar(&c.MaxKeys, "max-keys", 1<<20, "bound on keys held per structure (local counters, site counts, snapshot, key cache); idle keys go first")
+	f.IntVar(&c.MaxKeys, "max-keys", enforcer.DefaultMaxKeys, "bound on keys held per structure (local counters, site counts, snapshot, key cache); idle keys go first")
 	ef.maxMemory = server.DefaultMaxMemory
 	f.Var(&ef.maxMemory, "max-memory", memoryUsage)
 	f.StringSliceVar(&c.RedisAddrs, "redis-addr", nil, "the site's Redis (several: Cluster); default none: site counts in process")
@@ -113,6 +123,7 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	f.StringVar(&c.RedisKeyPrefix, "redis-key-prefix", sitestore.DefaultKeyPrefix, "start of every Redis key of this site's counters (no '{' or '}')")
 	f.StringVar(&c.HTTPAddr, "http-listen", server.DefaultHTTPAddr, "address of the check API, auth endpoint and admin endpoints")
 	f.StringVar(&c.GRPCAddr, "grpc-listen", server.DefaultGRPCAddr, `address of the Envoy rate-limit gRPC service ("off" to disable)`)
+	registerRLQSFlags(f, &c.RLQSAddr, &c.RLQS.ReportingInterval)
 	f.StringVar(&ef.limitOverrides, "limit-overrides", rls.HonourOverrides.String(),
 		"what the gRPC service and /json do with a descriptor's own limit (Envoy's override): honour (a caller can raise its own quota) or ignore (the rules decide)")
 	f.StringVar(&ef.compat, "compat", rules.DefaultCompat.String(),
@@ -138,7 +149,7 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	// setup) is believed and nobody else is.
 	f.StringSliceVar(&ef.trustedProxies, "trusted-proxies", []string{"127.0.0.0/8", "::1/128"},
 		"proxies (CIDRs) whose X-Forwarded-For, and X-Real-IP at /v1/auth, name the client, when --http-config is not given (there: trusted_proxies)")
-	f.IntVar(&c.Auth.DeniedStatus, "auth-denied-status", 429, "status of a denied /v1/auth request (403 for nginx auth_request)")
+	f.IntVar(&c.Auth.DeniedStatus, "auth-denied-status", httplimit.DefaultDeniedStatus, "status of a denied /v1/auth request (403 for nginx auth_request)")
 	l := &c.Limits
 	f.DurationVar(&l.ReadHeaderTimeout, "read-header-timeout", server.DefaultReadHeaderTimeout, "bound on reading a request's headers (every HTTP listener)")
 	f.DurationVar(&l.ReadTimeout, "read-timeout", server.DefaultReadTimeout, "bound on reading a whole request, body included (HTTP API)")
@@ -148,15 +159,17 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	f.IntVar(&l.MaxHeaderBytes, "max-header-bytes", server.DefaultMaxHeaderBytes, "bound on a request's header block (431 beyond)")
 	f.Int64Var(&l.MaxBodyBytes, "max-body-bytes", httplimit.DefaultMaxBodyBytes, "bound on a check request's body (413 beyond) and a gRPC message")
 	f.IntVar(&l.MaxConns, "max-conns", server.DefaultMaxConns, "connections each listener holds at once; more wait to be accepted (-1: no bound)")
+	f.IntVar(&l.MaxConnsPerAddr, "max-conns-per-addr", server.DefaultMaxConnsPerAddr, "connections each listener holds from one client address (IPv6: one /64); more are closed when accepted (-1: no bound)")
 	f.IntVar(&l.GRPCMaxStreams, "grpc-max-streams", server.DefaultGRPCMaxStreams, "concurrent calls per gRPC connection")
+	f.DurationVar(&l.GRPCHandshakeTimeout, "grpc-handshake-timeout", server.DefaultGRPCHandshakeTimeout, "bound on a new gRPC connection's handshake (TLS and HTTP/2 preface)")
 	f.DurationVar(&l.GRPCKeepaliveMinTime, "grpc-keepalive-min-time", server.DefaultGRPCKeepaliveMinTime, "shortest keepalive ping interval a gRPC client may use before it is disconnected")
 	f.DurationVar(&l.GRPCMaxConnIdle, "grpc-max-conn-idle", server.DefaultGRPCMaxConnIdle, "close gRPC connections without calls for this long")
 	f.StringVar(&c.TLS.CertFile, "tls-cert", "", "PEM certificate of the HTTP API and gRPC (with --tls-key: serve TLS; reloaded when the file changes)")
 	f.StringVar(&c.TLS.KeyFile, "tls-key", "", "PEM key of --tls-cert")
 	f.StringVar(&c.TLS.ClientCAFile, "tls-client-ca", "", "PEM CAs whose client certificates the HTTP API and gRPC require (mutual TLS)")
-	f.StringVar(&ef.authTokenFile, "auth-token-file", "", "file of bearer tokens, one per line, that callers of the HTTP API and gRPC must present (/healthz, /readyz and gRPC health stay open)")
+	f.StringVar(&ef.authTokenFile, "auth-token-file", "", "file of bearer tokens, one per line, that callers of the HTTP API and gRPC must present (/healthz, /readyz and gRPC health stay open; the console at /ui/ also takes one as a basic-authentication password)")
 	f.DurationVar(&c.AuthMaxDelay, "auth-max-delay", 0, "hold a /v1/auth request that its limits will admit within this long until they do (nginx's proxy_read_timeout must be longer)")
-	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on draining requests and flushing hits at shutdown")
+	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "bound on draining requests and flushing hits at shutdown")
 	f.StringVar(&ef.logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&ef.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	// envoyproxy/ratelimit's names of the settings that mean the same thing, so that its
@@ -246,6 +259,14 @@ func tuneGC(ctx context.Context) {
 			}
 		}
 	}()
+}
+
+// registerRLQSFlags adds the flags of the Rate Limit Quota Service, shared by enforcer and
+// dev.
+func registerRLQSFlags(f *pflag.FlagSet, addr *string, interval *time.Duration) {
+	f.StringVar(addr, "rlqs-addr", "", "address of Envoy's Rate Limit Quota Service (rate_limit_quota filter); default none: not served")
+	f.DurationVar(interval, "rlqs-reporting-interval", rlqs.DefaultReportingInterval,
+		"how often the RLQS clients report each bucket, until measured: Envoy's reporting interval")
 }
 
 func orNone(s string) string {

@@ -229,6 +229,7 @@ func registerTuning(fs *pflag.FlagSet, t *sim.Tuning) {
 	fs.DurationVar(&t.SiteStaleAfter, "site-stale-after", 0, "enforcer SiteStaleAfter (0: the enforcer's default)")
 	fs.Float64Var(&t.ShareDamping, "share-damping", 0, "enforcer ShareDamping (0: the enforcer's default, negative: off)")
 	fs.Float64Var(&t.DemandPrior, "demand-prior", 0, "enforcer DemandPrior (0: the enforcer's default, negative: off)")
+	fs.DurationVar(&t.CrashHold, "crash-hold", 0, "enforcer CrashHold (0: the enforcer's default, negative: none)")
 }
 
 func newSimDCCmd() *cobra.Command {
@@ -283,6 +284,7 @@ its first admission there. Each target is then reported as met or MISSED.`,
 	fs.DurationVar(&base.WAN, "wan", 0, "one-way latency between data centers (0: 150ms, about 200 ms of pipeline lag)")
 	fs.DurationVar(&base.Jitter, "jitter", 0, "link jitter, ± (0: 20ms; 100ms for jitter)")
 	fs.IntVar(&base.Clients, "clients", 0, "clients (0: the scenario's default)")
+	fs.IntVar(&base.Procs, "procs", 0, "enforcer processes per data center, each a site of its own (0: 1, or 6 for the churn scenarios)")
 	fs.IntVar(&base.Windows, "windows", 0, "measured windows after one warm-up window (0: the scenario's default)")
 	fs.Int64Var(&base.Limit, "limit", 100, "every client's global limit, requests per window")
 	fs.DurationVar(&base.Window, "window", 10*time.Second, "the rule's sliding window")

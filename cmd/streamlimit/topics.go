@@ -8,7 +8,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -27,6 +26,24 @@ func (t *topicFlags) register(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.StringVar(&t.cfg.HitsTopic, "hits-topic", topics.DefaultHitsTopic, "local hits topic")
 	f.StringVar(&t.cfg.CountsTopic, "counts-topic", topics.DefaultCountsTopic, "compacted counts topic")
+}
+
+// registerLayout registers the flags of the topics' layout, with topics.Config's defaults:
+// what ensure creates, or, for describe (expected), what it expects. --partitions is the
+// former name of --hits-partitions, kept hidden for old scripts.
+func (t *topicFlags) registerLayout(cmd *cobra.Command, expected bool) {
+	what, rf := "", "replication factor (-1: the broker's default)"
+	if expected {
+		what, rf = "expected ", "expected replication factor (-1: the broker's default, not checked)"
+	}
+	f := cmd.Flags()
+	f.Int32Var(&t.cfg.HitsPartitions, "hits-partitions", topics.DefaultPartitions, what+"partitions of the hits topics (every data center's hits topic must have the same count)")
+	f.Int32Var(&t.cfg.HitsPartitions, "partitions", topics.DefaultPartitions, "former name of --hits-partitions")
+	_ = f.MarkHidden("partitions")
+	f.Int32Var(&t.cfg.CountsPartitions, "counts-partitions", topics.DefaultPartitions, what+"partitions of the counts topic")
+	f.Int16Var(&t.cfg.ReplicationFactor, "replication-factor", topics.DefaultReplicationFactor, rf)
+	f.DurationVar(&t.cfg.HitsRetention, "hits-retention", topics.DefaultHitsRetention, what+"retention of the hits topics (at least twice --max-window)")
+	f.DurationVar(&t.cfg.MaxWindow, "max-window", topics.DefaultMaxWindow, "longest window any rule uses")
 }
 
 func newTopicsCmd() *cobra.Command {
@@ -74,12 +91,7 @@ that the next command of a script can use them.`,
 	kf.register(cmd)
 	tf.register(cmd)
 	addConfigFlag(cmd)
-	f := cmd.Flags()
-	f.Int32Var(&tf.cfg.HitsPartitions, "partitions", 12, "partitions of the hits topic (all data centers' hits topics must have the same count)")
-	f.Int32Var(&tf.cfg.CountsPartitions, "counts-partitions", 12, "partitions of the counts topic")
-	f.Int16Var(&tf.cfg.ReplicationFactor, "replication-factor", -1, "replication factor of created topics (-1: the broker's default)")
-	f.DurationVar(&tf.cfg.HitsRetention, "hits-retention", 24*time.Hour, "retention of the hits topic (at least twice --max-window)")
-	f.DurationVar(&tf.cfg.MaxWindow, "max-window", time.Hour, "longest window any rule uses")
+	tf.registerLayout(cmd, false)
 	return cmd
 }
 
@@ -126,11 +138,7 @@ mismatch is reported, not fixed (the exit status stays 0: use ensure to fail on 
 	addConfigFlag(cmd)
 	f := cmd.Flags()
 	f.BoolVar(&asJSON, "json", false, "print JSON instead of a table")
-	f.Int32Var(&tf.cfg.HitsPartitions, "partitions", 12, "expected partitions of the hits topics")
-	f.Int32Var(&tf.cfg.CountsPartitions, "counts-partitions", 12, "expected partitions of the counts topic")
-	f.Int16Var(&tf.cfg.ReplicationFactor, "replication-factor", -1, "expected replication factor (-1: the broker's default, not checked)")
-	f.DurationVar(&tf.cfg.HitsRetention, "hits-retention", 24*time.Hour, "expected retention of the hits topics")
-	f.DurationVar(&tf.cfg.MaxWindow, "max-window", time.Hour, "longest window any rule uses")
+	tf.registerLayout(cmd, true)
 	return cmd
 }
 

@@ -6,6 +6,8 @@
 #   kafka.sh stop [--keep-data] stop; without --keep-data the data dir goes too
 #   kafka.sh status             print the address if running, else exit 1
 #   kafka.sh log                print the path of the broker log
+#   kafka.sh acls ARGS...       Kafka's kafka-acls.sh (kafka.admin.AclCommand)
+#                               with ARGS, from the same jars
 #
 # A `start` after `stop --keep-data` reuses the same ports, cluster id and
 # data, so tests can stop and restart the broker as a fault.
@@ -21,6 +23,8 @@
 #   STREAMLIMIT_KAFKA_INSTANCE instance name (default kafka): several
 #                              independent clusters (one per data center)
 #                              live side by side under one run root
+#   STREAMLIMIT_KAFKA_PORT     the PLAINTEXT port to listen on (default: a
+#                              free one; the controller's is always free)
 #   STREAMLIMIT_KAFKA_WAN_PORT and STREAMLIMIT_KAFKA_WAN_ADVERTISE
 #                              a second listener, WAN, on 127.0.0.1:PORT that
 #                              advertises ADVERTISE (host:port): clients in
@@ -183,6 +187,11 @@ cmd_start() {
   else
     rm -rf "$DATA"
     read -r port cport < <(free_ports 2 | paste -sd' ')
+    if [[ -n ${STREAMLIMIT_KAFKA_PORT:-} ]]; then
+      port=$STREAMLIMIT_KAFKA_PORT
+      port_free "$port" || die "STREAMLIMIT_KAFKA_PORT $port is taken"
+      [[ $cport != "$port" ]] || cport=$(free_ports 1)
+    fi
     printf '%s %s\n' "$port" "$cport" >"$PORTFILE"
     # What `kafka-storage random-uuid` prints (base64url of 16 random bytes,
     # never starting with "-"), made without starting a JVM for it.
@@ -263,8 +272,13 @@ start) cmd_start ;;
 stop) shift; cmd_stop "$@" ;;
 status) cmd_status ;;
 log) printf '%s\n' "$LOGFILE" ;;
+acls)
+  shift
+  ensure_jars
+  exec java -Dlog4j.configuration=file:/dev/null -cp "$LIBS/*" kafka.admin.AclCommand "$@"
+  ;;
 *)
-  printf 'usage: %s start | stop [--keep-data] | status | log\n' "$0" >&2
+  printf 'usage: %s start | stop [--keep-data] | status | log | acls ARGS...\n' "$0" >&2
   exit 2
   ;;
 esac

@@ -12,6 +12,7 @@
 # Environment:
 #   STREAMLIMIT_RUN_DIR  run root (default $STREAMLIMIT_SERVICES_DIR, else
 #                        /tmp/streamlimit-services)
+#   STREAMLIMIT_REDIS_PORT the port to listen on (default: a free one)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -41,7 +42,8 @@ cmd_start() {
   need_cmd redis-cli redis-tools
 
   local port i
-  port=$(free_ports 1)
+  port=${STREAMLIMIT_REDIS_PORT:-$(free_ports 1)}
+  port_free "$port" || die "port $port is taken"
   printf '%s\n' "$port" >"$PORTFILE"
   : >"$LOGFILE"
   redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,7 +16,7 @@ import (
 )
 
 // base is 1:00:00 on a day, aligned to the minute (and hour) since the Unix epoch, so that
-// the seeds' wall-clock examples map onto aligned windows.
+// the textbook wall-clock examples map onto aligned windows.
 var base = time.Date(2026, 11, 21, 1, 0, 0, 0, time.UTC)
 
 func at(h, m, s int) time.Time { return time.Date(2026, 11, 21, h, m, s, 0, time.UTC) }
@@ -56,7 +58,7 @@ func TestSoftPercentRounding(t *testing.T) {
 
 // The textbook sliding window log: 2 per minute; requests at 1:00:01, 1:00:30, 1:00:50,
 // 1:01:40: allowed, allowed, rejected, allowed.
-func TestSeedSlidingLog(t *testing.T) {
+func TestTextbookSlidingLog(t *testing.T) {
 	s := New(Options{})
 	l := Limit{Requests: 2, Window: time.Minute}
 	op := Op{Key: "user", Algorithm: SlidingLog, Limit: l, N: 1}
@@ -80,7 +82,7 @@ func TestSeedSlidingLog(t *testing.T) {
 // The textbook sliding window counter: 7 per minute, 5 in the previous minute, 3 in this one;
 // at 30% into this minute the estimate is 3 + 5×0.7 = 6.5, rounded down to 6: the request
 // is admitted, and the one after it reaches the limit.
-func TestSeedSlidingWindowCounter(t *testing.T) {
+func TestTextbookSlidingWindowCounter(t *testing.T) {
 	s := New(Options{})
 	op := Op{Key: "k", Algorithm: SlidingWindow, Limit: Limit{Requests: 7, Window: time.Minute}, N: 1}
 	for i := 0; i < 5; i++ {
@@ -116,7 +118,7 @@ func TestSeedSlidingWindowCounter(t *testing.T) {
 
 // The textbook fixed window: 5 per minute resetting on the minute lets 10 through
 // between 2:00:30 and 2:01:30.
-func TestSeedFixedWindowBoundaryBurst(t *testing.T) {
+func TestTextbookFixedWindowBoundaryBurst(t *testing.T) {
 	s := New(Options{})
 	op := Op{Key: "k", Algorithm: FixedWindow, Limit: Limit{Requests: 5, Window: time.Minute}, N: 1}
 	admitted := 0
@@ -160,7 +162,7 @@ func TestSeedFixedWindowBoundaryBurst(t *testing.T) {
 
 // The textbook token bucket: capacity 4, 2 tokens a second. A burst of 4 passes, the
 // 5th waits exactly 500ms, then the rate is 2/s.
-func TestSeedTokenBucket(t *testing.T) {
+func TestTextbookTokenBucket(t *testing.T) {
 	for _, alg := range []Algorithm{TokenBucket, LeakyBucket, GCRA} {
 		t.Run(alg.String(), func(t *testing.T) {
 			s := New(Options{})
@@ -197,7 +199,7 @@ func TestSeedTokenBucket(t *testing.T) {
 
 // 60 per 60s. A token bucket hands out 60 at once; a leaky bucket used as a
 // shaper lets the same 60 out one per second over a minute.
-func TestSeedLeakyBucketShaping(t *testing.T) {
+func TestTextbookLeakyBucketShaping(t *testing.T) {
 	l := Limit{Requests: 60, Window: time.Minute}
 	s := New(Options{})
 	tb := Op{Key: "tb", Algorithm: TokenBucket, Limit: l, N: 1}
@@ -611,5 +613,59 @@ func TestRegistrationTable(t *testing.T) {
 	}
 	if len(Names()) != len(all) || len(Algorithms()) != int(numAlgorithms) {
 		t.Errorf("Names() lists %d, the tests %d; Algorithms() %d of %d", len(Names()), len(all), len(Algorithms()), numAlgorithms)
+	}
+}
+
+// TestLateRequestsKeepTheWindow: a request stamped before the window that concurrent
+// callers already started (it waited longer on its way, or its caller's Redis call timed
+// out before it was decided in process) counts in that newer window and never starts the
+// older one over; otherwise each late request would forget the newer window's count, and
+// a limit of 3 let 9 through in the same sequence. The site store's scripts decide such
+// requests alike (sitestore's test of the same name).
+func TestLateRequestsKeepTheWindow(t *testing.T) {
+	start := time.Unix(1_700_000_000, 0) // a window boundary for 1 s windows
+	for _, alg := range []Algorithm{FixedWindow, SlidingWindow} {
+		s := New(Options{})
+		op := Op{Key: "late", Algorithm: alg, Limit: Limit{Requests: 3, Window: time.Second}, N: 1}
+		admitted := 0
+		for _, at := range []time.Duration{1200, 1200, 1200, 990, 1300, 995, 1400, 999, 1500} {
+			if d := s.Allow(start.Add(at*time.Millisecond), op); d.Allowed {
+				admitted++
+			}
+		}
+		if admitted != 3 {
+			t.Fatalf("%v: %d admitted in one window of a limit of 3 (late requests reset the window)", alg, admitted)
+		}
+		// The late request's answer is relative to its own instant: it may retry once the
+		// newer window's count allows, not earlier.
+		d := s.Allow(start.Add(990*time.Millisecond), op)
+		if d.Allowed || d.RetryAfter < 1010*time.Millisecond {
+			t.Fatalf("%v: late request at 0.99 s: %+v; want refused until the newer window has room (≥ 1.01 s)", alg, d)
+		}
+	}
+}
+
+// TestSlidingWindowFreshKey checks what the README says the sliding window admits on a
+// fresh key: the whole limit at once, then, in the first window from the first hit (made
+// at φ = 0.96 into its aligned window), up to (1 + φ) × the limit: 98 of 50 per second.
+func TestSlidingWindowFreshKey(t *testing.T) {
+	start := time.Unix(1_700_000_000, 960_000_000) // φ = 0.96
+	s := New(Options{})
+	op := Op{Key: "fresh", Algorithm: SlidingWindow, Limit: Limit{Requests: 50, Window: time.Second}, N: 1}
+	admitted := 0
+	for now := start; now.Before(start.Add(time.Second)); now = now.Add(100 * time.Microsecond) {
+		if s.Allow(now, op).Allowed {
+			admitted++
+		}
+	}
+	if admitted != 98 {
+		t.Fatalf("a fresh key's first second from φ = 0.96 admitted %d of 50/s, want 98 (50 + 50 − ⌊50 × 0.04⌋)", admitted)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "98 of 50 per second at φ = 0.96") {
+		t.Fatal("README.md no longer states what a fresh key's first window admits (98 of 50 per second at φ = 0.96)")
 	}
 }

@@ -15,7 +15,21 @@ type entry struct {
 	// expires is the instant from which the entry is indistinguishable from a new one, so
 	// removing it then changes no decision.
 	expires int64
-	busy    bool // held by an AllowAll in progress; never evicted then
+	// fill is the share of its limit the counter had used after its last decision (1 at
+	// the limit or denied), what a full store keeps counters by. It only overstates what
+	// is used now, as the counter drains: a counter is kept longer, never evicted early.
+	fill float32
+	busy bool // held by an AllowAll in progress; never evicted then
+}
+
+// note records in e the share of its limit used after decision d.
+func (e *entry) note(d Decision) {
+	switch {
+	case !d.Allowed || d.Limit <= 0 || d.Remaining <= 0:
+		e.fill = 1
+	default:
+		e.fill = float32(1 - float64(d.Remaining)/float64(d.Limit))
+	}
 }
 
 // adopt makes e fit op: a new key, or a key reused with another algorithm or window
@@ -30,8 +44,8 @@ func (e *entry) adopt(op *Op) {
 		return
 	}
 	log := e.log[:0]
-	busy := e.busy
-	*e = entry{alg: op.Algorithm, window: w, busy: busy}
+	busy, fill := e.busy, e.fill
+	*e = entry{alg: op.Algorithm, window: w, busy: busy, fill: fill}
 	e.log, e.den = log, op.Limit.Allowance()
 }
 

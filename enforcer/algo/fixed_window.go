@@ -138,8 +138,15 @@ func fixedDecision(now, end, cur int64, l Limit, n int64, take bool) Decision {
 func (e *entry) fixed(now int64, l Limit, cal Calendar, n int64, commit bool) Decision {
 	ws, end := FixedBounds(now, l.Window, cal)
 	cur := int64(0)
-	if e.start == ws {
+	switch {
+	case e.start == ws:
 		cur = e.cur
+	case e.start > ws && e.cur > 0:
+		// A request stamped before the window a concurrent caller already started (it
+		// waited longer on its way here): it counts in that newer window, and never
+		// starts the older one over, which would forget the newer one's count.
+		ws, cur = e.start, e.cur
+		_, end = FixedBounds(ws, l.Window, cal)
 	}
 	d := fixedDecision(now, end, cur, l, n, commit)
 	if d.Allowed && commit && n > 0 {

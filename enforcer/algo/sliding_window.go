@@ -77,11 +77,27 @@ func (e *entry) sliding(now int64, l Limit, n int64, commit bool) Decision {
 	w := int64(l.Window)
 	ws := windowStart(now, l.Window)
 	cur, prev := int64(0), int64(0)
-	switch e.start {
-	case ws:
+	switch {
+	case e.start == ws:
 		cur, prev = e.cur, e.prev
-	case ws - w:
+	case e.start == ws-w:
 		prev = e.cur
+	case e.start > ws && e.cur+e.prev > 0:
+		// A request stamped before the window a concurrent caller already started (it
+		// waited longer on its way here): it counts in that newer window with the previous
+		// one weighed whole (the strictest estimate), and never starts an older window
+		// over, which would forget the newer one's count.
+		d := slidingDecision(e.start, e.start, e.cur, e.prev, l, n, commit)
+		if late := time.Duration(e.start - now); d.ResetAfter > 0 || d.RetryAfter > 0 {
+			d.ResetAfter += late
+			if d.RetryAfter > 0 && d.RetryAfter != Never {
+				d.RetryAfter += late
+			}
+		}
+		if d.Allowed && commit && n > 0 {
+			e.cur += n
+		}
+		return d
 	}
 	d := slidingDecision(now, ws, cur, prev, l, n, commit)
 	if d.Allowed && commit && n > 0 {

@@ -15,7 +15,10 @@ import (
 const (
 	numShards = 64 // a power of two ≤ 64, so that AllowAll can hold a set of shards in one uint64
 	// evictSample is how many entries a full shard looks at to pick a live victim.
-	evictSample = 8
+	evictSample = 16
+	// NearLimit is the share of its limit a counter must have used to be kept when its
+	// shard is full: a new key is refused rather than such a counter evicted (see Options).
+	NearLimit = 0.9
 	// sweepEvery bounds how often a full shard scans itself for idle entries on insert,
 	// so that a flood of new keys costs O(1) per key, not O(shard).
 	sweepEvery = int64(time.Second)
@@ -23,13 +26,19 @@ const (
 	stackOps = 8
 )
 
+// DefaultMaxKeys is Options.MaxKeys when zero.
+const DefaultMaxKeys = 1 << 20
+
 // Options configures a Store.
 type Options struct {
 	// MaxKeys bounds the number of counters held. When a shard of the store is full, idle
-	// counters (see Store) are removed first; if none is idle, the counter closest to going
-	// idle among a small sample is evicted and counted in Stats.EvictedLive (that key's
-	// count is forgotten: the bound on memory wins over exactness for that key).
-	// Default (0): 1<<20.
+	// counters (see Store) are removed first; if none is idle, the counter that has used the
+	// smallest share of its limit among a small sample (the one closest to going idle among
+	// equals) is evicted and counted in Stats.EvictedLive: its client gets back at most that
+	// share. When every counter of the sample has used NearLimit of its limit or more, none
+	// is evicted: the new key is refused (Stats.Refused) and its request decided as a new
+	// counter's would be, taking nothing, so that the bound on memory never frees a client
+	// at its limit. Default (0): DefaultMaxKeys.
 	MaxKeys int
 	// MaxBytes bounds the bytes the counters keep alive, by an estimate per counter (its
 	// entry, key, map slot and sliding log), with the same eviction as MaxKeys; both
@@ -46,6 +55,9 @@ type Stats struct {
 	// EvictedLive counts counters removed while still holding state, because the store was
 	// full.
 	EvictedLive uint64
+	// Refused counts new keys not given a counter because the store was full of counters
+	// at or near their limits (Options.MaxKeys): their requests were decided uncounted.
+	Refused uint64
 	// Bytes is what the counters keep alive now, by the estimate MaxBytes bounds.
 	Bytes int64
 }
@@ -74,6 +86,7 @@ type Store struct {
 
 	evictedIdle atomic.Uint64
 	evictedLive atomic.Uint64
+	refused     atomic.Uint64
 }
 
 type shard struct {
@@ -91,7 +104,7 @@ type shard struct {
 // New returns an empty Store.
 func New(opts Options) *Store {
 	if opts.MaxKeys <= 0 {
-		opts.MaxKeys = 1 << 20
+		opts.MaxKeys = DefaultMaxKeys
 	}
 	s := &Store{seed: maphash.MakeSeed(), maxPerShard: (opts.MaxKeys + numShards - 1) / numShards}
 	if opts.MaxBytes > 0 {
@@ -107,8 +120,8 @@ func (s *Store) shardOf(key string) int {
 	return int(maphash.String(s.seed, key) & (numShards - 1))
 }
 
-// get returns the entry of key, creating it if create is set, or nil. The shard must be
-// locked.
+// get returns the entry of key, creating it if create is set, or nil: nil also when the
+// shard is full of counters at or near their limits (makeRoom). The shard must be locked.
 func (s *Store) get(sh *shard, key string, now int64, create bool) *entry {
 	if e, ok := sh.m[key]; ok {
 		return e
@@ -117,7 +130,10 @@ func (s *Store) get(sh *shard, key string, now int64, create bool) *entry {
 		return nil
 	}
 	e := &entry{}
-	s.makeRoom(sh, now, 1, entryBytes(key, e))
+	if !s.makeRoom(sh, now, 1, entryBytes(key, e)) {
+		s.refused.Add(1)
+		return nil
+	}
 	sh.m[key] = e
 	sh.bytes += entryBytes(key, e)
 	return e
@@ -142,17 +158,20 @@ func (s *Store) over(sh *shard, n int, cost int64) bool {
 	return len(sh.m)+n > s.maxPerShard || (s.maxBytes > 0 && sh.bytes+cost > s.maxBytes)
 }
 
-// makeRoom removes entries from sh until n more counters of cost bytes fit in its bounds:
-// its idle entries (by a scan at most once per sweepEvery), then the sampled entry that
-// goes idle first, until they fit. Busy entries stay.
-func (s *Store) makeRoom(sh *shard, now int64, n int, cost int64) {
+// makeRoom removes entries from sh until n more counters of cost bytes fit in its bounds,
+// and reports whether they fit: its idle entries (by a scan at most once per sweepEvery),
+// then, of a sample, an idle entry, else the one that has used the smallest share of its
+// limit (the one that goes idle first among equals). It stops, reporting false, when every
+// sampled entry has used NearLimit of its limit or more: those are the clients the limits
+// hold back, and evicting one would let it start over. Busy entries stay.
+func (s *Store) makeRoom(sh *shard, now int64, n int, cost int64) bool {
 	if !s.over(sh, n, cost) {
-		return
+		return true
 	}
 	if now >= sh.nextSweep {
 		sh.nextSweep = now + sweepEvery
 		if s.sweepShard(sh, now) > 0 && !s.over(sh, n, cost) {
-			return
+			return true
 		}
 	}
 	for s.over(sh, n, cost) {
@@ -163,15 +182,19 @@ func (s *Store) makeRoom(sh *shard, now int64, n int, cost int64) {
 			if e.busy {
 				continue
 			}
-			if victimE == nil || e.expires < victimE.expires {
+			if e.expires <= now {
+				victim, victimE = k, e
+				break
+			}
+			if victimE == nil || e.fill < victimE.fill || e.fill == victimE.fill && e.expires < victimE.expires {
 				victim, victimE = k, e
 			}
 			if seen++; seen >= evictSample {
 				break
 			}
 		}
-		if victimE == nil {
-			return
+		if victimE == nil || victimE.expires > now && victimE.fill >= NearLimit {
+			return false
 		}
 		s.drop(sh, victim, victimE)
 		if victimE.expires <= now {
@@ -180,6 +203,7 @@ func (s *Store) makeRoom(sh *shard, now int64, n int, cost int64) {
 			s.evictedLive.Add(1)
 		}
 	}
+	return true
 }
 
 // drop removes key's entry e from sh.
@@ -254,7 +278,7 @@ func (s *Store) Bytes() int64 {
 
 // Stats returns the store's counters.
 func (s *Store) Stats() Stats {
-	return Stats{Keys: s.Len(), EvictedIdle: s.evictedIdle.Load(), EvictedLive: s.evictedLive.Load(), Bytes: s.Bytes()}
+	return Stats{Keys: s.Len(), EvictedIdle: s.evictedIdle.Load(), EvictedLive: s.evictedLive.Load(), Refused: s.refused.Load(), Bytes: s.Bytes()}
 }
 
 // Allow decides op at now and, if it fits, takes op.N from its counter.
@@ -268,9 +292,13 @@ func (s *Store) Allow(now time.Time, op Op) Decision {
 		return sh.peek(e, t, &op)
 	}
 	e := s.get(sh, op.Key, t, true)
+	if e == nil {
+		return sh.peek(nil, t, &op) // refused: decided as a new counter, uncounted
+	}
 	logCap := cap(e.log)
 	e.adopt(&op)
 	d := e.decide(t, &op, true)
+	e.note(d)
 	s.grew(sh, op.Key, e, logCap, t)
 	return d
 }
@@ -357,6 +385,15 @@ func (s *Store) AllowAll(now time.Time, ops []Op, out []Decision) bool {
 			continue
 		}
 		e := s.get(sh, op.Key, t, true)
+		if e == nil {
+			// Refused (a full store): decided as a new counter, uncounted.
+			out[i] = sh.peek(nil, t, op)
+			if !out[i].Allowed {
+				all = false
+			}
+			undo = append(undo, entry{})
+			continue
+		}
 		e.busy = true
 		es[i] = e
 		logCap := cap(e.log)
@@ -388,9 +425,10 @@ func (s *Store) AllowAll(now time.Time, ops []Op, out []Decision) bool {
 			}
 		}
 	}
-	for _, e := range es {
+	for i, e := range es {
 		if e != nil {
 			e.busy = false
+			e.note(out[i])
 		}
 	}
 	return all
@@ -417,9 +455,13 @@ func (s *Store) Reserve(now time.Time, op Op, maxDelay time.Duration) (time.Dura
 		return 0, sh.peek(s.get(sh, op.Key, t, false), t, &op)
 	}
 	e := s.get(sh, op.Key, t, true)
+	if e == nil {
+		return 0, sh.peek(nil, t, &op) // refused: decided as a new counter, uncounted
+	}
 	logCap := cap(e.log)
 	e.adopt(&op)
 	d, delay := e.bucket(t, op.Limit, op.N, true, maxDelay)
+	e.note(d)
 	s.grew(sh, op.Key, e, logCap, t)
 	if !d.Allowed {
 		delay = 0

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer"
-	"github.com/streamlimit/streamlimit/enforcer/headers/sftest"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/internal/sftest"
 )
 
 const testRules = `

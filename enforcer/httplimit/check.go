@@ -23,8 +23,8 @@ import (
 const (
 	// DefaultMaxBodyBytes is CheckOptions.MaxBodyBytes's default.
 	DefaultMaxBodyBytes = 64 << 10
-	// MaxHits is the largest hits_addend, Envoy's uint32 maximum.
-	MaxHits = math.MaxUint32
+	// MaxHits is the largest hits_addend, Envoy's uint32 maximum, as on every front door.
+	MaxHits = rules.MaxHits
 )
 
 // CheckOptions configure the check API handler.
@@ -156,10 +156,16 @@ func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 			writeProblem(w, http.StatusMethodNotAllowed, opts.ProblemType, "use POST")
 			return
 		}
+		if r.ContentLength > opts.MaxBodyBytes {
+			// Declared too large: answered before reading any of it.
+			w.Header().Set("Connection", "close")
+			writeProblem(w, http.StatusRequestEntityTooLarge, opts.ProblemType, fmt.Sprintf("the body is larger than %d bytes", opts.MaxBodyBytes))
+			return
+		}
 		s := pool.Get().(*checkState)
 		defer pool.Put(s)
 		var maxDelay time.Duration
-		req, err := s.decode(http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes), &maxDelay)
+		req, err := s.decode(http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes), &maxDelay, &s.costs)
 		if err != nil {
 			status := http.StatusBadRequest
 			var mbe *http.MaxBytesError
@@ -170,7 +176,12 @@ func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 			return
 		}
 		res := &s.res
-		waited := decideCheck(r.Context(), dec, req, maxDelay, res)
+		var waited time.Duration
+		if len(s.costs) > 0 {
+			waited = s.decideGroups(r.Context(), dec, req, maxDelay)
+		} else {
+			waited = decideCheck(r.Context(), dec, req, maxDelay, res)
+		}
 		n := s.vals.Render(res)
 		s.out = appendCheckResponse(s.out[:0], res, &s.vals, waited.Milliseconds())
 		// One string holds every header value, the Content-Length's among them, and one
@@ -204,19 +215,35 @@ func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 // errors are then those of encoding/json reading the body as it came. The request's
 // strings share one string of the body, and its descriptors s's memory, valid until s
 // is reused.
-func (s *checkState) decode(body io.Reader, maxDelay *time.Duration) (enforcer.Request, error) {
+func (s *checkState) decode(body io.Reader, maxDelay *time.Duration, costs *[]int64) (enforcer.Request, error) {
 	buf := bytes.NewBuffer(s.body[:0])
 	_, rerr := buf.ReadFrom(body)
 	s.body = buf.Bytes()
 	if rerr != nil {
 		// What was read, then the error, as decodeCheck would have met them.
-		return decodeCheck(io.MultiReader(bytes.NewReader(s.body), errReader{rerr}), maxDelay)
+		return decodeCheck(io.MultiReader(bytes.NewReader(s.body), errReader{rerr}), maxDelay, costs)
 	}
 	str := string(s.body)
 	if !s.fastDecode(s.body, str) {
-		return decodeCheck(strings.NewReader(str), maxDelay)
+		return decodeCheckText(str, maxDelay, costs)
 	}
-	return checkRequest(&s.cr, s.rdescs, maxDelay)
+	return checkRequest(&s.cr, s.rdescs, maxDelay, costs)
+}
+
+// decodeCheckText is decodeCheck of a whole body, which it first refuses when
+// encoding/json would read it otherwise than it was written: text that is not valid
+// UTF-8, or escapes a lone UTF-16 surrogate, which encoding/json turns into U+FFFD (so
+// that "u1\xff" and "u1\xfe" would share one counter), and a null where the schema
+// wants a value, which it reads as the field's absence. The fast decoder takes none of
+// these, so only this path checks them.
+func decodeCheckText(body string, maxDelay *time.Duration, costs *[]int64) (enforcer.Request, error) {
+	if err := checkText(body); err != nil {
+		return enforcer.Request{}, err
+	}
+	if err := checkNoNull(body); err != nil {
+		return enforcer.Request{}, err
+	}
+	return decodeCheck(strings.NewReader(body), maxDelay, costs)
 }
 
 // errReader returns its error on every read.
@@ -224,12 +251,13 @@ type errReader struct{ err error }
 
 func (r errReader) Read([]byte) (int, error) { return 0, r.err }
 
-// decodeCheck decodes and validates a check request; it sets *maxDelay from max_delay_ms.
-func decodeCheck(body io.Reader, maxDelay *time.Duration) (enforcer.Request, error) {
-	var cr CheckRequest
+// decodeCheck decodes and validates a check request; it sets *maxDelay from max_delay_ms
+// and *costs as checkRequest does.
+func decodeCheck(body io.Reader, maxDelay *time.Duration, costs *[]int64) (enforcer.Request, error) {
+	var wr wireRequest
 	d := json.NewDecoder(body)
 	d.DisallowUnknownFields()
-	if err := d.Decode(&cr); err != nil {
+	if err := d.Decode(&wr); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return enforcer.Request{}, err
@@ -239,6 +267,10 @@ func decodeCheck(body io.Reader, maxDelay *time.Duration) (enforcer.Request, err
 	if _, err := d.Token(); err != io.EOF {
 		return enforcer.Request{}, &checkError{"malformed JSON: data after the request object"}
 	}
+	cr, err := wr.request()
+	if err != nil {
+		return enforcer.Request{}, err
+	}
 	descs := make([][]rules.Entry, len(cr.Descriptors))
 	for i, cd := range cr.Descriptors {
 		descs[i] = make([]rules.Entry, len(cd.Entries))
@@ -246,12 +278,15 @@ func decodeCheck(body io.Reader, maxDelay *time.Duration) (enforcer.Request, err
 			descs[i][j] = rules.Entry{Key: e.Key, Value: e.Value}
 		}
 	}
-	return checkRequest(&cr, descs, maxDelay)
+	return checkRequest(&cr, descs, maxDelay, costs)
 }
 
 // checkRequest validates a decoded check request whose descriptors' entries are descs,
-// and returns it as an enforcer.Request; it sets *maxDelay from max_delay_ms.
-func checkRequest(cr *CheckRequest, descs [][]rules.Entry, maxDelay *time.Duration) (enforcer.Request, error) {
+// and returns it as an enforcer.Request; it sets *maxDelay from max_delay_ms, and *costs
+// to each descriptor's cost when a descriptor's own hits_addend differs from the
+// request's (else to empty).
+func checkRequest(cr *CheckRequest, descs [][]rules.Entry, maxDelay *time.Duration, costs *[]int64) (enforcer.Request, error) {
+	*costs = (*costs)[:0]
 	req := enforcer.Request{Domain: cr.Domain}
 	// The shape is validated by rules.ValidateRequest, as over gRPC; JSON only adds the
 	// cost's spellings. Entries are mapped first, bounded by the body's size.
@@ -272,8 +307,14 @@ func checkRequest(cr *CheckRequest, descs [][]rules.Entry, maxDelay *time.Durati
 		if err != nil {
 			return req, err
 		}
-		if max(dh, 1) != max(hits, 1) {
-			return req, &checkError{f + ".hits_addend: differs from the request's; one cost per request is supported"}
+		if max(dh, 1) != max(hits, 1) && len(*costs) == 0 {
+			// Each descriptor's cost, as the gRPC service takes them.
+			for range cr.Descriptors {
+				*costs = append(*costs, max(hits, 1))
+			}
+		}
+		if len(*costs) > 0 {
+			(*costs)[i] = max(dh, 1)
 		}
 	}
 	req.Descriptors = descs
@@ -283,7 +324,9 @@ func checkRequest(cr *CheckRequest, descs [][]rules.Entry, maxDelay *time.Durati
 	return req, nil
 }
 
-// pickHits returns the one cost given among the spellings; several must agree.
+// pickHits returns the one cost given among the spellings; a request may use one of
+// them (as protobuf's JSON reader, behind /json, refuses a field given under both its
+// names).
 func pickHits(field string, vs ...*int64) (int64, error) {
 	var got *int64
 	for _, v := range vs {
@@ -293,8 +336,8 @@ func pickHits(field string, vs ...*int64) (int64, error) {
 		if *v < 0 || *v > MaxHits {
 			return 0, &checkError{fmt.Sprintf("%s: %d is not in 0..%d", field, *v, int64(MaxHits))}
 		}
-		if got != nil && *got != *v {
-			return 0, &checkError{field + ": given twice with different values"}
+		if got != nil {
+			return 0, &checkError{field + ": the cost is given under more than one name (hits_addend, hitsAddend, hits): give one"}
 		}
 		got = v
 	}
@@ -317,4 +360,68 @@ func writeProblem(w http.ResponseWriter, status int, typ, detail string) {
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
+}
+
+// wireRequest is CheckRequest as encoding/json reads it, with its integers as written, so
+// that an integer written with a fraction of zero or an exponent (622.0, 6.22e2), which
+// JSON Schema's "integer" includes, is taken as the integer it is.
+type wireRequest struct {
+	Domain          string           `json:"domain"`
+	Descriptors     []wireDescriptor `json:"descriptors"`
+	HitsAddend      *json.Number     `json:"hits_addend,omitempty"`
+	HitsAddendCamel *json.Number     `json:"hitsAddend,omitempty"`
+	Hits            *json.Number     `json:"hits,omitempty"`
+	MaxDelayMs      *json.Number     `json:"max_delay_ms,omitempty"`
+}
+
+type wireDescriptor struct {
+	Entries         []CheckEntry    `json:"entries"`
+	HitsAddend      *json.Number    `json:"hits_addend,omitempty"`
+	HitsAddendCamel *json.Number    `json:"hitsAddend,omitempty"`
+	Limit           json.RawMessage `json:"limit,omitempty"`
+}
+
+// request converts wr, refusing a number that is not an integer of int64's range.
+func (wr *wireRequest) request() (CheckRequest, error) {
+	cr := CheckRequest{Domain: wr.Domain, Descriptors: make([]CheckDescriptor, len(wr.Descriptors))}
+	var err error
+	num := func(field string, n *json.Number) *int64 {
+		if n == nil || err != nil {
+			return nil
+		}
+		v, e := integer(*n)
+		if e != nil {
+			err = &checkError{"malformed JSON: " + field + ": " + n.String() + " is not an integer"}
+			return nil
+		}
+		return &v
+	}
+	cr.HitsAddend = num("hits_addend", wr.HitsAddend)
+	cr.HitsAddendCamel = num("hitsAddend", wr.HitsAddendCamel)
+	cr.Hits = num("hits", wr.Hits)
+	cr.MaxDelayMs = num("max_delay_ms", wr.MaxDelayMs)
+	for i := range wr.Descriptors {
+		wd, cd := &wr.Descriptors[i], &cr.Descriptors[i]
+		f := "descriptors[" + strconv.Itoa(i) + "]."
+		cd.Entries, cd.Limit = wd.Entries, wd.Limit
+		cd.HitsAddend = num(f+"hits_addend", wd.HitsAddend)
+		cd.HitsAddendCamel = num(f+"hitsAddend", wd.HitsAddendCamel)
+	}
+	if wr.Descriptors == nil {
+		cr.Descriptors = nil
+	}
+	return cr, err
+}
+
+// integer reads n as an int64: digits, or a number with a zero fraction or an exponent
+// whose value is a whole number within int64's range.
+func integer(n json.Number) (int64, error) {
+	if v, err := n.Int64(); err == nil {
+		return v, nil
+	}
+	f, err := n.Float64()
+	if err != nil || f != math.Trunc(f) || f < math.MinInt64 || f >= math.MaxInt64 {
+		return 0, errors.New("not an integer")
+	}
+	return int64(f), nil
 }

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -180,8 +181,9 @@ func TestCheckDecodeMatchesEncodingJSON(t *testing.T) {
 // two differ, "" when they agree.
 func compareDecode(s *checkState, body string) string {
 	var wantDelay, gotDelay time.Duration
-	want, wantErr := decodeCheck(strings.NewReader(body), &wantDelay)
-	got, gotErr := s.decode(strings.NewReader(body), &gotDelay)
+	var wantCosts, gotCosts []int64
+	want, wantErr := decodeCheckText(body, &wantDelay, &wantCosts)
+	got, gotErr := s.decode(strings.NewReader(body), &gotDelay, &gotCosts)
 	if (wantErr == nil) != (gotErr == nil) || wantErr != nil && gotErr.Error() != wantErr.Error() {
 		return fmt.Sprintf("error %v, want %v", gotErr, wantErr)
 	}
@@ -191,6 +193,9 @@ func compareDecode(s *checkState, body string) string {
 			return fmt.Sprintf("error type %T, want %T", gotErr, wantErr)
 		}
 		return ""
+	}
+	if !slices.Equal(gotCosts, wantCosts) {
+		return fmt.Sprintf("costs %v, want %v", gotCosts, wantCosts)
 	}
 	if got.Domain != want.Domain || got.Hits != want.Hits || gotDelay != wantDelay || !reflect.DeepEqual(got.Descriptors, want.Descriptors) {
 		return fmt.Sprintf("%+v delay %v, want %+v delay %v", got, gotDelay, want, wantDelay)

@@ -24,6 +24,10 @@ type checkState struct {
 	rdescs [][]rules.Entry
 	rents  []rules.Entry
 	res    enforcer.Result
+	costs  []int64 // each descriptor's cost, when they differ (see checkRequest)
+	group  enforcer.Result
+	gdescs [][]rules.Entry
+	gidx   []int
 	vals   headers.Values
 	hdr    []byte
 	out    []byte

@@ -3,6 +3,7 @@ package httplimit
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer"
@@ -60,4 +61,39 @@ func decideCheck(ctx context.Context, dec Decider, req enforcer.Request, maxDela
 	}
 	dec.DecideInto(ctx, req, res)
 	return 0
+}
+
+// decideGroups decides req, whose descriptors cost s.costs, into s.res as the gRPC service
+// decides such a request: the descriptors of each cost together, in order of first
+// appearance, stopping at the first group denied (the groups admitted before it keep what
+// they took, as there). Each group may wait for room up to what is left of maxDelay. It
+// returns the time waited.
+func (s *checkState) decideGroups(ctx context.Context, dec Decider, req enforcer.Request, maxDelay time.Duration) time.Duration {
+	res := &s.res
+	res.Code = enforcer.CodeOK
+	res.Statuses = res.Statuses[:0]
+	for range s.costs {
+		res.Statuses = append(res.Statuses, enforcer.Status{Code: enforcer.CodeOK})
+	}
+	var waited time.Duration
+	for i, h := range s.costs {
+		if res.Code == enforcer.CodeOverLimit || slices.Contains(s.costs[:i], h) {
+			continue
+		}
+		s.gdescs, s.gidx = s.gdescs[:0], s.gidx[:0]
+		for j := i; j < len(s.costs); j++ {
+			if s.costs[j] == h {
+				s.gidx = append(s.gidx, j)
+				s.gdescs = append(s.gdescs, req.Descriptors[j])
+			}
+		}
+		waited += decideCheck(ctx, dec, enforcer.Request{Domain: req.Domain, Descriptors: s.gdescs, Hits: h}, maxDelay-waited, &s.group)
+		for k, j := range s.gidx {
+			res.Statuses[j] = s.group.Statuses[k]
+		}
+		if s.group.Code == enforcer.CodeOverLimit {
+			res.Code = enforcer.CodeOverLimit
+		}
+	}
+	return waited
 }

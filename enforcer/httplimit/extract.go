@@ -220,65 +220,6 @@ func (c *compiled) walkXFF(cur netip.Addr, lines []string) netip.Addr {
 	return cur
 }
 
-// maxHops bounds the Forwarded elements remembered per request; only the right-most
-// matter, since the walk stops at the first untrusted one.
-const maxHops = 32
-
-func (c *compiled) walkForwarded(cur netip.Addr, lines []string) netip.Addr {
-	// Forwarded values may be quoted, so the elements are split left to right and the
-	// right-most maxHops "for" values kept, then walked right to left.
-	var hops [maxHops]string
-	n := 0
-	for _, line := range lines {
-		for line != "" {
-			var elem string
-			elem, line = cutUnquoted(line, ',')
-			forv := ""
-			for elem != "" {
-				var pair string
-				pair, elem = cutUnquoted(elem, ';')
-				k, v, _ := strings.Cut(strings.TrimSpace(pair), "=")
-				if strings.EqualFold(k, "for") {
-					forv = v
-				}
-			}
-			hops[n%maxHops] = forv // "" (no for=) stops the walk like garbage
-			n++
-		}
-	}
-	for i := n - 1; i >= 0 && i >= n-maxHops; i-- {
-		v := hops[i%maxHops]
-		if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
-			v = v[1 : len(v)-1]
-		}
-		a, ok := parseNode(v)
-		if !ok {
-			return cur
-		}
-		cur = a
-		if !c.isTrusted(a) {
-			return a
-		}
-	}
-	return cur
-}
-
-// cutUnquoted cuts s at the first sep outside a quoted string.
-func cutUnquoted(s string, sep byte) (before, after string) {
-	quoted := false
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '\\' && quoted:
-			i++
-		case c == '"':
-			quoted = !quoted
-		case c == sep && !quoted:
-			return s[:i], s[i+1:]
-		}
-	}
-	return s, ""
-}
-
 // parseNode parses an address as forwarding headers write it: "192.0.2.1",
 // "192.0.2.1:443", "2001:db8::1", "[2001:db8::1]" or "[2001:db8::1]:443".
 func parseNode(s string) (netip.Addr, bool) {

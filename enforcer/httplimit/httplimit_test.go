@@ -19,9 +19,9 @@ import (
 	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer"
-	"github.com/streamlimit/streamlimit/enforcer/headers/sftest"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/internal/sftest"
 )
 
 const testRules = `
@@ -587,7 +587,7 @@ func TestCheckAPI(t *testing.T) {
 		{`{"domain":"api","descriptors":[{"entries":[{"key":"u","value":"1"}]}],"hits_addend":-1}`, 400, "hits_addend"},
 		{`{"domain":"api","descriptors":[{"entries":[{"key":"u","value":"1"}]}],"hits_addend":1.5}`, 400, "malformed"},
 		{`{"domain":"api","descriptors":[{"entries":[{"key":"u","value":"1"}]}],"hits_addend":99999999999}`, 400, "hits_addend"},
-		{`{"domain":"api","descriptors":[{"entries":[{"key":"u","value":"1"}]}],"hits":1,"hits_addend":2}`, 400, "different"},
+		{`{"domain":"api","descriptors":[{"entries":[{"key":"u","value":"1"}]}],"hits":1,"hits_addend":2}`, 400, "more than one name"},
 		{`{"domain":"api","descriptors":[{"entries":[{"key":"u","value":"` + strings.Repeat("x", 2000) + `"}]}]}`, 413, ""},
 	} {
 		resp, b := postJSON(t, srv.Client(), u, c.body)

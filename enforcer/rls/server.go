@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -159,7 +160,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	sc.descs = sc.descs[:0]
 	sc.hits = sc.hits[:0]
 	sc.over = sc.over[:0]
-	var badOverride error
+	var badField error
 	reqHits := int64(req.GetHitsAddend())
 	if reqHits <= 0 {
 		reqHits = 1
@@ -172,14 +173,18 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		sc.descs = append(sc.descs, sc.entries[start:len(sc.entries):len(sc.entries)])
 		h := s.descriptorHits(d, reqHits)
+		if h > rules.MaxHits && badField == nil {
+			badField = &rules.RequestError{Field: "descriptors[" + strconv.Itoa(len(sc.descs)-1) + "].hits_addend",
+				Reason: fmt.Sprintf("%d is not in 0..%d", h, int64(rules.MaxHits))}
+		}
 		if h != reqHits {
 			uniform = false
 		}
 		sc.hits = append(sc.hits, h)
 		if lo := d.GetLimit(); lo != nil {
 			o, err := s.override(lo, len(sc.descs)-1)
-			if err != nil && badOverride == nil {
-				badOverride = err
+			if err != nil && badField == nil {
+				badField = err
 			}
 			if o.Window > 0 {
 				if len(sc.over) == 0 {
@@ -194,7 +199,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 
 	err := rules.ValidateRequest(req.GetDomain(), sc.descs)
 	if err == nil {
-		err = badOverride
+		err = badField
 	}
 	if err != nil {
 		s.metrics.invalid.Inc()

@@ -13,7 +13,7 @@ import (
 
 // ReloaderOptions configures a Reloader.
 type ReloaderOptions struct {
-	// Interval is how often Run checks the files. Default (0): 1s.
+	// Interval is how often Run checks the files. Default (0): DefaultReloadInterval.
 	Interval time.Duration
 	// Logger receives one record per reload and per rejected edit. Default (nil): discard.
 	Logger *slog.Logger
@@ -38,6 +38,9 @@ type ReloadStats struct {
 	// LastReload is when the Config in force was loaded.
 	LastReload time.Time
 }
+
+// DefaultReloadInterval is ReloaderOptions.Interval when zero.
+const DefaultReloadInterval = time.Second
 
 // Reloader keeps the rules of a file or directory current. It polls: every Interval it
 // reads the path (all *.yaml/*.yml files for a directory) and, when the content has
@@ -68,7 +71,7 @@ type Reloader struct {
 // initial load fails, so that a bad rules file is a clear error at start.
 func NewReloader(path string, opts ReloaderOptions) (*Reloader, error) {
 	if opts.Interval <= 0 {
-		opts.Interval = time.Second
+		opts.Interval = DefaultReloadInterval
 	}
 	r := &Reloader{path: path, opts: opts, clk: clock.Or(opts.Clock), log: opts.Logger}
 	if r.log == nil {

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 )
 
@@ -12,6 +13,10 @@ const (
 	MaxRequestDescriptors = 64
 	// MaxDescriptorEntries is the most entries one descriptor may carry.
 	MaxDescriptorEntries = 32
+	// MaxHits is the largest cost (hits_addend) of a request or a descriptor: Envoy's
+	// request field is a uint32, and so is every front door's bound, although a
+	// descriptor's own hits_addend is a uint64 in Envoy's protocol.
+	MaxHits = math.MaxUint32
 )
 
 // RequestError says why a request to decide is invalid. Field names the offending part

@@ -32,6 +32,14 @@ const (
 	// DefaultMaxConns bounds the connections each listener holds at once; further clients
 	// wait in the kernel's accept queue until one closes.
 	DefaultMaxConns = 4096
+	// DefaultMaxConnsPerAddr bounds the connections each listener holds from one client
+	// address (IPv6: one /64) at once; a connection past it is closed when accepted. It
+	// leaves room for a proxy's or gateway's connection pool, and lets 32 addresses, no
+	// fewer, fill a listener.
+	DefaultMaxConnsPerAddr = 128
+	// DefaultGRPCHandshakeTimeout bounds a new gRPC connection's handshake (TLS and the
+	// HTTP/2 preface): grpc-go's own default, 120 s, let silent connections pile up.
+	DefaultGRPCHandshakeTimeout = 5 * time.Second
 	// DefaultGRPCMaxStreams bounds the concurrent calls (streams) of one gRPC connection.
 	DefaultGRPCMaxStreams = 256
 	// DefaultGRPCKeepaliveMinTime is the shortest interval between a client's keepalive
@@ -40,6 +48,10 @@ const (
 	// DefaultGRPCMaxConnIdle closes a gRPC connection without calls for this long.
 	DefaultGRPCMaxConnIdle = 5 * time.Minute
 )
+
+// DefaultShutdownTimeout is Config.ShutdownTimeout when zero: how long draining requests
+// and flushing hits (and the site's leave records) may take at shutdown.
+const DefaultShutdownTimeout = 10 * time.Second
 
 // Limits bound what clients can hold of the enforcer's servers. Each zero field takes the
 // Default* constant of its name; a negative duration or count turns that bound off.
@@ -64,6 +76,12 @@ type Limits struct {
 	// MaxConns bounds the connections of each listener (HTTP API, gRPC, proxy). Default
 	// DefaultMaxConns.
 	MaxConns int
+	// MaxConnsPerAddr bounds the connections of each listener from one client address.
+	// Default DefaultMaxConnsPerAddr.
+	MaxConnsPerAddr int
+	// GRPCHandshakeTimeout bounds a gRPC connection's handshake. Default
+	// DefaultGRPCHandshakeTimeout.
+	GRPCHandshakeTimeout time.Duration
 	// GRPCMaxStreams bounds the concurrent calls of one gRPC connection. Default
 	// DefaultGRPCMaxStreams.
 	GRPCMaxStreams int
@@ -97,6 +115,7 @@ func (l Limits) normalize() (Limits, error) {
 	dur(&l.IdleTimeout, DefaultIdleTimeout)
 	dur(&l.GRPCKeepaliveMinTime, DefaultGRPCKeepaliveMinTime)
 	dur(&l.GRPCMaxConnIdle, DefaultGRPCMaxConnIdle)
+	dur(&l.GRPCHandshakeTimeout, DefaultGRPCHandshakeTimeout)
 	count := func(n *int, def int) {
 		switch {
 		case *n == 0:
@@ -107,6 +126,7 @@ func (l Limits) normalize() (Limits, error) {
 	}
 	count(&l.MaxHeaderBytes, DefaultMaxHeaderBytes)
 	count(&l.MaxConns, DefaultMaxConns)
+	count(&l.MaxConnsPerAddr, DefaultMaxConnsPerAddr)
 	count(&l.GRPCMaxStreams, DefaultGRPCMaxStreams)
 	if l.MaxBodyBytes == 0 {
 		l.MaxBodyBytes = httplimit.DefaultMaxBodyBytes

@@ -152,10 +152,12 @@ func newTokens(list []string) (tokens, error) {
 	return t, nil
 }
 
-// ok reports whether header, an Authorization value, carries one of the tokens.
+// ok reports whether header, an Authorization value, carries one of the tokens. The
+// scheme's name is case-insensitive (RFC 9110 §11.1: "bearer" is "Bearer"), and one or
+// more spaces may follow it.
 func (t tokens) ok(header string) bool {
-	tok, found := strings.CutPrefix(header, "Bearer ")
-	if !found {
+	scheme, tok, found := strings.Cut(header, " ")
+	if !found || !strings.EqualFold(scheme, "Bearer") {
 		return false
 	}
 	h := sha256.Sum256([]byte(strings.TrimSpace(tok)))

@@ -1,25 +1,26 @@
 // Package server assembles an enforcer process: the rules with hot reload, the snapshot of
 // the counts topic, the hit producer, the optional Redis of the site, the Limiter, and the
 // ways to ask it — the HTTP check API, the nginx auth_request endpoint, the Envoy rate-limit
-// gRPC service and a rate-limiting reverse proxy — with /metrics, /healthz and /readyz.
+// gRPC service, Envoy's Rate Limit Quota Service and a rate-limiting reverse proxy — with
+// /metrics, /healthz, /readyz and the live console at /ui/ (package console).
 // `streamlimit enforcer` is a thin command over it; the end-to-end tests start it in
 // process.
 package server
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"runtime"
-	"strings"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,9 +31,11 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer"
-	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/enforcer/headers"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
+	"github.com/streamlimit/streamlimit/enforcer/rlqs"
 	"github.com/streamlimit/streamlimit/enforcer/rls"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
@@ -50,7 +53,8 @@ type Config struct {
 	Site string
 	// RulesPath is a rules file or a directory of them (one domain per file).
 	RulesPath string
-	// ReloadInterval is how often the rules are checked for changes. Default 1s.
+	// ReloadInterval is how often the rules are checked for changes. Default
+	// rules.DefaultReloadInterval.
 	ReloadInterval time.Duration
 
 	// Brokers are the Kafka bootstrap brokers. Default none: no hits are published and no
@@ -62,22 +66,28 @@ type Config struct {
 	HitsTopic string
 	// CountsTopic is followed into the snapshot. Default "counts".
 	CountsTopic string
+	// Aggregators, when set, are the instance IDs of the aggregators that write
+	// CountsTopic; records of any other writer are skipped (snapshot.Config.Aggregators).
+	// Default none: every record is believed.
+	Aggregators []string
 	// MaxStaleness is how old the aggregator's heartbeats may be before global limits
-	// fall back to local shares. Default 10s.
+	// fall back to local shares. Default snapshot.DefaultMaxStaleness.
 	MaxStaleness time.Duration
 	// DefaultShare is this site's share of a global limit for keys the snapshot never
-	// showed, and the share a silent site is assumed to spend. Default 0: 1/the number of
-	// sites the aggregators' heartbeats list (see enforcer.Config).
+	// showed. Default 0: 1/the number of sites that may spend them (see enforcer.Config).
 	DefaultShare float64
-	// SiteStaleAfter is how long a remote site may go unheard before it is assumed to
-	// spend its share of every global limit. Default enforcer.DefaultSiteStaleAfter.
+	// SiteStaleAfter is how long a site may go unheard before it is taken as silent and
+	// reserved its share of the keys it served. Default enforcer.DefaultSiteStaleAfter.
 	SiteStaleAfter time.Duration
+	// CrashHold is how long a site silent while the rest of its data center speaks keeps
+	// its reservation, fading. Default enforcer.DefaultCrashHold.
+	CrashHold time.Duration
 	// SubBuckets of the site's own sliding-window counts; must equal the aggregator's.
 	// Default window.DefaultSubBuckets.
 	SubBuckets int
 	// MaxKeys bounds each per-key structure of the enforcer: local counters, this site's
 	// global counts, the snapshot and the key cache. Idle keys are dropped first; evictions
-	// are counted. Default 1,048,576 (the snapshot: 1,000,000).
+	// are counted. Default enforcer.DefaultMaxKeys, for each.
 	MaxKeys int
 	// MaxMemory is the memory target of the enforcer's per-key structures, in bytes: they
 	// keep at most half of it alive, split as enforcer.SplitMemory says, the other half
@@ -125,6 +135,13 @@ type Config struct {
 	MergeDomains bool
 	// Envoy configures the gRPC and /json answers of domains in rules.CompatEnvoy.
 	Envoy rls.EnvoyOptions
+	// RLQSAddr serves Envoy's Rate Limit Quota Service (package rlqs) on its own gRPC
+	// listener, with the Limits, TLS and AuthTokens of GRPCAddr. Default "": not served.
+	RLQSAddr string
+	// RLQS tunes the RLQS server. Its TTL defaults to MaxStaleness (the assignments live
+	// as long as the counts they come from are trusted), its SiteShare to 1/SiteEnforcers;
+	// Clock, Logger and Registerer are the Server's.
+	RLQS rlqs.Options
 	// Upstream, when set, makes ProxyAddr a reverse proxy to it that rate-limits every
 	// request with HTTP.
 	Upstream *url.URL
@@ -158,7 +175,7 @@ type Config struct {
 	AuthTokens []string
 
 	// ShutdownTimeout bounds the graceful shutdown (draining requests, flushing hits).
-	// Default 10s.
+	// Default DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
 	// Clock defaults to the wall clock.
 	Clock clock.Clock
@@ -196,7 +213,10 @@ func (c Config) normalize() (Config, error) {
 		errs = append(errs, fmt.Errorf("limits: %w", err))
 	}
 	if c.ShutdownTimeout <= 0 {
-		c.ShutdownTimeout = 10 * time.Second
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.MaxKeys <= 0 {
+		c.MaxKeys = enforcer.DefaultMaxKeys
 	}
 	if c.MaxMemory == 0 {
 		c.MaxMemory = DefaultMaxMemory
@@ -217,25 +237,22 @@ func (c Config) normalize() (Config, error) {
 // Server is an assembled enforcer process. New builds it and binds its listeners; Run
 // serves until its context ends, then shuts down gracefully.
 type Server struct {
-	cfg      Config
-	log      *slog.Logger
-	reloader *rules.Reloader
-	local    *algo.Store
-	counter  *enforcer.LocalCounter
-	site     *sitestore.Store
-	snap     *snapshot.Snapshot
-	prod     *producer.Producer
-	lim      *enforcer.Limiter
-	mw       *httplimit.Middleware
-	proxyMW  *httplimit.Middleware // mw, or one that waits up to ProxyMaxDelay
-	authMW   *httplimit.Middleware // mw, or one that waits up to AuthMaxDelay
-	rls      *rls.Server
-	// instance names this process in its site heartbeats.
-	instance string
+	cfg     Config
+	log     *slog.Logger
+	core    *streamlimit.Limiter // the rules, counters, snapshot and producer
+	lim     *enforcer.Limiter
+	mw      *httplimit.Middleware
+	proxyMW *httplimit.Middleware // mw, or one that waits up to ProxyMaxDelay
+	authMW  *httplimit.Middleware // mw, or one that waits up to AuthMaxDelay
+	rls     *rls.Server
+	rlqs    *rlqs.Server
 
 	httpLn, grpcLn, proxyLn net.Listener
+	rlqsLn                  net.Listener
 	tls                     *tls.Config // nil: plaintext
 	tokens                  tokens
+	// connsRefused counts connections closed at accept for their address's bound.
+	connsRefused atomic.Uint64
 
 	mu      sync.Mutex
 	started bool
@@ -248,7 +265,7 @@ func New(cfg Config) (_ *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, instance: instanceID()}
+	s := &Server{cfg: cfg, log: cfg.Logger}
 	defer func() {
 		if err != nil {
 			s.closeAll()
@@ -262,70 +279,22 @@ func New(cfg Config) (_ *Server, err error) {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
 
-	s.reloader, err = rules.NewReloader(cfg.RulesPath, rules.ReloaderOptions{Interval: cfg.ReloadInterval, Logger: s.log, Clock: cfg.Clock,
-		Load: rules.LoadOptions{Compat: cfg.Compat, MergeDomains: cfg.MergeDomains}})
+	s.core, err = streamlimit.New(streamlimit.Config{
+		Site: cfg.Site, Rules: cfg.RulesPath, ReloadInterval: cfg.ReloadInterval,
+		Load:    rules.LoadOptions{Compat: cfg.Compat, MergeDomains: cfg.MergeDomains},
+		Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, HitsTopic: cfg.HitsTopic, CountsTopic: cfg.CountsTopic,
+		Aggregators: cfg.Aggregators, MaxStaleness: cfg.MaxStaleness,
+		Redis: sitestore.Config{Addrs: cfg.RedisAddrs, MasterName: cfg.RedisMasterName, Username: cfg.RedisUsername,
+			Password: cfg.RedisPassword, TLS: cfg.RedisTLS, KeyPrefix: cfg.RedisKeyPrefix, Timeout: cfg.RedisTimeout},
+		SiteEnforcers: cfg.SiteEnforcers,
+		DefaultShare:  cfg.DefaultShare, MinShare: cfg.MinShare, SiteStaleAfter: cfg.SiteStaleAfter, CrashHold: cfg.CrashHold,
+		SubBuckets: cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxMemory: cfg.MaxMemory,
+		Clock: cfg.Clock, Logger: s.log, Registerer: reg,
+	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("enforcer: %w", err)
 	}
-	mem := enforcer.SplitMemory(cfg.MaxMemory)
-	s.local = algo.New(algo.Options{MaxKeys: cfg.MaxKeys, MaxBytes: mem.Local})
-	s.counter = enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxBytes: mem.Counter})
-	lcfg := enforcer.Config{
-		MaxKeys:        cfg.MaxKeys,
-		KeyCacheBytes:  mem.KeyCache,
-		Rules:          s.reloader.Current,
-		Site:           cfg.Site,
-		Local:          s.local,
-		Counter:        s.counter,
-		DefaultShare:   cfg.DefaultShare,
-		SiteStaleAfter: cfg.SiteStaleAfter,
-		SubBuckets:     cfg.SubBuckets,
-		MinShare:       cfg.MinShare,
-		Clock:          cfg.Clock,
-		Logger:         s.log,
-		Registerer:     reg,
-	}
-	if len(cfg.RedisAddrs) > 0 {
-		s.site, err = sitestore.New(sitestore.Config{
-			Addrs: cfg.RedisAddrs, MasterName: cfg.RedisMasterName, Username: cfg.RedisUsername, Password: cfg.RedisPassword, TLS: cfg.RedisTLS,
-			KeyPrefix: cfg.RedisKeyPrefix, Timeout: cfg.RedisTimeout, Fallback: s.local, FallbackShare: fallbackShare(cfg.SiteEnforcers),
-			Clock: cfg.Clock, Logger: s.log, Registerer: reg,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("enforcer: redis: %w", err)
-		}
-		lcfg.SiteStore = s.site
-		lcfg.Counter = sitestore.NewCounter(s.site, sitestore.CounterOptions{SubBuckets: cfg.SubBuckets, Fallback: s.counter,
-			FallbackShare: fallbackShare(cfg.SiteEnforcers)})
-	}
-	if len(cfg.Brokers) > 0 {
-		s.snap, err = snapshot.New(snapshot.Config{
-			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.CountsTopic, Site: cfg.Site,
-			MaxStaleness: cfg.MaxStaleness, MaxKeys: cfg.MaxKeys, MaxBytes: mem.Snapshot, SubBuckets: cfg.SubBuckets, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("enforcer: snapshot: %w", err)
-		}
-		// The site heartbeats say what counts this site, so that the aggregators can
-		// report two processes given one --site without a shared Redis.
-		counter := "process:" + s.instance
-		if len(cfg.RedisAddrs) > 0 {
-			counter = "redis:" + strings.Join(cfg.RedisAddrs, ",")
-		}
-		s.prod, err = producer.New(producer.Config{
-			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.HitsTopic, Site: cfg.Site,
-			Instance: s.instance, Counter: counter,
-			SubBuckets: cfg.SubBuckets, Clock: cfg.Clock, Logger: s.log, Registerer: reg,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("enforcer: producer: %w", err)
-		}
-		lcfg.Snapshot, lcfg.Publisher = s.snap, s.prod
-	}
-	s.lim, err = enforcer.New(lcfg)
-	if err != nil {
-		return nil, err
-	}
+	s.lim = s.core.Enforcer()
 	if cfg.HTTP.Domain != "" {
 		s.mw, err = httplimit.New(s.lim, httplimit.Options{Config: cfg.HTTP, Logger: s.log})
 		if err != nil {
@@ -344,6 +313,19 @@ func New(cfg Config) (_ *Server, err error) {
 			return nil, err
 		}
 	}
+	if cfg.RLQSAddr != "" {
+		o := cfg.RLQS
+		if o.TTL == 0 {
+			o.TTL = cfg.MaxStaleness
+		}
+		if o.SiteShare == 0 {
+			o.SiteShare = fallbackShare(cfg.SiteEnforcers)
+		}
+		o.Clock, o.Logger, o.Registerer = cfg.Clock, s.log, reg
+		if s.rlqs, err = rlqs.NewServer(s.lim, o); err != nil {
+			return nil, err
+		}
+	}
 	s.registerMetrics(reg)
 
 	if s.httpLn, err = s.listen(cfg.HTTPAddr); err != nil {
@@ -358,6 +340,11 @@ func New(cfg Config) (_ *Server, err error) {
 			return nil, fmt.Errorf("enforcer: grpc listener: %w", err)
 		}
 	}
+	if s.rlqs != nil {
+		if s.rlqsLn, err = s.listen(cfg.RLQSAddr); err != nil {
+			return nil, fmt.Errorf("enforcer: rlqs listener: %w", err)
+		}
+	}
 	if cfg.Upstream != nil {
 		if s.proxyLn, err = s.listen(cfg.ProxyAddr); err != nil {
 			return nil, fmt.Errorf("enforcer: proxy listener: %w", err)
@@ -366,11 +353,15 @@ func New(cfg Config) (_ *Server, err error) {
 	return s, nil
 }
 
-// listen binds addr, holding at most Limits.MaxConns connections at once.
+// listen binds addr, holding at most Limits.MaxConns connections at once, and
+// Limits.MaxConnsPerAddr from one client address.
 func (s *Server) listen(addr string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
+	}
+	if n := s.cfg.Limits.MaxConnsPerAddr; n > 0 {
+		ln = newPerAddrListener(ln, n, &s.connsRefused)
 	}
 	if n := s.cfg.Limits.MaxConns; n > 0 {
 		ln = netutil.LimitListener(ln, n)
@@ -408,8 +399,8 @@ func extend(timeout, wait time.Duration) time.Duration {
 	return timeout + max(wait, 0)
 }
 
-// grpcServer returns the gRPC server with the Limits, TLS and tokens.
-func (s *Server) grpcServer() *grpc.Server {
+// grpcServer returns the gRPC server with the Limits, TLS and tokens, then extra.
+func (s *Server) grpcServer(extra ...grpc.ServerOption) *grpc.Server {
 	l := s.cfg.Limits
 	opts := []grpc.ServerOption{
 		// Stream workers keep their grown stacks from call to call: without them every call
@@ -420,38 +411,24 @@ func (s *Server) grpcServer() *grpc.Server {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.GRPCKeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: l.GRPCMaxConnIdle}),
 	}
+	if l.GRPCHandshakeTimeout > 0 { // grpc-go reads 0 as "at once"
+		opts = append(opts, grpc.ConnectionTimeout(l.GRPCHandshakeTimeout))
+	}
 	if l.GRPCMaxStreams > 0 {
 		opts = append(opts, grpc.MaxConcurrentStreams(uint32(l.GRPCMaxStreams)))
 	}
 	if s.tls != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls)))
 	}
-	return grpc.NewServer(append(opts, s.tokens.grpcOptions()...)...)
+	return grpc.NewServer(append(append(opts, s.tokens.grpcOptions()...), extra...)...)
 }
 
 func (s *Server) registerMetrics(reg prometheus.Registerer) {
-	gauge := func(name, help string, f func() float64) prometheus.Collector {
-		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: name, Help: help}, f)
-	}
-	counter := func(name, help string, f func() float64) prometheus.Collector {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: name, Help: help}, f)
-	}
-	cs := []prometheus.Collector{
-		gauge("local_keys", "Local-scope counters held.", func() float64 { return float64(s.local.Stats().Keys) }),
-		counter("local_evicted_idle_total", "Local counters dropped because idle.", func() float64 { return float64(s.local.Stats().EvictedIdle) }),
-		counter("local_evicted_live_total", "Local counters dropped while live, to keep within the bound.", func() float64 { return float64(s.local.Stats().EvictedLive) }),
-		gauge("global_keys", "Global keys with a count of this site held in process.", func() float64 { return float64(s.counter.Len()) }),
-		counter("global_evicted_total", "Global site counters dropped to keep within the bound.", func() float64 { return float64(s.counter.Evicted()) }),
-		gauge("local_bytes", "Bytes the local counters keep alive, by the estimate --max-memory bounds.", func() float64 { return float64(s.local.Bytes()) }),
-		gauge("global_bytes", "Bytes this site's in-process global counters keep alive, by the estimate --max-memory bounds.", func() float64 { return float64(s.counter.Bytes()) }),
-		gauge("key_cache_bytes", "Bytes the key cache keeps alive, by the estimate --max-memory bounds.", func() float64 { return float64(s.lim.KeyCacheBytes()) }),
-		counter("rules_reloads_total", "Successful rules reloads.", func() float64 { return float64(s.reloader.Stats().Reloads) }),
-		counter("rules_reload_errors_total", "Rejected rules edits (the last good rules stay in force).", func() float64 { return float64(s.reloader.Stats().Failures) }),
-	}
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			s.log.Warn("metric not registered", "err", err)
-		}
+	c := prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: "conns_refused_total",
+		Help: "Connections closed when accepted because their client address held --max-conns-per-addr on that listener."},
+		func() float64 { return float64(s.connsRefused.Load()) })
+	if err := reg.Register(c); err != nil {
+		s.log.Warn("metric not registered", "err", err)
 	}
 }
 
@@ -467,10 +444,10 @@ func fallbackShare(n int) float64 {
 func (s *Server) Limiter() *enforcer.Limiter { return s.lim }
 
 // Snapshot returns the snapshot of the counts topic, nil without Kafka.
-func (s *Server) Snapshot() *snapshot.Snapshot { return s.snap }
+func (s *Server) Snapshot() *snapshot.Snapshot { return s.core.Snapshot() }
 
 // Producer returns the hit producer, nil without Kafka.
-func (s *Server) Producer() *producer.Producer { return s.prod }
+func (s *Server) Producer() *producer.Producer { return s.core.Producer() }
 
 // HTTPAddr returns the address of the check API and the admin endpoints.
 func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
@@ -483,6 +460,14 @@ func (s *Server) GRPCAddr() string {
 	return s.grpcLn.Addr().String()
 }
 
+// RLQSAddr returns the address of the Rate Limit Quota Service, "" when not served.
+func (s *Server) RLQSAddr() string {
+	if s.rlqsLn == nil {
+		return ""
+	}
+	return s.rlqsLn.Addr().String()
+}
+
 // ProxyAddr returns the address of the reverse proxy, "" when there is none.
 func (s *Server) ProxyAddr() string {
 	if s.proxyLn == nil {
@@ -493,18 +478,7 @@ func (s *Server) ProxyAddr() string {
 
 // Ready reports whether the Server decides on complete data: the snapshot of the counts
 // topic is restored (always true without Kafka). The reason says what it waits for.
-func (s *Server) Ready() (bool, string) {
-	if s.snap == nil {
-		return true, "no Kafka configured: global limits use local shares"
-	}
-	if !s.snap.Ready() {
-		return false, "restoring the counts topic"
-	}
-	if s.snap.Stale() {
-		return true, fmt.Sprintf("counts are %v old: global limits use local shares", s.snap.Age().Round(time.Millisecond))
-	}
-	return true, "snapshot restored and fresh"
-}
+func (s *Server) Ready() (bool, string) { return s.core.Ready() }
 
 // delaying returns s.mw, or, when maxDelay > 0, a middleware like it that waits up to
 // maxDelay for room instead of refusing.
@@ -516,7 +490,7 @@ func (s *Server) delaying(maxDelay time.Duration) (*httplimit.Middleware, error)
 }
 
 // Handler returns the HTTP handler of HTTPAddr, asking for a bearer token when
-// Config.AuthTokens are set.
+// Config.AuthTokens are set, with the console at ConsolePath.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/check", httplimit.NewCheckHandler(s.lim, httplimit.CheckOptions{Logger: s.log, MaxBodyBytes: s.cfg.Limits.MaxBodyBytes}))
@@ -541,7 +515,35 @@ func (s *Server) Handler() http.Handler {
 		}
 		_, _ = w.Write([]byte(why + "\n"))
 	})
-	return s.tokens.requireToken(mux)
+	return s.withConsole(s.tokens.requireToken(tooLarge(mux, max(s.cfg.Limits.MaxBodyBytes, rls.DefaultMaxJSONBytes))))
+}
+
+// tooLarge answers 413 at once, and closes the connection, when a request declares a
+// body larger than limit, the most any endpoint reads, instead of reading it until a
+// handler's bound or the read timeout: a client that declares 10 GiB and sends a byte a
+// second held its connection for the whole read timeout.
+func tooLarge(h http.Handler, limit int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > limit {
+			w.Header().Set("Connection", "close")
+			if r.URL.Path == "/json" { // answered as its handler answers
+				http.Error(w, "request body larger than "+strconv.Itoa(rls.DefaultMaxJSONBytes)+" bytes", http.StatusRequestEntityTooLarge)
+				return
+			}
+			writeTooLarge(w, limit)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// writeTooLarge writes the API's 413 problem.
+func writeTooLarge(w http.ResponseWriter, limit int64) {
+	body := fmt.Sprintf(`{"type":"about:blank","title":"Request Entity Too Large","status":413,"detail":"the body is larger than %d bytes"}`, limit)
+	w.Header().Set("Content-Type", headers.ProblemContentType)
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusRequestEntityTooLarge)
+	_, _ = io.WriteString(w, body)
 }
 
 // Run serves until ctx ends, then stops accepting requests, drains those in flight,
@@ -579,11 +581,7 @@ func (s *Server) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); fail(part, f()) }()
 	}
 
-	goRun("rules reloader", func() error { return s.reloader.Run(ctx) })
-	if s.snap != nil {
-		goRun("snapshot", func() error { return s.snap.Run(ctx) })
-	}
-	goRun("sweeper", func() error { s.sweep(ctx); return nil })
+	goRun("core", func() error { return s.core.Run(ctx) })
 
 	servers := []*http.Server{s.httpServer(s.Handler(), false)}
 	lns := []net.Listener{s.httpLn}
@@ -605,13 +603,28 @@ func (s *Server) Run(ctx context.Context) error {
 		s.rls.Register(gs)
 		goRun("grpc", func() error { return gs.Serve(s.grpcLn) })
 	}
-	s.log.Info("enforcer serving", "site", s.cfg.Site, "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "proxy", s.ProxyAddr())
+	var qs *grpc.Server
+	if s.rlqs != nil {
+		// An Envoy reports all its buckets in one message, larger than a check request.
+		qs = s.grpcServer(grpc.MaxRecvMsgSize(max(rlqs.MaxReportBytes, int(s.cfg.Limits.MaxBodyBytes))), rlqs.ServerOption())
+		s.rlqs.Register(qs)
+		goRun("rlqs", func() error { return qs.Serve(s.rlqsLn) })
+		goRun("rlqs sweeper", func() error { return s.rlqs.Run(ctx) })
+	}
+	s.log.Info("enforcer serving", "site", s.cfg.Site, "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "rlqs", s.RLQSAddr(), "proxy", s.ProxyAddr())
 
 	<-ctx.Done()
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
 	defer scancel()
 	if s.rls != nil {
 		s.rls.SetServing(false)
+	}
+	if qs != nil {
+		// RLQS streams last as long as their Envoys: cut them, and each Envoy starts its
+		// stream again at its next report, on another server, deciding meanwhile on its
+		// last assignments.
+		s.rlqs.SetServing(false)
+		qs.Stop()
 	}
 	for _, srv := range servers {
 		if err := srv.Shutdown(sctx); err != nil {
@@ -628,54 +641,25 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}
 	wg.Wait()
-	if s.prod != nil {
-		if err := s.prod.Close(sctx); err != nil {
-			s.log.Warn("hits not delivered at shutdown", "err", err)
-			fail("producer", err)
-		}
-		s.prod = nil
+	if err := s.core.Close(sctx); err != nil {
+		s.log.Warn("hits not delivered at shutdown", "err", err)
+		fail("producer", err)
 	}
 	s.closeAll()
 	return first
 }
 
-// sweep drops idle counters now and then, so that memory follows the active keys.
-func (s *Server) sweep(ctx context.Context) {
-	t := time.NewTicker(10 * time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			now := s.cfg.Clock.Now()
-			s.local.Sweep(now)
-			s.counter.Sweep(now)
-		}
-	}
-}
-
 // closeAll releases what New opened; safe on a partly built Server.
 func (s *Server) closeAll() {
-	for _, ln := range []net.Listener{s.httpLn, s.grpcLn, s.proxyLn} {
+	for _, ln := range []net.Listener{s.httpLn, s.grpcLn, s.proxyLn, s.rlqsLn} {
 		if ln != nil {
 			_ = ln.Close()
 		}
 	}
-	if s.prod != nil {
+	if s.core != nil {
+		// Close happens once: after Run's own Close, this does nothing.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = s.prod.Close(ctx)
+		_ = s.core.Close(ctx)
 		cancel()
 	}
-	if s.site != nil {
-		_ = s.site.Close()
-	}
-}
-
-// instanceID names this process: "<hostname>-<pid>-<random>".
-func instanceID() string {
-	host, _ := os.Hostname()
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("%s-%d-%x", host, os.Getpid(), b)
 }

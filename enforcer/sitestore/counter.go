@@ -130,11 +130,13 @@ func (c *Counter) Counts(ctx context.Context, now time.Time, ops []enforcer.Glob
 		}
 	}
 	keys, args := c.args(now, ops, false)
-	if reason := c.call(ctx, now, keys, args, out, nil); reason != "" {
+	start := c.s.clk.Now()
+	if reason := c.call(ctx, now, c.s.tag(ops[0].Key), keys, args, out, nil); reason != "" {
 		if reason == reasonCanceled {
 			c.s.m.canceled.Inc()
 		} else {
 			c.s.m.counterFB.WithLabelValues("counts", reason).Inc()
+			now = c.s.after(now, start)
 			c.seedCounter(ctx, now, ops)
 		}
 		return c.fallback.Counts(ctx, now, ops, out)
@@ -143,19 +145,19 @@ func (c *Counter) Counts(ctx context.Context, now time.Time, ops []enforcer.Glob
 	return nil
 }
 
-// call runs the script and stores the counts it reports in out (if not nil) and whether
+// call runs the script (in a batch; tag is the ops' hash tag) and stores the counts it reports in out (if not nil) and whether
 // it committed in ok (if not nil). It returns "" or a fallback reason.
-func (c *Counter) call(ctx context.Context, now time.Time, keys []string, args []any, out []float64, ok *bool) string {
-	return c.s.run(ctx, now, c.script, keys, args, func(cmd *redis.Cmd) error {
-		res, err := cmd.StringSlice()
-		if err != nil {
-			return err
-		}
+func (c *Counter) call(ctx context.Context, now time.Time, tag string, keys []string, args []any, out []float64, ok *bool) string {
+	return c.s.run(ctx, now, &call{kind: kindCounter, tag: tag, keys: keys, args: args}, func(res []any) error {
 		if len(res) != 1+len(keys) {
 			return fmt.Errorf("counter script returned %d values for %d ops", len(res), len(keys))
 		}
 		if out != nil {
-			for i, r := range res[1:] {
+			for i, x := range res[1:] {
+				r, ok := x.(string)
+				if !ok {
+					return fmt.Errorf("counter script returned %T for a count", x)
+				}
 				v, err := strconv.ParseFloat(r, 64)
 				if err != nil {
 					return fmt.Errorf("counter script returned count %q: %w", r, err)
@@ -216,7 +218,8 @@ func (c *Counter) CommitReport(ctx context.Context, now time.Time, ops []enforce
 		counts = make([]float64, len(ops)) // the last known counts need them
 	}
 	keys, args := c.args(now, ops, true)
-	if reason := c.call(ctx, now, keys, args, counts, &ok); reason != "" {
+	start := c.s.clk.Now()
+	if reason := c.call(ctx, now, c.s.tag(ops[0].Key), keys, args, counts, &ok); reason != "" {
 		if reason == reasonCanceled {
 			// Nobody will receive the answer: commit nothing anywhere.
 			c.s.m.canceled.Inc()
@@ -224,6 +227,7 @@ func (c *Counter) CommitReport(ctx context.Context, now time.Time, ops []enforce
 			return false, false, nil
 		}
 		c.s.m.counterFB.WithLabelValues("commit", reason).Inc()
+		now = c.s.after(now, start)
 		c.seedCounter(ctx, now, ops)
 		ok, err = c.fallbackCommit(ctx, now, ops, counts)
 		if ok {

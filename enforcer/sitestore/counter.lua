@@ -25,6 +25,11 @@
 -- Lua numbers are doubles; every integer here is below 2^53 (bucket indices of unix ms,
 -- sums of at most a few hundred uint32 counts), so the arithmetic is exact, and the one
 -- float operation (whole + oldest * frac) is the same IEEE sequence as package window's.
+--
+-- The request is decided by counter_request, which reads KEYS and ARGV: run alone, the
+-- script ends by calling it; in the batch script (batch.lua) KEYS and ARGV are chunk locals
+-- that the batch sets to each request's part in turn.
+local function counter_request()
 local commit = ARGV[1] ~= '0'
 local nops = tonumber(ARGV[2])
 -- ARGV[1] = '2' writes back hits counted elsewhere (the caps are 'inf'), once: KEYS[nops + 1]
@@ -131,3 +136,6 @@ for i = 1, nops do
   redis.call('PEXPIRE', key, ttl)
 end
 return out
+end
+-- RUN
+return counter_request()

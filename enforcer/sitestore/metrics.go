@@ -14,6 +14,7 @@ type metrics struct {
 	counterFB    *prometheus.CounterVec
 	canceled     prometheus.Counter
 	writtenBack  prometheus.Counter
+	overLimit    prometheus.Counter
 	duration     prometheus.Histogram
 }
 
@@ -34,6 +35,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Requests whose caller gave up before Redis answered: refused without taking anything, and not counted as fallback decisions."}),
 		writtenBack: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "written_back_total",
 			Help: "Batches of hits admitted in process during a Redis outage, written back to Redis before it decided again (one batch per counter and outage)."}),
+		overLimit: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "over_limit_cached_total",
+			Help: "Site-scope requests of one hit refused without a Redis call: Redis had refused a hit of each of their counters, and none can admit one before that answer's retry time."}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "call_duration_seconds",
 			Help:    "Duration of Redis script calls (site-scope decisions and global-scope site counts), including failed ones.",
 			Buckets: []float64{50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 20e-3, 50e-3, 100e-3, 250e-3}}),
@@ -41,7 +44,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.calls, m.errors, m.breakerState, m.fallback, m.counterFB, m.canceled, m.writtenBack, m.duration} {
+	for _, c := range []prometheus.Collector{m.calls, m.errors, m.breakerState, m.fallback, m.counterFB, m.canceled, m.writtenBack, m.overLimit, m.duration} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("sitestore: registering metrics: %w", err)
 		}

@@ -206,16 +206,34 @@ func (s *Store) seedFallback(now time.Time, ops []algo.Op) {
 // errWriteBackBusy is flush's answer while another call is writing back.
 var errWriteBackBusy = errors.New("sitestore: another call is writing back")
 
-// flush writes the pending batches back to Redis, oldest first, each with its own
-// timeout. It stops at the first failure (the rest stay pending, with their ids). While
-// another call is writing back it returns errWriteBackBusy at once rather than wait: a
-// queue of callers behind a Redis that is down would each add a timeout to the next one's
-// wait (a request decided in process meanwhile costs nothing).
-func (s *Store) flush(ctx context.Context, now time.Time) error {
+// recover makes Redis fit to decide again after a failure: with check (the breaker's
+// probe) or after any failed call, it checks whether Redis lost its data (checkRestart),
+// then writes the pending batches back. While another call is doing so it returns
+// errWriteBackBusy at once rather than wait: a queue of callers behind a Redis that is
+// down would each add a timeout to the next one's wait (a request decided in process
+// meanwhile costs nothing).
+func (s *Store) recover(ctx context.Context, now time.Time, check bool) error {
 	if !s.flushMu.TryLock() {
 		return errWriteBackBusy
 	}
 	defer s.flushMu.Unlock()
+	fails := s.fails.Load()
+	if check || fails != s.checked.Load() {
+		if err := s.checkRestart(ctx, now); err != nil {
+			return err
+		}
+	}
+	if err := s.flush(ctx, now); err != nil {
+		return err
+	}
+	s.checked.Store(fails)
+	return nil
+}
+
+// flush writes the pending batches back to Redis, oldest first, each with its own
+// timeout. It stops at the first failure (the rest stay pending, with their ids). The
+// caller holds flushMu.
+func (s *Store) flush(ctx context.Context, now time.Time) error {
 	batches := s.pend.seal()
 	for i, wb := range batches {
 		if err := s.writeBackOne(ctx, now, wb); err != nil {
@@ -266,6 +284,11 @@ func (s *Store) noteAll(now time.Time, ops []algo.Op, out []algo.Decision) {
 	for i := range ops {
 		s.known.note(ops[i].Key, ops[i].Limit.Window, t, out[i].Limit, out[i].Remaining,
 			&writeBack{op: ops[i], window: ops[i].Limit.Window})
+		if !keyBefore(ops, i) {
+			// A later op on the same key was decided as if the earlier ones had taken:
+			// its retry time is not the counter's.
+			s.over.note(t, &ops[i], &out[i])
+		}
 	}
 }
 
@@ -400,4 +423,14 @@ func (s *Store) checkRestart(ctx context.Context, now time.Time) error {
 		"counters", restored)
 	s.aliveAt.Store(0)
 	return nil
+}
+
+// keyBefore reports whether an op before ops[i] has its key.
+func keyBefore(ops []algo.Op, i int) bool {
+	for j := range i {
+		if ops[j].Key == ops[i].Key {
+			return true
+		}
+	}
+	return false
 }

@@ -13,16 +13,11 @@
 -- 2^53 (the Go side routes limits outside that range to the in-process store), and times
 -- are handled as (seconds, nanoseconds) pairs or as offsets from now, never as absolute
 -- nanoseconds. Products that could pass 2^53 are compared exactly with 24-bit limbs.
-local now_s = tonumber(ARGV[1])
-local now_ns = tonumber(ARGV[2])
-local now_str = ARGV[3]
-local slack = tonumber(ARGV[4])
-local commit = ARGV[5] ~= '0'
-local force = ARGV[5] == '2'
-local nops = tonumber(ARGV[6])
-if force and not redis.call('SET', KEYS[2 * nops + 1], '1', 'NX', 'PX', ARGV[7 + 10 * nops]) then
-  return {1}
-end
+--
+-- The request is decided by site_request, which reads KEYS and ARGV: run alone, the script
+-- ends by calling it; in the batch script (batch.lua) KEYS and ARGV are chunk locals that
+-- the batch sets to each request's part in turn.
+local now_s, now_ns, now_str, slack, commit, force, nops
 local E9 = 1000000000
 local L = 16777216
 
@@ -76,7 +71,7 @@ local function rel(t)
   return -now_s * E9 + (tonumber(t) - now_ns)
 end
 
-local states, order = {}, {}
+local states, order
 
 -- load returns the state of op i's counter: its hash's fields (the bucket family keeps ts,
 -- tn, tr and d, the window algorithms st, cur and prev), and what this call has done to
@@ -104,10 +99,23 @@ end
 -- The algorithms: one file each (bucket.lua, fixed_window.lua, sliding_window.lua,
 -- sliding_log.lua), each defining a table with decide(st, b, n, a, c) -> allowed, r1, r2,
 -- r3, ttl (b: the op's ARGV offset; r1..r3 what its Go file turns into a Decision; ttl in
--- ms, when it took) and optionally save(st, taken, ttl) for state beyond the hash. Go puts
+-- ms, when it took), optionally save(st, taken, ttl) for state beyond the hash, and
+-- windows = true when it keeps only st, cur and prev in the hash. Go puts
 -- them here, and the table algos that maps each algorithm code to one of them.
 -- ALGORITHMS
 
+local function site_request()
+now_s = tonumber(ARGV[1])
+now_ns = tonumber(ARGV[2])
+now_str = ARGV[3]
+slack = tonumber(ARGV[4])
+commit = ARGV[5] ~= '0'
+force = ARGV[5] == '2'
+nops = tonumber(ARGV[6])
+if force and not redis.call('SET', KEYS[2 * nops + 1], '1', 'NX', 'PX', ARGV[7 + 10 * nops]) then
+  return {1}
+end
+states, order = {}, {}
 local out = {1}
 local all = true
 for i = 1, nops do
@@ -130,7 +138,12 @@ if commit then
   for _, st in ipairs(order) do
     local taken = all and st.dirty
     local ttl = st.ttl + slack
-    if taken then
+    if taken and algos[st.alg].windows then
+      -- the window algorithms keep st, cur and prev only (load reads any other field of a
+      -- hash written by another algorithm as that algorithm's, and ignores it)
+      redis.call('HSET', st.hk, 'alg', st.alg, 'w', st.w, 'st', st.st, 'cur', fmt(st.cur), 'prev', fmt(st.prev))
+      redis.call('PEXPIRE', st.hk, ttl)
+    elseif taken then
       redis.call('HSET', st.hk, 'alg', st.alg, 'w', st.w, 'ts', fmt(st.ts), 'tn', fmt(st.tn),
         'tr', fmt(st.tr), 'd', fmt(st.d), 'st', st.st, 'cur', fmt(st.cur), 'prev', fmt(st.prev))
       redis.call('PEXPIRE', st.hk, ttl)
@@ -141,3 +154,6 @@ if commit then
 end
 if not all then out[1] = 0 end
 return out
+end
+-- RUN
+return site_request()

@@ -140,6 +140,11 @@ type Config struct {
 	// enforcers sharing the Redis, so that together they stay within the limit. Requests
 	// and Burst are scaled down (at least 1 each). Default 1.
 	FallbackShare float64
+	// Lanes is how many batches of concurrent requests may be in flight to Redis at once
+	// (batch.go). Default DefaultLanes.
+	Lanes int
+	// MaxBatch is the most requests one batch carries. Default DefaultMaxBatch.
+	MaxBatch int
 	// Fallback decides requests while Redis is unavailable. Default (nil): a new
 	// algo.Store with default options.
 	Fallback *algo.Store
@@ -190,17 +195,24 @@ type Store struct {
 	// fallbackShare is Config.FallbackShare, in (0, 1].
 	fallbackShare float64
 	breaker       *breaker.Breaker
+	clk           clock.Clock
 	log           *slog.Logger
 	script        *redis.Script
+	batch         *batcher
 	m             *metrics
 	// known, pend and outage bound what an outage costs (outage.go); outage numbers the
 	// breaker's openings, from 1.
 	known   *knownTable
+	over    *overTable // counters over their limit (overlimit.go)
 	pend    *pending
 	outage  atomic.Uint64
 	flushMu sync.Mutex
 	// authFailing is set while calls fail on credentials (logged once, logging.go).
 	authFailing atomic.Bool
+	// fails counts failed calls, and checked is the count up to which Redis has since been
+	// checked for a restart that lost its data and the hits admitted meanwhile written
+	// back (outage.go): a Redis can restart within a spell too short to open the breaker.
+	fails, checked atomic.Uint64
 	// aliveKey is set in Redis at most every aliveRefresh (aliveAt: when, unix ns; 0:
 	// never) so that a Redis that lost its data can be told (outage.go).
 	aliveKey string
@@ -237,7 +249,8 @@ func New(cfg Config) (*Store, error) {
 	s := &Store{
 		client: cfg.Client, prefix: cfg.KeyPrefix, tag: cfg.HashTag, timeout: cfg.Timeout,
 		slackMs: int64((cfg.ExpirySlack + time.Millisecond - 1) / time.Millisecond), fallback: cfg.Fallback, fallbackShare: cfg.FallbackShare,
-		log: cfg.Logger, script: redis.NewScript(siteScript), known: newKnownTable(), pend: newPending(),
+		log: cfg.Logger, script: redis.NewScript(siteScript), known: newKnownTable(), over: newOverTable(), pend: newPending(),
+		clk: clock.Or(cfg.Clock),
 	}
 	s.outage.Store(1)
 	s.aliveKey = s.prefix + "{_alive}" + s.pend.prefix
@@ -257,6 +270,14 @@ func New(cfg Config) (*Store, error) {
 		s.ownClient = true
 	}
 	_, s.cluster = s.client.(*redis.ClusterClient)
+	if cfg.Lanes <= 0 {
+		cfg.Lanes = DefaultLanes
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = DefaultMaxBatch
+	}
+	s.batch = &batcher{client: s.client, script: redis.NewScript(batchScript), cluster: s.cluster, timeout: s.timeout,
+		lanes: cfg.Lanes, max: cfg.MaxBatch}
 	bopts := cfg.Breaker
 	bopts.Clock = cfg.Clock
 	bopts.OnStateChange = func(st breaker.State) {
@@ -294,6 +315,11 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 	if len(ops) == 0 {
 		return true, false
 	}
+	if s.overLimit(now, ops, out) {
+		s.m.overLimit.Inc()
+		return false, false
+	}
+	start := s.clk.Now()
 	if reason := s.usable(now, ops); reason != "" {
 		s.m.fallback.WithLabelValues(reason).Inc()
 		return s.fallbackAllowAll(now, ops, out, false), true
@@ -320,7 +346,19 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 		return false, false
 	}
 	s.m.fallback.WithLabelValues(reason).Inc()
-	return s.fallbackAllowAll(now, ops, out, true), true
+	return s.fallbackAllowAll(s.after(now, start), ops, out, true), true
+}
+
+// after returns now moved on by the time since start (by the Store's clock): a request
+// decided in process after its Redis call failed is decided when it is, not when it was
+// stamped. A call that timed out was stamped a whole timeout earlier, and the in-process
+// windows, which a request stamped before the current window would start over, must not
+// see the time go back by that much.
+func (s *Store) after(now, start time.Time) time.Time {
+	if d := s.clk.Now().Sub(start); d > 0 {
+		return now.Add(d)
+	}
+	return now
 }
 
 // reasonCanceled is run's result when the caller's context ended before Redis answered.
@@ -372,6 +410,7 @@ func scaleLimit(l algo.Limit, share float64) algo.Limit {
 // Peek decides op at now without taking anything, like algo.Store.Peek.
 func (s *Store) Peek(ctx context.Context, now time.Time, op algo.Op) (d algo.Decision, fellBack bool) {
 	ops := []algo.Op{op}
+	start := s.clk.Now()
 	if reason := s.usable(now, ops); reason != "" {
 		s.m.fallback.WithLabelValues(reason).Inc()
 		return s.fallbackPeek(now, op), true
@@ -383,6 +422,7 @@ func (s *Store) Peek(ctx context.Context, now time.Time, op algo.Op) (d algo.Dec
 	}
 	if reason != "" {
 		s.m.fallback.WithLabelValues(reason).Inc()
+		now = s.after(now, start)
 		s.seedFallback(now, ops)
 		return s.fallbackPeek(now, op), true
 	}
@@ -533,17 +573,20 @@ func (s *Store) call(ctx context.Context, now time.Time, ops []algo.Op, commit b
 		args = s.appendOpArgs(args, t, op)
 	}
 	var st []opState
-	reason := s.run(ctx, now, s.script, keys, args, func(cmd *redis.Cmd) error {
-		res, err := cmd.Int64Slice()
-		if err != nil {
-			return err
-		}
+	reason := s.run(ctx, now, &call{kind: kindSite, tag: s.tag(ops[0].Key), keys: keys, args: args}, func(res []any) error {
 		if len(res) != 1+4*len(ops) {
 			return fmt.Errorf("script returned %d values for %d ops", len(res), len(ops))
 		}
 		st = make([]opState, len(ops))
 		for i := range st {
-			r := res[1+4*i:]
+			var r [4]int64
+			for j := range r {
+				v, ok := res[1+4*i+j].(int64)
+				if !ok {
+					return fmt.Errorf("script returned %T for an integer", res[1+4*i+j])
+				}
+				r[j] = v
+			}
 			st[i] = opState{allowed: r[0] == 1, r1: r[1], r2: r[2], r3: r[3]}
 		}
 		return nil
@@ -551,11 +594,11 @@ func (s *Store) call(ctx context.Context, now time.Time, ops []algo.Op, commit b
 	return st, reason
 }
 
-// run runs sc through the circuit breaker with the Store's timeout, and hands the reply to
-// parse, whose error counts as a failed call like Redis's own. It returns "" on success,
+// run sends c (in a batch, batch.go) through the circuit breaker with the Store's timeout,
+// and hands its reply to parse, whose error counts as a failed call like Redis's own. It returns "" on success,
 // else the fallback reason (breaker_open, error, timeout), or reasonCanceled when the
 // caller's context ended first (not a failure of Redis: the breaker is not told).
-func (s *Store) run(ctx context.Context, now time.Time, sc *redis.Script, keys []string, args []any, parse func(*redis.Cmd) error) string {
+func (s *Store) run(ctx context.Context, now time.Time, c *call, parse func([]any) error) string {
 	if err := ctx.Err(); err != nil {
 		return reasonCanceled
 	}
@@ -564,27 +607,31 @@ func (s *Store) run(ctx context.Context, now time.Time, sc *redis.Script, keys [
 		return "breaker_open"
 	}
 	var err error
-	if probe {
-		err = s.checkRestart(ctx, now)
-	}
-	if err == nil && s.pend.n.Load() > 0 {
-		// Hits admitted in process go to Redis before it decides anything again.
-		if err = s.flush(ctx, now); errors.Is(err, errWriteBackBusy) {
-			// Another call is writing them back: decide this one in process, and leave
-			// the breaker (and a probe's place) as they were.
-			s.breaker.Cancel()
-			s.m.calls.WithLabelValues(reasonWritingBack).Inc()
-			return reasonWritingBack
+	if wb := probe || s.pend.n.Load() > 0; wb || s.fails.Load() != s.checked.Load() {
+		// After a failure: Redis may have lost its data, and hits admitted in process go
+		// to Redis before it decides anything again.
+		if err = s.recover(ctx, now, probe); errors.Is(err, errWriteBackBusy) {
+			if wb {
+				// Another call is writing them back: decide this one in process, and
+				// leave the breaker (and a probe's place) as they were.
+				s.breaker.Cancel()
+				s.m.calls.WithLabelValues(reasonWritingBack).Inc()
+				return reasonWritingBack
+			}
+			// Another call is only checking for a restart: nothing of this process's
+			// waits to reach Redis, so this call need not wait for it.
+			err = nil
 		}
 	}
 	if err == nil {
 		cctx, cancel := context.WithTimeout(ctx, s.timeout)
 		start := time.Now()
-		cmd := sc.Run(cctx, s.client, keys, args...)
+		var reply []any
+		reply, err = s.batch.do(cctx, c)
 		s.m.duration.Observe(time.Since(start).Seconds())
 		cancel()
-		if err = cmd.Err(); err == nil {
-			err = parse(cmd)
+		if err == nil {
+			err = parse(reply)
 		}
 	}
 	if err != nil {
@@ -600,6 +647,7 @@ func (s *Store) run(ctx context.Context, now time.Time, sc *redis.Script, keys [
 		}
 		s.m.calls.WithLabelValues(result).Inc()
 		s.m.errors.Inc()
+		s.fails.Add(1)
 		if authError(err) {
 			s.noteAuthFailure(err)
 		} else if s.breaker.State() == breaker.Closed {

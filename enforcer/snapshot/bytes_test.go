@@ -2,9 +2,13 @@ package snapshot
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/topics"
 )
 
 // TestMaxBytes fills a snapshot bounded in bytes: counts for new keys are refused once
@@ -46,5 +50,45 @@ func TestMaxBytes(t *testing.T) {
 	}
 	if n := s.Sweep(t0.Add(2 * time.Minute)); n != held-1 || s.Bytes() != 0 {
 		t.Fatalf("swept %d of %d, %d bytes left", n, held-1, s.Bytes())
+	}
+}
+
+// TestFullSnapshotSweepsExpiredFirst: a full snapshot makes room for a new key by
+// dropping counts whose windows have passed (before, the new key was refused until the
+// next periodic sweep, up to 10 s later), and refuses it, keeping every count still in its
+// window, when none has.
+func TestFullSnapshotSweepsExpiredFirst(t *testing.T) {
+	clk := clock.NewFake(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))
+	s, err := NewMemory(Config{Site: "eu", Clock: clk, MaxKeys: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(key string, window int64) error {
+		c := topics.Count{Key: key, Window: window, AsOf: clk.Now().UnixMilli(), Total: 3,
+			Sites: []topics.SiteCount{{Site: "eu", Count: 3, Demand: 3}}}
+		v, _ := c.MarshalBinary()
+		return s.Apply([]byte(key), v)
+	}
+	for i := range 5 {
+		if put(fmt.Sprint("short-", i), 1000) != nil || put(fmt.Sprint("long-", i), 3_600_000) != nil {
+			t.Fatal("filling")
+		}
+	}
+	if err := put("new-0", 3_600_000); !errors.Is(err, ErrFull) {
+		t.Fatalf("a new key in a full snapshot: %v, want ErrFull", err)
+	}
+	clk.Advance(2 * time.Second) // the short windows have passed
+	for i := range 5 {
+		if err := put(fmt.Sprint("new-", i), 3_600_000); err != nil {
+			t.Fatalf("new-%d after the short counts expired: %v", i, err)
+		}
+	}
+	if err := put("new-5", 3_600_000); !errors.Is(err, ErrFull) {
+		t.Fatalf("new-5: %v, want ErrFull", err)
+	}
+	for i := range 5 {
+		if _, ok := s.Get(fmt.Sprint("long-", i)); !ok {
+			t.Fatalf("long-%d, still in its window, was dropped", i)
+		}
 	}
 }

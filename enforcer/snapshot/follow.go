@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/streamlimit/streamlimit/topics"
 )
 
 // errLogEvery limits how often the follower logs consume errors, which kgo may report on
@@ -34,7 +37,8 @@ func (s *Snapshot) Run(ctx context.Context) error {
 	}
 	defer s.running.Store(false)
 
-	opts := append([]kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...)}, s.cfg.KafkaOpts...)
+	opts := append([]kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...)}, fetchOpts(s.cfg.MaxBytes)...)
+	opts = append(opts, s.cfg.KafkaOpts...)
 	opts = append(opts,
 		kgo.ConsumeTopics(s.cfg.Topic),
 		kgo.ConsumeStartOffset(kgo.NewOffset().AtStart()),
@@ -82,7 +86,10 @@ func (s *Snapshot) Run(ctx context.Context) error {
 			}
 		})
 		fs.EachRecord(func(r *kgo.Record) {
-			if !r.Attrs.IsControl() {
+			if !r.Attrs.IsControl() && !s.knownWriter(r) {
+				s.met.bad(ReasonUnknownInstance)
+				log.Debug("snapshot skipped a record of an unknown writer", "partition", r.Partition, "offset", r.Offset)
+			} else if !r.Attrs.IsControl() {
 				if err := s.Apply(r.Key, r.Value); err != nil {
 					log.Debug("snapshot skipped record", "partition", r.Partition, "offset", r.Offset, "err", err)
 				}
@@ -166,4 +173,32 @@ func (s *Snapshot) sweepLoop(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// fetchOpts bound what the follower fetches at once by the snapshot's byte budget: a
+// sixteenth of it (at least 1 MiB, at most kgo's default of 50 MiB) per fetch, one fetch
+// in flight. A fetch is held in memory as records (their structs, keys and values, a few
+// times the bytes fetched) until it is applied, and at kgo's defaults a restore of a
+// million keys held more than the whole memory target in fetched records. Following the
+// topic after the restore needs far less.
+func fetchOpts(maxBytes int64) []kgo.Opt {
+	if maxBytes <= 0 {
+		return nil
+	}
+	n := int32(min(max(maxBytes/16, 1<<20), 50<<20))
+	return []kgo.Opt{kgo.FetchMaxBytes(n), kgo.FetchMaxPartitionBytes(n), kgo.MaxConcurrentFetches(1)}
+}
+
+// knownWriter reports whether r was written by one of Config.Aggregators (always, when
+// none is configured).
+func (s *Snapshot) knownWriter(r *kgo.Record) bool {
+	if len(s.cfg.Aggregators) == 0 {
+		return true
+	}
+	for _, h := range r.Headers {
+		if h.Key == topics.InstanceHeader {
+			return slices.Contains(s.cfg.Aggregators, string(h.Value))
+		}
+	}
+	return false
 }

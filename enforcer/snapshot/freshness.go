@@ -74,11 +74,12 @@ func (s *Snapshot) applyHeartbeat(key, value []byte) error {
 
 // SiteTimes is what the snapshot knows of each site, from the aggregators' heartbeats: for
 // every site some source lists, the earliest of the times up to which the sources say they
-// have counted its hits (topics.Heartbeat.Sites), in unix milliseconds of the site's clock,
-// or, once every source lists it as left (topics.Heartbeat.Left), that it left. A site whose
-// time falls behind is one whose hits have stopped arriving here — a cut link, a stopped
-// replicator, a data center down, or the site itself crashed — and it is no longer known to
-// be idle; Peer tells the last case from the others. A SiteTimes is immutable.
+// have counted its hits (topics.Heartbeat.Sites; each source's view taken as of the newest
+// heartbeat, see recomputeLocked), in unix milliseconds of the site's clock, or, once every
+// source lists it as left (topics.Heartbeat.Left), that it left. A site whose time falls
+// behind is one whose hits have stopped arriving here — a cut link, a stopped replicator, a
+// data center down, or the site itself crashed — and it is no longer known to be idle; Peer
+// tells the last case from the others. A SiteTimes is immutable.
 type SiteTimes struct {
 	sites []SiteTime // sorted by Site
 }
@@ -129,21 +130,41 @@ func (t *SiteTimes) Get(site string) (SiteTime, bool) {
 // site). It does not allocate and takes no lock.
 func (s *Snapshot) SiteTimes() *SiteTimes { return s.sites.Load() }
 
-// recomputeLocked refreshes the summary that StaleAt reads. Sources are few (one per hits
+// Sources whose aggregator stopped writing. When a source partition passes from one
+// aggregator to another (a rebalance, an aggregator restarted or stopped), or its
+// aggregator died and the group waits for its session to time out, its heartbeats stop
+// while the others' go on, and its last view of the sites freezes: taken as it is, it would
+// make every site it lists look silent to every enforcer within about a second, and
+// crashed, since the other sources still hear their peers (their reservations would fade
+// while they go on admitting). Such a source says nothing new about the sites, which the
+// sources still written tell; how old its counts get is what Age and MaxStaleness judge. So
+// each source is taken with its own view of the sites — how long each had gone unheard on
+// that partition when its aggregator last wrote (AsOf − the site's time) — as of the newest
+// heartbeat of any source. A site cut off stays unheard in the sources that are written
+// (one of them is the newest), and is taken as silent as before; when every source stops
+// (Kafka down), none is behind the newest, and nothing changes.
+
+// recomputeLocked refreshes the summary that StaleAt reads, and the site times (see
+// "Sources whose aggregator stopped writing" above). Sources are few (one per hits
 // partition per data center), so a full pass per heartbeat is cheap.
 func (s *Snapshot) recomputeLocked() {
-	oldest, replaying := int64(noHeartbeat), false
+	oldest, newest, replaying := int64(noHeartbeat), int64(noHeartbeat), false
+	for _, h := range s.sources {
+		newest = max(newest, h.AsOf)
+	}
 	heard, left, peer := map[string]int64{}, map[string]int64{}, map[string]int64{}
 	for _, h := range s.sources {
 		if oldest == noHeartbeat || h.AsOf < oldest {
 			oldest = h.AsOf
 		}
 		replaying = replaying || h.Replaying
+		paused := newest - h.AsOf // its aggregator's pause, not the sites' (see above)
 		// The two latest sites of the source, so that each site's peer time is the latest
 		// of the others'.
 		var top1, top2 int64
 		top1Site := ""
 		for site, ms := range h.Sites {
+			ms += paused
 			if prev, ok := heard[site]; !ok || ms < prev {
 				heard[site] = ms
 			}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -200,7 +201,10 @@ func TestKafkaEmptyTopicReady(t *testing.T) {
 
 // TestKafkaUnreachable stops the broker under a running follower (an in-process kfake
 // cluster, which can be stopped): the snapshot keeps serving its last data, its age grows
-// because no heartbeat arrives, and Run keeps running until cancelled.
+// because no heartbeat arrives, and Run keeps running until cancelled (runSnapshot's
+// cleanup fails the test if it returned early or does not return). That the follower
+// reads a broker again once it is back is e2e's TestFaultKafkaDown, on a real broker that
+// keeps its data across the restart.
 func TestKafkaUnreachable(t *testing.T) {
 	const topic = "counts"
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, topic))
@@ -235,10 +239,7 @@ func TestKafkaUnreachable(t *testing.T) {
 	prod.Close()
 	cluster.Close()
 	closed = true
-	for range 3 {
-		clk.Advance(5 * time.Second)
-		time.Sleep(50 * time.Millisecond) // let the follower notice and retry
-	}
+	clk.Advance(15 * time.Second)
 	if s.Age() != 15*time.Second || !s.Stale() {
 		t.Fatalf("Kafka down 15s: Age %v, Stale %v", s.Age(), s.Stale())
 	}
@@ -274,5 +275,61 @@ func TestKafkaTopicCreatedLater(t *testing.T) {
 	waitReady(t, s)
 	if e, ok := s.Get("k"); !ok || e.Total != 2 {
 		t.Fatalf("Get(k) = %+v, %v at ready", e, ok)
+	}
+}
+
+// TestKafkaUnknownWriterRefused: a snapshot configured with its aggregators' names
+// believes only the records that carry one (topics.InstanceHeader): a forged count (total
+// 0) and a forged tombstone from another writer, or from one that names nobody, are
+// skipped and counted as unknown_instance, and the aggregator's count stays. Before,
+// every record of the topic was believed.
+func TestKafkaUnknownWriterRefused(t *testing.T) {
+	topic := countsTopic(t)
+	reg := prometheus.NewRegistry()
+	s, err := New(Config{Brokers: testenv.Brokers(t), Topic: topic, Aggregators: []string{"agg-1", "agg-2"}, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := testenv.KafkaClient(t, kgo.DefaultProduceTopic(topic))
+	now := time.Now()
+	count := func(total float64) []byte {
+		c := topics.Count{Key: "k", Window: 3_600_000, AsOf: now.UnixMilli(), Total: total, Sites: []topics.SiteCount{{Site: "us", Count: total, Demand: total}}}
+		v, err := c.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	from := func(inst string) []kgo.RecordHeader {
+		if inst == "" {
+			return nil
+		}
+		return []kgo.RecordHeader{{Key: topics.InstanceHeader, Value: []byte(inst)}}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, r := range []*kgo.Record{
+		{Key: []byte("k"), Value: count(3), Headers: from("agg-2")},
+		{Key: []byte("k"), Value: count(0), Headers: from("mallory")},
+		{Key: []byte("k"), Value: count(0)},
+		{Key: []byte("k"), Headers: from("mallory")}, // a tombstone
+		{Key: []byte("last"), Value: func() []byte {
+			c := topics.Count{Key: "last", Window: 60_000, AsOf: now.UnixMilli(), Total: 1, Sites: []topics.SiteCount{{Site: "us", Count: 1, Demand: 1}}}
+			v, _ := c.MarshalBinary()
+			return v
+		}(), Headers: from("agg-1")},
+	} {
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runSnapshot(t, s)
+	waitReady(t, s)
+	eventually(t, "the last record applied", func() bool { _, ok := s.Get("last"); return ok })
+	if e, ok := s.Get("k"); !ok || e.Total != 3 {
+		t.Fatalf("k = %+v, %v: want the aggregator's count, 3", e, ok)
+	}
+	if got := testutil.ToFloat64(s.met.badVec.WithLabelValues(ReasonUnknownInstance)); got != 3 {
+		t.Fatalf("bad_records_total{unknown_instance} = %v, want 3", got)
 	}
 }

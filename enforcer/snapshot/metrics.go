@@ -50,7 +50,7 @@ func newMetrics(s *Snapshot, reg prometheus.Registerer) (*metrics, error) {
 		siteConflicts: prometheus.NewGauge(prometheus.GaugeOpts(opts("site_conflicts",
 			"Sites the aggregators report announced by several instances that count apart."))),
 	}
-	for _, r := range append(topics.Reasons(), ReasonKeyMismatch, ReasonSubBuckets, ReasonTooFarFuture, ReasonBadTotal) {
+	for _, r := range append(topics.Reasons(), ReasonKeyMismatch, ReasonSubBuckets, ReasonTooFarFuture, ReasonBadTotal, ReasonUnknownInstance) {
 		m.badVec.WithLabelValues(r)
 	}
 	if reg == nil {

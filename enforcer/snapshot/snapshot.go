@@ -33,7 +33,7 @@ import (
 // Defaults of Config.
 const (
 	// DefaultMaxKeys is Config.MaxKeys when zero.
-	DefaultMaxKeys = 1_000_000
+	DefaultMaxKeys = 1 << 20
 	// DefaultMaxStaleness is Config.MaxStaleness when zero.
 	DefaultMaxStaleness = 10 * time.Second
 	// DefaultSweepInterval is Config.SweepInterval when zero.
@@ -41,6 +41,10 @@ const (
 	// DefaultMaxClockSkew is Config.MaxClockSkew when zero: the bound the aggregator puts
 	// on hits from the future, so that a count is held to what its hits were.
 	DefaultMaxClockSkew = 30 * time.Second
+	// DefaultMaxCountAhead is Config.MaxCountAhead when zero: an aggregator dates a count
+	// by its own clock when it publishes it, so a count from further ahead than clocks kept
+	// by NTP differ (milliseconds) was not made by an aggregator.
+	DefaultMaxCountAhead = 500 * time.Millisecond
 	// maxInternedSites bounds the table that shares site-name strings between entries.
 	maxInternedSites = 4096
 )
@@ -75,6 +79,9 @@ const (
 	ReasonSubBuckets   = "sub_buckets"
 	ReasonTooFarFuture = "too_far_future"
 	ReasonBadTotal     = "bad_total"
+	// ReasonUnknownInstance: a record of the counts topic not written by one of
+	// Config.Aggregators.
+	ReasonUnknownInstance = "unknown_instance"
 )
 
 // Config configures a Snapshot. Every field has a usable zero value, written in its comment,
@@ -93,8 +100,10 @@ type Config struct {
 	// site: Mine is always 0).
 	Site string
 	// MaxKeys bounds the number of counter keys held. A count for a new key arriving when
-	// the bound is reached is refused and counted (refused_keys_total) until tombstones or
-	// the idle sweep make room. Default DefaultMaxKeys (1,000,000).
+	// the bound is reached first sweeps the expired entries (at most once a second), and is
+	// refused and counted (refused_keys_total) when none has expired, until tombstones or
+	// the idle sweep make room: a count still in its window is never dropped for a new
+	// key, so a full snapshot never frees a client at its limit. Default DefaultMaxKeys.
 	MaxKeys int
 	// MaxBytes bounds the bytes the entries keep alive, by an estimate per entry (its
 	// Entry, per-site breakdown, key and map node), as MaxKeys bounds their number: a count
@@ -111,9 +120,18 @@ type Config struct {
 	// SweepInterval is how often Run removes idle entries (see Sweep). Default
 	// DefaultSweepInterval (10 s).
 	SweepInterval time.Duration
-	// MaxClockSkew is how far ahead of Clock a count's or heartbeat's time may be before
-	// the record is refused (ErrTooFarFuture). Default DefaultMaxClockSkew.
+	// MaxClockSkew is how far ahead of Clock a heartbeat's times may be before the record
+	// is refused (ErrTooFarFuture). Default DefaultMaxClockSkew.
 	MaxClockSkew time.Duration
+	// MaxCountAhead is how far ahead of Clock a count's as-of time may be before the count
+	// is refused (ErrTooFarFuture): a count dated ahead would be taken as newer than this
+	// site's own hits. Default DefaultMaxCountAhead.
+	MaxCountAhead time.Duration
+	// Aggregators, when set, are the instance IDs of the aggregators that write the counts
+	// topic: Run skips, and counts as unknown_instance, every record (count, tombstone,
+	// heartbeat) whose topics.InstanceHeader names none of them, or that has none.
+	// Default none: every record is believed.
+	Aggregators []string
 	// Clock tells the time for staleness and idle eviction. Default clock.Real{}.
 	Clock clock.Clock
 	// Logger receives the follower's progress and problems. Default: discard.
@@ -142,6 +160,9 @@ func (c Config) normalize() (Config, error) {
 	if c.MaxClockSkew == 0 {
 		c.MaxClockSkew = DefaultMaxClockSkew
 	}
+	if c.MaxCountAhead == 0 {
+		c.MaxCountAhead = DefaultMaxCountAhead
+	}
 	c.Clock = clock.Or(c.Clock)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -161,6 +182,9 @@ func (c Config) normalize() (Config, error) {
 	}
 	if c.MaxClockSkew < 0 {
 		errs = append(errs, fmt.Errorf("snapshot: MaxClockSkew %v is negative", c.MaxClockSkew))
+	}
+	if c.MaxCountAhead < 0 {
+		errs = append(errs, fmt.Errorf("snapshot: MaxCountAhead %v is negative", c.MaxCountAhead))
 	}
 	return c, errors.Join(errs...)
 }
@@ -231,6 +255,9 @@ type Snapshot struct {
 	bytes atomic.Int64
 	// version is incremented after every change of entries (see Version).
 	version atomic.Uint64
+	// nextFullSweep is when a new key that finds the snapshot full may next sweep it
+	// (unix ns; see sweepWhenFull).
+	nextFullSweep atomic.Int64
 
 	// start is when the snapshot was created, the age of its data until a heartbeat comes.
 	start time.Time
@@ -414,8 +441,9 @@ func (s *Snapshot) Apply(key, value []byte) error {
 // checkCount refuses, and counts, a count from beyond the clock-skew bound or whose total
 // disagrees with its sites.
 func (s *Snapshot) checkCount(c *topics.Count) error {
-	if err := s.checkTime(c.AsOf, "as-of"); err != nil {
-		return err
+	if limit := s.cfg.Clock.Now().Add(s.cfg.MaxCountAhead).UnixMilli(); c.AsOf > limit {
+		s.met.bad(ReasonTooFarFuture)
+		return fmt.Errorf("%w: as-of %s is more than %v ahead", ErrTooFarFuture, time.UnixMilli(c.AsOf).UTC().Format(time.RFC3339Nano), s.cfg.MaxCountAhead)
 	}
 	if len(c.Sites) == 0 {
 		return nil
@@ -456,12 +484,18 @@ func (s *Snapshot) set(key string, e *Entry) error {
 		// Reserve room before inserting, so that concurrent Apply calls cannot overshoot.
 		if s.keys.Add(1) > int64(s.cfg.MaxKeys) {
 			s.keys.Add(-1)
+			if s.sweepWhenFull() {
+				continue
+			}
 			s.met.refused.Inc()
 			return fmt.Errorf("snapshot: key %q: %w (%d keys)", truncate([]byte(key)), ErrFull, s.cfg.MaxKeys)
 		}
 		if b := s.bytes.Add(cost); s.cfg.MaxBytes > 0 && b > s.cfg.MaxBytes {
 			s.bytes.Add(-cost)
 			s.keys.Add(-1)
+			if s.sweepWhenFull() {
+				continue
+			}
 			s.met.refused.Inc()
 			return fmt.Errorf("snapshot: key %q: %w (%d bytes)", truncate([]byte(key)), ErrFull, s.cfg.MaxBytes)
 		}
@@ -472,6 +506,19 @@ func (s *Snapshot) set(key string, e *Entry) error {
 		s.keys.Add(-1) // inserted by a concurrent Apply: update it instead
 		s.bytes.Add(-cost)
 	}
+}
+
+// sweepWhenFull sweeps the expired entries when a new key finds the snapshot full, at
+// most once a second (a sweep reads every entry), and reports whether it removed any: the
+// counts of keys whose windows have passed go before a new key is refused, and a full
+// snapshot never drops a count that is still in its window (see Config.MaxKeys).
+func (s *Snapshot) sweepWhenFull() bool {
+	now := s.cfg.Clock.Now()
+	next := s.nextFullSweep.Load()
+	if now.UnixNano() < next || !s.nextFullSweep.CompareAndSwap(next, now.Add(time.Second).UnixNano()) {
+		return false
+	}
+	return s.Sweep(now) > 0
 }
 
 func (s *Snapshot) delete(key []byte) {

@@ -301,7 +301,7 @@ func TestBadRecordsSkippedAndCounted(t *testing.T) {
 }
 
 func TestBoundAndIdleSweep(t *testing.T) {
-	f := newFixture(t, Config{MaxKeys: 3})
+	f := newFixture(t, Config{MaxKeys: 3, MaxCountAhead: time.Minute})
 	s := f.s
 	f.apply(t, "a", countValue(t, "a", time.Minute, t0, map[string]float64{"eu": 1}))
 	f.apply(t, "b", countValue(t, "b", time.Minute, t0.Add(30*time.Second), map[string]float64{"eu": 1}))
@@ -519,6 +519,51 @@ func TestSiteTimes(t *testing.T) {
 	}
 }
 
+// A source whose heartbeats stop while the others' go on (its aggregator handing it over,
+// restarting, or dead) is taken with its view of the sites as of the newest heartbeat: the
+// pause is its aggregator's, and no site looks silent, or crashed, because of it. A site
+// cut off still does.
+func TestSiteTimesWhileAnAggregatorPauses(t *testing.T) {
+	f := newFixture(t, Config{})
+	beat := func(p int32, asOf int64, sites map[string]int64) {
+		t.Helper()
+		v, err := topics.Heartbeat{Instance: "a", Topic: "hits", Partition: p, AsOf: asOf, Sites: sites}.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.apply(t, topics.HeartbeatKey("hits", p), v)
+	}
+	get := func(site string) SiteTime {
+		e, _ := f.s.SiteTimes().Get(site)
+		return e
+	}
+	// Partition 1 had heard eu 300 ms and us 200 ms before its last heartbeat.
+	beat(1, 10_000, map[string]int64{"eu": 9_700, "us": 9_800})
+	// Then partition 1's aggregator stops; the others go on every 500 ms for 20 s.
+	for asOf := int64(10_000); asOf <= 30_000; asOf += 500 {
+		beat(0, asOf, map[string]int64{"eu": asOf - 500, "us": asOf - 400})
+		beat(2, asOf, map[string]int64{"eu": asOf - 500, "us": asOf - 400})
+		// Partition 1's view, as of the newest heartbeat, is fresher than the others'.
+		if eu := get("eu"); eu.Heard != asOf-500 || eu.Peer < asOf-400 {
+			t.Fatalf("partition 1 %d ms behind: eu %+v, want heard at %d and its peer us at %d", asOf-10_000, eu, asOf-500, asOf-400)
+		}
+	}
+	// Its new owner takes over.
+	beat(1, 30_000, map[string]int64{"eu": 29_600, "us": 29_600})
+	if eu := get("eu"); eu.Heard != 29_500 {
+		t.Fatalf("after the handover eu heard at %d, want 29500", eu.Heard)
+	}
+	// eu cut off: every source goes on, each with eu's time frozen; us is still heard.
+	for asOf := int64(30_500); asOf <= 33_000; asOf += 500 {
+		for p := range int32(3) {
+			beat(p, asOf, map[string]int64{"eu": 29_500, "us": asOf - 400})
+		}
+	}
+	if eu := get("eu"); eu.Heard != 29_500 {
+		t.Fatalf("cut off: eu heard at %d, want 29500", eu.Heard)
+	}
+}
+
 // A count made on another sub-bucket grid is refused and counted; one that states none
 // (version 1) or the same is applied.
 func TestSubBucketMismatch(t *testing.T) {
@@ -561,8 +606,9 @@ func TestSiteConflictReported(t *testing.T) {
 	}
 }
 
-// A count or heartbeat from beyond the clock-skew bound is refused and counted; one within
-// it is applied.
+// A count from further ahead than DefaultMaxCountAhead (500 ms), or a heartbeat from
+// beyond the clock-skew bound, is refused and counted; one within it is applied. A count
+// 25 s ahead, within the heartbeats' 30 s, was believed before.
 func TestFutureRecordsRefused(t *testing.T) {
 	f := newFixture(t, Config{})
 	tenYears := t0.AddDate(10, 0, 0)
@@ -572,9 +618,12 @@ func TestFutureRecordsRefused(t *testing.T) {
 	if _, ok := f.s.Get("k"); ok {
 		t.Fatal("count 10 years ahead was applied")
 	}
-	f.apply(t, "k", countValue(t, "k", time.Minute, t0.Add(DefaultMaxClockSkew), map[string]float64{"us": 1}))
+	if err := f.s.Apply([]byte("k"), countValue(t, "k", time.Minute, t0.Add(25*time.Second), map[string]float64{"us": 0})); !errors.Is(err, ErrTooFarFuture) {
+		t.Fatalf("count 25 s ahead: %v, want ErrTooFarFuture", err)
+	}
+	f.apply(t, "k", countValue(t, "k", time.Minute, t0.Add(DefaultMaxCountAhead), map[string]float64{"us": 1}))
 	if e, ok := f.s.Get("k"); !ok || e.Total != 1 {
-		t.Fatalf("count at the skew bound: %+v %v", e, ok)
+		t.Fatalf("count at the bound: %+v %v", e, ok)
 	}
 
 	hk, hv := heartbeat(t, "hits", 0, tenYears, false)
@@ -593,8 +642,8 @@ func TestFutureRecordsRefused(t *testing.T) {
 	if heard, ok := f.s.SiteTimes().Heard("us"); !ok || heard != t0.Add(DefaultMaxClockSkew).UnixMilli() {
 		t.Fatalf("site us heard until %v (%v), want the skew bound", time.UnixMilli(heard).UTC(), ok)
 	}
-	if got := f.metric(t, "streamlimit_snapshot_bad_records_total", "reason", ReasonTooFarFuture); got != 3 {
-		t.Fatalf("bad_records_total{too_far_future} = %v, want 3", got)
+	if got := f.metric(t, "streamlimit_snapshot_bad_records_total", "reason", ReasonTooFarFuture); got != 4 {
+		t.Fatalf("bad_records_total{too_far_future} = %v, want 4", got)
 	}
 }
 

@@ -9,6 +9,9 @@ import java.util.Map;
 import java.util.Properties;
 import java.util.TreeMap;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.producer.KafkaProducer;
@@ -102,7 +105,7 @@ public final class StreamlimitClient {
         Map<String, Double> sites = new HashMap<>();
     }
 
-    static Count awaitCount(String brokers, String topic, String key, String site, double want, Duration timeout) {
+    static Count awaitCount(String brokers, String topic, String key, String site, double want, Duration timeout) throws java.io.IOException {
         Properties p = new Properties();
         p.put("bootstrap.servers", brokers);
         p.put("key.deserializer", ByteArrayDeserializer.class.getName());
@@ -132,10 +135,20 @@ public final class StreamlimitClient {
         return null;
     }
 
-    /** Decodes a binary count, version 1 or 2 (the format the README describes). */
-    static Count decode(byte[] v) {
+    static final ObjectMapper JSON = new ObjectMapper();
+
+    /**
+     * Decodes a count in either form the aggregator writes (--counts-format): JSON, read here
+     * with Jackson, or binary version 2 or 1, told apart by the first byte.
+     */
+    static Count decode(byte[] v) throws java.io.IOException {
         if (v.length > 0 && v[0] == '{') {
-            throw new IllegalArgumentException("JSON counts: read them with any JSON library");
+            JsonNode n = JSON.readTree(v);
+            Count c = new Count();
+            c.key = n.get("key").asText();
+            c.total = n.get("total").asDouble();
+            n.get("sites").fields().forEachRemaining(e -> c.sites.put(e.getKey(), e.getValue().asDouble()));
+            return c;
         }
         ByteBuffer b = ByteBuffer.wrap(v).order(ByteOrder.LITTLE_ENDIAN);
         int version = b.get();

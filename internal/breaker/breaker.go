@@ -8,7 +8,12 @@
 // Judging a rate rather than a run of failures is what lets the defaults survive load: a
 // busy but healthy dependency whose slowest calls now and then pass the caller's timeout
 // fails a tiny fraction of calls and keeps the breaker closed, while a dependency that is
-// down fails them all and opens it after MinFailures calls.
+// down fails them all and opens it after MinFailures calls. The rate alone is slow to
+// judge a dependency that stops answering after a busy spell: the window's earlier
+// successes outweigh the new failures until they leave it, up to a whole Window later. So
+// a dependency that has answered nothing for Options.Silence, while at least MinFailures
+// calls failed, opens the breaker too: a busy but healthy one answers something every
+// moment.
 //
 // Open lets nothing through. Once Options.ProbeInterval has passed since it opened, the
 // next Allow is let through as a probe and the breaker is HalfOpen: one probe at a time,
@@ -57,6 +62,7 @@ const (
 	DefaultErrorRate      = 0.5
 	DefaultProbeInterval  = time.Second
 	DefaultProbeSuccesses = 3
+	DefaultSilence        = 500 * time.Millisecond
 )
 
 // buckets is the number of parts the error-rate window is kept in: the window slides by
@@ -80,6 +86,11 @@ type Options struct {
 	// ProbeSuccesses is the number of successful probes in a row that close the breaker.
 	// Default DefaultProbeSuccesses.
 	ProbeSuccesses int
+	// Silence opens a closed breaker, whatever the error rate, once no call has succeeded
+	// for this long and at least MinFailures calls failed since the last success. It
+	// should exceed the callers' timeout, so that calls that merely wait out one slow
+	// spell do not open it. Default DefaultSilence.
+	Silence time.Duration
 	// Clock tells time. Default (nil): clock.Real{}.
 	Clock clock.Clock
 	// OnStateChange, if set, is called with the new state after every transition, with
@@ -95,6 +106,7 @@ type Breaker struct {
 	rate      float64
 	interval  time.Duration
 	successes int
+	silence   time.Duration
 	clk       clock.Clock
 	onChange  func(State)
 
@@ -104,6 +116,10 @@ type Breaker struct {
 	since   time.Time // when the breaker last opened or let a probe through
 	probing bool      // a probe is in flight (HalfOpen)
 	good    int       // successful probes in a row (HalfOpen)
+	// lastOK is when a call last succeeded, or the breaker last closed or was made
+	// (Closed); run counts the failures since then.
+	lastOK time.Time
+	run    int
 }
 
 // bucket holds the outcomes of one Window/buckets slice of time, numbered from the epoch.
@@ -129,10 +145,15 @@ func New(opts Options) *Breaker {
 	if opts.ProbeSuccesses <= 0 {
 		opts.ProbeSuccesses = DefaultProbeSuccesses
 	}
-	return &Breaker{
-		width: max(opts.Window/buckets, time.Nanosecond), minFail: opts.MinFailures, rate: opts.ErrorRate,
-		interval: opts.ProbeInterval, successes: opts.ProbeSuccesses, clk: clock.Or(opts.Clock), onChange: opts.OnStateChange,
+	if opts.Silence <= 0 {
+		opts.Silence = DefaultSilence
 	}
+	b := &Breaker{
+		width: max(opts.Window/buckets, time.Nanosecond), minFail: opts.MinFailures, rate: opts.ErrorRate,
+		interval: opts.ProbeInterval, successes: opts.ProbeSuccesses, silence: opts.Silence, clk: clock.Or(opts.Clock), onChange: opts.OnStateChange,
+	}
+	b.lastOK = b.clk.Now()
+	return b
 }
 
 // Allow reports whether a call may go to the dependency now, and whether it is a probe of
@@ -170,20 +191,24 @@ func (b *Breaker) Success() {
 	defer b.mu.Unlock()
 	switch b.state {
 	case Closed:
-		b.cur(b.clk.Now()).calls++
+		now := b.clk.Now()
+		b.cur(now).calls++
+		b.lastOK, b.run = now, 0
 	case HalfOpen:
 		b.probing = false
 		b.good++
 		if b.good >= b.successes {
 			b.ring = [buckets]bucket{}
+			b.lastOK, b.run = b.clk.Now(), 0
 			b.set(Closed)
 		}
 	}
 }
 
 // Failure reports a failed call (an error or a timeout of the dependency). A closed
-// breaker opens when the window's failures reach MinFailures and ErrorRate of its calls;
-// a failed probe opens a half-open breaker again.
+// breaker opens when the window's failures reach MinFailures and ErrorRate of its calls,
+// or when MinFailures calls failed and none succeeded for Silence; a failed probe opens a
+// half-open breaker again.
 func (b *Breaker) Failure() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -193,8 +218,10 @@ func (b *Breaker) Failure() {
 		c := b.cur(now)
 		c.calls++
 		c.failures++
+		b.run++
 		calls, failures := b.totals(c.idx)
-		if failures >= b.minFail && float64(failures) >= b.rate*float64(calls) {
+		if failures >= b.minFail && float64(failures) >= b.rate*float64(calls) ||
+			b.run >= b.minFail && now.Sub(b.lastOK) >= b.silence {
 			b.open(now)
 		}
 	case HalfOpen:

@@ -57,10 +57,11 @@ func TestErrorRateOpens(t *testing.T) {
 	}
 }
 
-// TestOldFailuresLeaveTheWindow: failures older than Window no longer count.
+// TestOldFailuresLeaveTheWindow: failures older than Window no longer count (Silence, which
+// would open it on a dependency that answers nothing for long, is set out of the way).
 func TestOldFailuresLeaveTheWindow(t *testing.T) {
 	clk := clock.NewFake(time.Unix(1000, 0))
-	b := New(Options{Clock: clk, MinFailures: 3, Window: time.Second})
+	b := New(Options{Clock: clk, MinFailures: 3, Window: time.Second, Silence: time.Hour})
 	for range 2 {
 		allowed(b)
 		b.Failure()
@@ -156,5 +157,49 @@ func TestLostAndCanceledProbes(t *testing.T) {
 	}
 	if b.State() != HalfOpen {
 		t.Fatalf("state = %v, want half-open", b.State())
+	}
+}
+
+// TestSilenceOpens: a dependency that stops answering after a busy spell opens the breaker
+// once it has answered nothing for Silence (with MinFailures failures since), although the
+// window's earlier successes keep the error rate far below ErrorRate; failures with
+// successes between them, or a silence shorter than Silence, do not.
+func TestSilenceOpens(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1000, 0))
+	b := New(Options{Clock: clk})
+	busy := func() {
+		for range 10_000 {
+			allowed(b)
+			b.Success()
+			clk.Advance(100 * time.Microsecond)
+		}
+	}
+	busy()
+	// A spell of 300 ms in which 32 calls time out, then answers again: closed.
+	clk.Advance(300 * time.Millisecond)
+	for range 32 {
+		allowed(b)
+		b.Failure()
+	}
+	if b.State() != Closed {
+		t.Fatalf("a 300 ms spell opened the breaker (Silence %v)", DefaultSilence)
+	}
+	busy()
+	// Every call fails from here on: 32 callers, each call timing out after 250 ms.
+	var opened time.Duration
+	for step := time.Duration(0); step <= 2*time.Second; step += 250 * time.Millisecond {
+		for range 32 {
+			if allowed(b) {
+				b.Failure()
+			}
+		}
+		if b.State() != Closed {
+			opened = step
+			break
+		}
+		clk.Advance(250 * time.Millisecond)
+	}
+	if b.State() != Open || opened != 500*time.Millisecond {
+		t.Fatalf("state %v after failures for %v; want open at %v", b.State(), opened, DefaultSilence)
 	}
 }

@@ -139,3 +139,14 @@ func kafkaScript() (string, error) {
 		dir = parent
 	}
 }
+
+// ACLs runs Kafka's kafka-acls.sh (kafka.admin.AclCommand) with args, through kafka.sh
+// (`kafka.sh acls ARGS...`), and returns its output and error.
+func (b *Broker) ACLs(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", append([]string{b.script, "acls"}, args...)...)
+	cmd.Env = append(append(os.Environ(), "STREAMLIMIT_RUN_DIR="+b.dir), b.env...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}

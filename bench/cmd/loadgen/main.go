@@ -73,8 +73,9 @@ func main() {
 		if r.Calls > 0 {
 			ns = float64(r.Elapsed.Nanoseconds()) / float64(r.Calls)
 		}
-		fmt.Printf("Benchmark%s \t%d\t%.0f ns/op\t%.0f req/s\t%.0f p50-µs\t%.0f p99-µs\t%d admitted\t%d denied\t%d errors\n",
-			bench, 1, ns, r.ReqPerSec, float64(r.P50.Microseconds()), float64(r.P99.Microseconds()), r.Admitted, r.Denied, r.Errors)
+		fmt.Printf("Benchmark%s \t%d\t%.0f ns/op\t%.0f req/s\t%.0f p50-µs\t%.0f p99-µs\t%d admitted\t%d denied\t%d errors\t%d start-unix-µs\t%d end-unix-µs\n",
+			bench, 1, ns, r.ReqPerSec, float64(r.P50.Microseconds()), float64(r.P99.Microseconds()), r.Admitted, r.Denied, r.Errors,
+			r.Start.UnixMicro(), r.End.UnixMicro())
 	default:
 		fmt.Printf("%s %s: %d calls in %v: %.0f req/s, p50 %v, p99 %v, admitted %d, denied %d, errors %d\n",
 			cfg.API, cfg.Addr, r.Calls, r.Elapsed.Round(1e6), r.ReqPerSec, r.P50, r.P99, r.Admitted, r.Denied, r.Errors)

@@ -24,6 +24,9 @@ import (
 // Options.MaxKeys.
 var ErrTooManyKeys = errors.New("countsview: too many counter keys")
 
+// DefaultMaxKeys is Options.MaxKeys when zero.
+const DefaultMaxKeys = 1 << 20
+
 // Options says where the counts topic is and how much of it to keep. The zero value is not
 // usable: Kafka must hold at least the seed brokers.
 type Options struct {
@@ -33,7 +36,7 @@ type Options struct {
 	// Topic is the counts topic. Default topics.DefaultCountsTopic ("counts").
 	Topic string
 	// MaxKeys bounds how many counters Read keeps in memory (after Filter); a topic with more
-	// makes Read fail with ErrTooManyKeys rather than grow without bound. Default 1,000,000.
+	// makes Read fail with ErrTooManyKeys rather than grow without bound. Default DefaultMaxKeys.
 	MaxKeys int
 }
 
@@ -42,7 +45,7 @@ func (o Options) normalize() Options {
 		o.Topic = topics.DefaultCountsTopic
 	}
 	if o.MaxKeys <= 0 {
-		o.MaxKeys = 1_000_000
+		o.MaxKeys = DefaultMaxKeys
 	}
 	return o
 }

@@ -121,8 +121,8 @@ type Result struct {
 	// Outside counts the hit records read whose bucket starts outside [From, To), or whose
 	// key Keep left out.
 	Outside int64
-	// Heartbeats counts the site heartbeats skipped.
-	Heartbeats int64
+	// SiteRecords counts the site heartbeats and leave records skipped.
+	SiteRecords int64
 	// Rerouted counts the aggregator's re-routed copies skipped: their originals, on the
 	// partition they were first written to, are counted instead.
 	Rerouted int64
@@ -192,8 +192,8 @@ func (res *Result) add(o Options, r *kgo.Record, sums map[rowKey]*Row) {
 		res.BadReasons[topics.Reason(err)]++
 		return
 	}
-	if h.IsSiteHeartbeat() {
-		res.Heartbeats++
+	if h.IsSiteRecord() {
+		res.SiteRecords++
 		return
 	}
 	if h.BucketStart < o.From.UnixMilli() || h.BucketStart >= o.To.UnixMilli() || (o.Keep != nil && !o.Keep(h.Key)) {

@@ -11,7 +11,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 )
 
-// Counter names one counting method of the seed-003 comparison.
+// Counter names one counting method of the counting-rules comparison.
 type Counter string
 
 // The counting methods compared, each run through the project's real code.
@@ -21,7 +21,7 @@ const (
 	// TwoWindow is algo.SlidingWindow: the current aligned window plus the previous one
 	// weighted by its overlap (the common "approximate sliding window").
 	TwoWindow Counter = "sliding window counter (2 windows)"
-	// SubWindows is the aggregator's rule (package aggregator/window) with the
+	// SubWindows is the aggregator's rule (package window) with the
 	// comparison's sub-bucket count, through enforcer.LocalCounter, which global limits use
 	// for a site's own count.
 	SubWindows Counter = "sub-window counts"
@@ -32,7 +32,7 @@ const (
 // Counters returns the compared methods in table order.
 func Counters() []Counter { return []Counter{FixedWindow, TwoWindow, SubWindows, ExactLog} }
 
-// CompareConfig is one seed-003 comparison: the same requests of one client against one
+// CompareConfig is one counting-rules comparison: the same requests of one client against one
 // local limiter (one site, no pipeline), counted by each method. Every zero field takes
 // the default written in its comment.
 type CompareConfig struct {
@@ -62,7 +62,7 @@ type CompareResult struct {
 	Result
 }
 
-// Compare runs the seed-003 comparison and returns one result per method, in Counters
+// Compare runs the counting-rules comparison and returns one result per method, in Counters
 // order.
 func Compare(ctx context.Context, cfg CompareConfig) ([]CompareResult, error) {
 	if cfg.Scenario == "" {

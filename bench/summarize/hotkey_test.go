@@ -1,0 +1,72 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/streamlimit/streamlimit/enforcer/algo"
+)
+
+// TestExactBoundIsReached: for every algorithm, a load that always has a request waiting
+// (one every 10 µs) on a fresh key, decided by package algo over runs that start at
+// several offsets into the second, is admitted at most exactBound and within 1% of it:
+// the bound is what the algorithm admits, not what it should admit.
+func TestExactBoundIsReached(t *testing.T) {
+	const a = 100
+	for _, alg := range []algo.Algorithm{algo.SlidingWindow, algo.FixedWindow, algo.SlidingLog, algo.TokenBucket, algo.LeakyBucket, algo.GCRA} {
+		for _, phase := range []time.Duration{0, 786 * time.Millisecond, 999 * time.Millisecond} {
+			start := time.Unix(1_800_000_000, 0).Add(phase)
+			end := start.Add(2*time.Second + 3*time.Millisecond)
+			st := algo.New(algo.Options{})
+			op := algo.Op{Key: "k", Algorithm: alg, Limit: algo.Limit{Requests: a, Window: time.Second}, N: 1}
+			var got int64
+			for now := start; !now.After(end); now = now.Add(10 * time.Microsecond) {
+				if st.Allow(now, op).Allowed {
+					got++
+				}
+			}
+			want, ok := exactBound(alg.String(), a, time.Second, start, end)
+			if !ok {
+				t.Fatalf("%v: no bound", alg)
+			}
+			if got > want || got < want-want/100 {
+				t.Errorf("%v from +%v: admitted %d, bound %d", alg, phase, got, want)
+			}
+		}
+	}
+}
+
+// TestHotKeyTableOfRedisDoc: the raw hot-key run that docs/redis.md quotes summarises to
+// the figures it quotes (admitted and exact bound per row).
+func TestHotKeyTableOfRedisDoc(t *testing.T) {
+	f, err := os.Open("../../bench-results/hotkey-2026-11-25-2340.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r := &run{}
+	if err := parse(f, r); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	writeHotKey(&b, r)
+	doc, err := os.ReadFile("../../docs/redis.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range []struct{ table, doc string }{
+		{"| site | sliding_window | 32 | 5356 | 5540 |", "| `sliding_window` | 32 | 5 356 | 5 540 | 5 195 | 5 210 | 0 |"},
+		{"| local | sliding_window | 32 | 5195 | 5210 |", "| `sliding_window` | 32 | 5 356 | 5 540 | 5 195 | 5 210 | 0 |"},
+		{"| site | gcra | 128 | 5914 | 6000 |", "| `gcra` | 128 | 5 914 | 6 000 | 5 925 | 6 020 | 0 |"},
+		{"| site | fixed_window | 128 | 5021 | 6000 | 0.837 | 44 |", "| `fixed_window` | 128 | 5 021 | 6 000 | 6 000 | 6 000 | 44 |"},
+	} {
+		if !strings.Contains(b.String(), row.table) {
+			t.Errorf("summary of the raw run lacks %q:\n%s", row.table, b.String())
+		}
+		if !strings.Contains(string(doc), row.doc) {
+			t.Errorf("docs/redis.md lacks %q", row.doc)
+		}
+	}
+}

@@ -1,0 +1,242 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// aclRecipe returns the kafka-acls.sh command lines of docs/hardening.md's recipe ("Who
+// may write counts"), each split into its arguments, with $ADMIN replaced by admin.
+func aclRecipe(t *testing.T, admin string) [][]string {
+	t.Helper()
+	f, err := os.Open(filepath.Join("..", "..", "docs", "hardening.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var cmds [][]string
+	in := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "### Who may write counts"):
+			in = true
+		case in && strings.HasPrefix(line, "#"):
+			in = false
+		case in && strings.HasPrefix(line, "kafka-acls.sh "):
+			args := strings.Fields(strings.ReplaceAll(line, `"$ADMIN"`, admin))
+			cmds = append(cmds, args[1:])
+		}
+	}
+	if len(cmds) == 0 {
+		t.Fatal("docs/hardening.md has no kafka-acls.sh lines under \"### Who may write counts\"")
+	}
+	return cmds
+}
+
+// TestKafkaACLRecipe starts a private broker with ACLs on (KRaft's StandardAuthorizer,
+// nothing allowed without an ACL) and a SASL listener with three SCRAM users, applies the
+// ACL recipe of docs/hardening.md with kafka-acls.sh, and checks it: the aggregator and
+// the enforcer, each with its own user, count hits end to end; the enforcer's user, and a
+// user without ACLs, cannot write a count (a forged count, total 0, is refused by the
+// broker), nor can the user without ACLs read one.
+func TestKafkaACLRecipe(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a private broker")
+	}
+	dir := t.TempDir()
+	saslAddr := freePort(t)
+	_, saslPort, _ := net.SplitHostPort(saslAddr)
+	props := filepath.Join(dir, "acl.properties")
+	// The PLAINTEXT listener is the admin's (and the controller's) and a super user, as an
+	// operator's admin listener would be; clients use the SASL listener.
+	if err := os.WriteFile(props, []byte(fmt.Sprintf(`listeners=PLAINTEXT://127.0.0.1:@PORT@,SASL_PLAINTEXT://127.0.0.1:%s,CONTROLLER://127.0.0.1:@CPORT@
+advertised.listeners=PLAINTEXT://127.0.0.1:@PORT@,SASL_PLAINTEXT://127.0.0.1:%[1]s
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS
+allow.everyone.if.no.acl.found=false
+`, saslPort)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := testenv.PrivateKafkaEnv(t, "STREAMLIMIT_KAFKA_EXTRA_PROPERTIES="+props)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	admin, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	var users []kadm.UpsertSCRAM
+	for _, u := range []string{"aggregator", "enforcer", "mallory"} {
+		users = append(users, kadm.UpsertSCRAM{User: u, Mechanism: kadm.ScramSha512, Iterations: 4096, Password: u + "-secret"})
+	}
+	res, err := kadm.NewClient(admin).AlterUserSCRAMs(ctx, nil, users)
+	if err == nil {
+		err = res.Error()
+	}
+	if err != nil {
+		t.Fatalf("creating the SCRAM users: %v", err)
+	}
+	topicArgs := []string{"--hits-topic", "hits", "--counts-topic", "counts", "--partitions", "2", "--counts-partitions", "2"}
+	if out, err := run(t, append([]string{"topics", "ensure", "--brokers", b.Addr()}, topicArgs...)...); err != nil {
+		t.Fatalf("topics ensure (admin): %v\n%s", err, out)
+	}
+	for _, args := range aclRecipe(t, b.Addr()) {
+		if out, err := b.ACLs(args...); err != nil {
+			t.Fatalf("kafka-acls.sh %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+
+	sec := func(user string) []string {
+		return []string{"--brokers", saslAddr, "--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", user, "--kafka-sasl-password", user + "-secret"}
+	}
+	rules := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 2)
+	start := func(args ...string) {
+		go func() {
+			cmd := newRootCmd()
+			cmd.SetArgs(args)
+			cmd.SetOut(&strings.Builder{})
+			cmd.SetErr(&strings.Builder{})
+			done <- cmd.ExecuteContext(runCtx)
+		}()
+	}
+	// The enforcer also believes only its aggregator's records (--aggregator-instances).
+	start(append([]string{"aggregator", "--hits-topic", "hits", "--counts-topic", "counts", "--admin-listen", freePort(t), "--log-level", "warn",
+		"--instance-id", "agg-eu-1"}, sec("aggregator")...)...)
+	httpAddr := freePort(t)
+	start(append([]string{"enforcer", "--site", "eu", "--rules", rules, "--hits-topic", "hits", "--counts-topic", "counts",
+		"--http-listen", httpAddr, "--grpc-listen", "off", "--log-level", "warn", "--aggregator-instances", "agg-eu-1"}, sec("enforcer")...)...)
+	defer func() {
+		stop()
+		for range 2 {
+			if err := <-done; err != nil {
+				t.Errorf("command exited with %v", err)
+			}
+		}
+	}()
+	admitted, answerBy := 0, time.Now().Add(60*time.Second)
+	for admitted < 3 {
+		resp, err := http.Post("http://"+httpAddr+"/v1/check", "application/json",
+			strings.NewReader(`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"42"}]}]}`))
+		if err != nil {
+			if time.Now().After(answerBy) {
+				t.Fatalf("enforcer never answered: %v", err)
+			}
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			admitted++
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		out, err := run(t, append([]string{"counts", "get", "api|user=42#60s", "--counts-topic", "counts"}, sec("enforcer")...)...)
+		if err == nil && strings.Contains(out, "eu") && strings.Contains(out, "3") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the aggregator's count of eu's 3 hits never showed: %v\n%s\nbroker log: %s", err, out, b.LogFile())
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+
+	// The enforcer's snapshot took the aggregator's count and heartbeats (fresh), and
+	// refused no record as another writer's.
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		m := scrape(t, "http://"+httpAddr+"/metrics")
+		if m["streamlimit_snapshot_keys"] >= 1 && m["streamlimit_snapshot_stale"] == 0 {
+			if n := m[`streamlimit_snapshot_bad_records_total{reason="unknown_instance"}`]; n != 0 {
+				t.Fatalf("the enforcer refused %v of its aggregator's records", n)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the enforcer's snapshot never took the aggregator's records: %v", m)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+
+	// A forged count: total 0 for the key the enforcer just counted.
+	c := topics.Count{Key: "api|user=42#60s", Window: 60_000, AsOf: time.Now().UnixMilli(), Total: 0}
+	forged, err := c.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := func(user string) *kgo.Client {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(saslAddr), kgo.SASL(scram.Auth{User: user, Pass: user + "-secret"}.AsSha512Mechanism()),
+			kgo.RecordRetries(2), kgo.ConsumeTopics("counts"), kgo.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cl.Close)
+		return cl
+	}
+	for _, user := range []string{"enforcer", "mallory"} {
+		err := client(user).ProduceSync(ctx, &kgo.Record{Topic: "counts", Key: []byte(c.Key), Value: forged}).FirstErr()
+		if !errors.Is(err, kerr.TopicAuthorizationFailed) {
+			t.Errorf("%s writing a count: %v, want TOPIC_AUTHORIZATION_FAILED", user, err)
+		}
+	}
+	pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer pcancel()
+	var readErr error
+	client("mallory").PollFetches(pctx).EachError(func(_ string, _ int32, err error) { readErr = err })
+	if !errors.Is(readErr, kerr.TopicAuthorizationFailed) {
+		t.Errorf("mallory reading counts: %v, want TOPIC_AUTHORIZATION_FAILED", readErr)
+	}
+}
+
+// scrape reads the Prometheus text at u into a map from each sample's name with its
+// labels, as written, to its value.
+func scrape(t *testing.T, u string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	m := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		var v float64
+		if _, err := fmt.Sscan(line[i+1:], &v); err == nil {
+			m[line[:i]] = v
+		}
+	}
+	return m
+}

@@ -1,0 +1,204 @@
+package rlqs
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"github.com/streamlimit/streamlimit/enforcer"
+)
+
+// kind is the strategy of an assignment, as the client holds it.
+type kind uint8
+
+const (
+	// kindNone: no assignment sent (the client decides by its no_assignment_behavior).
+	kindNone kind = iota
+	// kindAllow: ALLOW_ALL, for a bucket that no global limit applies to.
+	kindAllow
+	// kindDeny: DENY_ALL, when this client's part of the room is below one request.
+	kindDeny
+	// kindTokens: a token bucket of burst tokens, refilled with fill tokens per
+	// FillInterval.
+	kindTokens
+	// kindPerUnit: requests_per_time_unit, burst requests per Unit.
+	kindPerUnit
+)
+
+// assignment is what a holder was told: the strategy and its numbers.
+type assignment struct {
+	kind  kind
+	burst uint32 // max_tokens, or requests_per_time_unit
+	fill  uint32 // tokens_per_fill per FillInterval (kindTokens)
+}
+
+// FillInterval is the fill_interval of every token bucket the server assigns. Rates are
+// tokens_per_fill / FillInterval, so its length is their resolution (1/60 request per
+// second); it never changes, because Envoy compares a new token bucket with the one it
+// holds by max_tokens, tokens_per_fill and fill_interval's nanoseconds only, so a change of
+// whole seconds alone would go unnoticed.
+const FillInterval = time.Minute
+
+// rate returns the assignment's refill rate, requests per second.
+func (a assignment) rate(unit time.Duration) float64 {
+	switch a.kind {
+	case kindTokens:
+		return float64(a.fill) / FillInterval.Seconds()
+	case kindPerUnit:
+		return float64(a.burst) / unit.Seconds()
+	}
+	return 0
+}
+
+// keyState is one counter key's holders at this server — the buckets of open or draining
+// streams whose requests count toward it — summed, so that a holder's assignment is
+// computed from all of them in constant time. Each holder adds its contribution and takes
+// it back before changing it.
+type keyState struct {
+	key string
+
+	mu     sync.Mutex
+	refs   int     // holders contributing, open or draining
+	open   int     // holders on open streams
+	demand float64 // Σ demand of holders on open streams, requests per second
+	tok    float64 // Σ tokens each holder had after its last report
+	rate   float64 // Σ refill rates assigned
+	rateAt float64 // Σ rate × time of the holder's last report (seconds since the epoch)
+}
+
+// contribution is what one holder adds to each of its keys' sums.
+type contribution struct {
+	open   int
+	demand float64
+	tok    float64
+	rate   float64
+	rateAt float64
+}
+
+func (k *keyState) add(c contribution, sign float64) {
+	k.open += int(sign) * c.open
+	k.demand += sign * c.demand
+	k.tok += sign * c.tok
+	k.rate += sign * c.rate
+	k.rateAt += sign * c.rateAt
+}
+
+// held is, at t, the most the holders may have admitted since their last reports plus
+// the tokens they hold: for each, its tokens after its last report plus its refill since.
+// Called with k.mu held.
+func (k *keyState) held(t float64) float64 {
+	return max(k.tok+k.rate*t-k.rateAt, 0)
+}
+
+// model is the server's picture of one holder's assignment, which the client runs on its
+// own: the tokens it may hold and how fast they come back. From it the server knows the
+// most the client can admit before its next report, without being told.
+type model struct {
+	a    assignment
+	tok  float64 // tokens after the last report (an upper bound)
+	last float64 // time of the last report, seconds since the epoch
+}
+
+// afterReport updates m for a report at t of admitted requests: the bucket refilled since
+// the last report, capped at its burst, less what was admitted. The result bounds the
+// client's real tokens from above whatever the order of its refills and admissions.
+func (m *model) afterReport(t float64, admitted uint64, unit time.Duration) {
+	switch m.a.kind {
+	case kindTokens:
+		m.tok = min(float64(m.a.burst), m.tok+m.a.rate(unit)*max(t-m.last, 0)) - float64(admitted)
+		m.tok = min(max(m.tok, 0), float64(m.a.burst))
+	case kindPerUnit:
+		// A fixed window may start again at any instant: its whole allowance is always
+		// available as far as the server knows.
+		m.tok = float64(m.a.burst)
+	default:
+		m.tok = 0
+	}
+	m.last = t
+}
+
+// adopt switches m to assignment a, as Envoy applies it (global_client_impl.cc,
+// onQuotaResponseImpl and createTokenBucketFromAction): a token bucket equal to the one
+// held is kept with its tokens; any other is made anew, full when the old one's fraction
+// of its max_tokens times the new max_tokens, rounded down, is at least one token, empty
+// otherwise (that count is passed where AtomicTokenBucketImpl takes a flag to fill), and
+// full when there was none.
+func (m *model) adopt(a assignment) {
+	switch {
+	case a.kind == kindTokens && m.a.kind == kindTokens:
+		if a != m.a {
+			if m.a.burst > 0 && math.Floor(float64(a.burst)*(m.tok/float64(m.a.burst))) >= 1 {
+				m.tok = float64(a.burst)
+			} else {
+				m.tok = 0
+			}
+		}
+	case a.kind == kindTokens, a.kind == kindPerUnit:
+		m.tok = float64(a.burst)
+	default:
+		m.tok = 0
+	}
+	m.a = a
+}
+
+// potential is the most the client can admit over the next h seconds on m: its tokens
+// and their refill.
+func (m *model) potential(h float64, unit time.Duration) float64 {
+	if m.a.kind == kindPerUnit {
+		// A fixed window of burst per unit admits at most burst × (h/unit + 1) in h.
+		return float64(m.a.burst) * (h/unit.Seconds() + 1)
+	}
+	return m.tok + m.a.rate(unit)*h
+}
+
+// share is one holder's part of a key's room, from its demand among the key's open
+// holders: each weighs its demand plus a small prior (a twentieth of the mean), so that a
+// holder whose requests have only just begun is not shut out.
+func share(own, total float64, open int) float64 {
+	n := float64(max(open, 1))
+	prior := 0.05*total/n + 1e-9
+	return (own + prior) / (total + n*prior)
+}
+
+// allot returns how many requests a holder may admit over the next h seconds, its tokens
+// included (over), and how many of them at once (now), for one quota q: its share of the
+// room that the site's cap leaves once what the other holders hold is taken, and this
+// site's count h from now (the hits leaving the window by then) for over, its count now
+// for now. others is the key's sums less this holder's contribution; t is now, in seconds
+// since the epoch.
+func allot(q *enforcer.Quota, others contribution, t, h, own float64, open int, part float64) (now, over float64) {
+	k := keyState{tok: others.tok, rate: others.rate, rateAt: others.rateAt}
+	held := k.held(t)
+	f := share(own, others.demand+own, open)
+	room := part*(q.Cap-q.Later) - held
+	over = max(f*room, 0)
+	room = part*(q.Cap-q.Count) - held
+	now = max(min(f*room, over), 0)
+	return now, over
+}
+
+// next returns the assignment that lets a holder admit at most over requests over the
+// next h seconds, given its model m: DENY_ALL below one request; otherwise a token bucket
+// of burst over rounded down, filled at what the tokens the holder would start it with
+// (adopt) leave of over in h; or requests_per_time_unit such that a fixed window of it,
+// which may start at once, stays within now and, over h, within over. (A token bucket's
+// burst bounded by now instead admitted less and no more in the simulation: Envoy's
+// bucket then loses the refill that arrives while it is full.)
+func next(m model, now, over, h float64, perUnit bool, unit time.Duration) assignment {
+	if over < 1 {
+		return assignment{kind: kindDeny}
+	}
+	if perUnit {
+		n := min(math.Floor(over/(h/unit.Seconds()+1)), math.Floor(now))
+		if n < 1 {
+			return assignment{kind: kindDeny}
+		}
+		return assignment{kind: kindPerUnit, burst: uint32(min(n, math.MaxUint32))}
+	}
+	burst := uint32(min(max(math.Floor(over), 1), math.MaxUint32))
+	probe := m
+	probe.adopt(assignment{kind: kindTokens, burst: burst, fill: m.a.fill})
+	r := max(over-probe.tok, 0) / h
+	fill := max(math.Floor(r*FillInterval.Seconds()), 1)
+	return assignment{kind: kindTokens, burst: burst, fill: uint32(min(fill, math.MaxUint32))}
+}

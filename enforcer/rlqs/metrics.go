@@ -1,0 +1,66 @@
+package rlqs
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the Server's Prometheus series, all under streamlimit_rlqs_.
+type metrics struct {
+	streams       prometheus.Gauge
+	buckets       prometheus.Gauge
+	messages      prometheus.Counter
+	reports       prometheus.Counter
+	allowed       prometheus.Counter
+	denied        prometheus.Counter
+	actions       *prometheus.CounterVec // by strategy
+	abandoned     prometheus.Counter
+	invalid       *prometheus.CounterVec // by reason
+	ignoredLimits prometheus.Counter
+	unmatchedBkts prometheus.Counter
+	drainingBkts  prometheus.Gauge
+}
+
+// Strategy labels of streamlimit_rlqs_actions_total.
+var strategyLabels = [...]string{kindNone: "none", kindAllow: "allow_all", kindDeny: "deny_all", kindTokens: "token_bucket", kindPerUnit: "requests_per_time_unit"}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	opts := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: "streamlimit", Subsystem: "rlqs", Name: name, Help: help}
+	}
+	m := &metrics{
+		streams:   prometheus.NewGauge(prometheus.GaugeOpts(opts("streams", "Open StreamRateLimitQuotas streams (one per Envoy and RLQS cluster host)."))),
+		buckets:   prometheus.NewGauge(prometheus.GaugeOpts(opts("buckets", "Buckets held for open streams."))),
+		messages:  prometheus.NewCounter(prometheus.CounterOpts(opts("report_messages_total", "Usage report messages received."))),
+		reports:   prometheus.NewCounter(prometheus.CounterOpts(opts("bucket_reports_total", "Bucket usage reports received (a message carries one per bucket)."))),
+		allowed:   prometheus.NewCounter(prometheus.CounterOpts(opts("allowed_requests_total", "Requests the clients reported as allowed: counted and published as hits."))),
+		denied:    prometheus.NewCounter(prometheus.CounterOpts(opts("denied_requests_total", "Requests the clients reported as denied: published as demand."))),
+		actions:   prometheus.NewCounterVec(prometheus.CounterOpts(opts("actions_total", "Bucket actions sent, by strategy (token_bucket, requests_per_time_unit, deny_all, allow_all) or abandon.")), []string{"strategy"}),
+		abandoned: prometheus.NewCounter(prometheus.CounterOpts(opts("abandoned_total", "Buckets abandoned because their clients reported no request for AbandonAfter."))),
+		invalid:   prometheus.NewCounterVec(prometheus.CounterOpts(opts("invalid_total", "Reports and streams refused, by reason (no_domain, domain_changed, no_bucket_id, malformed).")), []string{"reason"}),
+		ignoredLimits: prometheus.NewCounter(prometheus.CounterOpts(opts("ignored_limits_total",
+			"Limits of local or site scope that matched a bucket: only global limits are assigned through RLQS."))),
+		unmatchedBkts: prometheus.NewCounter(prometheus.CounterOpts(opts("unlimited_buckets_total", "Buckets that no global limit applies to, assigned ALLOW_ALL."))),
+		drainingBkts:  prometheus.NewGauge(prometheus.GaugeOpts(opts("draining_buckets", "Buckets of closed streams whose last assignment has not expired yet: still reserved."))),
+	}
+	cs := []prometheus.Collector{m.streams, m.buckets, m.messages, m.reports, m.allowed, m.denied, m.actions, m.abandoned, m.invalid, m.ignoredLimits, m.unmatchedBkts, m.drainingBkts}
+	if reg != nil {
+		for i, c := range cs {
+			if err := reg.Register(c); err != nil {
+				var are prometheus.AlreadyRegisteredError
+				if !errors.As(err, &are) {
+					return nil, err
+				}
+				// A second Server on the same registry (tests, a restart in process)
+				// shares the first one's series.
+				cs[i] = are.ExistingCollector
+			}
+		}
+		m.streams, m.buckets = cs[0].(prometheus.Gauge), cs[1].(prometheus.Gauge)
+		m.messages, m.reports, m.allowed, m.denied = cs[2].(prometheus.Counter), cs[3].(prometheus.Counter), cs[4].(prometheus.Counter), cs[5].(prometheus.Counter)
+		m.actions, m.abandoned, m.invalid = cs[6].(*prometheus.CounterVec), cs[7].(prometheus.Counter), cs[8].(*prometheus.CounterVec)
+		m.ignoredLimits, m.unmatchedBkts, m.drainingBkts = cs[9].(prometheus.Counter), cs[10].(prometheus.Counter), cs[11].(prometheus.Gauge)
+	}
+	return m, nil
+}

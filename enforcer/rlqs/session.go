@@ -1,0 +1,474 @@
+package rlqs
+
+import (
+	"context"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+
+	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
+)
+
+// minInterval is the shortest time between two reports of a bucket that counts as a
+// reporting period (a new bucket's immediate report may be followed at once by a periodic
+// one).
+const minInterval = 0.05
+
+// request is what every stream's bucket of one bucket id shares: the descriptors the id
+// maps to, the Reporter that counts its usage, and the keys of its global limits. Its
+// mutex serializes the reports of the id, whichever stream they come on.
+type request struct {
+	canon string // canonical(bucket id) of domain
+	id    map[string]string
+
+	mu     sync.Mutex
+	refs   int // holders, under the requests table's shard lock
+	cfg    *rules.Config
+	rep    *enforcer.Reporter
+	quotas []enforcer.Quota // the last Report's, shadow limits left out
+}
+
+// session is the server's side of one stream: its domain and its buckets.
+type session struct {
+	srv     *Server
+	domain  string
+	byReq   map[*request]*holder
+	byRaw   map[string]*holder // by the bytes of a BucketId message
+	until   float64            // once closed: when its last assignment expires
+	scratch []byte             // the response being written
+	enc     encoder
+}
+
+// holder is one stream's bucket: it holds part of its keys' room.
+type holder struct {
+	req     *request
+	raw     string      // the bucket id in wire form, for the responses (a byRaw key)
+	aliases []string    // other wire forms it was reported in (byRaw keys)
+	keys    []*keyState // the keys it contributes to
+	contrib contribution
+	m       model
+	started bool
+	demand  float64 // requests per second, smoothed
+	period  float64 // seconds between reports, measured; 0 until measured
+	sentAt  float64
+	idle    float64 // since when it reported no request; -1 while active
+}
+
+func (s *Server) newSession() *session {
+	s.metrics.streams.Inc()
+	return &session{srv: s, byReq: map[*request]*holder{}, byRaw: map[string]*holder{}}
+}
+
+// handle processes one usage report message at now and returns the response to send (a
+// RateLimitQuotaResponse in wire form), nil when no bucket needs an action.
+func (ss *session) handle(ctx context.Context, now time.Time, domain string, us []usage) ([]byte, error) {
+	s := ss.srv
+	s.metrics.messages.Inc()
+	switch {
+	case ss.domain == "" && domain == "":
+		s.metrics.invalid.WithLabelValues("no_domain").Inc()
+		return nil, status.Error(codes.InvalidArgument, "domain: required in a stream's first report")
+	case ss.domain == "":
+		ss.domain = strings.Clone(domain)
+	case domain != "" && domain != ss.domain:
+		s.metrics.invalid.WithLabelValues("domain_changed").Inc()
+		return nil, status.Errorf(codes.InvalidArgument, "domain: %q on a stream of domain %q (open a new stream to change it)", domain, ss.domain)
+	}
+	t := s.since(now)
+	resp := ss.scratch[:0]
+	var reports, allowed, denied uint64
+	for i := range us {
+		u := &us[i]
+		h, err := ss.lookup(u)
+		if err != nil {
+			s.metrics.invalid.WithLabelValues("malformed").Inc()
+			return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d].bucket_id: %v", i, err)
+		}
+		if h == nil {
+			s.metrics.invalid.WithLabelValues("no_bucket_id").Inc()
+			continue
+		}
+		reports++
+		allowed += u.allowed
+		denied += u.denied
+		a, send, abandon := ss.report(ctx, now, t, h, u.allowed, u.denied)
+		switch {
+		case abandon:
+			resp = ss.enc.appendAbandon(resp, unsafeBytes(h.raw))
+			ss.forget(h)
+		case send:
+			resp = ss.enc.appendAssignment(resp, unsafeBytes(h.raw), a, s.ttl, s.opts.Unit)
+		}
+	}
+	s.metrics.reports.Add(float64(reports))
+	s.metrics.allowed.Add(float64(allowed))
+	s.metrics.denied.Add(float64(denied))
+	ss.scratch = resp
+	if len(resp) == 0 {
+		return nil, nil
+	}
+	// gRPC may hold the message after SendMsg returns: it gets its own copy.
+	return append([]byte(nil), resp...), nil
+}
+
+// lookup returns u's holder, made when the stream has not reported its bucket before; nil
+// for an empty bucket id. A bucket id in wire form is looked up by its bytes first, and
+// decoded only when they are new (the same id may come encoded in another order: it is
+// then found by its entries, and its new bytes remembered too).
+func (ss *session) lookup(u *usage) (*holder, error) {
+	if u.raw != nil {
+		if h := ss.byRaw[string(u.raw)]; h != nil {
+			return h, nil
+		}
+		m, err := decodeBucketID(u.raw)
+		if err != nil {
+			return nil, err
+		}
+		u.bucket = m
+	}
+	if len(u.bucket) == 0 {
+		return nil, nil
+	}
+	req := ss.srv.requests.acquire(ss.domain, u.bucket)
+	h := ss.byReq[req]
+	if h != nil {
+		ss.srv.requests.release(req) // the holder has its reference already
+	} else {
+		h = &holder{req: req, idle: -1}
+		if u.raw != nil {
+			h.raw = string(u.raw)
+		} else {
+			b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(&rlqsv3.BucketId{Bucket: u.bucket})
+			h.raw = string(b)
+		}
+		ss.byReq[req] = h
+		ss.srv.metrics.buckets.Inc()
+	}
+	if u.raw != nil {
+		if raw := unsafeString(u.raw); raw == h.raw {
+			ss.byRaw[h.raw] = h
+		} else {
+			raw = string(u.raw)
+			ss.byRaw[raw] = h
+			h.aliases = append(h.aliases, raw)
+		}
+	}
+	return h, nil
+}
+
+// forget drops an abandoned bucket from the session.
+func (ss *session) forget(h *holder) {
+	ss.release(h)
+	delete(ss.byReq, h.req)
+	delete(ss.byRaw, h.raw)
+	for _, r := range h.aliases {
+		delete(ss.byRaw, r)
+	}
+	ss.srv.requests.release(h.req)
+	ss.srv.metrics.buckets.Dec()
+}
+
+// report counts one bucket's usage and returns its assignment and whether to send it,
+// or that the bucket is to be abandoned.
+func (ss *session) report(ctx context.Context, now time.Time, t float64, h *holder, allowed, denied uint64) (a assignment, send, abandon bool) {
+	s := ss.srv
+	// The reporting period, measured between reports, is the horizon of the assignment:
+	// the client decides on it until its next report. The demand is the requests reported
+	// per second, smoothed.
+	hz := s.opts.ReportingInterval.Seconds()
+	span := hz
+	if h.started {
+		dt := t - h.m.last
+		if dt >= minInterval {
+			if h.period == 0 {
+				h.period = dt
+			} else {
+				h.period = 0.7*h.period + 0.3*min(dt, 4*h.period)
+			}
+		}
+		span = max(dt, minInterval)
+	}
+	if h.period > 0 {
+		hz = h.period
+	}
+	rate := float64(allowed+denied) / span
+	if h.started {
+		rate = 0.5*h.demand + 0.5*rate
+	}
+	h.demand = rate
+	h.m.afterReport(t, allowed, ss.unit())
+	h.started = true
+
+	req := h.req
+	req.mu.Lock()
+	defer req.mu.Unlock()
+	if cfg := s.rules(); req.rep == nil || req.cfg != cfg {
+		req.cfg = cfg
+		req.rep = s.lim.Reporter(enforcer.Request{Domain: ss.domain, Descriptors: s.mapperOf(cfg).Descriptors(ss.domain, req.id)})
+	}
+	qs, other := req.rep.Report(ctx, now, int64(allowed), int64(denied), time.Duration(hz*float64(time.Second)), req.quotas[:0])
+	if other > 0 {
+		s.metrics.ignoredLimits.Add(float64(other))
+	}
+	n := 0
+	for _, q := range qs {
+		if !q.Shadow {
+			qs[n] = q
+			n++
+		}
+	}
+	qs = qs[:n]
+	req.quotas = qs
+
+	if allowed+denied > 0 {
+		h.idle = -1
+	} else if h.idle < 0 {
+		h.idle = t
+	} else if t-h.idle >= s.opts.AbandonAfter.Seconds() {
+		s.metrics.abandoned.Inc()
+		s.metrics.actions.WithLabelValues("abandon").Inc()
+		return a, false, true
+	}
+
+	ss.rekey(h, qs)
+	allotted := math.Inf(1)
+	if len(qs) == 0 {
+		a = assignment{kind: kindAllow}
+	} else {
+		atOnce := math.Inf(1)
+		for i := range qs {
+			k := h.keys[i]
+			k.mu.Lock()
+			others := contribution{open: k.open - h.contrib.open, demand: k.demand - h.contrib.demand,
+				tok: k.tok - h.contrib.tok, rate: k.rate - h.contrib.rate, rateAt: k.rateAt - h.contrib.rateAt}
+			k.mu.Unlock()
+			now, over := allot(&qs[i], others, t, hz, h.demand, others.open+1, s.opts.SiteShare)
+			atOnce, allotted = min(atOnce, now), min(allotted, over)
+		}
+		a = next(h.m, atOnce, allotted, hz, s.opts.Strategy == RequestsPerTimeUnit, ss.unit())
+	}
+	send = ss.due(h, a, allotted, t, hz)
+	if send && a.kind == kindAllow && h.m.a.kind == kindNone {
+		s.metrics.unmatchedBkts.Inc()
+	}
+	if send {
+		h.m.adopt(a)
+		h.sentAt = t
+		s.metrics.actions.WithLabelValues(strategyLabels[a.kind]).Inc()
+	}
+	ss.contribute(h, contribution{open: 1, demand: h.demand})
+	return a, send, false
+}
+
+// due reports whether a, the assignment computed for h, is to be sent: always when h
+// has none or another strategy, or its current one could admit more than allotted in the
+// next hz seconds; when a would admit noticeably more than the current one; and when
+// half the TTL has passed since the last one, which the client would otherwise let expire.
+func (ss *session) due(h *holder, a assignment, allotted, t, hz float64) bool {
+	cur := h.m.a
+	switch {
+	case cur.kind == kindNone || cur.kind != a.kind:
+		return true
+	case t-h.sentAt >= ss.srv.ttl.Seconds()/2:
+		return true
+	case a.kind != kindTokens && a.kind != kindPerUnit:
+		return false
+	}
+	u := ss.unit()
+	have := h.m.potential(hz, u)
+	if have > allotted+1e-9 {
+		return true
+	}
+	probe := h.m
+	probe.adopt(a)
+	return probe.potential(hz, u) > 1.05*have+1
+}
+
+// rekey makes h contribute to the keys of qs, in their order, taking its contribution
+// from keys it no longer holds (the rules changed).
+func (ss *session) rekey(h *holder, qs []enforcer.Quota) {
+	same := len(h.keys) == len(qs)
+	for i := 0; same && i < len(qs); i++ {
+		same = h.keys[i].key == qs[i].Key
+	}
+	if same {
+		return
+	}
+	ss.release(h)
+	for i := range qs {
+		h.keys = append(h.keys, ss.srv.keys.acquire(qs[i].Key))
+	}
+}
+
+// contribute replaces h's contribution to its keys with c plus its model's tokens and rate.
+func (ss *session) contribute(h *holder, c contribution) {
+	r := h.m.a.rate(ss.unit())
+	c.tok, c.rate, c.rateAt = h.m.tok, r, r*h.m.last
+	if h.m.a.kind == kindPerUnit {
+		c.tok = h.m.potential(0, ss.unit())
+	}
+	for _, k := range h.keys {
+		k.mu.Lock()
+		k.add(h.contrib, -1)
+		k.add(c, 1)
+		k.mu.Unlock()
+	}
+	h.contrib = c
+}
+
+// release takes h's contribution from its keys and lets them go.
+func (ss *session) release(h *holder) {
+	for _, k := range h.keys {
+		k.mu.Lock()
+		k.add(h.contrib, -1)
+		k.mu.Unlock()
+		ss.srv.keys.release(k)
+	}
+	h.keys = h.keys[:0]
+	h.contrib = contribution{}
+}
+
+// close ends the session at now: its buckets stop taking part in shares, but their
+// clients may go on admitting on their last assignments until these expire, so their
+// tokens and rates stay reserved until then (Sweep).
+func (ss *session) close(now time.Time) {
+	s := ss.srv
+	s.metrics.streams.Dec()
+	t := s.since(now)
+	ss.until = t
+	for _, h := range ss.byReq {
+		ss.contribute(h, contribution{})
+		if h.m.a.kind != kindNone {
+			ss.until = max(ss.until, h.sentAt+s.ttl.Seconds())
+		}
+		s.metrics.buckets.Dec()
+		s.metrics.drainingBkts.Inc()
+	}
+	s.drainMu.Lock()
+	s.draining = append(s.draining, ss)
+	s.drainMu.Unlock()
+}
+
+// drain releases a closed session's buckets once their assignments have expired.
+func (ss *session) drain() {
+	for _, h := range ss.byReq {
+		ss.srv.metrics.drainingBkts.Dec()
+		ss.release(h)
+		ss.srv.requests.release(h.req)
+	}
+}
+
+func (ss *session) unit() time.Duration {
+	d, _ := unitDuration(ss.srv.opts.Unit)
+	return d
+}
+
+// requestTable holds the requests that some stream's bucket holds, in shards.
+type requestTable struct {
+	shards [64]requestShard
+}
+
+type requestShard struct {
+	mu sync.Mutex
+	m  map[string]*request
+}
+
+func (rt *requestTable) init() {
+	for i := range rt.shards {
+		rt.shards[i].m = map[string]*request{}
+	}
+}
+
+// acquire returns the request of bucket id in domain, made if needed, with one more
+// reference.
+func (rt *requestTable) acquire(domain string, id map[string]string) *request {
+	canon := domain + "\x00" + canonical(id)
+	sh := &rt.shards[fnv(canon)&63]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	r := sh.m[canon]
+	if r == nil {
+		r = &request{canon: canon, id: id}
+		sh.m[canon] = r
+	}
+	r.refs++
+	return r
+}
+
+// release drops one reference to r, and r itself with the last.
+func (rt *requestTable) release(r *request) {
+	sh := &rt.shards[fnv(r.canon)&63]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if r.refs--; r.refs == 0 {
+		delete(sh.m, r.canon)
+	}
+}
+
+// keyTable holds the keyStates of the keys that some bucket holds, in shards.
+type keyTable struct {
+	shards [64]keyShard
+}
+
+type keyShard struct {
+	mu sync.Mutex
+	m  map[string]*keyState
+}
+
+func (kt *keyTable) init() {
+	for i := range kt.shards {
+		kt.shards[i].m = map[string]*keyState{}
+	}
+}
+
+// acquire returns key's state, made if needed, with one more reference.
+func (kt *keyTable) acquire(key string) *keyState {
+	sh := &kt.shards[fnv(key)&63]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	k := sh.m[key]
+	if k == nil {
+		k = &keyState{key: key}
+		sh.m[key] = k
+	}
+	k.refs++
+	return k
+}
+
+// release drops one reference to k, and k itself with the last.
+func (kt *keyTable) release(k *keyState) {
+	sh := &kt.shards[fnv(k.key)&63]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if k.refs--; k.refs == 0 {
+		delete(sh.m, k.key)
+	}
+}
+
+// len returns the number of keys held.
+func (kt *keyTable) len() int {
+	n := 0
+	for i := range kt.shards {
+		kt.shards[i].mu.Lock()
+		n += len(kt.shards[i].m)
+		kt.shards[i].mu.Unlock()
+	}
+	return n
+}
+
+// fnv is the FNV-1a hash of s, for the tables' shards.
+func fnv(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint32(s[i])) * 16777619
+	}
+	return h
+}

@@ -277,16 +277,14 @@ func checkOnce(addr, domain, key, value string) (admitted, fallback bool, err er
 // refuses nothing of this client, and the restart is no conflict: the old b left before the
 // new one started. The test asserts both:
 //
-//   - no request of the client is refused. Today the restarted b refuses every one of its
-//     requests for a moment after it starts (1.5–5 s in TestMultiClusterWAN): it seeds its
-//     count of the key with what the snapshot shows of b, stamped at the snapshot's as-of
-//     time, and the correction of its cap for the hits the other sites have not seen yet
-//     (enforcer.Limiter's seenAsOthers) takes those seeded hits, which every site has seen,
-//     for new ones and lowers the cap by (1 − b's share) of them;
+//   - no request of the client is refused. The restarted b gives its counter what the
+//     snapshot shows of b's hits of the key, and must neither take them for hits the other
+//     site has not seen yet (which lowered its cap at its first decision) nor keep them a
+//     whole window after the snapshot has seen the real ones leave (which refused the
+//     client late in the window): both refused a few requests of every restart before;
 //   - neither enforcer reports b as announced by two instances counting apart
-//     (streamlimit_snapshot_site_conflicts, and the error b logs). Today the aggregator
-//     keeps the old instance among the site's live ones for 10 s after its leave record,
-//     and the new instance, counting in its own process, makes a conflict of it.
+//     (streamlimit_snapshot_site_conflicts, and the error b logs): the aggregator forgets an
+//     instance at its leave record, not 10 s after its last heartbeat.
 func TestSiteRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts three processes on the real broker; skipped with -short")

@@ -145,7 +145,7 @@ func TestCountRoundTrip(t *testing.T) {
 }
 
 func TestHitJSONContractExample(t *testing.T) {
-	// The README's example, as a kcat user would send it.
+	// docs/records.md's example, as a kcat user would send it.
 	h, err := DecodeHit([]byte(`{"key":"api:POST /articles|user=42","site":"eu-1","ts":1763740000123,"w":60000,"n":1}`))
 	if err != nil {
 		t.Fatal(err)
@@ -444,19 +444,15 @@ func TestHeartbeatSites(t *testing.T) {
 	}
 }
 
-// TestREADMERecordExamples decodes every JSON record example of the README (the ```json
-// blocks of its Records section): a hit, a site heartbeat or a count, each must decode as
-// the record it shows, so that the README cannot drift from the codecs.
-func TestREADMERecordExamples(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+// TestDocsRecordExamples decodes every JSON record example of docs/records.md (its ```json
+// blocks): a hit, a site heartbeat or a count, each must decode as the record it shows, so
+// that the page cannot drift from the codecs.
+func TestDocsRecordExamples(t *testing.T) {
+	b, err := os.ReadFile("../docs/records.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, records, ok := strings.Cut(string(b), "\n## Records\n")
-	if !ok {
-		t.Fatal("README has no Records section")
-	}
-	records, _, _ = strings.Cut(records, "\n## ")
+	records := string(b)
 	n := 0
 	for _, block := range strings.Split(records, "```json\n")[1:] {
 		body, _, _ := strings.Cut(block, "```")
@@ -466,19 +462,19 @@ func TestREADMERecordExamples(t *testing.T) {
 		case strings.Contains(body, `"asof"`):
 			c, err := DecodeCount([]byte(body))
 			if err != nil || c.SubBuckets == 0 || len(c.Sites) == 0 || c.Sites[0].Demand == 0 {
-				t.Errorf("README count example %q: %+v, %v", body, c, err)
+				t.Errorf("docs/records.md count example %q: %+v, %v", body, c, err)
 			}
 		default:
 			h, err := DecodeHit([]byte(body))
 			if err != nil {
-				t.Errorf("README hit example %q: %v", body, err)
+				t.Errorf("docs/records.md hit example %q: %v", body, err)
 			}
 			if strings.Contains(body, SiteHeartbeatKey) != h.IsSiteHeartbeat() || (h.IsSiteHeartbeat() && (h.Instance == "" || h.Counter == "")) {
-				t.Errorf("README example %q decoded as %+v", body, h)
+				t.Errorf("docs/records.md example %q decoded as %+v", body, h)
 			}
 		}
 	}
 	if n != 3 {
-		t.Fatalf("found %d JSON record examples in the README's Records section, want 3 (hit, site heartbeat, count)", n)
+		t.Fatalf("found %d JSON record examples in docs/records.md, want 3 (hit, site heartbeat, count)", n)
 	}
 }

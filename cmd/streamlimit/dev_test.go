@@ -40,7 +40,7 @@ func (s *devOutput) String() string {
 
 // TestDevCountsAJSONHit starts `streamlimit dev --counts-format json` on a free port,
 // publishes a JSON hit with a plain kgo client as any service would, and reads the hit's
-// count back from the counts topic, as JSON, and with the README's kcat one-liner.
+// count back from the counts topic, as JSON, and with docs/records.md's kcat one-liner.
 func TestDevCountsAJSONHit(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var out devOutput
@@ -151,14 +151,14 @@ func TestDevCountsAJSONHit(t *testing.T) {
 		t.Fatalf("counts get: %v\n%s", err, got)
 	}
 
-	// And so does the README's kcat one-liner for JSON counts, against this broker.
-	readme, err := os.ReadFile("../../README.md")
+	// And so does docs/records.md's kcat one-liner for JSON counts, against this broker.
+	doc, err := os.ReadFile("../../docs/records.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	line := regexp.MustCompile(`(?m)^kcat -C -b localhost:9092 -t counts .*$`).Find(readme)
+	line := regexp.MustCompile(`(?m)^kcat -C -b localhost:9092 -t counts .*$`).Find(doc)
 	if line == nil {
-		t.Fatal("README has no kcat one-liner reading the counts topic")
+		t.Fatal("docs/records.md has no kcat one-liner reading the counts topic")
 	}
 	if _, err := exec.LookPath("kcat"); err != nil {
 		testenv.Unavailable(t, "kcat is missing: apt-get install kcat")
@@ -167,7 +167,7 @@ func TestDevCountsAJSONHit(t *testing.T) {
 	defer kstop()
 	kout, err := exec.CommandContext(kctx, "bash", "-c", strings.Replace(string(line), "localhost:9092", broker, 1)).CombinedOutput()
 	if err != nil || !strings.Contains(string(kout), key+` {"key":`) || !strings.Contains(string(kout), `"total":3`) {
-		t.Fatalf("README kcat one-liner: %v\n%s", err, kout)
+		t.Fatalf("docs/records.md kcat one-liner: %v\n%s", err, kout)
 	}
 }
 

@@ -169,6 +169,23 @@ func TestDevCountsAJSONHit(t *testing.T) {
 	if err != nil || !strings.Contains(string(kout), key+` {"key":`) || !strings.Contains(string(kout), `"total":3`) {
 		t.Fatalf("docs/records.md kcat one-liner: %v\n%s", err, kout)
 	}
+
+	// docs/records.md's kcat command publishing a JSON hit: the aggregator counts it.
+	pub := regexp.MustCompile("(?m)^printf .*\\|\n +kcat -P .*$").Find(doc)
+	if pub == nil {
+		t.Fatal("docs/records.md has no kcat command publishing a hit")
+	}
+	pubKey := regexp.MustCompile(`"key":"([^"]+)"`).FindSubmatch(pub)
+	if pubKey == nil {
+		t.Fatalf("docs/records.md's kcat command %s publishes no key", pub)
+	}
+	if out, err := exec.CommandContext(kctx, "bash", "-c", strings.Replace(string(pub), "localhost:9092", broker, 1)).CombinedOutput(); err != nil {
+		t.Fatalf("docs/records.md's kcat command: %v\n%s", err, out)
+	}
+	testenv.Eventually(t, 60*time.Second, "the count of docs/records.md's hit", func() bool {
+		got, err := run(t, "counts", "get", string(pubKey[1]), "--brokers", broker)
+		return err == nil && regexp.MustCompile(`(?m)^eu-1 +1 `).MatchString(got)
+	})
 }
 
 // TestDevHelpFlags checks that every flag of dev renders with its value type, not a

@@ -198,7 +198,7 @@ func TestMisroutedHitsCountedOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	key := "misrouted|user=1"
-	owner := kafkaPartition([]byte(key), testPartitions)
+	owner := topics.Partition([]byte(key), testPartitions)
 	manual := newManualProducer(t, e)
 	now := time.Now()
 	var hs []topics.Hit
@@ -410,5 +410,125 @@ func TestPatternPicksUpNewDataCenter(t *testing.T) {
 		got, _ := e.countsRecs.latest(t)
 		c := got["dc|k"]
 		return c.Total == 7 && c.Site("ap") == 5
+	})
+}
+
+// Hit batches (several hits of one site in one record, as the producer writes them) count
+// exactly as the same hits in records of their own: a batch on the partition that owns its
+// keys is counted where it is, the hits of a batch on another partition are re-routed one by
+// one and counted once, a hit of a batch that is too old is skipped and counted (its dead
+// letter a hit record of its own) while the rest of the batch counts, a batch that does not
+// decode is skipped whole, and records_in_total counts hit records.
+func TestHitBatches(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	dlt := e.hits + "-dlt"
+	adm := newAdmin(t, e)
+	if r, err := adm.CreateTopic(t.Context(), 1, 1, nil, dlt); err != nil || r.Err != nil {
+		t.Fatalf("create dlt: %v %v", err, r.Err)
+	}
+	t.Cleanup(func() { _, _ = adm.DeleteTopics(t.Context(), dlt) })
+	// Running before the batches arrive: a too old hit is bad then, not a hit a replay
+	// expects.
+	reg := prometheus.NewRegistry()
+	cfg := e.config(reg)
+	cfg.DeadLetterTopic = dlt
+	a, _ := e.run(cfg)
+	eventually(t, "ready", 60*time.Second, a.Ready)
+	now := time.Now()
+	w := testWindow.Milliseconds()
+	byPart := map[int32][]topics.Hit{}
+	var all []topics.Hit
+	for i := range 40 {
+		h := topics.Hit{Key: fmt.Sprintf("batch|user=%d", i), Site: "eu-1", BucketStart: now.Add(-time.Duration(i%5) * time.Second).UnixMilli(), Window: w, Count: int64(1 + i%3), Denied: int64(i % 2)}
+		q := topics.Partition([]byte(h.Key), testPartitions)
+		byPart[q] = append(byPart[q], h)
+		all = append(all, h)
+	}
+	batch := func(hs ...topics.Hit) []byte {
+		v, err := topics.AppendHitBatch(nil, "eu-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range hs {
+			if v, err = h.AppendToBatch(v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return v
+	}
+	var recs []*kgo.Record
+	records := 0
+	// The hits of partition 0 and 1 in batches on their own partitions; those of the
+	// other partitions in one batch on partition 0, with a too old hit among them.
+	for q := range int32(2) {
+		recs = append(recs, &kgo.Record{Topic: e.hits, Partition: q, Key: []byte(topics.HitBatchKey), Value: batch(byPart[q]...), Timestamp: now})
+		records += len(byPart[q])
+	}
+	old := topics.Hit{Key: "batch|old", Site: "eu-1", BucketStart: now.Add(-time.Minute).UnixMilli(), Window: 1000, Count: 9}
+	var misrouted []topics.Hit
+	for q := int32(2); q < testPartitions; q++ {
+		misrouted = append(misrouted, byPart[q]...)
+	}
+	mixed := append(append([]topics.Hit{}, misrouted[:len(misrouted)/2]...), append([]topics.Hit{old}, misrouted[len(misrouted)/2:]...)...)
+	recs = append(recs, &kgo.Record{Topic: e.hits, Partition: 0, Key: []byte(topics.HitBatchKey), Value: batch(mixed...), Timestamp: now})
+	records += len(mixed)
+	// A batch cut short: skipped whole.
+	cut := batch(topics.Hit{Key: "batch|cut", Site: "eu-1", BucketStart: now.UnixMilli(), Window: w, Count: 5})
+	recs = append(recs, &kgo.Record{Topic: e.hits, Partition: 1, Key: []byte(topics.HitBatchKey), Value: cut[:len(cut)-2], Timestamp: now})
+	records++
+	if err := newManualProducer(t, e).ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	e.remember(all...)
+	want := map[string]float64{}
+	for _, h := range all {
+		want[h.Key] += float64(h.Count)
+	}
+	eventually(t, "every key of the batches counted", 60*time.Second, func() bool {
+		got, _ := e.countsRecs.latest(t)
+		for k, n := range want {
+			if got[k].Total != n {
+				return false
+			}
+		}
+		return a.Ready()
+	})
+	got, _ := e.countsRecs.latest(t)
+	if _, ok := got["batch|cut"]; ok {
+		t.Fatal("a hit of a batch cut short was counted")
+	}
+	for _, c := range e.countsRecs.counts(t) {
+		if c.Total > want[c.Key] {
+			t.Fatalf("%s counted %v, more than its %v hits", c.Key, c.Total, want[c.Key])
+		}
+	}
+	e.checkExact(e.countsRecs.counts(t), cfg, func(c topics.Count) bool { return strings.HasPrefix(c.Key, "batch|user=") })
+	if n := metricValue(t, reg, "streamlimit_aggregator_rerouted_total"); n < float64(len(misrouted)) {
+		t.Errorf("rerouted_total = %v, want ≥ %d", n, len(misrouted))
+	}
+	for reason, n := range map[string]float64{ReasonTooOld: 1, "truncated": 1} {
+		if got := metricValue(t, reg, "streamlimit_aggregator_bad_records_total", "reason", reason); got != n {
+			t.Errorf("bad_records_total{reason=%q} = %v, want %v", reason, got, n)
+		}
+	}
+	// Every hit record once, and each re-routed hit once more on its owner's partition.
+	if n := metricValue(t, reg, "streamlimit_aggregator_records_in_total"); n < float64(records+len(misrouted)) {
+		t.Errorf("records_in_total = %v, want ≥ %d hit records", n, records+len(misrouted))
+	}
+	dl := testenv.KafkaClient(t, kgo.ConsumeTopics(dlt), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	letters := map[string]string{}
+	eventually(t, "dead letters", 30*time.Second, func() bool {
+		dl.PollRecords(t.Context(), 100).EachRecord(func(r *kgo.Record) {
+			if topics.IsHitBatch(r.Value) {
+				letters["batch"] = "batch"
+				return
+			}
+			h, err := topics.DecodeHit(r.Value)
+			if err == nil && string(r.Key) == h.Key && h == old {
+				letters[h.Key] = "hit"
+			}
+		})
+		return len(letters) == 2
 	})
 }

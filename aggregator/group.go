@@ -470,8 +470,8 @@ func (w *joinWatch) OnBrokerE2E(_ kgo.BrokerMetadata, key int16, e2e kgo.BrokerE
 	}
 }
 
-// partitioner places counts and re-routed hits by Kafka's default murmur2 key hash (what
-// the Java client does, so that any reader can find a key), and heartbeats — keys under
+// partitioner places counts and re-routed hits by topics.Partition (Kafka's default
+// placement, so that any reader can find a key), and heartbeats — keys under
 // topics.ReservedPrefix — on the partition set in Record.Partition, because each heartbeat
 // is written to every counts partition.
 func partitioner() kgo.Partitioner {
@@ -480,52 +480,7 @@ func partitioner() kgo.Partitioner {
 			if topics.IsReservedKey(r.Key) {
 				return int(r.Partition)
 			}
-			return int(kafkaPartition(r.Key, int32(n)))
+			return int(topics.Partition(r.Key, int32(n)))
 		}
 	})
-}
-
-// kafkaPartition is Kafka's default partition of key among n partitions:
-// toPositive(murmur2(key)) % n.
-func kafkaPartition(key []byte, n int32) int32 {
-	return partitionOf(murmur2(key), n)
-}
-
-// partitionOf is kafkaPartition for a key whose murmur2 hash is h.
-func partitionOf(h uint32, n int32) int32 {
-	return int32((h & 0x7fffffff) % uint32(n))
-}
-
-// murmur2 is Kafka's murmur2 hash (org.apache.kafka.common.utils.Utils.murmur2).
-func murmur2(b []byte) uint32 {
-	const (
-		seed uint32 = 0x9747b28c
-		m    uint32 = 0x5bd1e995
-		r           = 24
-	)
-	h := seed ^ uint32(len(b))
-	for len(b) >= 4 {
-		k := uint32(b[3])<<24 | uint32(b[2])<<16 | uint32(b[1])<<8 | uint32(b[0])
-		b = b[4:]
-		k *= m
-		k ^= k >> r
-		k *= m
-		h *= m
-		h ^= k
-	}
-	switch len(b) {
-	case 3:
-		h ^= uint32(b[2]) << 16
-		fallthrough
-	case 2:
-		h ^= uint32(b[1]) << 8
-		fallthrough
-	case 1:
-		h ^= uint32(b[0])
-		h *= m
-	}
-	h ^= h >> 13
-	h *= m
-	h ^= h >> 15
-	return h
 }

@@ -45,18 +45,13 @@ type Emission struct {
 // simulator and tests, which drive time explicitly: every method takes now, and Memory
 // never reads a clock. A Memory is not safe for concurrent use.
 type Memory struct {
+	counting
 	cfg    Config
 	src    topics.Heartbeat
-	m      *metrics
-	st     *state
-	cands  []candidate
-	outs   []emission
+	sc     emitScratch
 	added  int64
 	lastHB int64 // ms of the last heartbeat, when hbDone
 	hbDone bool
-	// hold keeps local hits back (see hold.go); heldBuf is release's scratch.
-	hold    holder
-	heldBuf []held
 }
 
 // NewMemory validates cfg and returns an empty Memory. Only the counting fields of cfg are
@@ -84,11 +79,9 @@ func NewMemory(cfg Config) (*Memory, error) {
 		return nil, err
 	}
 	return &Memory{
-		cfg:  full,
-		src:  topics.Heartbeat{Instance: full.InstanceID, Topic: full.LocalTopic},
-		m:    m,
-		st:   newState(full.stateConfig()),
-		hold: holder{max: max(full.MaxLocalHold.Milliseconds(), 0)},
+		counting: newCounting(&full, m),
+		cfg:      full,
+		src:      topics.Heartbeat{Instance: full.InstanceID, Topic: full.LocalTopic},
 	}, nil
 }
 
@@ -121,13 +114,7 @@ func (m *Memory) AddFrom(now time.Time, topic string, h topics.Hit) error {
 			return &BadHitError{Reason: reason}
 		}
 		m.m.recordsIn.Inc()
-		it := siteHeld(topic, m.src.Partition, h)
-		m.hold.sample(ms, h.BucketStart, remote)
-		if !remote && m.hold.delay() > 0 {
-			m.hold.push(ms, it)
-			return nil
-		}
-		applyHeld(m.st, m.m, ms, &it)
+		m.take(ms, remote, false, siteHeld(topic, m.src.Partition, h))
 		return nil
 	}
 	ref := hitRef{key: []byte(h.Key), site: []byte(h.Site), bucketStart: h.BucketStart, window: h.Window, count: h.Count, denied: h.Denied}
@@ -137,25 +124,10 @@ func (m *Memory) AddFrom(now time.Time, topic string, h topics.Hit) error {
 	}
 	m.m.recordsIn.Inc()
 	m.added++
-	m.hold.sample(ms, h.BucketStart, remote)
-	if !remote && m.hold.delay() > 0 {
-		m.hold.push(ms, held{slot: m.src.Partition, h: ref})
-		return nil
-	}
-	if m.st.addRaw(ms, m.src.Partition, ref, "", 0) == refusedKey {
-		m.m.refused.Inc()
+	if m.take(ms, remote, false, held{slot: m.src.Partition, h: ref}) == refusedKey {
 		return ErrRefused
 	}
 	return nil
-}
-
-// release counts the held local hits due at now.
-func (m *Memory) release(now int64) {
-	m.heldBuf = m.hold.due(now, m.heldBuf[:0])
-	for i := range m.heldBuf {
-		applyHeld(m.st, m.m, now, &m.heldBuf[i])
-	}
-	clear(m.heldBuf)
 }
 
 // Emit returns the records due at now, in the order the aggregator would publish them:
@@ -166,26 +138,22 @@ func (m *Memory) release(now int64) {
 // the caller's.
 func (m *Memory) Emit(now time.Time) []Emission {
 	ms := now.UnixMilli()
-	m.release(ms)
-	m.cands, m.outs = m.st.collect(ms, m.cfg.emitBudget(), m.cands, m.outs[:0])
-	out := make([]Emission, 0, len(m.outs)+1)
-	for _, e := range m.outs {
+	m.collect(ms, m.cfg.emitBudget(), &m.sc)
+	out := make([]Emission, 0, len(m.sc.outs)+1)
+	for i := range m.sc.outs {
+		e := &m.sc.outs[i]
 		rec := Emission{Key: []byte(e.key)}
-		if e.count != nil {
-			v, err := m.cfg.appendCount(nil, e.count)
-			if err != nil {
-				// Unreachable: the state produces valid counts. Skip it, as Run does.
-				continue
-			}
-			rec.Value = v
-		} else {
-			m.m.tombstones.Inc()
+		v, err := m.encode(&m.cfg, nil, e)
+		if err != nil {
+			// Unreachable: the state produces valid counts. Skip it, as Run does.
+			continue
 		}
-		m.m.countsOut.Inc()
+		if e.count != nil {
+			rec.Value = v
+		}
 		out = append(out, rec)
 	}
-	clear(m.outs)
-	m.m.keys.Set(float64(m.st.size()))
+	clear(m.sc.outs)
 	if !m.hbDone || ms-m.lastHB >= m.cfg.HeartbeatInterval.Milliseconds() {
 		m.hbDone, m.lastHB = true, ms
 		conflicts := m.st.conflicts(ms)

@@ -235,7 +235,7 @@ func (s *state) addRaw(now int64, slot int32, h hitRef, origin string, expiry in
 		s.seenSize++
 	}
 	if !h.hashed {
-		h.hash = murmur2(h.key)
+		h.hash = topics.Murmur2(h.key)
 	}
 	var e *entry
 	for e = s.head(h.hash); e != nil && (e.id.window != h.window || e.id.key != string(h.key)); e = e.next {
@@ -258,7 +258,7 @@ func (s *state) addRaw(now int64, slot int32, h hitRef, origin string, expiry in
 
 // get returns the counter of (key, w), or nil.
 func (s *state) get(key string, w int64) *entry {
-	for e := s.head(murmur2([]byte(key))); e != nil; e = e.next {
+	for e := s.head(topics.Murmur2([]byte(key))); e != nil; e = e.next {
 		if e.id.window == w && e.id.key == key {
 			return e
 		}

@@ -19,19 +19,6 @@ func testState(maxKeys int) *state {
 	return newState(stateConfig{subBuckets: 10, maxSkew: time.Second, maxKeys: maxKeys, emitInterval: 100, maxSpecs: 16})
 }
 
-func TestMurmur2MatchesKafkaPartitioner(t *testing.T) {
-	p := kgo.StickyKeyPartitioner(nil).ForTopic("t")
-	for i := range 2000 {
-		key := []byte("api:POST /articles|user=" + strconv.Itoa(i) + string(make([]byte, i%5)))
-		for _, n := range []int32{1, 3, 4, 12, 100} {
-			want := p.Partition(&kgo.Record{Key: key}, int(n))
-			if got := kafkaPartition(key, n); int(got) != want {
-				t.Fatalf("key %q n=%d: %d, kgo says %d", key, n, got, want)
-			}
-		}
-	}
-}
-
 func TestCollectEmitsDecaysAndTombstones(t *testing.T) {
 	fc := clock.NewFake(time.UnixMilli(1_763_740_000_000))
 	s := testState(100)
@@ -161,42 +148,78 @@ func TestMaxKeysAndDedupe(t *testing.T) {
 // BenchmarkProcessHit measures the in-process cost of one binary hit record over 100k
 // counters and three sites: decode, validation, ownership check (murmur2) and bucket update
 // (no Kafka), on the poll loop's path (Aggregator.count over a partition's records).
-func BenchmarkProcessHit(b *testing.B) {
+func BenchmarkProcessHit(b *testing.B) { processHits(b, 1) }
+
+// BenchmarkProcessHitBatch is BenchmarkProcessHit with the hits in hit batches of
+// endToEndBatch, as the producer writes them: what the aggregator spends on a hit when
+// Kafka's per-record costs are spread over a batch.
+func BenchmarkProcessHitBatch(b *testing.B) { processHits(b, endToEndBatch) }
+
+// processHits times hits in records of batch hits each (1: hit records of their own).
+func processHits(b *testing.B, batch int) {
 	a, err := New(Config{Brokers: []string{"unused:9092"}, MaxKeys: 1 << 20})
 	if err != nil {
 		b.Fatal(err)
 	}
 	now := time.Now().UnixMilli()
 	const keys, parts = 100_000, 12
-	byPart := make([][]topics.Hit, parts)
+	sites := []string{"eu", "us", "ap"}
+	byPart := make([][][]topics.Hit, parts) // by partition and site
+	for p := range byPart {
+		byPart[p] = make([][]topics.Hit, len(sites))
+	}
 	for i := range keys {
-		h := topics.Hit{Key: "api:POST /articles|user=" + strconv.Itoa(i), Site: []string{"eu", "us", "ap"}[i%3], BucketStart: now, Window: 60_000, Count: 1}
-		p := kafkaPartition([]byte(h.Key), parts)
-		byPart[p] = append(byPart[p], h)
+		h := topics.Hit{Key: "api:POST /articles|user=" + strconv.Itoa(i), Site: sites[i%3], BucketStart: now, Window: 60_000, Count: 1}
+		p := topics.Partition([]byte(h.Key), parts)
+		byPart[p][i%3] = append(byPart[p][i%3], h)
 	}
 	// The records of a partition side by side, their bytes in one buffer, as the client
 	// decodes a fetched batch; the keys' counters lie in memory in another order.
 	recs := make([]kgo.Record, 0, keys)
+	hitsOf := make([]int, 0, keys)
 	buf := make([]byte, 0, keys*64)
-	for p, hits := range byPart {
-		for _, h := range hits {
-			k := len(buf)
-			buf = append(buf, h.Key...)
-			buf, _ = h.AppendBinary(buf)
-			recs = append(recs, kgo.Record{Topic: "hits", Key: buf[k : k+len(h.Key)], Value: buf[k+len(h.Key):], Timestamp: time.UnixMilli(now), Partition: int32(p)})
+	for p, bySite := range byPart {
+		for _, hits := range bySite {
+			for len(hits) > 0 {
+				n := min(len(hits), batch)
+				k := len(buf)
+				if batch == 1 {
+					buf = append(buf, hits[0].Key...)
+					buf, _ = hits[0].AppendBinary(buf)
+					recs = append(recs, kgo.Record{Topic: "hits", Key: buf[k : k+len(hits[0].Key)], Value: buf[k+len(hits[0].Key):], Timestamp: time.UnixMilli(now), Partition: int32(p)})
+				} else {
+					buf = append(buf, topics.HitBatchKey...)
+					buf, _ = topics.AppendHitBatch(buf, hits[0].Site)
+					for _, h := range hits[:n] {
+						buf, _ = h.AppendToBatch(buf)
+					}
+					kl := len(topics.HitBatchKey)
+					recs = append(recs, kgo.Record{Topic: "hits", Key: buf[k : k+kl], Value: buf[k+kl:], Timestamp: time.UnixMilli(now), Partition: int32(p)})
+				}
+				hitsOf = append(hitsOf, n)
+				hits = hits[n:]
+			}
 		}
 	}
 	byRec := make([][]*kgo.Record, parts)
+	hitsIn := map[*kgo.Record]int{}
 	for i := range recs {
 		byRec[recs[i].Partition] = append(byRec[recs[i].Partition], &recs[i])
+		hitsIn[&recs[i]] = hitsOf[i]
 	}
 	// Fetches as the poll loop gets them: a partition's records, a lockChunk at a time.
 	var fetches []kgo.FetchTopicPartition
+	var fetchHits []int
 	for p, recs := range byRec {
 		a.parts[tp{"hits", int32(p)}] = &partState{}
 		for len(recs) > 0 {
 			n := min(len(recs), lockChunk)
 			fetches = append(fetches, kgo.FetchTopicPartition{Topic: "hits", FetchPartition: kgo.FetchPartition{Partition: int32(p), Records: recs[:n]}})
+			h := 0
+			for _, r := range recs[:n] {
+				h += hitsIn[r]
+			}
+			fetchHits = append(fetchHits, h)
 			recs = recs[n:]
 		}
 	}
@@ -214,9 +237,9 @@ func BenchmarkProcessHit(b *testing.B) {
 	next, left := 0, 0
 	for b.Loop() {
 		if left == 0 {
-			f := &fetches[next%len(fetches)]
-			a.count(ctx, nil, now, f, f.Records)
-			next, left = next+1, len(f.Records)
+			i := next % len(fetches)
+			a.count(ctx, nil, now, &fetches[i], fetches[i].Records)
+			next, left = next+1, fetchHits[i]
 		}
 		left--
 	}

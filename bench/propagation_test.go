@@ -145,16 +145,20 @@ func BenchmarkPropagation(b *testing.B) {
 			now := time.Now()
 			mu.Lock()
 			fs.EachRecord(func(r *kgo.Record) {
-				s := pending[string(r.Key)]
-				if s == nil {
-					return
-				}
 				switch r.Topic {
 				case hits:
-					if h, err := topics.DecodeHit(r.Value); err == nil && s.hitSeen.IsZero() {
-						s.hitSeen, s.bucketStart = now, h.BucketStart
+					// One hit record, or a hit batch of several keys.
+					hs, _ := topics.DecodeHits(r.Value)
+					for _, h := range hs {
+						if s := pending[h.Key]; s != nil && s.hitSeen.IsZero() {
+							s.hitSeen, s.bucketStart = now, h.BucketStart
+						}
 					}
 				case counts:
+					s := pending[string(r.Key)]
+					if s == nil {
+						return
+					}
 					if c, err := topics.DecodeCount(r.Value); err == nil && c.Total >= 1 && s.countSeen.IsZero() {
 						s.countSeen, s.asOf = now, c.AsOf
 					}

@@ -25,7 +25,9 @@
 # `go test -bench` style line on stdout ("BenchmarkServing/api=grpc/server=null 1 … req/s
 # … p50-µs … p99-µs … admitted … server-cpu-µs/req"), which bench/summarize reads; progress
 # goes to stderr. server-cpu-µs/req is the server process's CPU time (user + system) per
-# answered call, from /proc: the cost per call whatever the generator managed.
+# answered call, from /proc: the cost per call whatever the generator managed;
+# broker-cpu-µs/req the Kafka broker's (when STREAMLIMIT_RUN_DIR holds the one
+# e2e/services started), which every row pays for, the Kafka row most.
 #
 # Environment (defaults): SERVING_ROUNDS (3), SERVING_DURATION (10s), SERVING_CALLERS
 # (32), SERVING_CONNS (4), SERVING_KEYS (10000), SERVING_APIS ("grpc http"),
@@ -99,7 +101,7 @@ brokers=${STREAMLIMIT_KAFKA_BROKERS:-}
 run_id=$$-$RANDOM
 if [ -n "$brokers" ]; then
   "$work/streamlimit" topics ensure --brokers "$brokers" --hits-topic "bench-hits-$run_id" \
-    --counts-topic "bench-counts-$run_id" --partitions 4 --counts-partitions 4 >&2
+    --counts-topic "bench-counts-$run_id" --hits-partitions 4 --counts-partitions 4 >&2
 fi
 
 # envoyproxy/ratelimit's configuration: the same rule, and a limit high enough that every
@@ -177,6 +179,12 @@ start() {
 }
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+# The broker's process, when it runs here (e2e/services, as under make bench): its CPU per
+# call shows what each row costs Kafka, which shares the machine's cores with the rows.
+broker_pid=""
+if [ -n "${STREAMLIMIT_RUN_DIR:-}" ] && [ -f "$STREAMLIMIT_RUN_DIR/kafka/kafka.pid" ]; then
+  broker_pid=$(cat "$STREAMLIMIT_RUN_DIR/kafka/kafka.pid")
+fi
 
 for round in $(seq "$rounds"); do
   for api in $apis; do
@@ -207,15 +215,23 @@ for round in $(seq "$rounds"); do
         perfpid=$!
       fi
       t0=$(cpu_ticks "$spid")
+      b0=0
+      [ -z "$broker_pid" ] || b0=$(cpu_ticks "$broker_pid")
       line=$(GOMAXPROCS=1 $pin_load "$work/loadgen" -api "$api" -addr "$addr" -callers "$callers" -conns "$conns" \
         -keys "$keys" -duration "$duration" -prefix "r$round-" "${extra[@]}" -bench "Serving/api=$api/server=$name")
       t1=$(cpu_ticks "$spid")
+      b1=0
+      [ -z "$broker_pid" ] || b1=$(cpu_ticks "$broker_pid")
       [ -z "$perfpid" ] || wait "$perfpid" || log "perf record failed for $name ($api)"
       calls=$(awk '{for (i = 1; i < NF; i++) if ($(i+1) == "admitted" || $(i+1) == "denied") s += $i} END {print s + 0}' <<<"$line")
       hz=$(getconf CLK_TCK)
       cpu=$(awk -v t="$((t1 - t0))" -v hz="$hz" -v n="$calls" 'BEGIN {if (n > 0) printf "%.2f", t / hz * 1e6 / n; else print 0}')
-      echo "$line	$cpu server-cpu-µs/req"
-      log "round $round: $line $cpu server-cpu-µs/req"
+      bcpu=""
+      if [ -n "$broker_pid" ]; then
+        bcpu=$(awk -v t="$((b1 - b0))" -v hz="$hz" -v n="$calls" 'BEGIN {if (n > 0) printf "\t%.2f broker-cpu-µs/req", t / hz * 1e6 / n}')
+      fi
+      echo "$line	$cpu server-cpu-µs/req$bcpu"
+      log "round $round: $line $cpu server-cpu-µs/req$bcpu"
       kill "$spid" 2>/dev/null || true
       wait "$spid" 2>/dev/null || true
     done

@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -730,9 +731,9 @@ func (s *stack) checkRemoteTopicJob(t *testing.T, src, dst, remote string) {
 		t.Errorf("%s: restart %q: a one-shot job needs restart: \"no\"", name, job.Restart)
 	}
 	tn := svc("topics", src)
-	want := streamlimitArgs(t, tn, s.service(t, tn)).flags["partitions"]
+	want := streamlimitArgs(t, tn, s.service(t, tn)).flags["hits-partitions"]
 	if want == "" {
-		want = "12" // topics ensure's default
+		want = fmt.Sprint(topics.DefaultPartitions) // topics ensure's default
 	}
 	if arg("--partitions") != want {
 		t.Errorf("%s: %s gets %q partitions, but %s's hits has %s", name, remote, arg("--partitions"), src, want)

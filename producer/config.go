@@ -19,9 +19,11 @@ import (
 
 // Defaults for the zero fields of Config.
 const (
-	DefaultBucketWidth        = 100 * time.Millisecond
-	DefaultFlushInterval      = 10 * time.Millisecond
-	DefaultFlushSpread        = 20 * time.Millisecond
+	DefaultBucketWidth   = 100 * time.Millisecond
+	DefaultFlushInterval = 10 * time.Millisecond
+	// DefaultFlushSpread is none: buckets that end together leave together, in one Kafka
+	// request (see Config.FlushSpread).
+	DefaultFlushSpread        = time.Duration(0)
 	DefaultMaxBufferedKeys    = 100_000
 	DefaultMaxInFlightRecords = 10_000
 	DefaultIdleTimeout        = time.Minute
@@ -91,10 +93,12 @@ type Config struct {
 	FlushInterval time.Duration
 	// FlushSpread spreads the hand-off of buckets that end together (every counter's
 	// buckets end at the same multiples of BucketWidth) over this long after their end,
-	// by shard of the key, so that the Kafka client encodes and acknowledges them in
-	// several small batches instead of one burst that would hold a busy server's core
-	// for milliseconds. It adds FlushSpread/2 to the mean delay of a hit. Zero means
-	// DefaultFlushSpread (20 ms); negative means none.
+	// by shard of the key. It was 20 ms while every count was a Kafka record of its own,
+	// so that a busy server's core did not encode and acknowledge thousands of records in
+	// one burst; with counts in hit batches a flush costs little per count, and a spread
+	// only splits a bucket's counts over more Kafka requests (each costs the broker about
+	// half a millisecond of CPU) and adds FlushSpread/2 to the mean delay of a hit.
+	// Zero means DefaultFlushSpread (none); negative means none too.
 	FlushSpread time.Duration
 	// MaxBufferedKeys bounds the counters the Producer holds (known (key, window) pairs)
 	// plus the counts Kafka could not take yet. When it is full, a new counter takes the
@@ -116,6 +120,13 @@ type Config struct {
 	// allocation-free) before it is evicted; idle counters also make room for new ones
 	// when MaxBufferedKeys is reached. Default DefaultIdleTimeout (1 min).
 	IdleTimeout time.Duration
+	// SingleHitRecords makes every count a hit record of its own, as producers before hit
+	// batches wrote them, instead of sending the counts of one partition together in hit
+	// batch records (topics.HitBatchKey), which cost Kafka one record per batch rather
+	// than per count. Set it while aggregators older than the hit batch format still read
+	// the hits topics (they skip a batch as an unknown version): upgrade the aggregators
+	// first. Default false.
+	SingleHitRecords bool
 	// Clock gives the time of Hit and the age of counters. Default clock.Real{}.
 	Clock clock.Clock
 	// Logger receives produce failures (rate-limited) and lifecycle messages. Default

@@ -9,40 +9,27 @@ import (
 	"github.com/streamlimit/streamlimit/topics"
 )
 
-// partitioner places records as kgo.StickyKeyPartitioner(nil) does (murmur2 of the key,
-// Java's placement), except site heartbeats, which go to the partition set in
+// partitioner places records as every streamlimit client must (topics.Partition): a
+// counter key by Kafka's default placement, the same as the Java client's, and site
+// records and hit batches — keys under topics.ReservedPrefix — on the partition set in
 // Record.Partition. Every record it places tells it the topic's partition count, which the
-// heartbeats need.
+// heartbeats and the hit batches need.
 type partitioner struct {
-	inner kgo.Partitioner
-	n     atomic.Int32 // partitions of the hits topic, 0 until a record was placed
+	n atomic.Int32 // partitions of the hits topic, 0 until a record was placed
 }
 
-func (p *partitioner) ForTopic(t string) kgo.TopicPartitioner {
-	return &topicPartitioner{inner: p.inner.ForTopic(t), parent: p}
-}
+func (p *partitioner) ForTopic(string) kgo.TopicPartitioner { return p }
 
-type topicPartitioner struct {
-	inner  kgo.TopicPartitioner
-	parent *partitioner
-}
+// RequiresConsistency is true: every record goes where its key or Partition says, never
+// to whichever partition is ready.
+func (*partitioner) RequiresConsistency(*kgo.Record) bool { return true }
 
-func (t *topicPartitioner) RequiresConsistency(r *kgo.Record) bool {
-	return isSiteHeartbeat(r) || t.inner.RequiresConsistency(r)
-}
-
-func (t *topicPartitioner) Partition(r *kgo.Record, n int) int {
-	t.parent.n.Store(int32(n))
-	if isSiteHeartbeat(r) {
+func (p *partitioner) Partition(r *kgo.Record, n int) int {
+	p.n.Store(int32(n))
+	if topics.IsReservedKey(r.Key) {
 		return int(r.Partition) % n
 	}
-	return t.inner.Partition(r, n)
-}
-
-// isSiteHeartbeat reports whether r is a site record (a heartbeat or a leave), which goes to
-// the partition its Partition names.
-func isSiteHeartbeat(r *kgo.Record) bool {
-	return string(r.Key) == topics.SiteHeartbeatKey || string(r.Key) == topics.SiteLeaveKey
+	return int(topics.Partition(r.Key, int32(n)))
 }
 
 // siteHeartbeat sends, when due, a site heartbeat stamped watermark (unix ms) to every

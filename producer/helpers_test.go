@@ -29,8 +29,12 @@ type consumed struct {
 	// leaves are the site leave records found, by partition; they are not in the fields
 	// above either.
 	leaves map[int32][]topics.Hit
-	// seq is every record, site heartbeats included, by partition in offset order.
+	// seq is every hit record, site heartbeats included, by partition in offset order.
 	seq map[int32][]topics.Hit
+	// batches is the number of hit batch records, whose hits are in the fields above;
+	// nparts the topic's partition count.
+	batches int
+	nparts  int32
 }
 
 // readTopic reads every record of topic from the start up to its end offsets as of the
@@ -57,7 +61,7 @@ func readTopic(t testing.TB, brokers []string, topic string, opts ...kgo.Opt) co
 			want[o.Partition] = o.Offset
 		}
 	})
-	out := consumed{counts: map[counter]int64{}}
+	out := consumed{counts: map[counter]int64{}, nparts: int32(len(ends[topic]))}
 	if len(want) == 0 {
 		return out
 	}
@@ -74,41 +78,63 @@ func readTopic(t testing.TB, brokers []string, topic string, opts ...kgo.Opt) co
 		}
 		fs.EachError(func(tp string, p int32, err error) { t.Fatalf("fetch %s/%d: %v", tp, p, err) })
 		fs.EachRecord(func(r *kgo.Record) {
-			h, err := topics.DecodeHit(r.Value)
-			if err != nil {
-				t.Fatalf("record %s/%d@%d: %v", r.Topic, r.Partition, r.Offset, err)
-			}
-			if string(r.Key) != h.Key {
-				t.Fatalf("record key %q, hit key %q", r.Key, h.Key)
-			}
 			if end, ok := want[r.Partition]; ok && r.Offset+1 >= end {
 				delete(want, r.Partition)
 			}
-			if out.seq == nil {
-				out.seq = map[int32][]topics.Hit{}
+			hs, err := topics.DecodeHits(r.Value)
+			if err != nil {
+				t.Fatalf("record %s/%d@%d: %v", r.Topic, r.Partition, r.Offset, err)
 			}
-			out.seq[r.Partition] = append(out.seq[r.Partition], h)
-			if h.IsSiteLeave() {
-				if out.leaves == nil {
-					out.leaves = map[int32][]topics.Hit{}
+			batch := topics.IsHitBatch(r.Value)
+			if batch {
+				if string(r.Key) != topics.HitBatchKey {
+					t.Fatalf("hit batch under key %q", r.Key)
 				}
-				out.leaves[r.Partition] = append(out.leaves[r.Partition], h)
-				return
+				out.batches++
 			}
-			if h.IsSiteHeartbeat() {
-				if out.siteHeartbeats == nil {
-					out.siteHeartbeats = map[int32][]topics.Hit{}
-				}
-				out.siteHeartbeats[r.Partition] = append(out.siteHeartbeats[r.Partition], h)
-				return
+			for _, h := range hs {
+				out.add(t, r, h, batch)
 			}
-			out.records++
-			out.hits = append(out.hits, h)
-			out.parts = append(out.parts, r.Partition)
-			out.counts[counter{h.Key, h.Window}] += h.Count
 		})
 	}
 	return out
+}
+
+// add records hit h of record r (of a hit batch when batch is set).
+func (out *consumed) add(t testing.TB, r *kgo.Record, h topics.Hit, batch bool) {
+	t.Helper()
+	switch {
+	case batch:
+		// Every hit of a batch belongs to the batch's partition, as if it were a record of
+		// its own keyed by its key.
+		if q := javaPartition([]byte(h.Key), out.nparts); q != r.Partition {
+			t.Fatalf("hit of key %q in a batch on partition %d, owned by partition %d", h.Key, r.Partition, q)
+		}
+	case string(r.Key) != h.Key:
+		t.Fatalf("record key %q, hit key %q", r.Key, h.Key)
+	}
+	if out.seq == nil {
+		out.seq = map[int32][]topics.Hit{}
+	}
+	out.seq[r.Partition] = append(out.seq[r.Partition], h)
+	if h.IsSiteLeave() {
+		if out.leaves == nil {
+			out.leaves = map[int32][]topics.Hit{}
+		}
+		out.leaves[r.Partition] = append(out.leaves[r.Partition], h)
+		return
+	}
+	if h.IsSiteHeartbeat() {
+		if out.siteHeartbeats == nil {
+			out.siteHeartbeats = map[int32][]topics.Hit{}
+		}
+		out.siteHeartbeats[r.Partition] = append(out.siteHeartbeats[r.Partition], h)
+		return
+	}
+	out.records++
+	out.hits = append(out.hits, h)
+	out.parts = append(out.parts, r.Partition)
+	out.counts[counter{h.Key, h.Window}] += h.Count
 }
 
 // javaPartition is Kafka's Java default partition for a keyed record, computed with

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -82,6 +83,11 @@ func TestConcurrentHitsExact(t *testing.T) {
 	if int64(got.records) != st.RecordsOut {
 		t.Errorf("topic has %d records, producer acknowledged %d", got.records, st.RecordsOut)
 	}
+	// Once the partition count is known, the counts of a flush travel in hit batches (whose
+	// hits readTopic checks are on the partitions that own them).
+	if got.batches == 0 || int64(got.batches) != st.BatchesOut {
+		t.Errorf("topic has %d hit batches, producer acknowledged %d", got.batches, st.BatchesOut)
+	}
 	for i, h := range got.hits {
 		if want := javaPartition([]byte(h.Key), partitions); got.parts[i] != want {
 			t.Fatalf("key %q on partition %d, Java's partitioner says %d", h.Key, got.parts[i], want)
@@ -90,7 +96,39 @@ func TestConcurrentHitsExact(t *testing.T) {
 			t.Fatalf("record %+v: bucket not aligned to 10 ms or wrong site", h)
 		}
 	}
-	t.Logf("%d hits in %d records", total, got.records)
+	t.Logf("%d hits in %d records, %d hit batches", total, got.records, got.batches)
+}
+
+// With SingleHitRecords, every count is a record of its own keyed by its counter key, as
+// aggregators older than hit batches read them.
+func TestSingleHitRecords(t *testing.T) {
+	brokers := testenv.Brokers(t)
+	topic := testenv.CreateTopic(t, "hits", 4, nil)
+	p, err := New(Config{Brokers: brokers, Topic: topic, Site: "eu-1", FlushInterval: 5 * time.Millisecond,
+		BucketWidth: 10 * time.Millisecond, SingleHitRecords: true, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[counter]int64{}
+	for r := range 20 {
+		for i := range 100 {
+			k := fmt.Sprintf("k%d", i)
+			p.Hit(k, time.Minute, 1)
+			want[counter{k, 60000}]++
+		}
+		if r%5 == 4 {
+			time.Sleep(15 * time.Millisecond) // several flushes
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := readTopic(t, brokers, topic)
+	if got.batches != 0 || p.Stats().BatchesOut != 0 || !maps.Equal(got.counts, want) {
+		t.Fatalf("%d hit batches (%d acknowledged), counts %v; want none and %v", got.batches, p.Stats().BatchesOut, got.counts, want)
+	}
 }
 
 // 100 000 hits on 10 keys within one flush interval make one record per key.
@@ -326,8 +364,11 @@ func TestBrokerComesBack(t *testing.T) {
 	if len(got.counts) != len(want) {
 		t.Errorf("topic has %d counters, sent %d", len(got.counts), len(want))
 	}
-	t.Logf("before the broker came back: %d hits kept (%d unsent, %d in flight); %d records in all",
-		kept.UnsentHits+kept.InFlightHits, kept.UnsentHits, kept.InFlightHits, got.records)
+	if got.batches == 0 {
+		t.Error("no hit batches: the counts kept while the broker was away were not sent in batches")
+	}
+	t.Logf("before the broker came back: %d hits kept (%d unsent, %d in flight); %d records in all, %d hit batches",
+		kept.UnsentHits+kept.InFlightHits, kept.UnsentHits, kept.InFlightHits, got.records, got.batches)
 }
 
 // Site heartbeats reach every partition, and each promises what it says: on its partition,

@@ -19,12 +19,17 @@ type Stats struct {
 	// InvalidHits is the number of Hit calls ignored for invalid input
 	// (invalid_hits_total).
 	InvalidHits int64
-	// RecordsOut is the number of records Kafka acknowledged (records_out_total).
+	// RecordsOut is the number of hit records Kafka acknowledged (records_out_total): one
+	// per (key, window, bucket) count, whether it travelled alone or in a hit batch.
 	RecordsOut int64
+	// BatchesOut is the number of hit batch records among them (topics.HitBatchKey), each
+	// carrying several counts (hit_batches_out_total).
+	BatchesOut int64
 	// SiteHeartbeatsOut is the number of site heartbeats Kafka acknowledged
 	// (site_heartbeats_out_total).
 	SiteHeartbeatsOut int64
-	// BytesOut is the key plus value bytes of those records (bytes_out_total).
+	// BytesOut is the key plus value bytes of the Kafka records that carried them
+	// (bytes_out_total).
 	BytesOut int64
 	// BufferedKeys is the number of (key, window, bucket) slots held against
 	// MaxBufferedKeys: known counters, parked finished buckets and unsent counts
@@ -60,6 +65,7 @@ func (p *Producer) Stats() Stats {
 		s.DroppedHits = satAdd(s.DroppedHits, n)
 	}
 	s.RecordsOut = p.recordsOut.Load()
+	s.BatchesOut = p.batchesOut.Load()
 	s.SiteHeartbeatsOut = p.heartbeatsOut.Load()
 	s.BytesOut = p.bytesOut.Load()
 	s.BufferedKeys = p.buffered.Load()
@@ -97,7 +103,8 @@ func newMetrics(p *Producer, reg prometheus.Registerer) (*metrics, error) {
 		m.flushSeconds,
 		counter("hits_in_total", "Hits accepted by Hit (sum of n).", func(s Stats) int64 { return s.HitsIn }),
 		counter("invalid_hits_total", "Hit calls ignored for invalid key, window or n.", func(s Stats) int64 { return s.InvalidHits }),
-		counter("records_out_total", "Hit records acknowledged by Kafka.", func(s Stats) int64 { return s.RecordsOut }),
+		counter("records_out_total", "Hit records (one per key, window and bucket) acknowledged by Kafka, alone or in hit batches.", func(s Stats) int64 { return s.RecordsOut }),
+		counter("hit_batches_out_total", "Hit batch records (several hit records of one partition in one Kafka record) acknowledged by Kafka.", func(s Stats) int64 { return s.BatchesOut }),
 		counter("site_heartbeats_out_total", "Site heartbeats acknowledged by Kafka.", func(s Stats) int64 { return s.SiteHeartbeatsOut }),
 		counter("bytes_out_total", "Key plus value bytes of acknowledged records.", func(s Stats) int64 { return s.BytesOut }),
 		gauge("buffered_keys", "(key, window, bucket) slots held against MaxBufferedKeys.", func(s Stats) int64 { return s.BufferedKeys }),

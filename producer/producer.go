@@ -1,18 +1,15 @@
 package producer
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"hash/maphash"
 	"math"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
-	"unsafe"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -82,9 +79,9 @@ type counterKey struct {
 }
 
 // entry is a known counter and the count of its current bucket. Guarded by its shard's mu.
+// It is 64 bytes, one cache line of its size class, so that a Hit reads one line of it.
 type entry struct {
 	ck     counterKey
-	sub    int64  // the window's sub-bucket width, ms
 	bucket int64  // start of the bucket n counts toward, unix ms
 	end    int64  // end of that bucket, unix ms
 	n      int64  // hits in bucket not yet drained
@@ -112,12 +109,12 @@ type recordKey struct {
 }
 
 type shard struct {
-	mu sync.Mutex
-	// m finds entries by a 64-bit hash of (key, window), so that a lookup hashes the key
-	// once (the same hash picks the shard); coll holds the rare entries whose hash another
-	// entry already has.
-	m    map[uint64]*entry
-	coll map[counterKey]*entry
+	// What a Hit reads, first, in one cache line.
+	mu     sync.Mutex
+	hitsIn int64 // guarded by mu; saturating
+	// tab finds entries by a 64-bit hash of (key, window), so that a lookup hashes the key
+	// once (the same hash picks the shard).
+	tab table
 	// dirty lists the entries with a count not yet drained; minEnd is at most the
 	// smallest end of their buckets, so that a flush tick skips a shard with nothing due
 	// without reading its entries.
@@ -129,32 +126,14 @@ type shard struct {
 	// so they are bounded by the entries. Dropping them would lose hits of counters that
 	// carry traffic.
 	pending []record
-	hitsIn  int64 // guarded by mu; saturating
 	dropped [numDropReasons]atomic.Int64
 	invalid atomic.Int64
 	_       [64]byte // keep shards on separate cache lines
 }
 
-func (s *shard) get(h uint64, ck counterKey) *entry {
-	if e := s.m[h]; e != nil && e.ck == ck {
-		return e
-	}
-	if len(s.coll) > 0 {
-		return s.coll[ck]
-	}
-	return nil
-}
+func (s *shard) get(h uint64, ck counterKey) *entry { return s.tab.get(h, ck) }
 
-func (s *shard) put(h uint64, e *entry) {
-	if _, taken := s.m[h]; !taken {
-		s.m[h] = e
-		return
-	}
-	if s.coll == nil {
-		s.coll = make(map[counterKey]*entry)
-	}
-	s.coll[e.ck] = e
-}
+func (s *shard) put(h uint64, e *entry) { s.tab.put(h, e) }
 
 // drop counts n dropped hits for reason r.
 func (s *shard) drop(r int, n int64) { satAddAtomic(&s.dropped[r], n) }
@@ -171,8 +150,14 @@ type Producer struct {
 	idleMs    int64
 	maxKeys   int64
 	seed      maphash.Seed
+	clock     *msClock
 	shards    [numShards]shard
 	parts     partitioner // the client's partitioner when the Producer built the client
+	// sendAll's scratch, guarded by flushMu: the counts in partition order, each count's
+	// partition, and the partitions' counts.
+	placed    []placed
+	partOf    []int32
+	partCount []int32
 
 	hbNext int64 // unix ms of the next site heartbeat, guarded by flushMu
 
@@ -197,6 +182,7 @@ type Producer struct {
 	inflightRecs  atomic.Int64
 	inflightHits  wideSum
 	recordsOut    atomic.Int64
+	batchesOut    atomic.Int64
 	heartbeatsOut atomic.Int64
 	bytesOut      atomic.Int64
 	produceErrs   atomic.Int64
@@ -223,12 +209,10 @@ func New(cfg Config) (*Producer, error) {
 		idleMs:   cfg.IdleTimeout.Milliseconds(),
 		maxKeys:  int64(cfg.MaxBufferedKeys),
 		seed:     maphash.MakeSeed(),
+		clock:    newMsClock(cfg.Clock),
 		unsent:   make(map[recordKey]counts),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
-	}
-	for i := range p.shards {
-		p.shards[i].m = make(map[uint64]*entry)
 	}
 	p.produced = p.onProduced
 	if cfg.Client != nil {
@@ -239,16 +223,11 @@ func New(cfg Config) (*Producer, error) {
 		}
 	} else {
 		p.maxInflight = int64(cfg.MaxInFlightRecords)
-		p.parts.inner = kgo.StickyKeyPartitioner(nil)
 		opts := append([]kgo.Opt{
 			kgo.SeedBrokers(cfg.Brokers...),
-			// StickyKeyPartitioner(nil) is documented to place keyed records exactly as
-			// Java does (before and after 3.3): murmur2, high bit masked, mod the
-			// partition count. Non-Go producers can match it (librdkafka:
-			// partitioner=murmur2_random).
-			//
-			// The wrapper sends site heartbeats to the partition they name, and learns the
-			// partition count from every record it places.
+			// Keys placed as Java places them (topics.Partition), which non-Go producers
+			// match (librdkafka: partitioner=murmur2_random); site records and hit
+			// batches on the partition they name.
 			kgo.RecordPartitioner(&p.parts),
 			kgo.MaxBufferedRecords(cfg.MaxInFlightRecords),
 			// A flush hands over its records within a millisecond or two: lingering
@@ -281,9 +260,11 @@ func New(cfg Config) (*Producer, error) {
 // Hit records n hits of key, toward a window of length window, at the Producer's clock's
 // current time. It is HitAt(key, window, cfg.Clock.Now(), n), but for when the clock is
 // read: as the hit is recorded, so that a site heartbeat never passes it (see
-// siteHeartbeat).
+// siteHeartbeat). With the real clock, the time is the monotonic clock's plus the wall
+// clock's offset from it, taken at most 10 ms before (msClock): one read of a clock per
+// Hit instead of time.Now's two.
 func (p *Producer) Hit(key string, window time.Duration, n int) {
-	p.add(key, window, time.Time{}, true, int64(n), 0)
+	p.add(key, window, 0, true, int64(n), 0)
 }
 
 // HitAt records n hits of key, toward a window of length window (whole milliseconds; the
@@ -299,14 +280,14 @@ func (p *Producer) Hit(key string, window time.Duration, n int) {
 // n < 1) is ignored and counted in invalid_hits_total. Hits that the memory bound cannot take, or
 // that arrive after Close, are dropped and counted in dropped_hits_total.
 func (p *Producer) HitAt(key string, window time.Duration, t time.Time, n int) {
-	p.add(key, window, t, false, int64(n), 0)
+	p.add(key, window, t.UnixMilli(), false, int64(n), 0)
 }
 
 // Denied records n requests for key, toward a window of length window, that were refused at
 // this site at the Producer's clock's current time. It is DeniedAt(key, window,
 // cfg.Clock.Now(), n), with the clock read as for Hit.
 func (p *Producer) Denied(key string, window time.Duration, n int) {
-	p.add(key, window, time.Time{}, true, 0, int64(n))
+	p.add(key, window, 0, true, 0, int64(n))
 }
 
 // DeniedAt records n refused requests for key in the bucket that contains t. They count
@@ -314,14 +295,14 @@ func (p *Producer) Denied(key string, window time.Duration, n int) {
 // key's room (a site where a client has just arrived has demand before it has hits). It is
 // coalesced with the hits of the same bucket and behaves as HitAt otherwise.
 func (p *Producer) DeniedAt(key string, window time.Duration, t time.Time, n int) {
-	p.add(key, window, t, false, 0, int64(n))
+	p.add(key, window, t.UnixMilli(), false, 0, int64(n))
 }
 
-// add records n64 hits and d64 denials of key toward window wd at t, or, with now, at the
-// clock's time read under the shard's lock: a flush reads its time before it takes the
-// lock, so a hit it did not see is not older than its time, and the site heartbeat it
-// sends (stamped at most at the start of the current bucket) stays true.
-func (p *Producer) add(key string, wd time.Duration, t time.Time, now bool, n64, d64 int64) {
+// add records n64 hits and d64 denials of key toward window wd at ms (unix ms), or, with
+// now, at the clock's time read under the shard's lock: a flush reads its time before it
+// takes the lock, so a hit it did not see is not older than its time, and the site
+// heartbeat it sends (stamped at most at the start of the current bucket) stays true.
+func (p *Producer) add(key string, wd time.Duration, ms int64, now bool, n64, d64 int64) {
 	w := int64(wd / time.Millisecond)
 	h := maphash.String(p.seed, key)
 	s := &p.shards[h&(numShards-1)]
@@ -334,9 +315,8 @@ func (p *Producer) add(key string, wd time.Duration, t time.Time, now bool, n64,
 
 	s.mu.Lock()
 	if now {
-		t = p.cfg.Clock.Now()
+		ms = p.clock.nowMs()
 	}
-	ms := t.UnixMilli()
 	if p.closed.Load() {
 		s.drop(dropClosed, n64)
 		s.mu.Unlock()
@@ -356,7 +336,7 @@ func (p *Producer) add(key string, wd time.Duration, t time.Time, now bool, n64,
 			s.mu.Unlock()
 			return
 		}
-		e = &entry{ck: ck, sub: window.Width(time.Duration(w)*time.Millisecond, p.cfg.SubBuckets)}
+		e = &entry{ck: ck}
 		e.bucket, e.end = p.bucketOf(e, ms)
 		s.put(h, e)
 	} else if ms < e.bucket || ms >= e.end {
@@ -395,9 +375,11 @@ func (p *Producer) add(key string, wd time.Duration, t time.Time, now bool, n64,
 func (p *Producer) bucketOf(e *entry, ms int64) (start, end int64) {
 	start = ms - floorMod(ms, p.widthMs)
 	end = start + p.widthMs
-	if e.sub%p.widthMs != 0 {
-		sb := ms - floorMod(ms, e.sub)
-		start, end = max(start, sb), min(end, sb+e.sub)
+	// The sub-bucket width is worked out again at every bucket (a division) rather than
+	// kept, so that the entry fits in 64 bytes.
+	if sub := window.Width(time.Duration(e.ck.window)*time.Millisecond, p.cfg.SubBuckets); sub%p.widthMs != 0 {
+		sb := ms - floorMod(ms, sub)
+		start, end = max(start, sb), min(end, sb+sub)
 	}
 	return start, end
 }
@@ -413,7 +395,6 @@ func (p *Producer) evictIdle(s *shard, nowMs int64) bool {
 		victim     *entry
 		victimHash uint64
 		recent     bool
-		seen       int
 	)
 	better := func(e *entry) bool {
 		r := e.end+p.widthMs > nowMs
@@ -425,484 +406,14 @@ func (p *Producer) evictIdle(s *shard, nowMs int64) bool {
 		}
 		return e.heat < victim.heat
 	}
-	for h, e := range s.m { // Go starts a map's iteration at a random place
-		if seen++; seen > evictSample {
-			break
-		}
+	s.tab.sample(evictSample, func(h uint64, e *entry) {
 		if !e.dirty && better(e) {
 			victim, victimHash, recent = e, h, e.end+p.widthMs > nowMs
 		}
-	}
+	})
 	if victim == nil {
-		for ck, e := range s.coll {
-			if !e.dirty {
-				delete(s.coll, ck)
-				return true
-			}
-		}
 		return false
 	}
-	delete(s.m, victimHash)
-	// A colliding entry may now take the freed hash slot; it stays findable in coll.
+	s.tab.remove(victimHash, victim)
 	return true
-}
-
-func floorMod(a, m int64) int64 {
-	r := a % m
-	if r < 0 {
-		r += m
-	}
-	return r
-}
-
-// satAdd returns a + b for b ≥ 0, or MaxInt64 when that overflows.
-func satAdd(a, b int64) int64 {
-	if a > math.MaxInt64-b {
-		return math.MaxInt64
-	}
-	return a + b
-}
-
-// satAddAtomic adds b (which may be negative) to v, saturating at MaxInt64: the sums of
-// hits the metrics report never wrap around.
-func satAddAtomic(v *atomic.Int64, b int64) {
-	for {
-		c := v.Load()
-		n := c + b
-		switch {
-		case b > 0 && c > math.MaxInt64-b:
-			n = math.MaxInt64
-		case b < 0 && c == math.MaxInt64:
-			return // saturated: the true value is unknown, stay there
-		}
-		if v.CompareAndSwap(c, n) {
-			return
-		}
-	}
-}
-
-// wideSum is a sum of hits that cannot overflow: records carry up to MaxInt64 hits each,
-// so sums of several need more than 64 bits. Load saturates at MaxInt64. It is updated
-// once per record, not per hit.
-type wideSum struct {
-	mu     sync.Mutex
-	hi, lo uint64 // two's complement 128-bit value
-}
-
-func (w *wideSum) add(v int64) {
-	w.mu.Lock()
-	lo := w.lo + uint64(v)
-	carry := uint64(0)
-	if lo < w.lo {
-		carry = 1
-	}
-	ext := uint64(0)
-	if v < 0 {
-		ext = math.MaxUint64
-	}
-	w.hi += ext + carry
-	w.lo = lo
-	w.mu.Unlock()
-}
-
-// Load returns the sum, or MaxInt64 when it is larger (0 if negative, which only a bug
-// would cause).
-func (w *wideSum) Load() int64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	switch {
-	case int64(w.hi) < 0:
-		return 0
-	case w.hi > 0 || w.lo > math.MaxInt64:
-		return math.MaxInt64
-	}
-	return int64(w.lo)
-}
-
-// reserve takes one slot of the memory bound, reporting false when it is full.
-func (p *Producer) reserve() bool {
-	for {
-		c := p.buffered.Load()
-		if c >= p.maxKeys {
-			return false
-		}
-		if p.buffered.CompareAndSwap(c, c+1) {
-			return true
-		}
-	}
-}
-
-// loop is the background flush. Its ticks fall just after multiples of FlushInterval on
-// the Producer's clock, the instants at which buckets end when FlushInterval divides
-// BucketWidth (as DefaultFlushInterval divides DefaultBucketWidth), so that a finished bucket leaves within a
-// millisecond or two of its end instead of waiting up to a whole interval for the next
-// tick.
-func (p *Producer) loop() {
-	defer close(p.done)
-	d := p.cfg.FlushInterval
-	wait := d - time.Duration(floorMod(p.cfg.Clock.Now().UnixNano(), int64(d))) + flushLag
-	select {
-	case <-p.stop:
-		return
-	case <-time.After(wait):
-		p.drain(false, true)
-	}
-	t := time.NewTicker(d)
-	defer t.Stop()
-	for {
-		select {
-		case <-p.stop:
-			return
-		case <-t.C:
-			p.drain(false, true)
-		}
-	}
-}
-
-// flush drains the shards and hands records to the Kafka client without waiting for
-// acknowledgements. With all false, only finished buckets (those whose end is not after
-// the clock's now) are drained, so that a bucket normally becomes exactly one record;
-// with all true, the current buckets go too.
-func (p *Producer) flush(all bool) { p.drain(all, false) }
-
-// drain is flush; with spread, shard i's finished buckets are held back until
-// i·FlushSpread/numShards after their end, so that the records of buckets that end
-// together (every counter's, at each multiple of BucketWidth) reach the Kafka client in
-// several smaller hand-offs over FlushSpread instead of one burst: on a server with one
-// core, the burst of encoding and acknowledging thousands of records at once held the
-// core for milliseconds, and every call waiting behind it showed in the p99.
-func (p *Producer) drain(all, spread bool) {
-	p.flushMu.Lock()
-	defer p.flushMu.Unlock()
-	start := p.cfg.Clock.Now()
-	nowMs := start.UnixMilli()
-	p.flushes.Add(1)
-
-	batch := p.batch[:0]
-	room := p.maxInflight - p.inflightRecs.Load()
-	// Older counts first: what Kafka could not take before, as much as fits.
-	p.unsentMu.Lock()
-	for rk, c := range p.unsent {
-		if int64(len(batch)) >= room {
-			break
-		}
-		batch = append(batch, record{ck: rk.ck, bucket: rk.bucket, n: c.n, d: c.d})
-		delete(p.unsent, rk)
-		p.unsentHits.add(-c.n)
-		p.buffered.Add(-1)
-	}
-	p.unsentMu.Unlock()
-
-	var released int64
-	// watermark is the start of the oldest bucket still held back: every hit of an
-	// earlier bucket is in this flush's batch or was handed to Kafka before. It starts at
-	// the start of the bucket that holds nowMs, not at nowMs: a Hit that takes a shard's
-	// lock after the loop below has passed it reads the clock then (add), so it lands in
-	// this bucket or a later one, but this bucket starts before nowMs, and the hit would
-	// follow a heartbeat stamped nowMs on the partition.
-	watermark := nowMs - floorMod(nowMs, p.widthMs)
-	for i := range p.shards {
-		s := &p.shards[i]
-		s.mu.Lock()
-		batch = append(batch, s.pending...)
-		clear(s.pending)
-		s.pending = s.pending[:0]
-		due := nowMs
-		if spread {
-			due -= p.spreadMs * int64(i) / numShards
-		}
-		if !all && len(s.dirty) > 0 && s.minEnd > due {
-			// Nothing due: every dirty entry's bucket ends after due. A bucket is at most
-			// BucketWidth long, so none of them starts before minEnd − BucketWidth: a
-			// bound for the site heartbeats' watermark that needs no scan.
-			watermark = min(watermark, s.minEnd-p.widthMs)
-		} else {
-			keep := s.dirty[:0]
-			minEnd := int64(math.MaxInt64)
-			for _, e := range s.dirty {
-				if !all && e.end > due {
-					keep = append(keep, e)
-					watermark = min(watermark, e.bucket)
-					minEnd = min(minEnd, e.end)
-					continue
-				}
-				batch = append(batch, record{ck: e.ck, bucket: e.bucket, n: e.n, d: e.d})
-				e.n, e.d = 0, 0
-				e.dirty = false
-			}
-			clear(s.dirty[len(keep):])
-			s.dirty = keep
-			s.minEnd = minEnd
-		}
-		if i == p.sweepNext {
-			for h, e := range s.m {
-				if !e.dirty && nowMs-e.end >= p.idleMs {
-					delete(s.m, h)
-					released++
-				}
-			}
-			for ck, e := range s.coll {
-				if !e.dirty && nowMs-e.end >= p.idleMs {
-					delete(s.coll, ck)
-					released++
-				}
-			}
-		}
-		s.mu.Unlock()
-		if i%8 == 7 {
-			// Let the requests in: on a server with one core (GOMAXPROCS 1) a flush of
-			// thousands of records would otherwise hold it for milliseconds, the p99 of
-			// every call waiting behind it.
-			runtime.Gosched()
-		}
-	}
-	p.sweepNext = (p.sweepNext + 1) % numShards
-	p.buffered.Add(-released)
-	p.noIdle.Store(false) // the drained counters are idle now
-
-	for i, r := range batch {
-		if room > 0 {
-			p.send(r)
-			room--
-		} else {
-			p.keepUnsent(r)
-		}
-		if i%256 == 255 {
-			runtime.Gosched()
-		}
-	}
-	clear(batch)
-	p.batch = batch[:0]
-	if !all {
-		p.siteHeartbeat(nowMs, watermark)
-	}
-
-	if p.metrics != nil {
-		p.metrics.flushSeconds.Observe(p.cfg.Clock.Now().Sub(start).Seconds())
-	}
-	p.logDrops()
-	if errs := p.produceErrs.Swap(0); errs > 0 {
-		if now := p.cfg.Clock.Now(); now.Sub(p.lastLog) >= 10*time.Second || now.Before(p.lastLog) {
-			p.lastLog = now
-			var last error
-			if e := p.lastErr.Load(); e != nil {
-				last = *e
-			}
-			p.cfg.Logger.Warn("producer: Kafka did not take hits; keeping them merged for a retry",
-				"failed_records", errs, "unsent_hits", p.unsentHits.Load(),
-				"buffered_keys", p.buffered.Load(), "err", last)
-		}
-	}
-}
-
-// dropReasonText explains each reason in the dropped-hits log.
-var dropReasonText = [numDropReasons]string{
-	dropNoRoom:       "new counters while MaxBufferedKeys counters all held hits not yet sent (no idle counter to evict)",
-	dropKafkaBacklog: "Kafka could not take counts and the buffer of counts waiting for it was full",
-	dropClosed:       "hits after Close",
-}
-
-// logDrops logs, at most every 10 s, the hits dropped since the last such log, by reason.
-// The caller holds flushMu.
-func (p *Producer) logDrops() {
-	now := p.cfg.Clock.Now()
-	if !p.dropLogAt.IsZero() && now.Sub(p.dropLogAt) < 10*time.Second && !now.Before(p.dropLogAt) {
-		return
-	}
-	var by [numDropReasons]int64
-	for i := range p.shards {
-		for r := range by {
-			by[r] = satAdd(by[r], p.shards[i].dropped[r].Load())
-		}
-	}
-	for r, n := range by {
-		if d := n - p.dropLogged[r]; d > 0 {
-			p.dropLogAt = now
-			p.cfg.Logger.Info("producer: hits dropped", "reason", dropReasons[r], "hits", d,
-				"why", dropReasonText[r], "buffered_keys", p.buffered.Load(), "max_buffered_keys", p.maxKeys)
-		}
-		p.dropLogged[r] = n
-	}
-}
-
-// outRecord is one record handed to the Kafka client together with the count it carries
-// and the bytes of its key and value, so that producing a record costs one allocation at
-// most, none once the pool is warm. The client returns the *kgo.Record to the promise,
-// which finds the outRecord around it.
-type outRecord struct {
-	kr  kgo.Record // first field: a *kgo.Record of an outRecord is the outRecord's address
-	rec record
-	buf []byte
-}
-
-// send hands r to the Kafka client.
-func (p *Producer) send(r record) {
-	h := topics.Hit{Key: r.ck.key, Site: p.cfg.Site, BucketStart: r.bucket, Window: r.ck.window, Count: r.n, Denied: r.d}
-	o, _ := p.outFree.Get().(*outRecord)
-	if o == nil {
-		o = &outRecord{}
-	}
-	buf := append(o.buf[:0], r.ck.key...)
-	buf, err := h.AppendBinary(buf)
-	if err != nil {
-		// Unreachable: HitAt validated the key and window, New the site.
-		p.cfg.Logger.Error("producer: encoding a hit", "key", r.ck.key, "err", err)
-		return
-	}
-	o.buf, o.rec = buf, r
-	k := len(r.ck.key)
-	o.kr = kgo.Record{Topic: p.cfg.Topic, Key: buf[:k:k], Value: buf[k:]}
-	p.inflightRecs.Add(1)
-	p.inflightHits.add(r.n)
-	p.cl.TryProduce(context.Background(), &o.kr, p.produced)
-}
-
-// onProduced is the promise of every record send hands to Kafka.
-func (p *Producer) onProduced(kr *kgo.Record, err error) {
-	o := (*outRecord)(unsafe.Pointer(kr))
-	r := o.rec
-	p.inflightRecs.Add(-1)
-	p.inflightHits.add(-r.n)
-	if err == nil {
-		p.recordsOut.Add(1)
-		p.bytesOut.Add(int64(len(kr.Key) + len(kr.Value)))
-	} else {
-		// With the idempotent producer, kgo fails a record only when it is sure the
-		// broker did not write it (never sent, or an error response), so the count can be
-		// merged back without risk of counting it twice.
-		p.produceErrs.Add(1)
-		p.lastErr.Store(&err)
-		p.keepUnsent(r)
-	}
-	o.kr, o.rec = kgo.Record{}, record{}
-	if cap(o.buf) <= 1024 {
-		p.outFree.Put(o)
-	}
-}
-
-// keepUnsent merges r into the counts waiting for Kafka. A count that needs a new slot
-// when the bound is full takes the slot of an idle counter; failing that it is dropped
-// and counted (DropKafkaBacklog). Counts of one bucket that would overflow int64 together
-// are kept apart.
-func (p *Producer) keepUnsent(r record) {
-	p.unsentMu.Lock()
-	defer p.unsentMu.Unlock()
-	rk := recordKey{ck: r.ck, bucket: r.bucket}
-	for {
-		c, ok := p.unsent[rk]
-		if !ok {
-			if !p.reserve() && !p.evictAnyIdle(p.cfg.Clock.Now().UnixMilli()) {
-				p.shards[0].drop(dropKafkaBacklog, r.n)
-				return
-			}
-		} else if c.n+c.d > math.MaxInt64-r.n-r.d {
-			rk.part++
-			continue
-		}
-		c.n += r.n
-		c.d += r.d
-		p.unsent[rk] = c
-		p.unsentHits.add(r.n)
-		return
-	}
-}
-
-// evictAnyIdle frees the slot of an idle counter of any shard that is not busy (the
-// bound is global, the shards' sizes vary): for a new counter whose own shard has none
-// idle, or for a count waiting for Kafka (the counts of counters that carry traffic come
-// before the allocation-free path of idle ones). A shard whose lock the caller holds is
-// skipped.
-func (p *Producer) evictAnyIdle(nowMs int64) bool {
-	if p.noIdle.Load() {
-		return false // nothing was idle anywhere, and only a flush makes counters idle
-	}
-	for i := range p.shards {
-		s := &p.shards[i]
-		if !s.mu.TryLock() {
-			continue
-		}
-		ok := p.evictIdle(s, nowMs)
-		s.mu.Unlock()
-		if ok {
-			return true
-		}
-	}
-	p.noIdle.Store(true)
-	return false
-}
-
-// Flush hands every pending count to Kafka, the current buckets included, and waits until
-// Kafka has acknowledged or failed them, or ctx is done. Counts of the current buckets that
-// keep receiving hits after Flush drained them become further records. It returns nil when
-// nothing is left unsent, an *UndeliveredError describing what is (kept for a later
-// retry), or ErrClosed after Close.
-func (p *Producer) Flush(ctx context.Context) error {
-	if p.closed.Load() {
-		return ErrClosed
-	}
-	return p.flushWait(ctx)
-}
-
-func (p *Producer) flushWait(ctx context.Context) error {
-	p.flush(true)
-	err := p.cl.Flush(ctx)
-	p.unsentMu.Lock()
-	recs := int64(len(p.unsent))
-	p.unsentMu.Unlock()
-	if recs += p.inflightRecs.Load(); recs > 0 || err != nil {
-		hits := satAdd(p.unsentHits.Load(), p.inflightHits.Load())
-		if err == nil {
-			if e := p.lastErr.Load(); e != nil {
-				err = *e
-			} else {
-				err = errors.New("kafka client buffer full")
-			}
-		}
-		return &UndeliveredError{Hits: hits, Records: recs, Err: err}
-	}
-	return nil
-}
-
-// Close stops the background flush, refuses further hits (they are dropped and counted),
-// and delivers everything pending, retrying until it is acknowledged or ctx is done: give
-// ctx a deadline, since Close waits for an unreachable Kafka until then. Once everything is
-// delivered, it writes a site leave record (topics.SiteLeaveKey) to every partition of the
-// hits topic, unless site heartbeats are off, so that every data center stops reserving
-// room for this instance at once rather than after it is found silent. It closes the
-// Kafka client if the Producer built it. It returns nil when everything was delivered, an
-// *UndeliveredError with the hits it could not deliver, or ErrClosed if already closed.
-// The Producer's metrics stay registered.
-func (p *Producer) Close(ctx context.Context) error {
-	if !p.closed.CompareAndSwap(false, true) {
-		return ErrClosed
-	}
-	close(p.stop)
-	<-p.done
-	var err error
-	for {
-		out := p.recordsOut.Load()
-		err = p.flushWait(ctx)
-		if err == nil || ctx.Err() != nil {
-			break
-		}
-		if p.recordsOut.Load() > out {
-			continue // progress: more is waiting for room in the client
-		}
-		select { // Kafka refused everything: pace the retries
-		case <-ctx.Done():
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	if err == nil {
-		p.leave(ctx)
-	}
-	var ue *UndeliveredError
-	if errors.As(err, &ue) && ctx.Err() != nil && !errors.Is(ue.Err, ctx.Err()) {
-		ue.Err = fmt.Errorf("%w (last produce error: %v)", ctx.Err(), ue.Err)
-	}
-	if p.ownClient {
-		p.cl.Close()
-	}
-	p.cfg.Logger.Info("producer: closed", "records_out", p.recordsOut.Load(), "err", err)
-	return err
 }

@@ -37,6 +37,23 @@
 // so that a site where a client has just arrived gets its share of the client's room
 // (package enforcer).
 //
+// # Hit batches (in the hits topics)
+//
+// A record keyed HitBatchKey ("__streamlimit/hits") holds several hits of one site:
+// binary version 3, then as an unsigned varint the site's length and the site, then one
+// hit or more until the end of the value, each an unsigned varint key length, the key, a
+// signed varint bucket start, and unsigned varints window (≥ 1), count and denied (count +
+// denied ≥ 1). Every hit obeys the limits above, and its key is owned by the record's
+// partition (Kafka's default placement of the key, as for a hit record of its own); an
+// aggregator re-routes a hit that is not, as it would its record. A batch that breaks the
+// format anywhere is skipped whole. streamlimit's producer writes them because Kafka's
+// costs, the client's and the broker's, are per record: a hit record of a key hit a few
+// times a second is a record on its own, a batch of a flush's hits for one partition costs
+// about what one hit record does. Aggregators older than this version skip a batch as an
+// unknown version, so they must be upgraded before producers write batches
+// (producer.Config.SingleHitRecords keeps the old records meanwhile). There is no JSON
+// form: producers in other languages write hit records of their own.
+//
 // # Site heartbeats (in the hits topics)
 //
 // A hit whose key is SiteHeartbeatKey ("__streamlimit/alive") carries no hits: it says that

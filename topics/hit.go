@@ -270,6 +270,8 @@ func DecodeHit(b []byte) (Hit, error) {
 		return decodeHitBinary(b[1:], b[0])
 	case jsonStart:
 		return decodeHitJSON(b)
+	case hitBatchVersion:
+		return Hit{}, errorf(ErrUnknownVersion, "a hit batch (version 3) holds several hits: read it with ReadHitBatch or DecodeHits")
 	default:
 		return Hit{}, errorf(ErrUnknownVersion, "first byte 0x%02x", b[0])
 	}

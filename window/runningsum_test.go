@@ -141,8 +141,7 @@ func TestRingRunningSumMatchesBruteForce(t *testing.T) {
 				i0, frac := s.Oldest(q)
 				var sw, so uint64
 				for k := range counter.sites {
-					ring := counter.ring(s, k)
-					w, o := ring.parts(s, i0)
+					w, o := counter.parts(s, k, i0)
 					if counter.sites[k].site == "b" {
 						cw, co := cm.parts(i0)
 						if w != cw || o != co {

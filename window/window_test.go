@@ -3,8 +3,6 @@ package window
 import (
 	"math"
 	"math/rand/v2"
-	"runtime"
-	"strconv"
 	"testing"
 	"time"
 
@@ -110,39 +108,6 @@ func BenchmarkCounterTotal(b *testing.B) {
 		sink += v
 	}
 	_ = sink
-}
-
-// TestMemoryPerKey measures the heap used by 100k counters with one and with three sites
-// and reports it; it fails if a (key, site) ring costs more than its fixed budget.
-func TestMemoryPerKey(t *testing.T) {
-	if testing.Short() {
-		t.Skip("memory measurement")
-	}
-	s := NewSpec(time.Minute, 60, 30*time.Second)
-	measure := func(sites int) float64 {
-		runtime.GC()
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		m := make(map[string]*Counter, 100_000)
-		now := int64(1_763_740_000_000)
-		for i := range 100_000 {
-			c := &Counter{}
-			for k := range sites {
-				c.Add(&s, now, []string{"eu", "us", "ap"}[k], now, 1)
-			}
-			m["api:POST /x|user="+strconv.Itoa(i)] = c
-		}
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		runtime.KeepAlive(m)
-		return float64(after.HeapAlloc-before.HeapAlloc) / 100_000
-	}
-	one, three := measure(1), measure(3)
-	perSite := (three - one) / 2
-	t.Logf("window 1m, 60 sub-buckets, %d slots: %.0f B/key with 1 site, %.0f B/key with 3 sites, %.0f B per extra (key, site)", s.Slots, one, three, perSite)
-	if budget := float64(s.Slots*4 + 128); perSite > budget {
-		t.Fatalf("%.0f B per (key, site), budget %.0f", perSite, budget)
-	}
 }
 
 // TestRingUseBufferMatches: a ring keeping its buckets in a caller's buffer counts exactly

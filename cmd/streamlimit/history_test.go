@@ -77,6 +77,11 @@ func writeHistory(t *testing.T) *historyFixture {
 	}{
 		{"us-1", f.hits, func(p *producer.Producer) {
 			p.HitAt("api|user=42#60s", time.Minute, at(-time.Second), 7) // before the range
+			// Once a record is out, the producer knows the topic's partitions and sends the
+			// rest in hit batches, which the export reads hit by hit.
+			if err := p.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
 			p.HitAt("api|user=42#60s", time.Minute, at(10*time.Second), 3)
 			p.HitAt("api|user=42#60s", time.Minute, at(50*time.Second), 2)
 			p.HitAt("api|user=42#60s", time.Hour, at(5*time.Second), 1) // the same key toward another window

@@ -138,11 +138,13 @@ func countHits(t *testing.T, topic string) int64 {
 			return n
 		}
 		fs.EachRecord(func(r *kgo.Record) {
-			h, err := topics.DecodeHit(r.Value)
+			hs, err := topics.DecodeHits(r.Value)
 			if err != nil {
 				t.Fatalf("bad hit: %v", err)
 			}
-			n += h.Count
+			for _, h := range hs {
+				n += h.Count
+			}
 		})
 	}
 }

@@ -114,7 +114,8 @@ type Result struct {
 	Rows []Row
 	// Topics are the topics read, sorted.
 	Topics []string
-	// Records counts the records read (within the offsets of the range).
+	// Records counts the Kafka records read (within the offsets of the range); a hit batch is
+	// one, and its hits are counted below one by one.
 	Records int64
 	// Hits counts the hit records added to Rows.
 	Hits int64
@@ -186,12 +187,19 @@ func (res *Result) add(o Options, r *kgo.Record, sums map[rowKey]*Row) {
 			return
 		}
 	}
-	h, err := topics.DecodeHit(r.Value)
+	hs, err := topics.DecodeHits(r.Value) // one hit, a site record, or a hit batch
 	if err != nil {
 		res.Bad++
 		res.BadReasons[topics.Reason(err)]++
 		return
 	}
+	for _, h := range hs {
+		res.addHit(o, h, sums)
+	}
+}
+
+// addHit counts hit h into sums.
+func (res *Result) addHit(o Options, h topics.Hit, sums map[rowKey]*Row) {
 	if h.IsSiteRecord() {
 		res.SiteRecords++
 		return

@@ -2,6 +2,7 @@ package topics
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"math"
@@ -476,5 +477,33 @@ func TestDocsRecordExamples(t *testing.T) {
 	}
 	if n != 3 {
 		t.Fatalf("found %d JSON record examples in docs/records.md, want 3 (hit, site heartbeat, count)", n)
+	}
+}
+
+// TestDocsHitBatch checks docs/records.md's description of a hit batch against the
+// codec: its record key and version byte, and a batch laid out as the page says (site,
+// then each hit's key, bucket start, window, admitted and refused) reads back.
+func TestDocsHitBatch(t *testing.T) {
+	b, err := os.ReadFile("../docs/records.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	if !strings.Contains(doc, "record key `"+HitBatchKey+"`), version 3: byte `0x03`") {
+		t.Errorf("docs/records.md does not give the hit batch's key %s and version byte 0x03", HitBatchKey)
+	}
+	// By hand, as the page describes it: 0x03, site "eu", then one hit.
+	v := []byte{0x03, 2, 'e', 'u', 3, 'k', '/', '1'}
+	v = binary.AppendVarint(v, 1763740000000)
+	v = binary.AppendUvarint(v, 60000)
+	v = binary.AppendUvarint(v, 4)
+	v = binary.AppendUvarint(v, 1)
+	batch, err := ReadHitBatch(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h BatchHit
+	if !batch.Next(&h) || string(batch.Site) != "eu" || string(h.Key) != "k/1" || h.BucketStart != 1763740000000 || h.Window != 60000 || h.Count != 4 || h.Denied != 1 {
+		t.Errorf("the page's batch read as site %q, %+v", batch.Site, h)
 	}
 }

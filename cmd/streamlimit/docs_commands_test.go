@@ -3,14 +3,20 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
 
+// inlineCommand is a code span that runs streamlimit, but for one naming several
+// subcommands at once (`counts get|top|tail`) or elided arguments.
+var inlineCommand = regexp.MustCompile("`((?:go run ./cmd/)?streamlimit [^`|…]*)`")
+
 // TestDocsCommandsParse keeps every streamlimit command line of the README and of docs/
 // runnable as written: each line of a sh block that runs streamlimit (or
 // `go run ./cmd/streamlimit`) names a command that exists, with flags it has and values
-// they accept. Tests elsewhere run many of them; this one leaves none unchecked.
+// they accept, and each code span of the prose that does names a command and flags that
+// exist. Tests elsewhere run many of them; this one leaves none unchecked.
 func TestDocsCommandsParse(t *testing.T) {
 	docs, err := filepath.Glob("../../docs/*.md")
 	if err != nil {
@@ -22,8 +28,35 @@ func TestDocsCommandsParse(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, blk := range strings.Split(string(b), "```sh\n")[1:] {
-			blk, _, _ = strings.Cut(blk, "```")
+		parts := strings.Split(string(b), "```")
+		var blocks []string
+		for i, p := range parts {
+			if i%2 == 1 {
+				if blk, ok := strings.CutPrefix(p, "sh\n"); ok {
+					blocks = append(blocks, blk)
+				}
+				continue
+			}
+			// Prose names commands in code spans too (`streamlimit rules check`), often
+			// without their arguments: the command and its flags must exist.
+			for _, m := range inlineCommand.FindAllStringSubmatch(p, -1) {
+				n++
+				args := strings.Fields(strings.TrimPrefix(m[1], "go run ./cmd/"))[1:]
+				root := newRootCmd()
+				root.InitDefaultHelpCmd()
+				cmd, rest, err := root.Find(args)
+				if err != nil || cmd == root {
+					t.Errorf("%s: %q: no such command (%v)", filepath.Base(name), m[1], err)
+					continue
+				}
+				for _, a := range rest {
+					if f, ok := strings.CutPrefix(a, "--"); ok && cmd.Flags().Lookup(strings.SplitN(f, "=", 2)[0]) == nil {
+						t.Errorf("%s: %q: %s has no flag --%s", filepath.Base(name), m[1], cmd.Name(), f)
+					}
+				}
+			}
+		}
+		for _, blk := range blocks {
 			blk = strings.ReplaceAll(blk, "\\\n", " ")
 			for line := range strings.Lines(blk) {
 				line, _, _ = strings.Cut(line, "  #")

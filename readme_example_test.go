@@ -3,6 +3,7 @@ package streamlimit_test
 import (
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -36,5 +37,102 @@ func TestREADMEGoSnippetIsTheExample(t *testing.T) {
 		if at == len(body) {
 			t.Fatalf("README snippet line %q is not in Example (in this order)", l)
 		}
+	}
+}
+
+// maxREADMELines bounds the README: it is a newcomer's first hour (what it is, the demo,
+// install, dev, one short path for each way to ask, links); reference belongs in docs/.
+const maxREADMELines = 300
+
+// TestREADMEIsShort holds the README to maxREADMELines.
+func TestREADMEIsShort(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(readme), "\n"); n > maxREADMELines {
+		t.Errorf("README.md has %d lines, want at most %d: move reference material to docs/", n, maxREADMELines)
+	}
+}
+
+// TestREADMEFirstCommands keeps the README's first commands the demo and the test suite,
+// each a real target: the demo a subcommand of the binary, make test a Makefile target.
+func TestREADMEFirstCommands(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(readme), "```sh\n")
+	if !ok {
+		t.Fatal("README has no sh block")
+	}
+	block, _, _ = strings.Cut(block, "```")
+	var cmds []string
+	for l := range strings.Lines(block) {
+		c, _, _ := strings.Cut(l, "#")
+		cmds = append(cmds, strings.TrimSpace(c))
+	}
+	if want := []string{"go run ./cmd/streamlimit demo", "make test"}; !slices.Equal(cmds, want) {
+		t.Errorf("README's first commands are %q, want %q", cmds, want)
+	}
+	mk, err := os.ReadFile("Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^test:`).Match(mk) {
+		t.Error("the Makefile has no test target")
+	}
+	main, err := os.ReadFile("cmd/streamlimit/demo.go")
+	if err != nil || !strings.Contains(string(main), `Use:   "demo`) {
+		t.Errorf("cmd/streamlimit has no demo command (%v)", err)
+	}
+}
+
+// TestREADMEInstall checks that the README's go install command names this module's
+// command: the module path of go.mod, then /cmd/streamlimit, a main package.
+func TestREADMEInstall(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^go install (\S+)/cmd/streamlimit@latest$`).FindSubmatch(readme)
+	if m == nil {
+		t.Fatal("README has no go install …/cmd/streamlimit@latest")
+	}
+	mod, err := os.ReadFile("go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "module " + string(m[1]) + "\n"; !strings.HasPrefix(string(mod), want) {
+		t.Errorf("README installs from %s, go.mod does not begin with %q", m[1], want)
+	}
+	src, err := os.ReadFile("cmd/streamlimit/main.go")
+	if err != nil || !regexp.MustCompile(`(?m)^package main$`).Match(src) {
+		t.Errorf("cmd/streamlimit/main.go is not a main package (%v)", err)
+	}
+}
+
+// TestREADMERulesAreTheExamples checks that the rules the README's examples use are the ones the
+// Example runs with, so that its output (admitted, admitted, 429) is what they give.
+func TestREADMERulesAreTheExamples(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ask, ok := strings.Cut(string(readme), "\n## Ask it\n")
+	if !ok {
+		t.Fatal(`README has no "Ask it" section`)
+	}
+	_, rules, ok := strings.Cut(ask, "```yaml\n")
+	if !ok {
+		t.Fatal(`README's "Ask it" has no rules`)
+	}
+	rules, _, _ = strings.Cut(rules, "```")
+	example, err := os.ReadFile("example_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(example), "`"+rules+"`") {
+		t.Errorf("README's rules\n%s\nare not the Example's", rules)
 	}
 }

@@ -216,6 +216,16 @@ func TestMemorySiteConflicts(t *testing.T) {
 	if _, got = emitted(t, m.Emit(t0.Add(11*time.Second))); got == nil || len(got.Conflicts) != 0 {
 		t.Fatalf("heartbeat %+v after b went quiet, want no conflicts", got)
 	}
+	// a stops cleanly (its leave record) and a new instance of eu, in its own process,
+	// starts at once: a restart under the site's name, not two instances counting apart.
+	t1 := t0.Add(12 * time.Second)
+	if err := m.Add(t1, topics.Hit{Key: topics.SiteLeaveKey, Site: "eu", BucketStart: t1.UnixMilli(), Instance: "a", Counter: "process:a"}); err != nil {
+		t.Fatal(err)
+	}
+	hb(t1.Add(100*time.Millisecond), "eu", "e", "process:e")
+	if _, got = emitted(t, m.Emit(t1.Add(time.Second))); got == nil || len(got.Conflicts) != 0 {
+		t.Fatalf("heartbeat %+v after a left and e started, want no conflicts", got)
+	}
 }
 
 // Local hits are held back by the difference between the replicated hits' lag and the

@@ -61,6 +61,9 @@ func (s *state) heardFrom(src tp, site, instance string, ts int64) {
 // site is left there once no other instance of it heard from there has spoken within
 // instanceLive before ts.
 func (s *state) leftFrom(src tp, site, instance string, ts int64) {
+	// An instance that left counts nothing any more: the site restarted under its name by
+	// a new instance is not two instances counting apart.
+	delete(s.instances[site], instance)
 	e := s.siteSeenOn(src, site, true)
 	if e == nil {
 		return

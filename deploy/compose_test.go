@@ -37,7 +37,7 @@ const repoRoot = ".."
 // Service names follow one pattern per data center, e.g. kafka-eu, enforcer-us.
 func svc(role, dc string) string { return role + "-" + dc }
 
-// The stack's conventions, which the files and the README state.
+// The stack's conventions, which the files and docs/operations.md state.
 const (
 	kafkaInternalPort = "9092"
 	redisPort         = "6379"
@@ -987,7 +987,7 @@ func TestHTTPConfigMatchesRules(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: --http-config: %v", en, err)
 		}
-		// The README's example request must become a descriptor of a global rule.
+		// docs/operations.md's example request must become a descriptor of a global rule.
 		req := httptest.NewRequest(http.MethodGet, "/v1/auth", nil)
 		req.Header.Set("X-Client-Id", "heavy")
 		w := httptest.NewRecorder()

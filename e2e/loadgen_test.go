@@ -26,6 +26,8 @@ type result struct {
 	err      error
 	admitted bool
 	fallback bool
+	// site is the enforcer that answered, where the test tells them apart.
+	site string
 }
 
 // answered reports whether the check API answered the request with the status its

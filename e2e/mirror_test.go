@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -27,18 +28,20 @@ const hitsPartitions = 2
 // the same file with their own bootstrap addresses.
 const mirrorConfig = "deploy/mm2.properties"
 
-// dc is one data center of the multi-cluster harness: its own Kafka cluster and the link
-// into it from the other data centers.
+// dc is one data center of the multi-cluster harness: its own Kafka cluster and the links
+// into it, one from each other data center.
 type dc struct {
 	*testenv.KafkaCluster
-	link *testenv.Link
+	// links holds, for the name of each other data center, the link its clients (its
+	// MirrorMaker) reach this cluster through.
+	links map[string]*testenv.Link
 }
 
-// startMirroredDCs starts one Kafka cluster per name (each must be a cluster alias of
-// deploy/mm2.properties), a link into each with WAN latency, the topics each data center
-// needs (its hits, the copies of the others' hits, and counts), and one MirrorMaker per
-// data center that consumes the others' hits through their links and produces locally.
-// It returns once a record has crossed every direction.
+// startMirroredDCs starts one Kafka cluster per name (deploy/mm2.properties generalised to
+// these names, testenv.MirrorConfigFor), a link into each from every other with WAN
+// latency, the topics each data center needs (its hits, the copies of the others' hits,
+// and counts), and one MirrorMaker per data center that consumes the others' hits through
+// their links and produces locally. It returns once a record has crossed every direction.
 func startMirroredDCs(t *testing.T, names ...string) []*dc {
 	t.Helper()
 	start := time.Now()
@@ -46,9 +49,13 @@ func startMirroredDCs(t *testing.T, names ...string) []*dc {
 	t.Logf("FIGURE mirror: %d Kafka clusters started in %v", len(clusters), time.Since(start).Round(100*time.Millisecond))
 	dcs := make([]*dc, len(clusters))
 	for i, c := range clusters {
-		dcs[i] = &dc{KafkaCluster: c, link: testenv.NewLink(t, c.Name, c.WANAddr, c.WANUpstream)}
-		if err := dcs[i].link.SetLatency(wanLatency, wanJitter); err != nil {
-			t.Fatal(err)
+		dcs[i] = &dc{KafkaCluster: c, links: map[string]*testenv.Link{}}
+		for peer, l := range c.WAN {
+			link := testenv.NewLink(t, peer+"->"+c.Name, l.Addr, l.Upstream)
+			if err := link.SetLatency(wanLatency, wanJitter); err != nil {
+				t.Fatal(err)
+			}
+			dcs[i].links[peer] = link
 		}
 	}
 	for _, d := range dcs {
@@ -68,11 +75,12 @@ func startMirroredDCs(t *testing.T, names ...string) []*dc {
 		boot := map[string]string{d.Name: d.Addr}
 		for _, o := range dcs {
 			if o != d {
-				boot[o.Name] = o.WANAddr
+				boot[o.Name] = o.WAN[d.Name].Addr
 			}
 		}
 		testenv.StartMirrorMaker(t, testenv.MirrorOptions{
 			Config:    testenv.RepoPath(t, mirrorConfig),
+			Clusters:  names,
 			Bootstrap: boot,
 			Target:    d.Name,
 		})
@@ -88,40 +96,63 @@ func startMirroredDCs(t *testing.T, names ...string) []*dc {
 	return dcs
 }
 
+// cutBetween cuts the links between a and b, both ways: neither's MirrorMaker reaches the
+// other's cluster, while both still reach every other data center.
+func cutBetween(a, b *dc) {
+	a.links[b.Name].Cut()
+	b.links[a.Name].Cut()
+}
+
+// healBetween heals what cutBetween cut.
+func healBetween(a, b *dc) error {
+	return errors.Join(a.links[b.Name].Heal(), b.links[a.Name].Heal())
+}
+
 // waitCrossed produces a probe hit to from's hits topic and waits until it arrives in
 // to's copy of it, the same partition. The probe is a valid hit of a key no rule uses.
 func waitCrossed(t *testing.T, from, to *dc, timeout time.Duration) time.Duration {
 	t.Helper()
+	lag, err := crossed(from, to, timeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("FIGURE mirror: a hit crossed %s → %s in %v", from.Name, to.Name, lag.Round(time.Millisecond))
+	return lag
+}
+
+// crossed produces a probe hit to from's hits topic and returns how long it took to arrive
+// in to's copy of it, in the same partition; an error when it did not within timeout.
+func crossed(from, to *dc, timeout time.Duration) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	key := fmt.Sprintf("probe|from=%s,n=%d#1s", from.Name, time.Now().UnixNano())
 	val, err := topics.Hit{Key: key, Site: from.Name, BucketStart: time.Now().UnixMilli(), Window: 1000, Count: 1}.MarshalBinary()
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	prod, err := kgo.NewClient(kgo.SeedBrokers(from.Addr), kgo.DefaultProduceTopic(topics.DefaultHitsTopic))
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	defer prod.Close()
 	remote := topics.RemoteHitsTopic(from.Name, topics.DefaultHitsTopic)
 	cons, err := kgo.NewClient(kgo.SeedBrokers(to.Addr), kgo.ConsumeTopics(remote),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	defer cons.Close()
 
 	start := time.Now()
 	res := prod.ProduceSync(ctx, &kgo.Record{Key: []byte(key), Value: val})
 	if err := res.FirstErr(); err != nil {
-		t.Fatalf("producing the probe to %s: %v", from.Name, err)
+		return 0, fmt.Errorf("producing the probe to %s: %w", from.Name, err)
 	}
 	part := res[0].Record.Partition
 	for {
 		fs := cons.PollFetches(ctx)
 		if ctx.Err() != nil {
-			t.Fatalf("the probe from %s did not reach %s's %s within %v", from.Name, to.Name, remote, timeout)
+			return 0, fmt.Errorf("the probe from %s did not reach %s's %s within %v", from.Name, to.Name, remote, timeout)
 		}
 		var found bool
 		fs.EachRecord(func(r *kgo.Record) {
@@ -130,9 +161,7 @@ func waitCrossed(t *testing.T, from, to *dc, timeout time.Duration) time.Duratio
 			}
 		})
 		if found {
-			lag := time.Since(start)
-			t.Logf("FIGURE mirror: a hit crossed %s → %s (%s, partition %d) in %v", from.Name, to.Name, remote, part, lag.Round(time.Millisecond))
-			return lag
+			return time.Since(start), nil
 		}
 	}
 }

@@ -40,7 +40,6 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, allow int64) (capLocal,
 	var reserved bool
 	if h := op.h; h != nil && !stale {
 		capLocal, total, reserved, e, known = l.cachedCap(now, op, h, sn, st, allowance)
-		l.restarted(now, op, &e, known)
 	} else {
 		if h != nil {
 			e, known = l.snapEntry(sn, h)
@@ -56,7 +55,7 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, allow int64) (capLocal,
 		}
 		a := l.share.capFor(now, op.Key, allowance, &e, known, false, st, nil, 0)
 		capLocal, reserved = a.base, a.reserved
-		l.restarted(now, op, &e, known)
+		l.restarted(now, op, &e, known, st)
 	}
 	if reserved {
 		l.metrics.reserved.Inc()
@@ -125,6 +124,9 @@ func (l *Limiter) cachedCap(now time.Time, op *GlobalOp, h *keyHandle, sn *snaps
 	ms := now.UnixMilli()
 	g.keepFrozen(ms, &e, known, allFresh, l.cfg.SiteStaleAfter.Milliseconds())
 	newKey := known && now.UnixNano()-g.unknownAt < int64(l.cfg.NewKeyHold)
+	// Before finalCap reads this site's count: the hits of a previous instance given
+	// to the counter are not taken for new hits the others have not seen.
+	l.restarted(now, op, &e, known, st)
 	k := capKey{ver: v, sites: st, states: sig, allow: allowance, known: known, newKey: newKey, salt: salt(&e, known, now)}
 	if !(cacheable && g.cc.set && g.cc.key == k) {
 		g.cc = capCache{key: k, set: cacheable, a: l.share.capFor(now, op.Key, allowance, &e, known, newKey, st, g.frozen, g.frozenAt)}
@@ -189,15 +191,24 @@ func (g *keyGlobal) keepFrozen(now int64, e *snapshot.Entry, known, allFresh boo
 // restarted under the same name (a process counting in process) lost its count of the hits
 // it admitted before, which the aggregators still count for it, and would otherwise admit
 // them again. They are counted as made at the snapshot's as-of time, so that they leave
-// the window no sooner than the real ones (later, for the older of them: the restart costs
-// some under-admission for up to a window, never over-admission). A counter that keeps its
-// counts elsewhere (Redis) is not a seeder and needs none of this.
-func (l *Limiter) restarted(now time.Time, op *GlobalOp, e *snapshot.Entry, known bool) {
-	if !known || e.Mine <= 0 || now.Sub(l.born) >= op.Window || e.AsOf > now.UnixMilli() {
+// the window no sooner than the real ones. The real ones leave sooner, the older of them:
+// on every later decision the snapshot tells how many of them are left at most (what it
+// counts of this site up to the time it has heard this site up to, less this instance's
+// own hits up to then), and the counter forgets the seeded hits beyond that. A counter
+// that keeps its counts elsewhere (Redis) is not a seeder and needs none of this.
+func (l *Limiter) restarted(now time.Time, op *GlobalOp, e *snapshot.Entry, known bool, st *snapshot.SiteTimes) {
+	if !known || now.Sub(l.born) >= op.Window || e.AsOf > now.UnixMilli() {
 		return
 	}
-	if sd, ok := l.cfg.Counter.(seeder); ok {
+	sd, ok := l.cfg.Counter.(seeder)
+	if !ok {
+		return
+	}
+	if e.Mine > 0 {
 		sd.seedFrom(now, op, int64(math.Ceil(e.Mine)), e.AsOf)
+	}
+	if self, ok := st.Get(l.share.site); ok && !self.Left {
+		sd.reseed(now, op, e.Mine, min(self.Heard, e.AsOf))
 	}
 }
 
@@ -206,6 +217,10 @@ type seeder interface {
 	// seedFrom counts n hits of op's key at instant at (unix ms) unless it already counts
 	// the key.
 	seedFrom(now time.Time, op *GlobalOp, n, at int64)
+	// reseed forgets the seeded hits of op's key beyond what the snapshot still counts of
+	// them: mine of this site's hits in the window as of t (unix ms), up to which every
+	// hit of this site has been counted.
+	reseed(now time.Time, op *GlobalOp, mine float64, t int64)
 }
 
 // Constants of the room ahead (Limiter.finalCap), chosen with the accuracy simulation's

@@ -3,6 +3,7 @@ package enforcer
 import (
 	"context"
 	"hash/maphash"
+	"math"
 	"math/bits"
 	"slices"
 	"sync"
@@ -112,7 +113,12 @@ type ringEntry struct {
 	// the cap), what a full shard keeps counters by; it only overstates the share as the
 	// count drains.
 	fill float32
-	ring window.Ring
+	// seeded hits (seedFrom) were counted at seededAt (unix ms) for hits a previous
+	// instance of the site made; forgot of them are known to have left the window since
+	// (reseed) and were taken out of the ring.
+	seeded, forgot int32
+	seededAt       int64
+	ring           window.Ring
 	// buf holds the ring's buckets and their spans when they fit (the default 60
 	// sub-buckets make 62 slots), so that a decision reads the entry and its buckets from
 	// adjacent cache lines.
@@ -256,8 +262,14 @@ func (c *LocalCounter) recent(now time.Time, op *GlobalOp, t0 int64) (count, sin
 	if e == nil || e.spec.Window != op.Window.Milliseconds() {
 		return 0, 0, 0
 	}
+	since = e.ring.CountSince(&e.spec, t0)
+	if e.seeded > 0 && e.seededAt > t0 {
+		// The seeded hits were made before this instance started: the other sites have
+		// seen them as much as the snapshot has.
+		since = max(since-float64(e.seeded-e.forgot), 0)
+	}
 	ms := now.UnixMilli()
-	return e.ring.CountMode(&e.spec, ms, c.mode(op)), e.ring.CountSince(&e.spec, t0), e.ring.CountHard(&e.spec, ms)
+	return e.ring.CountMode(&e.spec, ms, c.mode(op)), since, e.ring.CountHard(&e.spec, ms)
 }
 
 // seedFrom implements seeder: it counts n hits of op's key at instant at (unix ms) when it
@@ -278,7 +290,39 @@ func (c *LocalCounter) seedFrom(now time.Time, op *GlobalOp, n, at int64) {
 		op.h.ring.Store(e)
 	}
 	e.ring.AddAt(&e.spec, e.spec.Bucket(at), at, n)
+	e.seeded, e.seededAt = int32(min(n, math.MaxInt32)), at
 	e.last = ms
+}
+
+// reseed implements seeder: the snapshot counts mine of this site's hits in the window as
+// of t (unix ms), which are the seeded hits still in it and this instance's hits before t
+// (the aggregators have counted every hit of the site made before t). So at most mine less
+// this instance's own hits before t of the seeded hits remain; the others left the window
+// since they were seeded, and are taken out of the count. It only ever takes out more.
+func (c *LocalCounter) reseed(now time.Time, op *GlobalOp, mine float64, t int64) {
+	sh := &c.shards[c.shardFor(op)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := c.lookup(sh, op)
+	if e == nil || e.seeded <= 0 || e.spec.Window != op.Window.Milliseconds() {
+		return
+	}
+	ms := now.UnixMilli()
+	left := float64(e.seeded - e.forgot) // the seeded hits still counted
+	// This instance's hits before t: all it counts, less the seeded hits and its hits from
+	// t on (those made in the very millisecond t may not have been counted).
+	after := e.ring.CountSince(&e.spec, t-1)
+	if e.seededAt > t-1 {
+		after -= left
+	}
+	own := e.ring.CountHard(&e.spec, ms) - left - max(after, 0)
+	keep := int32(max(math.Ceil(mine-max(own, 0)), 0))
+	gone := e.seeded - min(keep, e.seeded)
+	// The seeded hits' bucket holds at least the seeded hits still counted; once it has
+	// left the ring, Add takes nothing out.
+	if gone > e.forgot && e.ring.Add(&e.spec, e.spec.Bucket(ms), e.spec.Bucket(e.seededAt), -int64(gone-e.forgot)) {
+		e.forgot = gone
+	}
 }
 
 // fallsTo implements retryCounter: how long until op's count falls to target.

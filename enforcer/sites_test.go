@@ -161,6 +161,54 @@ func TestGlobalSilentSiteShareFrozenBeforeTheSilence(t *testing.T) {
 	}
 }
 
+// The hits a restarted process was given from the snapshot leave its count as the snapshot
+// sees the real ones leave, not all at once a window after they were given: a client under
+// its limit is not refused for the hits its site admitted before the restart. Until the
+// snapshot says they are gone, they count.
+func TestGlobalRestartedSiteForgetsWhatLeft(t *testing.T) {
+	l, clk, sn := sitesLimiter(t)
+	l.born = clk.Now() // just started
+	sourceHeartbeat(t, sn, clk, "hits", map[string]int64{"eu": clk.Now().UnixMilli()}, nil)
+	putCount(t, sn, clk, globalKey, map[string]float64{"eu": 60}, nil)
+	if got := admitN(l, req42, 1); got != 1 {
+		t.Fatalf("admitted %d of 1", got)
+	}
+	// 20 s later the snapshot, having heard eu up to now, still counts the 60 and this
+	// process's hit: nothing is forgotten, 39 more fit.
+	clk.Advance(20 * time.Second)
+	sourceHeartbeat(t, sn, clk, "hits", map[string]int64{"eu": clk.Now().UnixMilli()}, nil)
+	putCount(t, sn, clk, globalKey, map[string]float64{"eu": 61}, nil)
+	if got := admitN(l, req42, 10); got != 10 {
+		t.Fatalf("admitted %d of 10, want 10 (61 + 10 of 100)", got)
+	}
+	// 10 s later the old instance's hits have left the window: the snapshot counts only
+	// this process's 11, and so does its counter, with 89 more to admit (before, the 60
+	// given at the restart counted until a window after they were given: 29).
+	clk.Advance(10 * time.Second)
+	sourceHeartbeat(t, sn, clk, "hits", map[string]int64{"eu": clk.Now().UnixMilli()}, nil)
+	putCount(t, sn, clk, globalKey, map[string]float64{"eu": 11}, nil)
+	if got := admitN(l, req42, 200); got != 89 {
+		t.Fatalf("admitted %d, want 89 (the old instance's hits are gone)", got)
+	}
+}
+
+// The first decision of a restarted process, with another site holding most of the key's
+// demand: the hits given from the snapshot are not taken for new hits the other site has
+// not seen yet (Limiter.finalCap), which lowered the cap by the other data centers'
+// share of them and refused it.
+func TestGlobalRestartedSiteFirstDecision(t *testing.T) {
+	l, clk, sn := sitesLimiter(t, noDamping)
+	l.born = clk.Now() // just started
+	now := clk.Now().UnixMilli()
+	sourceHeartbeat(t, sn, clk, "hits", map[string]int64{"eu": now}, nil)
+	sourceHeartbeat(t, sn, clk, "us.hits", map[string]int64{"us": now - 300}, nil)
+	putCount(t, sn, clk, globalKey, map[string]float64{"eu": 30, "us": 30}, map[string]float64{"eu": 10, "us": 30})
+	// eu holds its 30 and a quarter of the 40 left: 10 more.
+	if got := admitN(l, req42, 20); got != 10 {
+		t.Fatalf("admitted %d, want 10 (30 + 40/4 of 100)", got)
+	}
+}
+
 // A process that restarts under its site's name has lost its count; the snapshot still
 // shows it, and the new process does not admit those hits again.
 func TestGlobalRestartedSiteKeepsItsCount(t *testing.T) {

@@ -2,6 +2,7 @@ package topics
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"math"
@@ -145,7 +146,7 @@ func TestCountRoundTrip(t *testing.T) {
 }
 
 func TestHitJSONContractExample(t *testing.T) {
-	// The README's example, as a kcat user would send it.
+	// docs/records.md's example, as a kcat user would send it.
 	h, err := DecodeHit([]byte(`{"key":"api:POST /articles|user=42","site":"eu-1","ts":1763740000123,"w":60000,"n":1}`))
 	if err != nil {
 		t.Fatal(err)
@@ -444,19 +445,15 @@ func TestHeartbeatSites(t *testing.T) {
 	}
 }
 
-// TestREADMERecordExamples decodes every JSON record example of the README (the ```json
-// blocks of its Records section): a hit, a site heartbeat or a count, each must decode as
-// the record it shows, so that the README cannot drift from the codecs.
-func TestREADMERecordExamples(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+// TestDocsRecordExamples decodes every JSON record example of docs/records.md (its ```json
+// blocks): a hit, a site heartbeat or a count, each must decode as the record it shows, so
+// that the page cannot drift from the codecs.
+func TestDocsRecordExamples(t *testing.T) {
+	b, err := os.ReadFile("../docs/records.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, records, ok := strings.Cut(string(b), "\n## Records\n")
-	if !ok {
-		t.Fatal("README has no Records section")
-	}
-	records, _, _ = strings.Cut(records, "\n## ")
+	records := string(b)
 	n := 0
 	for _, block := range strings.Split(records, "```json\n")[1:] {
 		body, _, _ := strings.Cut(block, "```")
@@ -466,19 +463,47 @@ func TestREADMERecordExamples(t *testing.T) {
 		case strings.Contains(body, `"asof"`):
 			c, err := DecodeCount([]byte(body))
 			if err != nil || c.SubBuckets == 0 || len(c.Sites) == 0 || c.Sites[0].Demand == 0 {
-				t.Errorf("README count example %q: %+v, %v", body, c, err)
+				t.Errorf("docs/records.md count example %q: %+v, %v", body, c, err)
 			}
 		default:
 			h, err := DecodeHit([]byte(body))
 			if err != nil {
-				t.Errorf("README hit example %q: %v", body, err)
+				t.Errorf("docs/records.md hit example %q: %v", body, err)
 			}
 			if strings.Contains(body, SiteHeartbeatKey) != h.IsSiteHeartbeat() || (h.IsSiteHeartbeat() && (h.Instance == "" || h.Counter == "")) {
-				t.Errorf("README example %q decoded as %+v", body, h)
+				t.Errorf("docs/records.md example %q decoded as %+v", body, h)
 			}
 		}
 	}
 	if n != 3 {
-		t.Fatalf("found %d JSON record examples in the README's Records section, want 3 (hit, site heartbeat, count)", n)
+		t.Fatalf("found %d JSON record examples in docs/records.md, want 3 (hit, site heartbeat, count)", n)
+	}
+}
+
+// TestDocsHitBatch checks docs/records.md's description of a hit batch against the
+// codec: its record key and version byte, and a batch laid out as the page says (site,
+// then each hit's key, bucket start, window, admitted and refused) reads back.
+func TestDocsHitBatch(t *testing.T) {
+	b, err := os.ReadFile("../docs/records.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	if !strings.Contains(doc, "record key `"+HitBatchKey+"`), version 3: byte `0x03`") {
+		t.Errorf("docs/records.md does not give the hit batch's key %s and version byte 0x03", HitBatchKey)
+	}
+	// By hand, as the page describes it: 0x03, site "eu", then one hit.
+	v := []byte{0x03, 2, 'e', 'u', 3, 'k', '/', '1'}
+	v = binary.AppendVarint(v, 1763740000000)
+	v = binary.AppendUvarint(v, 60000)
+	v = binary.AppendUvarint(v, 4)
+	v = binary.AppendUvarint(v, 1)
+	batch, err := ReadHitBatch(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h BatchHit
+	if !batch.Next(&h) || string(batch.Site) != "eu" || string(h.Key) != "k/1" || h.BucketStart != 1763740000000 || h.Window != 60000 || h.Count != 4 || h.Denied != 1 {
+		t.Errorf("the page's batch read as site %q, %+v", batch.Site, h)
 	}
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/streamlimit/streamlimit/topics"
 )
 
-// `aggregator --counts-format json` (README, Records) writes count records any JSON reader
+// `aggregator --counts-format json` (docs/records.md) writes count records any JSON reader
 // decodes, with the counts of the hits it read.
 func TestAggregatorCommandCountsJSON(t *testing.T) {
 	brokers := testenv.Kafka(t)
@@ -80,23 +80,23 @@ func TestAggregatorCommandCountsJSON(t *testing.T) {
 	t.Fatalf("no count of %s in %s within 60 s; aggregator said:\n%s", h.Key, counts, errOut.String())
 }
 
-// readWithKcat runs the README's kcat command on the counts topic while the aggregator
+// readWithKcat runs docs/records.md's kcat command on the counts topic while the aggregator
 // writes to it, and checks that it exits (within a minute: without its stop offset it may
 // not for minutes) and prints key's count as JSON.
 func readWithKcat(t *testing.T, brokers, topic, key string) {
 	t.Helper()
-	readme, err := os.ReadFile("../../README.md")
+	doc, err := os.ReadFile("../../docs/records.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var line string
-	for _, l := range strings.Split(string(readme), "\n") {
+	for _, l := range strings.Split(string(doc), "\n") {
 		if strings.HasPrefix(l, "kcat -C ") && strings.Contains(l, "-t counts") {
 			line = l
 		}
 	}
 	if line == "" {
-		t.Fatal("README has no kcat command reading counts")
+		t.Fatal("docs/records.md has no kcat command reading counts")
 	}
 	testenv.Tool(t, "kcat", "apt-get install kcat")
 	line = strings.Replace(line, "-b localhost:9092", "-b "+brokers, 1)
@@ -114,7 +114,7 @@ func readWithKcat(t *testing.T, brokers, topic, key string) {
 	if err != nil {
 		t.Fatalf("%s: %v", line, err)
 	}
-	t.Logf("the README's kcat command exited in %v", time.Since(start).Round(time.Millisecond))
+	t.Logf("docs/records.md's kcat command exited in %v", time.Since(start).Round(time.Millisecond))
 	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		k, v, _ := strings.Cut(l, " ")
 		if k != key {

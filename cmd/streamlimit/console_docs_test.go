@@ -40,13 +40,13 @@ func docSection(t *testing.T, file, title string) string {
 	return s
 }
 
-// TestDocsConsole holds the README's paragraph and docs/operations.md's Console section to
+// TestDocsConsole holds the README's sentence and docs/operations.md's Console section to
 // what the console does: its address, the figures they give (each the constant it
 // documents), and their commands, run against `streamlimit enforcer` with
 // --auth-token-file: the page with a token as a basic-authentication password, a 401
 // asking for one without, and the curl command for the State.
 func TestDocsConsole(t *testing.T) {
-	readme := docSection(t, "../../README.md", "## The live console")
+	readme := docSection(t, "../../README.md", "## Develop against it")
 	ops := strings.Join(strings.Fields(docSection(t, "../../docs/operations.md", "## Console")), " ")
 	const docAddr = "127.0.0.1:8081"
 	url := "http://" + docAddr + server.ConsolePath + "/"

@@ -2,6 +2,9 @@ package main
 
 import (
 	"errors"
+	"os"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -10,7 +13,8 @@ import (
 
 // TestDemoCommand runs `streamlimit demo --duration 10s` as the README's first command
 // does, with output into a buffer (not a terminal: plain lines), and checks that its
-// summary reports the abusive client held to its global limit.
+// summary reports the abusive client held to its global limit, in the lines the README
+// shows.
 func TestDemoCommand(t *testing.T) {
 	out, err := run(t, "demo", "--duration", "10s", "--seed", "7")
 	if err != nil {
@@ -28,6 +32,28 @@ func TestDemoCommand(t *testing.T) {
 	}
 	if strings.Contains(out, "\x1b[") {
 		t.Errorf("output into a buffer contains ANSI escape sequences")
+	}
+	// The README shows a run's summary: each of its lines is one of this run's, but for
+	// the figures.
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, shown, ok := strings.Cut(string(readme), "```\nmallory sent 5×")
+	if !ok {
+		t.Fatal("README shows no demo summary")
+	}
+	shown, _, _ = strings.Cut("mallory sent 5×"+shown, "```")
+	figures := regexp.MustCompile(`[0-9]+(\.[0-9]+)?`)
+	shape := func(l string) string { return strings.Join(strings.Fields(figures.ReplaceAllString(l, "N")), " ") }
+	var ran []string
+	for l := range strings.Lines(out) {
+		ran = append(ran, shape(l))
+	}
+	for l := range strings.Lines(shown) {
+		if !slices.Contains(ran, shape(l)) {
+			t.Errorf("README's demo line %q is not in the demo's output", strings.TrimSpace(l))
+		}
 	}
 }
 

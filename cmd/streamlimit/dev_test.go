@@ -40,7 +40,7 @@ func (s *devOutput) String() string {
 
 // TestDevCountsAJSONHit starts `streamlimit dev --counts-format json` on a free port,
 // publishes a JSON hit with a plain kgo client as any service would, and reads the hit's
-// count back from the counts topic, as JSON, and with the README's kcat one-liner.
+// count back from the counts topic, as JSON, and with docs/records.md's kcat one-liner.
 func TestDevCountsAJSONHit(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var out devOutput
@@ -151,14 +151,14 @@ func TestDevCountsAJSONHit(t *testing.T) {
 		t.Fatalf("counts get: %v\n%s", err, got)
 	}
 
-	// And so does the README's kcat one-liner for JSON counts, against this broker.
-	readme, err := os.ReadFile("../../README.md")
+	// And so does docs/records.md's kcat one-liner for JSON counts, against this broker.
+	doc, err := os.ReadFile("../../docs/records.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	line := regexp.MustCompile(`(?m)^kcat -C -b localhost:9092 -t counts .*$`).Find(readme)
+	line := regexp.MustCompile(`(?m)^kcat -C -b localhost:9092 -t counts .*$`).Find(doc)
 	if line == nil {
-		t.Fatal("README has no kcat one-liner reading the counts topic")
+		t.Fatal("docs/records.md has no kcat one-liner reading the counts topic")
 	}
 	if _, err := exec.LookPath("kcat"); err != nil {
 		testenv.Unavailable(t, "kcat is missing: apt-get install kcat")
@@ -167,8 +167,25 @@ func TestDevCountsAJSONHit(t *testing.T) {
 	defer kstop()
 	kout, err := exec.CommandContext(kctx, "bash", "-c", strings.Replace(string(line), "localhost:9092", broker, 1)).CombinedOutput()
 	if err != nil || !strings.Contains(string(kout), key+` {"key":`) || !strings.Contains(string(kout), `"total":3`) {
-		t.Fatalf("README kcat one-liner: %v\n%s", err, kout)
+		t.Fatalf("docs/records.md kcat one-liner: %v\n%s", err, kout)
 	}
+
+	// docs/records.md's kcat command publishing a JSON hit: the aggregator counts it.
+	pub := regexp.MustCompile("(?m)^printf .*\\|\n +kcat -P .*$").Find(doc)
+	if pub == nil {
+		t.Fatal("docs/records.md has no kcat command publishing a hit")
+	}
+	pubKey := regexp.MustCompile(`"key":"([^"]+)"`).FindSubmatch(pub)
+	if pubKey == nil {
+		t.Fatalf("docs/records.md's kcat command %s publishes no key", pub)
+	}
+	if out, err := exec.CommandContext(kctx, "bash", "-c", strings.Replace(string(pub), "localhost:9092", broker, 1)).CombinedOutput(); err != nil {
+		t.Fatalf("docs/records.md's kcat command: %v\n%s", err, out)
+	}
+	testenv.Eventually(t, 60*time.Second, "the count of docs/records.md's hit", func() bool {
+		got, err := run(t, "counts", "get", string(pubKey[1]), "--brokers", broker)
+		return err == nil && regexp.MustCompile(`(?m)^eu-1 +1 `).MatchString(got)
+	})
 }
 
 // TestDevHelpFlags checks that every flag of dev renders with its value type, not a

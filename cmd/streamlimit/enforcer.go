@@ -145,8 +145,8 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	f.DurationVar(&c.ProxyMaxDelay, "proxy-max-delay", 0, "with --upstream: hold a request that its limits will admit within this long until they do, instead of answering 429")
 	f.StringVar(&ef.httpConfig, "http-config", "", "YAML file saying how HTTP requests become descriptors (domain, descriptors, trusted_proxies, ipv6_prefix)")
 	f.StringVar(&ef.httpDomain, "http-domain", "http", "rules domain for proxied and /v1/auth requests when --http-config is not given (descriptor: remote_address)")
-	// Loopback by default, so that an nginx on the same host (the README's auth_request
-	// setup) is believed and nobody else is.
+	// Loopback by default, so that an nginx on the same host (the auth_request setup of
+	// docs/api.md) is believed and nobody else is.
 	f.StringSliceVar(&ef.trustedProxies, "trusted-proxies", []string{"127.0.0.0/8", "::1/128"},
 		"proxies (CIDRs) whose X-Forwarded-For, and X-Real-IP at /v1/auth, name the client, when --http-config is not given (there: trusted_proxies)")
 	f.IntVar(&c.Auth.DeniedStatus, "auth-denied-status", httplimit.DefaultDeniedStatus, "status of a denied /v1/auth request (403 for nginx auth_request)")

@@ -118,7 +118,7 @@ func writeHistory(t *testing.T) *historyFixture {
 func itoa(v int64) string { b, _ := json.Marshal(v); return string(b) }
 
 // historyCSV is the export of writeHistory's range, with its first minute written as
-// 10:00 on the README's date (historyREADME maps it back).
+// 10:00 on the date of docs/operations.md's example (toDoc maps it back).
 const historyCSV = `start,key,window_ms,site,admitted,denied
 2026-11-25T10:00:00Z,api|user=42#60s,60000,eu-1,10,0
 2026-11-25T10:00:00Z,api|user=42#60s,60000,us-1,5,0
@@ -128,14 +128,14 @@ const historyCSV = `start,key,window_ms,site,admitted,denied
 2026-11-25T10:02:00Z,api|user=7#60s,60000,us-1,6,0
 `
 
-// readmeDay is the first minute of the README's example export.
-var readmeDay = time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)
+// docDay is the first minute of the doc's example export.
+var docDay = time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)
 
-// toREADME rewrites the fixture's minutes as the README's.
-func (f *historyFixture) toREADME(s string) string {
+// toDoc rewrites the fixture's minutes as the doc's.
+func (f *historyFixture) toDoc(s string) string {
 	for i := range 3 {
 		m := time.Duration(i) * time.Minute
-		s = strings.ReplaceAll(s, f.t0.Add(m).Format(time.RFC3339), readmeDay.Add(m).Format(time.RFC3339))
+		s = strings.ReplaceAll(s, f.t0.Add(m).Format(time.RFC3339), docDay.Add(m).Format(time.RFC3339))
 	}
 	return s
 }
@@ -155,7 +155,7 @@ func TestCountsExport(t *testing.T) {
 
 	t.Run("csv per minute", func(t *testing.T) {
 		out, errOut := export()
-		if got := f.toREADME(out); got != historyCSV {
+		if got := f.toDoc(out); got != historyCSV {
 			t.Fatalf("export\n got:\n%s\nwant:\n%s", got, historyCSV)
 		}
 		// 8 hit records in the range (one per producer bucket), the one before it, the
@@ -275,33 +275,25 @@ func svgPolylines(t *testing.T, b []byte) map[string][]float64 {
 	}
 }
 
-// TestREADMEHistory runs the README's usage-history commands against writeHistory's topics
-// and checks that its example export is what export prints for them.
-func TestREADMEHistory(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, sec, ok := strings.Cut(string(b), "### Usage history from the hits topics\n")
-	if !ok {
-		t.Fatal("README has no usage history section")
-	}
-	sec, _, _ = strings.Cut(sec, "\n### ")
+// TestDocsHistory runs docs/operations.md's usage-history commands against writeHistory's
+// topics and checks that its example export is what export prints for them.
+func TestDocsHistory(t *testing.T) {
+	sec := docSection(t, "../../docs/operations.md", "## Usage history from the hits topics")
 	_, cmds, ok := strings.Cut(sec, "```sh\n")
 	if !ok {
-		t.Fatal("no sh block in the README's usage history section")
+		t.Fatal("no sh block in docs/operations.md's usage history section")
 	}
 	cmds, _, _ = strings.Cut(cmds, "```")
 	_, example, ok := strings.Cut(sec, "```csv\n")
 	if !ok {
-		t.Fatal("no csv block in the README's usage history section")
+		t.Fatal("no csv block in docs/operations.md's usage history section")
 	}
 	example, _, _ = strings.Cut(example, "```")
 	if example != historyCSV {
-		t.Errorf("README's example export differs from the tested one:\n%s\nwant:\n%s", example, historyCSV)
+		t.Errorf("the doc's example export differs from the tested one:\n%s\nwant:\n%s", example, historyCSV)
 	}
 	if _, err := csv.NewReader(strings.NewReader(example)).ReadAll(); err != nil {
-		t.Errorf("README's example export is not CSV: %v", err)
+		t.Errorf("the doc's example export is not CSV: %v", err)
 	}
 
 	f := writeHistory(t)
@@ -314,7 +306,7 @@ func TestREADMEHistory(t *testing.T) {
 		}
 		args := shellWords(t, line)
 		if args[0] != "streamlimit" {
-			t.Fatalf("README command %q does not run streamlimit", line)
+			t.Fatalf("docs/operations.md command %q does not run streamlimit", line)
 		}
 		args = args[1:]
 		for i, a := range args {
@@ -322,28 +314,28 @@ func TestREADMEHistory(t *testing.T) {
 				args[i+1] = filepath.Join(dir, args[i+1])
 			}
 		}
-		// The README's absolute range is the fixture's (README date 10:00 = t0).
+		// The doc's absolute range is the fixture's (its 10:00 = t0).
 		for i, a := range args {
 			if ts, err := time.Parse(time.RFC3339, a); err == nil {
-				args[i] = f.t0.Add(ts.Sub(readmeDay)).Format(time.RFC3339)
+				args[i] = f.t0.Add(ts.Sub(docDay)).Format(time.RFC3339)
 			}
 		}
 		n++
 		out, errOut, err := runSplit(t, append(args, "--brokers", f.brokers, "--hits-topic", f.hits)...)
 		if err != nil {
-			t.Errorf("README command %q: %v\n%s", line, err, errOut)
+			t.Errorf("docs/operations.md command %q: %v\n%s", line, err, errOut)
 			continue
 		}
-		if slices.Contains(args, "--to") && !slices.Contains(args, "-o") && f.toREADME(out) != historyCSV {
-			t.Errorf("README command %q printed\n%s\nwant the README's example\n%s", line, f.toREADME(out), historyCSV)
+		if slices.Contains(args, "--to") && !slices.Contains(args, "-o") && f.toDoc(out) != historyCSV {
+			t.Errorf("docs/operations.md command %q printed\n%s\nwant the doc's example\n%s", line, f.toDoc(out), historyCSV)
 		}
 	}
 	if n < 3 {
-		t.Fatalf("%d README commands, want export, export and plot", n)
+		t.Fatalf("%d docs/operations.md commands, want export, export and plot", n)
 	}
 }
 
-// shellWords splits a command line as sh would for the README's simple commands: words
+// shellWords splits a command line as sh would for the docs' simple commands: words
 // separated by spaces, single quotes kept together.
 func shellWords(t *testing.T, line string) []string {
 	t.Helper()

@@ -73,16 +73,16 @@ func TestEnforcerLimitOverridesFlag(t *testing.T) {
 	}
 }
 
-// TestREADMEOverrideKey checks the README's example of an override's counter key against
+// TestDocsOverrideKey checks docs/api.md's example of an override's counter key against
 // the key the enforcer builds.
-func TestREADMEOverrideKey(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
+func TestDocsOverrideKey(t *testing.T) {
+	b, err := os.ReadFile("../../docs/api.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	entries := []slrules.Entry{{Key: "user", Value: "42"}}
 	key := string(slrules.AppendOverrideKey(nil, "api", entries, slrules.Override("api", nil, entries, 5, time.Minute)))
 	if key != "api|user=42#60s|override" || !strings.Contains(string(b), "`"+key+"`") {
-		t.Fatalf("override key %q is not the README's", key)
+		t.Fatalf("override key %q is not docs/api.md's", key)
 	}
 }

@@ -19,38 +19,44 @@ import (
 	"github.com/streamlimit/streamlimit/topics"
 )
 
-// TestREADMERulesLoad keeps the README's examples true: every YAML block that starts with
-// "domain:" must load as the enforcer loads it — as rules, or, when it lists descriptor
-// entries, as the HTTP descriptor config of --http-config.
+// TestREADMERulesLoad keeps the examples of the README and of docs/ true: every YAML block
+// that starts with "domain:" must load as the enforcer loads it — as rules, or, when it
+// lists descriptor entries, as the HTTP descriptor config of --http-config.
 func TestREADMERulesLoad(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
+	docs, err := filepath.Glob("../../docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocks := strings.Split(string(b), "```yaml\n")[1:]
-	n := 0
-	for _, blk := range blocks {
-		body := blk[:strings.Index(blk, "```")]
-		if !strings.HasPrefix(body, "domain:") {
-			continue
-		}
-		n++
-		p := filepath.Join(t.TempDir(), "rules.yaml")
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+	for _, name := range append([]string{"../../README.md"}, docs...) {
+		b, err := os.ReadFile(name)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if strings.Contains(body, "entries:") {
-			if _, err := loadHTTPConfig(p); err != nil {
-				t.Errorf("README HTTP config example %d does not load: %v\n%s", n, err, body)
+		blocks := strings.Split(string(b), "```yaml\n")[1:]
+		n := 0
+		for _, blk := range blocks {
+			body := blk[:strings.Index(blk, "```")]
+			if !strings.HasPrefix(body, "domain:") {
+				continue
 			}
-			continue
+			n++
+			p := filepath.Join(t.TempDir(), "rules.yaml")
+			if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(body, "entries:") {
+				if _, err := loadHTTPConfig(p); err != nil {
+					t.Errorf("%s: HTTP config example %d does not load: %v\n%s", filepath.Base(name), n, err, body)
+				}
+				continue
+			}
+			if _, err := rules.LoadFile(p); err != nil {
+				t.Errorf("%s: rules example %d does not load: %v\n%s", filepath.Base(name), n, err, body)
+			}
 		}
-		if _, err := rules.LoadFile(p); err != nil {
-			t.Errorf("README rules example %d does not load: %v\n%s", n, err, body)
+		if n == 0 && (strings.HasSuffix(name, "README.md") || strings.HasSuffix(name, "rules.md") || strings.HasSuffix(name, "api.md")) {
+			t.Errorf("no rules example found in %s", name)
 		}
-	}
-	if n == 0 {
-		t.Fatal("no rules example found in README.md")
 	}
 }
 
@@ -100,10 +106,10 @@ func TestREADMEFlagsExist(t *testing.T) {
 
 var readmeFlag = regexp.MustCompile("`(--[a-z][a-z0-9-]*)")
 
-// TestREADMECounterKeys derives the README's counter-key examples with the enforcer's own
-// rule matching and key builder, and checks that the README shows exactly those keys.
-func TestREADMECounterKeys(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
+// TestDocsCounterKeys derives docs/records.md's counter-key examples with the enforcer's
+// own rule matching and key builder, and checks that the page shows exactly those keys.
+func TestDocsCounterKeys(t *testing.T) {
+	b, err := os.ReadFile("../../docs/records.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,10 +148,10 @@ descriptors:
 			t.Errorf("key of %v = %q, want %q", c.entries, got, c.want)
 		}
 		if !strings.Contains(string(b), "\n"+c.want+" ") {
-			t.Errorf("README's counter-key table lacks %q", c.want)
+			t.Errorf("docs/records.md's counter-key table lacks %q", c.want)
 		}
 	}
-	// A long key, shortened as the README says: its first bytes, "%~", 32 hex digits of
+	// A long key, shortened as docs/records.md says: its first bytes, "%~", 32 hex digits of
 	// the SHA-256 of the whole key, its '#' and window, 1 024 bytes in all.
 	long := []rules.Entry{{Key: "user", Value: strings.Repeat("u", 2000)}}
 	whole := "api|user=" + long[0].Value + "#60s"
@@ -156,14 +162,14 @@ descriptors:
 		t.Errorf("long key = %q, want %q", got, want)
 	}
 	if !strings.Contains(string(b), "then `%~` and the first 32 hex digits of the SHA-256 of the whole key") {
-		t.Error("README no longer describes long keys as this test checks them")
+		t.Error("docs/records.md no longer describes long keys as this test checks them")
 	}
 }
 
-// TestREADMEHitIntegers keeps the README's warning true: a hit whose ts is a float (what
+// TestDocsHitIntegers keeps docs/records.md's warning true: a hit whose ts is a float (what
 // Python's time.time() * 1000 gives) or uses an exponent is rejected as bad_json, and the
 // same hit with integers is accepted.
-func TestREADMEHitIntegers(t *testing.T) {
+func TestDocsHitIntegers(t *testing.T) {
 	for _, ts := range []string{"1763740000123.456", "1.763740000123e12"} {
 		rec := `{"key":"api|user=42#60s","site":"eu-1","ts":` + ts + `,"w":60000,"n":1}`
 		if _, err := topics.DecodeHit([]byte(rec)); !errors.Is(err, topics.ErrBadJSON) {

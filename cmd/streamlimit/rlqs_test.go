@@ -61,7 +61,7 @@ func assignedOver(t *testing.T, addr, domain string, id map[string]string) {
 
 var rlqsAddrRE = regexp.MustCompile(`rlqs (127\.0\.0\.1:\d+)`)
 
-// TestEnforcerRLQS runs `streamlimit enforcer --rlqs-addr` (the README's command, without
+// TestEnforcerRLQS runs `streamlimit enforcer --rlqs-addr` (docs/api.md's command, without
 // Kafka) and has an Envoy model get an assignment from it.
 func TestEnforcerRLQS(t *testing.T) {
 	rules := filepath.Join(t.TempDir(), "rules.yaml")

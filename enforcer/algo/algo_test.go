@@ -645,7 +645,7 @@ func TestLateRequestsKeepTheWindow(t *testing.T) {
 	}
 }
 
-// TestSlidingWindowFreshKey checks what the README says the sliding window admits on a
+// TestSlidingWindowFreshKey checks what docs/rules.md says the sliding window admits on a
 // fresh key: the whole limit at once, then, in the first window from the first hit (made
 // at φ = 0.96 into its aligned window), up to (1 + φ) × the limit: 98 of 50 per second.
 func TestSlidingWindowFreshKey(t *testing.T) {
@@ -661,11 +661,11 @@ func TestSlidingWindowFreshKey(t *testing.T) {
 	if admitted != 98 {
 		t.Fatalf("a fresh key's first second from φ = 0.96 admitted %d of 50/s, want 98 (50 + 50 − ⌊50 × 0.04⌋)", admitted)
 	}
-	readme, err := os.ReadFile("../../README.md")
+	doc, err := os.ReadFile("../../docs/rules.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(readme), "98 of 50 per second at φ = 0.96") {
-		t.Fatal("README.md no longer states what a fresh key's first window admits (98 of 50 per second at φ = 0.96)")
+	if !strings.Contains(string(doc), "98 of 50 per second at φ = 0.96") {
+		t.Fatal("docs/rules.md no longer states what a fresh key's first window admits (98 of 50 per second at φ = 0.96)")
 	}
 }

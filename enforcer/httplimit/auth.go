@@ -8,7 +8,7 @@ import (
 	"strings"
 )
 
-// AuthOptions configure the nginx auth_request endpoint. The repository's README shows
+// AuthOptions configure the nginx auth_request endpoint. The repository's docs/api.md shows
 // an nginx configuration that uses it.
 type AuthOptions struct {
 	// DeniedStatus answers a denied request. Default DefaultDeniedStatus (429). nginx's auth_request treats

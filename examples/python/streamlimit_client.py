@@ -60,7 +60,7 @@ def zigzag(b, i):
 
 
 def decode_count(value):
-    """Decodes a counts record: JSON, binary version 2 or version 1 (see the README)."""
+    """Decodes a counts record: JSON, binary version 2 or version 1 (see docs/records.md)."""
     if value[:1] == b"{":
         c = json.loads(value)
         return {"key": c["key"], "w": c["w"], "total": c["total"], "sites": c.get("sites", {})}

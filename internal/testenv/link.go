@@ -19,7 +19,8 @@ type Link struct {
 }
 
 // NewLink starts a proxy listening on listen and forwarding to upstream, and stops it when
-// the test ends. For a KafkaCluster c: NewLink(t, c.Name, c.WANAddr, c.WANUpstream).
+// the test ends. For the listener l := c.WAN[peer] of a KafkaCluster c: NewLink(t, peer+"->"+c.Name,
+// l.Addr, l.Upstream).
 func NewLink(t testing.TB, name, listen, upstream string) *Link {
 	t.Helper()
 	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())

@@ -26,19 +26,34 @@ import (
 // a test's topics hold little.
 const clusterHeap = "256m"
 
+// clusterJVMOpts are the test clusters' extra JVM options. A test cluster lives a few
+// minutes, most of which the JIT's optimizing compiler would spend compiling, and beside
+// other brokers and MirrorMakers on two cores: the client compiler alone and the serial
+// collector (the heap is small) leave the machine's CPU to the pipeline under test.
+const clusterJVMOpts = "-XX:TieredStopAtLevel=1 -XX:-UseG1GC -XX:+UseSerialGC"
+
 // KafkaCluster is one data center's Kafka cluster, a single KRaft broker on loopback with
-// two listeners: Addr for the data center's own clients, and a WAN listener that clients
-// of other data centers reach through the proxy at WANAddr (the listener advertises
-// WANAddr, so their metadata keeps them on the proxy).
+// a listener for the data center's own clients (Addr) and one WAN listener per other data
+// center, whose clients reach the broker through a proxy (a Link) at the listener's
+// advertised address: the metadata they get back keeps them on the proxy. One listener
+// and proxy per pair of data centers lets a test cut the link between two of them while
+// both still reach a third.
 type KafkaCluster struct {
 	// Name is the data center's name, e.g. "eu".
 	Name string
 	// Addr is the bootstrap address for clients in the same data center.
 	Addr string
-	// WANAddr is where the WAN listener is advertised; a Link must listen there.
-	WANAddr string
-	// WANUpstream is the broker's WAN listener, the upstream of that Link.
-	WANUpstream string
+	// WAN holds, for the name of each other data center, the listener its clients use.
+	WAN map[string]WANListener
+}
+
+// WANListener is the listener of a KafkaCluster that the clients of one other data center
+// reach it through.
+type WANListener struct {
+	// Addr is where the listener is advertised; a Link must listen there.
+	Addr string
+	// Upstream is the broker's listener, the upstream of that Link.
+	Upstream string
 }
 
 // RequireMultiDC ends the test when the multi-cluster harness cannot run: skipped under
@@ -64,7 +79,8 @@ func RequireMultiDC(t testing.TB) {
 }
 
 // StartKafkaClusters starts one independent Kafka cluster per name, in parallel, in a run
-// directory of the test's own, and stops them when the test ends.
+// directory of the test's own, each with a WAN listener for every other name, and stops
+// them when the test ends.
 func StartKafkaClusters(t testing.TB, names ...string) []*KafkaCluster {
 	t.Helper()
 	RequireMultiDC(t)
@@ -73,22 +89,31 @@ func StartKafkaClusters(t testing.TB, names ...string) []*KafkaCluster {
 	errs := make([]error, len(names))
 	var wg sync.WaitGroup
 	for i, name := range names {
-		wanPort, proxyPort, err := freePortPair()
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := &KafkaCluster{
-			Name:        name,
-			WANAddr:     "127.0.0.1:" + strconv.Itoa(proxyPort),
-			WANUpstream: "127.0.0.1:" + strconv.Itoa(wanPort),
+		c := &KafkaCluster{Name: name, WAN: map[string]WANListener{}}
+		var wanPorts, advertised []string
+		for _, peer := range names {
+			if peer == name {
+				continue
+			}
+			ports, err := freePorts(2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := WANListener{Addr: "127.0.0.1:" + strconv.Itoa(ports[1]), Upstream: "127.0.0.1:" + strconv.Itoa(ports[0])}
+			c.WAN[peer] = l
+			wanPorts = append(wanPorts, strconv.Itoa(ports[0]))
+			advertised = append(advertised, l.Addr)
 		}
 		clusters[i] = c
 		env := []string{
 			"STREAMLIMIT_RUN_DIR=" + root,
 			"STREAMLIMIT_KAFKA_INSTANCE=" + name,
 			"STREAMLIMIT_KAFKA_HEAP=" + clusterHeap,
-			"STREAMLIMIT_KAFKA_WAN_PORT=" + strconv.Itoa(wanPort),
-			"STREAMLIMIT_KAFKA_WAN_ADVERTISE=" + c.WANAddr,
+			"STREAMLIMIT_KAFKA_JVM_OPTS=" + clusterJVMOpts,
+		}
+		if len(wanPorts) > 0 {
+			env = append(env, "STREAMLIMIT_KAFKA_WAN_PORT="+strings.Join(wanPorts, ","),
+				"STREAMLIMIT_KAFKA_WAN_ADVERTISE="+strings.Join(advertised, ","))
 		}
 		t.Cleanup(func() {
 			// Stopped even when start failed halfway: a broker may be running.
@@ -131,6 +156,9 @@ type MirrorOptions struct {
 	// --clusters): one process per data center, consuming remotely and producing
 	// locally, as MirrorMaker is usually deployed.
 	Target string
+	// Clusters, when set, are the data centers to replicate between: the file is run in
+	// the form MirrorConfigFor gives it for them. Empty: the file's own clusters.
+	Clusters []string
 }
 
 // StartMirrorMaker starts MirrorMaker 2 in dedicated mode and stops it when the test
@@ -141,6 +169,11 @@ func StartMirrorMaker(t testing.TB, o MirrorOptions) {
 	src, err := os.ReadFile(o.Config)
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
+	}
+	if len(o.Clusters) > 0 {
+		if src, err = MirrorConfigFor(src, o.Clusters); err != nil {
+			t.Fatalf("testenv: %s: %v", o.Config, err)
+		}
 	}
 	props, err := OverrideBootstrap(src, o.Bootstrap)
 	if err != nil {
@@ -198,6 +231,124 @@ func OverrideBootstrap(src []byte, addrs map[string]string) ([]byte, error) {
 	return out.Bytes(), nil
 }
 
+var (
+	clustersLine = regexp.MustCompile(`^\s*clusters\s*[=:]`)
+	flowLine     = regexp.MustCompile(`^\s*([A-Za-z0-9_-]+)->([A-Za-z0-9_-]+)\.([^=:\s]+)\s*[=:]\s*(.*?)\s*$`)
+)
+
+// MirrorConfigFor returns the MirrorMaker properties file src for the clusters named: its
+// clusters line lists them, every ordered pair of them gets the flow settings the file
+// gives its own flows (which must all be alike, e.g. eu->us and us->eu both enabled for
+// topics hits), and each cluster the file does not configure gets a bootstrap.servers line
+// copied from its first cluster's with the alias replaced (kafka-eu:9092 becomes
+// kafka-ap:9092), to be overridden like the others. Everything else is kept as it is. So
+// deploy/mm2.properties, whose two data centers compose.yaml runs, also describes any
+// number of them.
+func MirrorConfigFor(src []byte, clusters []string) ([]byte, error) {
+	if len(clusters) < 2 {
+		return nil, fmt.Errorf("MirrorMaker needs at least two clusters, got %v", clusters)
+	}
+	type prop struct{ name, value string }
+	var (
+		lines     []string
+		flowAt    = -1 // where the flows go: the file's first flow line
+		bootAt    = -1 // after the file's last bootstrap line
+		firstFlow string
+		props     []prop                           // the first flow's settings, in order
+		flows     = map[string]map[string]string{} // flow → its settings
+		firstBoot [2]string                        // alias, value
+		haveBoot  = map[string]bool{}
+		listed    = map[string]bool{}
+	)
+	for _, c := range clusters {
+		listed[c] = true
+	}
+	sc := bufio.NewScanner(bytes.NewReader(src))
+	for sc.Scan() {
+		line := sc.Text()
+		if m := flowLine.FindStringSubmatch(line); m != nil {
+			flow := m[1] + "->" + m[2]
+			if firstFlow == "" {
+				firstFlow, flowAt = flow, len(lines)
+			}
+			if flows[flow] == nil {
+				flows[flow] = map[string]string{}
+			}
+			flows[flow][m[3]] = m[4]
+			if flow == firstFlow {
+				props = append(props, prop{m[3], m[4]})
+			}
+			continue
+		}
+		if m := bootstrapLine.FindStringSubmatch(line); m != nil {
+			if firstBoot[0] == "" {
+				firstBoot = [2]string{m[1], strings.TrimSpace(line[len(m[0]):])}
+			}
+			if !listed[m[1]] {
+				continue // a cluster not replicated here
+			}
+			haveBoot[m[1]] = true
+			lines = append(lines, line)
+			bootAt = len(lines)
+			continue
+		}
+		if clustersLine.MatchString(line) {
+			line = "clusters = " + strings.Join(clusters, ", ")
+		}
+		lines = append(lines, line)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("reading properties: %w", err)
+	}
+	if firstFlow == "" {
+		return nil, fmt.Errorf("no flow (<source>-><target>.<setting>) to generalise")
+	}
+	if firstBoot[0] == "" {
+		return nil, fmt.Errorf("no <alias>.bootstrap.servers line")
+	}
+	for flow, set := range flows {
+		if len(set) != len(props) {
+			return nil, fmt.Errorf("flows %s and %s have different settings: cannot generalise them", firstFlow, flow)
+		}
+		for _, p := range props {
+			if v, ok := set[p.name]; !ok || v != p.value {
+				return nil, fmt.Errorf("%s.%s differs from %s's (%q): cannot generalise the flows", flow, p.name, firstFlow, p.value)
+			}
+		}
+	}
+	var gen []string
+	for _, a := range clusters {
+		for _, b := range clusters {
+			if a == b {
+				continue
+			}
+			for _, p := range props {
+				gen = append(gen, fmt.Sprintf("%s->%s.%s = %s", a, b, p.name, p.value))
+			}
+		}
+	}
+	var boots []string
+	for _, c := range clusters {
+		if !haveBoot[c] {
+			boots = append(boots, c+".bootstrap.servers = "+strings.ReplaceAll(firstBoot[1], firstBoot[0], c))
+		}
+	}
+	if bootAt < 0 {
+		bootAt = min(flowAt, len(lines))
+	}
+	// Insert the flows first when they come after the bootstrap lines, so that the
+	// bootstrap position stays right.
+	insert := func(at int, add []string) { lines = append(lines[:at], append(add, lines[at:]...)...) }
+	if flowAt >= bootAt {
+		insert(flowAt, gen)
+		insert(bootAt, boots)
+	} else {
+		insert(bootAt, boots)
+		insert(flowAt, gen)
+	}
+	return []byte(strings.Join(lines, "\n") + "\n"), nil
+}
+
 // RepoPath returns the absolute path of a file of the repository, given relative to its
 // root (the directory of go.mod above the test's working directory).
 func RepoPath(t testing.TB, rel string) string {
@@ -250,19 +401,18 @@ func lastLine(s string) string {
 	return strings.TrimSpace(lines[len(lines)-1])
 }
 
-// freePortPair returns two distinct loopback ports that were free a moment ago.
-func freePortPair() (int, int, error) {
-	a, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, 0, fmt.Errorf("free port: %w", err)
+// freePorts returns n distinct loopback ports that were free a moment ago.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("free port: %w", err)
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer a.Close()
-	b, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, 0, fmt.Errorf("free port: %w", err)
-	}
-	defer b.Close()
-	return a.Addr().(*net.TCPAddr).Port, b.Addr().(*net.TCPAddr).Port, nil
+	return ports, nil
 }
 
 // logProblems logs the last n warnings and errors of a log4j log: what explains a failure,

@@ -18,22 +18,14 @@ import (
 	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
-// TestREADMEDelay runs the README's "Delay instead of 429" commands: the enforcer command
+// TestDocsAPIDelay runs docs/api.md's "Delay instead of 429" commands: the enforcer command
 // line (with the test's broker, upstream, ports and a rules directory substituted), the
 // curl request's body three times against its check API, three requests through its
 // proxy and three to its nginx endpoint. The third of each, over a limit of 2 per second,
 // waits and is admitted (the nginx endpoint's limit refills a token every 50 ms). The
-// README's example answer must decode as a check response and match the real one.
-func TestREADMEDelay(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, sec, ok := strings.Cut(string(b), "### Delay instead of 429\n")
-	if !ok {
-		t.Fatal("README has no delay section")
-	}
-	sec, _, _ = strings.Cut(sec, "\n### ")
+// page's example answer must decode as a check response and match the real one.
+func TestDocsAPIDelay(t *testing.T) {
+	sec := docSection(t, "../../docs/api.md", "## Delay instead of 429")
 	_, cmds, _ := strings.Cut(sec, "```sh\n")
 	cmds, _, _ = strings.Cut(cmds, "```")
 	_, example, _ := strings.Cut(sec, "```json\n")
@@ -42,11 +34,11 @@ func TestREADMEDelay(t *testing.T) {
 	d := json.NewDecoder(strings.NewReader(example))
 	d.DisallowUnknownFields()
 	if err := d.Decode(&exampleResp); err != nil || exampleResp.WaitedMs <= 0 {
-		t.Fatalf("README's example check answer %q: %v (waited_ms %d)", example, err, exampleResp.WaitedMs)
+		t.Fatalf("docs/api.md's example check answer %q: %v (waited_ms %d)", example, err, exampleResp.WaitedMs)
 	}
 	lines := strings.Split(strings.TrimSpace(cmds), "\n")
 	if len(lines) != 2 || !strings.HasPrefix(lines[0], "streamlimit enforcer ") || !strings.HasPrefix(lines[1], "curl -s -d '") {
-		t.Fatalf("README delay commands %q: want the enforcer and one curl", lines)
+		t.Fatalf("docs/api.md delay commands %q: want the enforcer and one curl", lines)
 	}
 	_, body, _ := strings.Cut(lines[1], "-d '")
 	body, _, _ = strings.Cut(body, "'")
@@ -111,7 +103,7 @@ func TestREADMEDelay(t *testing.T) {
 	if last.OverallCode != "OK" || last.WaitedMs <= 0 {
 		t.Fatalf("third check: %+v, want admitted after waiting", last)
 	}
-	// The README's answer is this one, but for the wait, what is left (the first two
+	// The doc's answer is this one, but for the wait, what is left (the first two
 	// requests may fall in one sub-bucket of the window or two), the fallback flag (no
 	// aggregator runs here) and the header fields it leaves out.
 	last.WaitedMs, last.ResponseHeadersToAdd, last.Statuses[0].Fallback = exampleResp.WaitedMs, nil, false
@@ -119,7 +111,7 @@ func TestREADMEDelay(t *testing.T) {
 	got, _ := json.Marshal(last)
 	want, _ := json.Marshal(exampleResp)
 	if !reflect.DeepEqual(got, want) || string(want) != strings.TrimSpace(example) {
-		t.Errorf("README's example answer\n%s\ndiffers from the real one\n%s", want, got)
+		t.Errorf("docs/api.md's example answer\n%s\ndiffers from the real one\n%s", want, got)
 	}
 
 	var codes []int

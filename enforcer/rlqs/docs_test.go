@@ -160,10 +160,10 @@ func firstBlock(t *testing.T, md, lang, prefix string) string {
 	return ""
 }
 
-// readmeRules returns the README's first rules example of domain api (its user limits).
-func readmeRules(t *testing.T) string {
+// docsRules returns docs/rules.md's first rules example of domain api (its user limits).
+func docsRules(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../docs/rules.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,20 +172,20 @@ func readmeRules(t *testing.T) string {
 			return body
 		}
 	}
-	t.Fatal("no rules example of domain api in README.md")
+	t.Fatal("no rules example of domain api in docs/rules.md")
 	return ""
 }
 
 var rlqsAddrFlag = regexp.MustCompile(`--rlqs-addr 127\.0\.0\.1:(\d+)`)
 
-// TestREADMEEnvoyConfig keeps the README's Envoy configuration working: its filter and
+// TestDocsAPIEnvoyConfig keeps docs/api.md's Envoy configuration working: its filter and
 // cluster parse into go-control-plane's messages and validate, the cluster is the
 // enforcer's --rlqs-addr over HTTP/2, and the Envoy model configured by it gets a token
-// bucket for a user of the README's rules.
-func TestREADMEEnvoyConfig(t *testing.T) {
-	sec := section(t, "../../README.md", "### Envoy deciding locally (Rate Limit Quota Service)")
+// bucket for a user of docs/rules.md's rules.
+func TestDocsAPIEnvoyConfig(t *testing.T) {
+	sec := section(t, "../../docs/api.md", "## Envoy deciding locally (Rate Limit Quota Service)")
 	if n := strings.Count(sec, "\n"); n > 15 {
-		t.Errorf("the README's RLQS section has %d lines, want at most 15: the rest belongs in docs/rlqs.md", n)
+		t.Errorf("docs/api.md's RLQS section has %d lines, want at most 15: the rest belongs in docs/rlqs.md", n)
 	}
 	m := rlqsAddrFlag.FindStringSubmatch(sec)
 	if m == nil {
@@ -212,11 +212,11 @@ func TestREADMEEnvoyConfig(t *testing.T) {
 		clusters = append(clusters, cl)
 	}
 	c := checkEnvoyConfig(t, filters, clusters, port)
-	driveEnvoyConfig(t, readmeRules(t), c, map[string]string{"user": "42"})
+	driveEnvoyConfig(t, docsRules(t), c, map[string]string{"user": "42"})
 }
 
-// TestDocsEnvoyBootstrap keeps docs/rlqs.md's whole Envoy bootstrap working, as the
-// README's fragment: it parses into go-control-plane's Bootstrap and validates, and its
+// TestDocsEnvoyBootstrap keeps docs/rlqs.md's whole Envoy bootstrap working, as
+// docs/api.md's fragment: it parses into go-control-plane's Bootstrap and validates, and its
 // filter, matchers and cluster work with the rules file beside it.
 func TestDocsEnvoyBootstrap(t *testing.T) {
 	sec := section(t, "../../docs/rlqs.md", "## An Envoy configuration")

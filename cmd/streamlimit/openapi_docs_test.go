@@ -14,23 +14,23 @@ import (
 	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
-// TestREADMEOpenAPI runs the README's curl command for the OpenAPI document against
+// TestDocsAPIOpenAPI runs docs/api.md's curl command for the OpenAPI document against
 // `streamlimit enforcer` (its address substituted) and checks that it prints the document.
-func TestREADMEOpenAPI(t *testing.T) {
+func TestDocsAPIOpenAPI(t *testing.T) {
 	curl := testenv.Tool(t, "curl", "apt-get install curl")
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../docs/api.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	const readmeAddr = "127.0.0.1:8081"
+	const docAddr = "127.0.0.1:8081"
 	var cmd string
 	for line := range strings.Lines(string(b)) {
 		if strings.HasPrefix(line, "curl ") && strings.Contains(line, server.OpenAPIPath) {
 			cmd = strings.TrimSpace(line)
 		}
 	}
-	if cmd == "" || !strings.Contains(cmd, readmeAddr) {
-		t.Fatalf("README has no curl command for %s at %s", server.OpenAPIPath, readmeAddr)
+	if cmd == "" || !strings.Contains(cmd, docAddr) {
+		t.Fatalf("docs/api.md has no curl command for %s at %s", server.OpenAPIPath, docAddr)
 	}
 	rules := filepath.Join(t.TempDir(), "rules.yaml")
 	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"), 0o644); err != nil {
@@ -51,7 +51,7 @@ func TestREADMEOpenAPI(t *testing.T) {
 			t.Errorf("enforcer exited with %v", err)
 		}
 	}()
-	args := shellWords(t, strings.ReplaceAll(cmd, readmeAddr, addr))[1:]
+	args := shellWords(t, strings.ReplaceAll(cmd, docAddr, addr))[1:]
 	var out []byte
 	testenv.Eventually(t, 30*time.Second, "the enforcer serving "+server.OpenAPIPath, func() bool {
 		out, err = exec.Command(curl, args...).Output()

@@ -9,15 +9,15 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/server"
 )
 
-// TestREADMEMemoryFlags keeps the README's table of memory bounds true: each row's default
+// TestDocsMemoryFlags keeps docs/operations.md's table of memory bounds true: each row's default
 // is the enforcer's (and, for --max-memory, dev's) flag default, and each example value in
 // the --max-memory row is accepted by the flag.
-func TestREADMEMemoryFlags(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
+func TestDocsMemoryFlags(t *testing.T) {
+	b, err := os.ReadFile("../../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows := regexp.MustCompile("(?m)^ *\\| `(--max-[a-z]+)` \\| `([^`]+)` \\| (.*) \\|$").FindAllStringSubmatch(string(b), -1)
+	rows := regexp.MustCompile("(?m)^\\| `(--max-memory|--max-keys)` \\| `enforcer` \\| `([^`]+)` \\| (.*) \\|$").FindAllStringSubmatch(string(b), -1)
 	if len(rows) != 2 {
 		t.Fatalf("want the rows of --max-memory and --max-keys, found %d", len(rows))
 	}
@@ -25,10 +25,10 @@ func TestREADMEMemoryFlags(t *testing.T) {
 	for _, r := range rows {
 		f := enf.Flags().Lookup(strings.TrimPrefix(r[1], "--"))
 		if f == nil {
-			t.Fatalf("README row %s: no such enforcer flag", r[1])
+			t.Fatalf("docs/operations.md row %s: no such enforcer flag", r[1])
 		}
 		if f.DefValue != r[2] {
-			t.Errorf("README says %s defaults to %s, the flag to %s", r[1], r[2], f.DefValue)
+			t.Errorf("docs/operations.md says %s defaults to %s, the flag to %s", r[1], r[2], f.DefValue)
 		}
 		if r[1] != "--max-memory" {
 			continue
@@ -38,7 +38,7 @@ func TestREADMEMemoryFlags(t *testing.T) {
 		}
 		def := byteSize(server.DefaultMaxMemory)
 		if want := def.String(); r[2] != want {
-			t.Errorf("README default %s, server.DefaultMaxMemory %s", r[2], want)
+			t.Errorf("docs/operations.md default %s, server.DefaultMaxMemory %s", r[2], want)
 		}
 		examples := regexp.MustCompile("`([^`]+)`").FindAllStringSubmatch(r[3], -1)
 		n := 0
@@ -46,7 +46,7 @@ func TestREADMEMemoryFlags(t *testing.T) {
 			if strings.HasSuffix(ex[1], "iB") || ex[1] == "none" {
 				n++
 				if err := enf.Flags().Set("max-memory", ex[1]); err != nil {
-					t.Errorf("README example --max-memory %s: %v", ex[1], err)
+					t.Errorf("docs/operations.md example --max-memory %s: %v", ex[1], err)
 				}
 			}
 		}

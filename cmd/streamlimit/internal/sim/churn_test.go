@@ -11,9 +11,9 @@ import (
 // global share rule (data centers' shares split among their processes, room ahead within a
 // data center for keys under their limit) keeps their false 429s low while no client goes
 // far over its limit. The bounds are the figures reached with some margin, so that they
-// cannot regress: the share rule before (a share per process, no room ahead) gave 2.5%,
-// 1.4%, 1.9%, 0.8% and 1.4% in these runs and 1.6% for the mix on six processes, against
-// 0.1–0.6% (0.39% over all five) and 0.35% now. docs/accuracy.md has the full-size
+// cannot regress: the share rule before (a share per process, no room ahead) gave 0.9%,
+// 1.4%, 1.9%, 0.8% and 1.4% in these runs (about 1.3% over all five) and 1.6% for the mix
+// on six processes, against 0.1–0.6% (0.39% over all five) and 0.35% now. docs/accuracy.md has the full-size
 // figures. The room ahead's risk, a surge at several processes of a data center before
 // the counts show it, is bounded with the bursty client (10×, on and off) on six
 // processes per data center.

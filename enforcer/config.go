@@ -61,17 +61,20 @@ type Config struct {
 	// Publisher receives every admitted hit of a global limit. Default nil: hits are not
 	// published (a single-site setup, or tests).
 	Publisher Publisher
-	// MinShare is the smallest share of a hot key's room a fresh site may hold, so that a
-	// site the snapshot does not show yet — where a client has just arrived — is not shut
-	// out for the pipeline's lag. Default DefaultMinShare.
+	// MinShare is the smallest share of a hot key's room a data center's fresh sites may
+	// hold together (the sites heard on one hits topic; see the package documentation,
+	// "Global limits"), so that a data center the snapshot does not show yet — where a
+	// client has just arrived — is not shut out for the pipeline's lag. Default
+	// DefaultMinShare.
 	MinShare float64
 	// DefaultShare is a site's share of a global limit for a key the snapshot has never
 	// shown (new, or idle for a whole window). Default 0: 1/the number of sites that may
 	// spend it — the live ones and those cut off from here, not those that left or crashed
 	// (1 without a snapshot).
 	DefaultShare float64
-	// ShareDamping holds back part of a hot key's room: a fresh site whose share of the
-	// room is f may spend f / (1 + ShareDamping × (1 − f)) of it until the next count. The
+	// ShareDamping holds back part of a hot key's room: the fresh sites of a data center
+	// whose share of the room is f may spend f / (1 + ShareDamping × (1 − f)) of it until
+	// the next count. The
 	// counts lag the sites' admissions by the pipeline's lag and the shares move with
 	// demand between two counts, so a site can have spent a larger share than the next
 	// count gives it while the room that count hands the others is partly spent already;
@@ -80,11 +83,12 @@ type Config struct {
 	// damping off. Default DefaultShareDamping, chosen with the accuracy simulation
 	// (docs/accuracy.md).
 	ShareDamping float64
-	// DemandPrior spreads a little demand evenly over the fresh sites before the room is
-	// shared by demand: each site's weight is (its demand + DemandPrior × limit / n) over
-	// (all demand + DemandPrior × limit), for n fresh sites. Without it a site whose demand
-	// has just started (a client arriving from another data center) is held to MinShare
-	// until its demand has travelled through the pipeline, although the room may be large.
+	// DemandPrior spreads a little demand evenly over the data centers of the fresh sites
+	// before the room is shared by demand: each data center's weight is (its sites' demand
+	// + DemandPrior × limit / n) over (all demand + DemandPrior × limit), for n data
+	// centers. Without it a data center whose demand has just started (a client arriving
+	// from another data center) is held to MinShare until its demand has travelled
+	// through the pipeline, although the room may be large.
 	// Default DefaultDemandPrior; negative: none.
 	DemandPrior float64
 	// NewKeyHold is how long after a key was last unknown to this site every site is

@@ -36,11 +36,28 @@
 // room two consecutive counts hand out twice when shares move between them. The caps are
 // rounded to whole requests together, with one random offset every site draws alike from
 // the key and the count's as-of time, so that rounding never admits more than the limit.
+// The shares are those of data centers (the sites heard on one hits topic), each split
+// evenly among its fresh sites: processes behind one load balancer see a client alike, and
+// a data center of many processes gets one minimum share and one part of the prior, not
+// one per process.
 //
-// The snapshot shows this site as of a local hop ago, the others as of a replication ago:
-// the room it leaves for this site is partly spent by what the others have not seen yet.
-// So the cap counts this site as the others see it — its hits since the other sites were
-// last heard from are taken out of its share's reach — which only ever lowers the cap.
+// Shares alone hold a site to a fraction of its data center's share; with many sites in a
+// data center, a quiet key's share at each is a fraction of a request, and a client under
+// its limit is denied while its room is unspent. So a key not in demand beyond its limit
+// (its demand rate, over the sites, below the limit's, for a window) may reach, where its
+// share gives less, its data center's whole share of the room less what the data center's
+// other sites are expected to spend before they see this site's admissions (their demand
+// rate over the snapshot's age and a lead, with a margin). The data centers' shares still
+// add up to the room; the price is a bounded risk within a data center: a client that
+// surges at several of its sites at once before the counts show it can be admitted beyond
+// the data center's share by what arrives within one lag; once its demand reaches its
+// limit it gets shares only.
+//
+// The snapshot shows this site as of a local hop ago, the other data centers as of a
+// replication ago: the room it leaves for this site is partly spent by what the others
+// have not seen yet. So the cap counts this site as the others see it — its hits since
+// the other data centers were last heard from are taken out of their shares' reach —
+// which only ever lowers the cap.
 // The aggregators help from their side by holding each data center's own hits back by
 // the lag difference (aggregator.Config.MaxLocalHold).
 //

@@ -11,7 +11,7 @@ import (
 )
 
 // maxSites is how many sites a global decision considers without allocating.
-const maxSites = 16
+const maxSites = 32
 
 // siteState is what a global decision takes a site to be doing.
 type siteState uint8
@@ -44,11 +44,37 @@ type siteView struct {
 	hold   float64 // what it may hold: its count, or more for a silent site
 	cap    float64 // the cap the decision gives it
 	f      float64 // its share of the room (0 unless fresh)
+	topic  string  // the hits topic it is heard on ("" when no heartbeat lists it)
+	group  uint8   // its data center's number: sites of one topic share one (view)
 }
 
 // spends reports whether a site may start spending a key it has no count of: a fresh site,
 // or one cut off from here.
 func (v *siteView) spends() bool { return v.state == siteFresh || v.state == siteCut }
+
+// allotment is what a global decision gives this site of a key, before the corrections made
+// on every decision with this site's own count (Limiter.finalCap). It is cached per key
+// (capCache): kept small.
+type allotment struct {
+	// base is the cap by the shares, which add up to the room.
+	base float64
+	// top is this site's hold plus its data center's share of the room left by all
+	// holds: the most the room ahead may give (when ahead: the room is positive).
+	top float64
+	// rate is the demand rate for the key of the other fresh sites of this site's data
+	// center (requests per ms).
+	rate float64
+	// others is the part of the room given to the sites of other data centers, which see
+	// this site a replication late.
+	others float64
+	// peers is the number of the other fresh sites of this site's data center (at most
+	// 255).
+	peers uint8
+	// reserved reports that the caps keep room for a silent site; ahead that there is
+	// room to spend ahead; heavy that the key is in demand beyond its limit (its demand
+	// rate over its limit's above heavyLoad).
+	reserved, ahead, heavy bool
+}
 
 // sharing is the global-share policy: how much of a global limit this site may hold, given
 // the snapshot's view of every site. It is the whole of what makes a global limit global;
@@ -83,10 +109,11 @@ func (g *sharing) classify(now int64, st *snapshot.SiteTime) (siteState, int64) 
 // per-site freshness st, at now; newKey says that this site saw no count for the key within
 // the last NewKeyHold. frozen is the key's per-site breakdown from before any site went
 // silent, seen at frozenAt (unix ms; nil when unknown), by which silent sites are reserved
-// their shares; it is used for a site only if seen within a window of its silence. It also
-// reports whether the cap reserves room for a silent site, and this site's share of the
-// room.
-func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapshot.Entry, known, newKey bool, st *snapshot.SiteTimes, frozen []topics.SiteCount, frozenAt int64) (capLocal float64, reserved bool, f float64) {
+// their shares; it is used for a site only if seen within a window of its silence. The
+// allotment also tells whether the cap reserves room for a silent site, and what
+// Limiter.finalCap needs: the room, the demands, the key's load.
+func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapshot.Entry, known, newKey bool, st *snapshot.SiteTimes, frozen []topics.SiteCount, frozenAt int64) allotment {
+	var reserved bool
 	var buf [maxSites]siteView
 	sites := g.view(buf[:0], now, e, known, st)
 	def := g.defaultShare
@@ -114,7 +141,8 @@ func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapsh
 			reserved = reserved || sites[i].state == siteCut
 			c := allowance * def
 			if sites[i].site == g.site {
-				return math.Floor(before+c+u) - math.Floor(before+u), reserved, 0
+				c = math.Floor(before+c+u) - math.Floor(before+u)
+				return allotment{base: c, top: c, reserved: reserved}
 			}
 			before += c
 		}
@@ -153,9 +181,12 @@ func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapsh
 			s.hold, reserved = allowance*r, true
 		}
 	}
-	g.allot(sites, allowance, unitHash(key, e.AsOf))
-	i, _ := siteIndex(sites, g.site)
-	return sites[i].cap, reserved, sites[i].f
+	a, demand := g.allot(sites, allowance, unitHash(key, e.AsOf))
+	if w := e.Window.Milliseconds(); allowance > 0 && w > 0 {
+		a.heavy = demand/demandTau/(allowance/float64(w)) > heavyLoad
+	}
+	a.reserved = reserved
+	return a
 }
 
 // shareOf returns site's share of a key: its part of the count in the breakdown frozen
@@ -185,12 +216,18 @@ func shareOf(site string, frozen []topics.SiteCount, e *snapshot.Entry) float64 
 
 // allot sets every site's cap from its hold: the fresh sites share the room left by all
 // holds (allowance − Σ hold, negative when the holds exceed the limit, and then every fresh
-// site gives back its share of the excess) by demand — requests, admitted or denied,
-// weighted by recency, so that a client's room goes where the client is now; without
-// demand (counts of an older aggregator, or a key idle for long) by count; without either,
-// evenly. Every fresh site gets at least minShare, so that one the snapshot does not show
-// yet — where the client has just arrived — is not shut out for the pipeline's lag. The cap
-// of a site that is not fresh is its hold.
+// site gives back its share of the excess). The room is shared among data centers (the
+// fresh sites of one hits topic; a site no heartbeat lists is one of its own) by demand —
+// requests, admitted or denied, weighted by recency, so that a client's room goes where the
+// client is now; without demand (counts of an older aggregator, or a key idle for long) by
+// count; without either, evenly — and each data center's share evenly among its fresh
+// sites. Sharing by data center keeps the prior, minShare and damping per data center, not
+// per process: a data center of many processes would otherwise get as many minimum shares
+// and fragments of the prior, and each process's share of a quiet key would follow the
+// chance of which process its last few requests reached. Every fresh data center gets at
+// least minShare, so that one the snapshot does not show yet — where the client has just
+// arrived — is not shut out for the pipeline's lag. The cap of a site that is not fresh is
+// its hold.
 //
 // The caps are rounded to whole requests together, by systematic sampling with the offset
 // u, which every site draws alike from the key and the count's as-of time: site s gets
@@ -198,51 +235,80 @@ func shareOf(site string, frozen []topics.SiteCount, e *snapshot.Entry) float64 
 // it in name order. Each cap is rounded up with probability equal to its fraction (the room
 // is spent in expectation), and the rounded caps add up to the rounded sum: rounding never
 // admits more than the limit, as independent rounding of N caps could by up to N−1.
-func (g *sharing) allot(sites []siteView, allowance, u float64) {
+func (g *sharing) allot(sites []siteView, allowance, u float64) (a allotment, demand float64) {
 	room := allowance
+	// The fresh sites' data centers: demand, count and fresh sites of each.
+	var gd, gc [maxSites]float64
+	var gn [maxSites]int
 	var wsum, csum float64
-	n := 0
+	me, _ := siteIndex(sites, g.site)
+	groups := 0
 	for i := range sites {
 		s := &sites[i]
 		room -= s.hold
 		if s.state == siteFresh {
+			k := s.group
+			if gn[k] == 0 {
+				groups++
+			}
+			gd[k] += s.demand
+			gc[k] += s.count
+			gn[k]++
 			wsum += s.demand
 			csum += s.count
-			n++
 		}
 	}
 	kappa := g.prior * allowance
-	weight := func(s *siteView) float64 {
+	weight := func(k uint8) float64 {
 		switch {
 		case wsum > 0:
-			return (s.demand + kappa/float64(n)) / (wsum + kappa)
+			return (gd[k] + kappa/float64(groups)) / (wsum + kappa)
 		case csum > 0:
-			return s.count / csum
+			return gc[k] / csum
 		}
-		return 1 / float64(n)
+		return 1 / float64(groups)
 	}
 	var norm float64
-	for i := range sites {
-		if s := &sites[i]; s.state == siteFresh {
-			norm += max(weight(s), g.minShare)
+	for k := range gn {
+		if gn[k] > 0 {
+			norm += max(weight(uint8(k)), g.minShare)
 		}
 	}
+	share := func(k uint8) float64 {
+		f := max(weight(k), g.minShare) / norm
+		if room > 0 {
+			f /= 1 + g.damping*(1-f)
+		}
+		return f
+	}
+	a.ahead = room > 0
+	a.others = max(1-share(sites[me].group), 0)
 	var before float64
 	for i := range sites {
 		s := &sites[i]
 		if s.state != siteFresh {
 			s.cap = s.hold
+			if i == me {
+				a.base, a.top = s.hold, s.hold
+			}
 			continue
 		}
-		f := max(weight(s), g.minShare) / norm
-		if room > 0 {
-			f /= 1 + g.damping*(1-f)
-		}
+		// The sites of one data center split its share evenly: behind one load balancer
+		// they see a client's requests alike, and their demands differ mostly by chance.
+		f := share(s.group) / float64(gn[s.group])
 		s.f = f
 		c := s.hold + f*room
 		s.cap = math.Floor(before+c+u) - math.Floor(before+u)
+		if i == me {
+			// Room ahead only within this data center: its sites may spend its share of
+			// the room less what its other sites are expected to spend, and the data
+			// centers' shares still add up to the room.
+			a.base, a.top, a.rate = s.cap, s.hold+share(s.group)*room, (gd[s.group]-s.demand)/demandTau
+			a.peers = uint8(min(gn[s.group]-1, 255))
+		}
 		before += c
 	}
+	return a, wsum
 }
 
 // view lists the sites a decision considers, sorted by name: those of the entry's
@@ -261,12 +327,12 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 			dst = append(dst, siteView{site: es[i].Site, count: es[i].Count, demand: es[i].Demand})
 			i++
 		case i >= len(es) || ts[j].Site < es[i].Site:
-			v := siteView{site: ts[j].Site}
+			v := siteView{site: ts[j].Site, topic: ts[j].Topic}
 			v.state, v.silent = g.classify(ms, &ts[j])
 			dst = append(dst, v)
 			j++
 		default:
-			v := siteView{site: es[i].Site, count: es[i].Count, demand: es[i].Demand}
+			v := siteView{site: es[i].Site, count: es[i].Count, demand: es[i].Demand, topic: ts[j].Topic}
 			v.state, v.silent = g.classify(ms, &ts[j])
 			dst = append(dst, v)
 			i++
@@ -278,17 +344,37 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 	} else {
 		dst = slices.Insert(dst, k, siteView{site: g.site})
 	}
+	// Data centers (allot): the sites of one topic share a number, in order of their first
+	// site; past maxSites−1 numbers, the rest share the last.
+	groups := uint8(0)
+	for i := range dst {
+		dst[i].group = groups
+		if dst[i].topic != "" {
+			for j := range i {
+				if dst[j].topic == dst[i].topic {
+					dst[i].group = dst[j].group
+					break
+				}
+			}
+		}
+		if dst[i].group == groups && groups < maxSites-1 {
+			groups++
+		}
+	}
 	return dst
 }
 
-// othersHeard returns the oldest time up to which a fresh remote site has been heard from:
-// the other sites' counts in the snapshot are complete up to then. It reports false when
-// no remote site is heard from.
+// othersHeard returns the oldest time up to which a fresh remote site — one of another data
+// center: not heard on this site's hits topic — has been heard from: the other data
+// centers' counts in the snapshot are complete up to then. It reports false when no remote
+// site is heard from. The sites of this data center are not waited for: their hits reach
+// this site's aggregator as soon as this site's do.
 func (g *sharing) othersHeard(now time.Time, st *snapshot.SiteTimes) (int64, bool) {
 	limit := now.UnixMilli() - g.siteStale.Milliseconds()
 	t0, ok := int64(0), false
+	mine, _ := st.Get(g.site)
 	for _, s := range st.Sites() {
-		if s.Site == g.site || s.Left || s.Heard < limit {
+		if s.Site == g.site || s.Left || s.Heard < limit || (mine.Topic != "" && s.Topic == mine.Topic) {
 			continue
 		}
 		if !ok || s.Heard < t0 {

@@ -549,7 +549,7 @@ func TestGlobalTokenBucket(t *testing.T) {
 // The snapshot shows this site as of a local hop ago, the other sites as of a replication
 // ago: the room it leaves is partly spent already by what the others cannot see yet. The
 // cap counts this site as the others see it (its hits since they were last heard from
-// taken out), which moves the cap by (1 − share) × those hits.
+// taken out), which moves the cap by (the other data centers' share) × those hits.
 func TestGlobalCountsThisSiteAsTheOthersSeeIt(t *testing.T) {
 	run := func(othersHeardAgo time.Duration) int {
 		clk := clock.NewFake(t0)
@@ -572,7 +572,9 @@ func TestGlobalCountsThisSiteAsTheOthersSeeIt(t *testing.T) {
 		}
 		clk.Advance(300 * time.Millisecond)
 		now := clk.Now().UnixMilli()
-		heartbeat(t, sn, clk, map[string]int64{"eu": now, "us": now - othersHeardAgo.Milliseconds()})
+		// eu's hits arrive on its local topic, us's on the replicated one: two data centers.
+		sourceHeartbeat(t, sn, clk, "hits", map[string]int64{"eu": now}, nil)
+		sourceHeartbeat(t, sn, clk, "us.hits", map[string]int64{"us": now - othersHeardAgo.Milliseconds()}, nil)
 		// The snapshot shows all 14 of eu's hits; us holds 20; equal demand: eu's share of
 		// the 66 left is one half.
 		putCount(t, sn, clk, globalKey, map[string]float64{"eu": 14, "us": 20}, map[string]float64{"eu": 14, "us": 14})

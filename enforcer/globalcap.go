@@ -53,7 +53,8 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, allow int64) (capLocal,
 		if stale {
 			return dither(allowance*l.share.staleShare(&e, known, st), op.Key, salt(&e, known, now)), total, true
 		}
-		capLocal, reserved, _ = l.share.capFor(now, op.Key, allowance, &e, known, false, st, nil, 0)
+		a := l.share.capFor(now, op.Key, allowance, &e, known, false, st, nil, 0)
+		capLocal, reserved = a.base, a.reserved
 		l.restarted(now, op, &e, known, st)
 	}
 	if reserved {
@@ -96,12 +97,9 @@ type capKey struct {
 
 // capCache is a key's last global cap and what it was computed from.
 type capCache struct {
-	key      capKey
-	set      bool
-	cap      float64
-	reserved bool
-	raw      float64 // the cap before seenAsOthers
-	f        float64 // this site's share of the room
+	key capKey
+	set bool
+	a   allotment // before Limiter.finalCap
 }
 
 // cachedCap is the cap of a fresh snapshot's key through its handle: the entry from the
@@ -126,19 +124,47 @@ func (l *Limiter) cachedCap(now time.Time, op *GlobalOp, h *keyHandle, sn *snaps
 	ms := now.UnixMilli()
 	g.keepFrozen(ms, &e, known, allFresh, l.cfg.SiteStaleAfter.Milliseconds())
 	newKey := known && now.UnixNano()-g.unknownAt < int64(l.cfg.NewKeyHold)
-	// Before seenAsOthers reads this site's count: the hits of a previous instance given
+	// Before finalCap reads this site's count: the hits of a previous instance given
 	// to the counter are not taken for new hits the others have not seen.
 	l.restarted(now, op, &e, known, st)
 	k := capKey{ver: v, sites: st, states: sig, allow: allowance, known: known, newKey: newKey, salt: salt(&e, known, now)}
-	if cacheable && g.cc.set && g.cc.key == k {
-		return l.seenAsOthers(now, op, &e, known, st, g.cc.raw, g.cc.f), total, g.cc.reserved, e, known
+	if !(cacheable && g.cc.set && g.cc.key == k) {
+		g.cc = capCache{key: k, set: cacheable, a: l.share.capFor(now, op.Key, allowance, &e, known, newKey, st, g.frozen, g.frozenAt)}
+		if g.cc.a.heavy {
+			g.heavyUntil = ms + op.Window.Milliseconds()
+		}
 	}
-	var f float64
-	capLocal, reserved, f = l.share.capFor(now, op.Key, allowance, &e, known, newKey, st, g.frozen, g.frozenAt)
-	raw := capLocal
-	capLocal = l.seenAsOthers(now, op, &e, known, st, capLocal, f)
-	g.cc = capCache{key: k, set: cacheable, cap: capLocal, reserved: reserved, raw: raw, f: f}
-	return capLocal, total, reserved, e, known
+	a := g.cc.a
+	a.heavy = a.heavy || ms < g.heavyUntil
+	if own := g.arrive(ms, op.N); a.peers > 0 {
+		// The other sites of this data center see the client's requests alike (behind one
+		// load balancer), and now, where the snapshot's demand shows them a lag late and
+		// decayed: a surge here is taken to be one there.
+		a.rate = max(a.rate, float64(a.peers)*own)
+	}
+	return l.finalCap(now, op, &e, known, st, &a), total, a.reserved, e, known
+}
+
+// arrivalPeriod is the period over which this site's own request rate for a key is
+// measured (ms; keyGlobal.arrive): short enough to see a surge within a pipeline lag.
+const arrivalPeriod = 500
+
+// arrive counts a request of n at ms (unix ms) and returns this site's request rate for
+// the key before it, per ms, over the last one to two periods of arrivalPeriod. Called
+// with g.mu held.
+func (g *keyGlobal) arrive(ms int64, n int64) float64 {
+	slot := ms / arrivalPeriod
+	switch {
+	case slot == g.arrSlot:
+	case slot == g.arrSlot+1:
+		g.arrPrev, g.arrCur = g.arrCur, 0
+	default:
+		g.arrPrev, g.arrCur = 0, 0
+	}
+	g.arrSlot = slot
+	rate := float64(g.arrPrev+g.arrCur) / float64(arrivalPeriod+ms-slot*arrivalPeriod)
+	g.arrCur += float32(n)
+	return rate
 }
 
 // keepFrozen keeps the key's breakdown from before any site went silent: a breakdown e
@@ -197,41 +223,88 @@ type seeder interface {
 	reseed(now time.Time, op *GlobalOp, mine float64, t int64)
 }
 
-// seenAsOthers corrects a fresh key's cap for the lag between this site's view of itself
-// and the other sites' view of it. This data center's aggregator counts this site's hits
-// a local hop after they are made, the other sites' a replication later: the snapshot shows
-// this site fresher than the others see it, and the room it leaves is room the others have
-// already spent or will. The cap counts this site as the others see it instead: its exact
-// count less its hits since the others' counts were made (the oldest time up to which a
-// fresh remote site has been heard from). With share f of the room, that moves the cap by
-// (1 − f) × (seen by others − in the snapshot); a site alone in the key (f = 1) is not
-// affected. The correction only ever lowers the cap: this site's recent hits are told
-// apart within a sub-bucket by the span of its hits, an estimate that a burst of admissions
-// moves, and a correction that could rise with the admissions it caps would feed on
-// itself. It is made on every decision, with this site's count as of now. Only a
-// SiteCounter that can tell its recent hits (LocalCounter) is corrected.
-func (l *Limiter) seenAsOthers(now time.Time, op *GlobalOp, e *snapshot.Entry, known bool, st *snapshot.SiteTimes, capLocal, f float64) float64 {
-	if !known || f <= 0 || f >= 1 {
-		return capLocal
-	}
+// Constants of the room ahead (Limiter.finalCap), chosen with the accuracy simulation's
+// churn and many-process scenarios (docs/accuracy.md).
+const (
+	// demandTau is τ of the sites' demand in ms: the aggregator's default
+	// DemandTimeConstant, by which a demand is a rate (demand / τ requests per ms).
+	demandTau = 1000.0
+	// heavyLoad is the key's demand rate, over its limit's, beyond which the key is in
+	// demand beyond its limit: it gets no room ahead, for a window after it was last seen
+	// so.
+	heavyLoad = 1.0
+	// aheadLead is added to the snapshot's age for how long the other sites go on
+	// spending before this site's admissions reach them (ms): about the time from a hit to
+	// the other data centers' snapshots less the part the snapshot's age already shows.
+	aheadLead = 250
+	// aheadMax bounds that time (ms), so that an old snapshot does not leave no room ahead.
+	aheadMax = 2000
+	// aheadZ is the margin on the other sites' expected spend, in standard deviations of a
+	// Poisson count of it.
+	aheadZ = 2.0
+)
+
+// finalCap makes the corrections of a fresh key's cap that need this site's count as of
+// now, on every decision (the allotment a is cached while the snapshot does not change).
+// Only a SiteCounter that can tell its recent hits (LocalCounter) is corrected.
+//
+// Room ahead. The shares split the room among the fresh sites; with many sites in a data
+// center (several processes, each a site) a quiet key's share at each is a fraction of a
+// request, and a client under its limit is denied while most of its room is unspent. What
+// takes the data center's room from this site is what its other sites spend before this
+// site sees them, not their shares: so a key that is not in demand beyond its limit
+// (heavy) may reach, when its share gives less, its data center's share of the room less
+// the other sites of the data center's expected spend within the lag — their demand rate
+// times the snapshot's age plus aheadLead, with aheadZ standard deviations of margin. Only
+// this site's hits surely in the window count against it: the room ahead is lowered by the
+// part of the oldest sub-bucket the span count takes as gone and the hard count does not.
+// The data centers' shares still add up to the room, so a surge at every data center at
+// once is held as before; a surge at several sites of one data center before the counts
+// show it can be admitted beyond that data center's share by what arrives within one lag
+// beyond the expected, and a key whose demand reaches its limit (heavyLoad) loses the room
+// ahead for a window. A data center of one site is not affected.
+//
+// Seen as others. This data center's aggregator counts this site's hits a local hop after
+// they are made, the other data centers' a replication later: the snapshot shows this site
+// fresher than the others see it, and the room it leaves is room the others have already
+// spent or will. The cap counts this site as the others see it instead: its exact count
+// less its hits since the others' counts were made (the oldest time up to which a fresh
+// site of another data center has been heard from). With share f of the room held by the
+// other data centers, that moves the cap by f × (seen by others − in the snapshot); a site
+// whose data center is alone in the key is not affected. The correction only ever lowers
+// the cap: this site's recent hits are told apart within a sub-bucket by the span of its
+// hits, an estimate that a burst of admissions moves, and a correction that could rise
+// with the admissions it caps would feed on itself.
+func (l *Limiter) finalCap(now time.Time, op *GlobalOp, e *snapshot.Entry, known bool, st *snapshot.SiteTimes, a *allotment) float64 {
 	rc, ok := l.cfg.Counter.(recentCounter)
-	if !ok {
-		return capLocal
+	if !known || !ok {
+		return a.base
 	}
-	t0, ok := l.share.othersHeard(now, st)
-	if !ok {
-		return capLocal
+	ms := now.UnixMilli()
+	t0, heard := l.share.othersHeard(now, st)
+	if !heard {
+		t0 = ms
 	}
 	// Hits made in the very millisecond the others were heard up to are taken as unseen:
 	// the cap errs low, and a decision at that instant still counts its own admissions.
-	count, since := rc.recent(now, op, t0-1)
-	return capLocal + (1-f)*min(count-since-e.Mine, 0)
+	count, since, hard := rc.recent(now, op, t0-1)
+	capLocal := a.base
+	if !a.heavy && a.ahead {
+		lead := min(float64(max(ms-e.AsOf, 0)+aheadLead), aheadMax)
+		others := a.rate * lead
+		ahead := math.Floor(a.top - others - aheadZ*math.Sqrt(others))
+		capLocal = max(capLocal, ahead-(hard-count))
+	}
+	if heard {
+		capLocal += min(a.others, 1) * min(count-since-e.Mine, 0)
+	}
+	return capLocal
 }
 
 // recentCounter is a SiteCounter that can tell, of a key's count, the part after an
-// instant (LocalCounter can).
+// instant, and the count with the oldest sub-bucket taken whole (LocalCounter can).
 type recentCounter interface {
-	recent(now time.Time, op *GlobalOp, t0 int64) (count, since float64)
+	recent(now time.Time, op *GlobalOp, t0 int64) (count, since, hard float64)
 }
 
 // snapEntry returns the snapshot's entry for h's key, from h's cache while the snapshot
@@ -262,6 +335,7 @@ func (g *keyGlobal) refresh(sn *snapshot.Snapshot, v uint64, key string) {
 func (l *Limiter) decideGlobal(now time.Time, op *GlobalOp, allowance int64, local, total float64) algo.Decision {
 	used := local + float64(op.N)
 	d := algo.Decision{Allowed: used <= op.Cap, Limit: allowance, ResetAfter: op.Window}
+
 	if d.Allowed {
 		d.Remaining = int64(math.Floor(op.Cap - used))
 	} else {

@@ -109,15 +109,24 @@ type keyGlobal struct {
 	// immutable breakdowns, shared, not copies.
 	frozen, cand     []topics.SiteCount
 	frozenAt, candAt int64
+	// heavyUntil is until when the key counts as in demand beyond its limit (unix ms): it
+	// gets no room ahead (Limiter.finalCap) for a window after its demand was last seen
+	// beyond heavyLoad.
+	heavyUntil int64
+	// arrSlot is the current period of arrivalPeriod (unix ms / arrivalPeriod), arrCur
+	// and arrPrev this site's requests for the key in it and in the one before
+	// (keyGlobal.arrive).
+	arrSlot         int64
+	arrCur, arrPrev float32
 }
 
 // Byte estimates of the key cache: the structures' sizes, each a size class of the
 // allocator. The tables are counted whole (tableBytes), a quarter to a half full.
 const (
 	keyHandleSize = 32  // unsafe.Sizeof(keyHandle{}), checked by TestKeyCacheSizes
-	keyGlobalSize = 256 // unsafe.Sizeof(keyGlobal{}), for a handle given its state later
+	keyGlobalSize = 288 // unsafe.Sizeof(keyGlobal{}), for a handle given its state later
 	// globalHandleSize is unsafe.Sizeof(globalHandle{}), a size class of its own.
-	globalHandleSize = 288
+	globalHandleSize = 320
 	keySlotBytes     = int64(unsafe.Sizeof(keySlot{}))
 )
 

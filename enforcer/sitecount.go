@@ -252,14 +252,15 @@ func (c *LocalCounter) mode(op *GlobalOp) window.Mode {
 	return window.Span
 }
 
-// recent implements recentCounter: op's count at now, and the part of it after t0.
-func (c *LocalCounter) recent(now time.Time, op *GlobalOp, t0 int64) (count, since float64) {
+// recent implements recentCounter: op's count at now, the part of it after t0, and the
+// count with the oldest sub-bucket whole.
+func (c *LocalCounter) recent(now time.Time, op *GlobalOp, t0 int64) (count, since, hard float64) {
 	sh := &c.shards[c.shardFor(op)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := c.lookup(sh, op)
 	if e == nil || e.spec.Window != op.Window.Milliseconds() {
-		return 0, 0
+		return 0, 0, 0
 	}
 	since = e.ring.CountSince(&e.spec, t0)
 	if e.seeded > 0 && e.seededAt > t0 {
@@ -267,7 +268,8 @@ func (c *LocalCounter) recent(now time.Time, op *GlobalOp, t0 int64) (count, sin
 		// seen them as much as the snapshot has.
 		since = max(since-float64(e.seeded-e.forgot), 0)
 	}
-	return e.ring.CountMode(&e.spec, now.UnixMilli(), c.mode(op)), since
+	ms := now.UnixMilli()
+	return e.ring.CountMode(&e.spec, ms, c.mode(op)), since, e.ring.CountHard(&e.spec, ms)
 }
 
 // seedFrom implements seeder: it counts n hits of op's key at instant at (unix ms) when it

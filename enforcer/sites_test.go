@@ -194,7 +194,8 @@ func TestGlobalRestartedSiteForgetsWhatLeft(t *testing.T) {
 
 // The first decision of a restarted process, with another site holding most of the key's
 // demand: the hits given from the snapshot are not taken for new hits the other site has
-// not seen yet (seenAsOthers), which lowered the cap by (1 − share) of them and refused it.
+// not seen yet (Limiter.finalCap), which lowered the cap by the other data centers'
+// share of them and refused it.
 func TestGlobalRestartedSiteFirstDecision(t *testing.T) {
 	l, clk, sn := sitesLimiter(t, noDamping)
 	l.born = clk.Now() // just started

@@ -17,6 +17,15 @@ func TestSimDCCommand(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
+	// docs/accuracy.md's many-process run (small here): --procs makes every data center
+	// that many sites.
+	out, _, err = runSplit(t, "sim", "dc", "--scenarios", "mix", "--clients", "20", "--procs", "6", "--windows", "2")
+	if err != nil || !strings.Contains(out, "| mix | 20 |") {
+		t.Fatalf("--procs 6: %v\n%s", err, out)
+	}
+	if _, _, err := runSplit(t, "sim", "dc", "--scenarios", "mix", "--procs", "17"); err == nil {
+		t.Fatal("--procs 17 accepted, want out of range")
+	}
 	if _, _, err := runSplit(t, "sim", "dc", "--scenarios", "nope"); err == nil || !strings.Contains(err.Error(), "unknown scenario") {
 		t.Fatalf("unknown scenario: %v", err)
 	}

@@ -97,6 +97,10 @@ type SiteTime struct {
 	// this one (unix ms; 0 when none): the sites of one source are one data center's, so a
 	// site silent while Peer is recent has stopped on its own rather than been cut off.
 	Peer int64
+	// Topic is the hits topic the site's records arrive on here (the least, should several
+	// list it): the sites of one topic are one data center's, fed to every enforcer through
+	// the same pipeline.
+	Topic string
 }
 
 // Sites returns every site with a time, sorted by name. Read only.
@@ -153,6 +157,7 @@ func (s *Snapshot) recomputeLocked() {
 		newest = max(newest, h.AsOf)
 	}
 	heard, left, peer := map[string]int64{}, map[string]int64{}, map[string]int64{}
+	topic := map[string]string{}
 	for _, h := range s.sources {
 		if oldest == noHeartbeat || h.AsOf < oldest {
 			oldest = h.AsOf
@@ -176,6 +181,9 @@ func (s *Snapshot) recomputeLocked() {
 			}
 		}
 		for site := range h.Sites {
+			if t, ok := topic[site]; !ok || h.Topic < t {
+				topic[site] = h.Topic
+			}
 			p := top1
 			if site == top1Site {
 				p = top2
@@ -183,6 +191,9 @@ func (s *Snapshot) recomputeLocked() {
 			peer[site] = max(peer[site], p)
 		}
 		for site, ms := range h.Left {
+			if t, ok := topic[site]; !ok || h.Topic < t {
+				topic[site] = h.Topic
+			}
 			left[site] = max(left[site], ms)
 			peer[site] = max(peer[site], top1)
 		}
@@ -203,13 +214,13 @@ func (s *Snapshot) recomputeLocked() {
 	if len(heard)+len(left) > 0 {
 		st = &SiteTimes{sites: make([]SiteTime, 0, len(heard)+len(left))}
 		for site, ms := range heard {
-			st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Peer: peer[site]})
+			st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Peer: peer[site], Topic: s.internSite(topic[site])})
 		}
 		for site, ms := range left {
 			// A site some source still hears from is live there: its leave has not reached
 			// every partition yet, or it restarted.
 			if _, live := heard[site]; !live {
-				st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Left: true, Peer: peer[site]})
+				st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Left: true, Peer: peer[site], Topic: s.internSite(topic[site])})
 			}
 		}
 		slices.SortFunc(st.sites, func(a, b SiteTime) int { return strings.Compare(a.Site, b.Site) })

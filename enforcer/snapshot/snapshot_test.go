@@ -473,11 +473,11 @@ func TestSiteTimesLeft(t *testing.T) {
 	}
 	hb(0, map[string]int64{"us2": 250}, map[string]int64{"us": 200})
 	hb(1, map[string]int64{"us": 150, "us2": 240}, nil)
-	if got, _ := f.s.SiteTimes().Get("us"); got != (SiteTime{Site: "us", Heard: 150, Peer: 250}) {
+	if got, _ := f.s.SiteTimes().Get("us"); got != (SiteTime{Site: "us", Heard: 150, Peer: 250, Topic: "us.hits"}) {
 		t.Fatalf("us left on one partition only: %+v, want live, heard up to 150", got)
 	}
 	hb(1, map[string]int64{"us2": 260}, map[string]int64{"us": 210})
-	if got, _ := f.s.SiteTimes().Get("us"); got != (SiteTime{Site: "us", Heard: 210, Left: true, Peer: 260}) {
+	if got, _ := f.s.SiteTimes().Get("us"); got != (SiteTime{Site: "us", Heard: 210, Left: true, Peer: 260, Topic: "us.hits"}) {
 		t.Fatalf("us left on every partition: %+v, want left at 210", got)
 	}
 	if got, _ := f.s.SiteTimes().Get("us2"); got.Left || got.Heard != 250 {
@@ -502,7 +502,8 @@ func TestSiteTimes(t *testing.T) {
 	}
 	st := f.s.SiteTimes()
 	// Peer is the latest other site heard on a source that lists the site.
-	want := []SiteTime{{Site: "ap", Heard: 7, Peer: 200}, {Site: "eu", Heard: 95, Peer: 90}, {Site: "us", Heard: 90, Peer: 100}}
+	// Topic is the hits topic the site is heard on.
+	want := []SiteTime{{Site: "ap", Heard: 7, Peer: 200, Topic: "hits"}, {Site: "eu", Heard: 95, Peer: 90, Topic: "hits"}, {Site: "us", Heard: 90, Peer: 100, Topic: "hits"}}
 	if got := st.Sites(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("sites %v, want %v", got, want)
 	}

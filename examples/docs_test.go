@@ -2,6 +2,7 @@ package examples
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -33,6 +34,17 @@ func TestDocsClientCommands(t *testing.T) {
 			}
 			seen["pip"] = true
 		case "python3", "java":
+			if len(words) > 3 && words[0] == "python3" && words[1] == "-m" && words[2] == "venv" {
+				// The virtual environment a new user makes first: it must be makeable here.
+				if out, err := exec.Command("python3", "-m", "venv", filepath.Join(t.TempDir(), "venv")).CombinedOutput(); err != nil {
+					t.Errorf("docs/records.md: %s: %v\n%s", strings.TrimSpace(line), err, out)
+				}
+				if !strings.Contains(line, ". "+words[3]+"/bin/activate") {
+					t.Errorf("docs/records.md: %q does not activate the environment it makes", strings.TrimSpace(line))
+				}
+				seen["venv"] = true
+				continue
+			}
 			src := clients[words[0]]
 			if !strings.Contains(line, "examples/"+src) {
 				t.Errorf("docs/records.md: %q does not run examples/%s", strings.TrimSpace(line), src)
@@ -60,7 +72,7 @@ func TestDocsClientCommands(t *testing.T) {
 			seen[words[0]] = true
 		}
 	}
-	if len(seen) != 3 {
-		t.Errorf("docs/records.md's client commands: found %v, want pip, python3 and java", seen)
+	if len(seen) != 4 {
+		t.Errorf("docs/records.md's client commands: found %v, want venv, pip, python3 and java", seen)
 	}
 }

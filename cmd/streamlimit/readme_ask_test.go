@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
 	"os"
@@ -166,7 +167,10 @@ func TestREADMEAskIt(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		c := newRootCmd()
-		c.SetArgs([]string{"enforcer", "--no-kafka", "--default-share", "1", "--site", "eu", "--rules", dir, "--http-listen", addr, "--grpc-listen", "off", "--log-level", "warn"})
+		// A key prefix of its own: with the suite's Redis (STREAMLIMIT_REDIS_ADDR) the
+		// README's user 42 is counted by other tests too.
+		prefix := fmt.Sprintf("readme-ask-%d:", time.Now().UnixNano())
+		c.SetArgs([]string{"enforcer", "--no-kafka", "--default-share", "1", "--site", "eu", "--rules", dir, "--http-listen", addr, "--grpc-listen", "off", "--log-level", "warn", "--redis-key-prefix", prefix})
 		c.SetOut(&strings.Builder{})
 		done <- c.ExecuteContext(ctx)
 	}()

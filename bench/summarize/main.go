@@ -344,24 +344,7 @@ var servers = []struct{ key, what string }{
 // servingRatio returns the median and spread over the rounds of server's unit divided by
 // the null server's in the same round.
 func (r *run) servingRatio(api, server, unit string) (med float64, spread string, ok bool) {
-	res := r.find("bench/serving", "BenchmarkServing/api="+api+"/server="+server)
-	null := r.find("bench/serving", "BenchmarkServing/api="+api+"/server=null")
-	if res == nil || null == nil {
-		return 0, "", false
-	}
-	a, b := res.samples[unit], null.samples[unit]
-	var ratios []float64
-	for i := range min(len(a), len(b)) {
-		if b[i] > 0 {
-			ratios = append(ratios, a[i]/b[i])
-		}
-	}
-	if len(ratios) == 0 {
-		return 0, "", false
-	}
-	tmp := &result{samples: map[string][]float64{"r": ratios}}
-	med, _ = tmp.median("r")
-	return med, tmp.spread("r"), true
+	return roundRatio(r.find("bench/serving", "BenchmarkServing/api="+api+"/server="+server), r.find("bench/serving", "BenchmarkServing/api="+api+"/server=null"), unit)
 }
 
 func writeServing(w io.Writer, r *run) {

@@ -20,12 +20,16 @@ var redisServers = []struct{ key, what string }{
 // ratioTo returns the median and spread over the rounds of server's unit divided by base's
 // in the same round, for the gRPC rows of pkg.
 func (r *run) ratioTo(pkg, server, base, unit string) (med float64, spread string, ok bool) {
-	res := r.find(pkg, "BenchmarkServing/api=grpc/server="+server)
-	b := r.find(pkg, "BenchmarkServing/api=grpc/server="+base)
-	if res == nil || b == nil {
+	return roundRatio(r.find(pkg, "BenchmarkServing/api=grpc/server="+server), r.find(pkg, "BenchmarkServing/api=grpc/server="+base), unit)
+}
+
+// roundRatio returns the median and spread over the rounds of res's unit divided by base's
+// in the same round; ok is false when either is missing or no round has a base above 0.
+func roundRatio(res, base *result, unit string) (med float64, spread string, ok bool) {
+	if res == nil || base == nil {
 		return 0, "", false
 	}
-	x, y := res.samples[unit], b.samples[unit]
+	x, y := res.samples[unit], base.samples[unit]
 	var ratios []float64
 	for i := range min(len(x), len(y)) {
 		if y[i] > 0 {

@@ -29,9 +29,8 @@ import (
 var batchSrc string
 
 // batchScript is the batch script: script.lua (with its algorithms) and counter.lua
-// without their closing calls, after a line that makes KEYS and ARGV chunk locals, then
-// batch.lua.
-var batchScript = "local KEYS, ARGV = KEYS, ARGV\n" + withoutRun(siteScript) + withoutRun(counterSrc) + batchSrc
+// without their closing calls, then batch.lua.
+var batchScript = withoutRun(siteScript) + withoutRun(counterSrc) + batchSrc
 
 // withoutRun returns a request script without its closing call (the "-- RUN" line on).
 func withoutRun(src string) string {
@@ -214,7 +213,7 @@ func (b *batcher) send(batch []*call) {
 
 // batchArgs returns the batch script's keys and arguments for calls.
 func batchArgs(calls []*call) ([]string, []any) {
-	nk, na := 0, 1+3*len(calls)
+	nk, na := 0, 1+len(calls)
 	for _, c := range calls {
 		nk += len(c.keys)
 		na += len(c.args)
@@ -223,7 +222,7 @@ func batchArgs(calls []*call) ([]string, []any) {
 	args := make([]any, 0, na)
 	args = append(args, len(calls))
 	for _, c := range calls {
-		args = append(args, c.kind, len(c.keys), len(c.args))
+		args = append(args, c.kind)
 	}
 	for _, c := range calls {
 		keys = append(keys, c.keys...)

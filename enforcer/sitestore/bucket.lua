@@ -2,7 +2,7 @@
 -- and nanoseconds plus tr/d of a nanosecond, d the allowance. Parameters: the capacity as
 -- time (ns, rem) and n's span (ns, rem), rem in 1/allowance ns. Reports r1, r2 = max(TAT
 -- - now, 0) as ns and rem.
-local bucket = {}
+local bucket = {fields = {'ts', 'tn', 'tr', 'd'}}
 function bucket.decide(st, b, n, a, c)
   if a > 0 and a ~= st.d then
     -- the allowance changed: keep the TAT, rescale its fraction of a nanosecond

@@ -26,60 +26,67 @@
 -- sums of at most a few hundred uint32 counts), so the arithmetic is exact, and the one
 -- float operation (whole + oldest * frac) is the same IEEE sequence as package window's.
 --
--- The request is decided by counter_request, which reads KEYS and ARGV: run alone, the
--- script ends by calling it; in the batch script (batch.lua) KEYS and ARGV are chunk locals
--- that the batch sets to each request's part in turn.
-local function counter_request()
-local commit = ARGV[1] ~= '0'
-local nops = tonumber(ARGV[2])
--- ARGV[1] = '2' writes back hits counted elsewhere (the caps are 'inf'), once: KEYS[nops + 1]
--- is the batch's marker and the last ARGV its TTL (ms); a marker that exists means the
--- batch was written already, and nothing is done.
-if ARGV[1] == '2' and not redis.call('SET', KEYS[nops + 1], '1', 'NX', 'PX', ARGV[3 + 10 * nops]) then
-  local out = {'1'}
-  for i = 1, nops do out[i + 1] = '0' end
-  return out
-end
-local A = 10
+-- A request's KEYS and ARGV start after kb keys and ab arguments (0 when the script runs
+-- alone; the batch script, batch.lua, passes each request's offsets). It is decided by
+-- counter_request(kb, ab): run alone, the script ends by calling it with offsets 0.
+local CA = 10
 local MAX = 4294967295
 
-local function fmt(x) return string.format('%.0f', x) end
+local function cfmt(x) return string.format('%.0f', x) end
 
 -- count of the ring in key at the op's instant (0 when the ring was made for another
--- window), and whether the ring exists for the op's window
-local function count(key, wm, i0, frac)
+-- window), whether the ring exists for the op's window, and what a commit at bucket idx
+-- needs of it: its head and bucket idx's count
+local function count(key, wm, i0, frac, idx)
   local all = redis.call('HGETALL', key)
-  local w, whole, oldest = nil, 0, 0
+  local w, h, whole, oldest, at = nil, nil, 0, 0, nil
   for j = 1, #all, 2 do
     local f = all[j]
     if f == 'w' then
       w = tonumber(all[j + 1])
-    elseif f ~= 'h' then
+    elseif f == 'h' then
+      h = tonumber(all[j + 1])
+    else
       local i = tonumber(f)
+      local v = tonumber(all[j + 1])
+      if i == idx then at = v end
       if i == i0 then
-        oldest = tonumber(all[j + 1])
+        oldest = v
       elseif i > i0 then
-        whole = whole + tonumber(all[j + 1])
+        whole = whole + v
       end
     end
   end
-  if w ~= wm then return 0, false end
-  return whole + oldest * frac, true
+  if w ~= wm then return 0, false, w, h, at end
+  return whole + oldest * frac, true, w, h, at
 end
 
--- Counts of every op on the state before the request.
-local out, matched = {'1'}, {}
+local function counter_request(kb, ab)
+local commit = ARGV[ab + 1] ~= '0'
+local nops = tonumber(ARGV[ab + 2])
+-- ARGV[1] = '2' writes back hits counted elsewhere (the caps are 'inf'), once: KEYS[nops + 1]
+-- is the batch's marker and the last ARGV its TTL (ms); a marker that exists means the
+-- batch was written already, and nothing is done.
+if ARGV[ab + 1] == '2' and not redis.call('SET', KEYS[kb + nops + 1], '1', 'NX', 'PX', ARGV[ab + 3 + CA * nops]) then
+  local out = {'1'}
+  for i = 1, nops do out[i + 1] = '0' end
+  return out
+end
+
+-- Counts of every op on the state before the request, and the ring as read.
+local out, matched, rw, rh, rat = {'1'}, {}, {}, {}, {}
 for i = 1, nops do
-  local b = 2 + (i - 1) * A
+  local b = ab + 2 + (i - 1) * CA
   local c
-  c, matched[i] = count(KEYS[i], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]))
+  c, matched[i], rw[i], rh[i], rat[i] = count(KEYS[kb + i], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 5]),
+    tonumber(ARGV[b + 6]), tonumber(ARGV[b + 4]))
   out[i + 1] = string.format('%.17g', c)
 end
 if not commit then return out end
 
 -- Check: earlier ops of the request on the same key add their N, as if already taken.
 for i = 1, nops do
-  local b = 2 + (i - 1) * A
+  local b = ab + 2 + (i - 1) * CA
   local cap = ARGV[b + 9]
   if cap == '-inf' then
     out[1] = '0'
@@ -88,7 +95,7 @@ for i = 1, nops do
   if cap ~= 'inf' then
     local cur = tonumber(out[i + 1])
     for j = 1, i - 1 do
-      if KEYS[j] == KEYS[i] then cur = cur + tonumber(ARGV[2 + (j - 1) * A + 8]) end
+      if KEYS[kb + j] == KEYS[kb + i] then cur = cur + tonumber(ARGV[ab + 2 + (j - 1) * CA + 8]) end
     end
     if cur + tonumber(ARGV[b + 8]) > tonumber(cap) then
       out[1] = '0'
@@ -97,17 +104,24 @@ for i = 1, nops do
   end
 end
 
--- Add, op by op (window.Ring.Add with the add in now's bucket).
+-- Add, op by op (window.Ring.Add with the add in now's bucket). An op whose key no earlier
+-- op of the request changed uses the ring as count read it; the others read it again.
+local touched = {}
 for i = 1, nops do
-  local b = 2 + (i - 1) * A
-  local key = KEYS[i]
+  local b = ab + 2 + (i - 1) * CA
+  local key = KEYS[kb + i]
   local wm, sw, slots = tonumber(ARGV[b + 1]), ARGV[b + 2], tonumber(ARGV[b + 3])
   local idx, add, ttl = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 7]), ARGV[b + 10]
-  local v = redis.call('HMGET', key, 'w', 'h')
-  local head
+  local w, head, at = rw[i], rh[i], rat[i]
+  if touched[key] then
+    local v = redis.call('HMGET', key, 'w', 'h', cfmt(idx))
+    w, head, at = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+  end
+  touched[key] = true
   local ok = true
-  if tonumber(v[1]) == wm then
-    head = tonumber(v[2])
+  local set = {'HSET', key}
+  if w == wm then
+    -- the ring this op was checked on (head as read)
   elseif matched[i] then
     -- The ring this op was checked on was replaced by an earlier op of the request with
     -- another window: enforcer.LocalCounter adds such an op to the replaced ring, which is
@@ -115,27 +129,28 @@ for i = 1, nops do
     ok = false
   else
     -- a new ring, or one made for another window: start empty with the head at now
-    if v[1] then redis.call('DEL', key) end
-    redis.call('HSET', key, 'w', sw, 'h', fmt(idx))
-    head = idx
+    if w then redis.call('DEL', key) end
+    set[3], set[4], set[5], set[6] = 'w', sw, 'h', idx
+    head, at = idx, nil
   end
   if ok and idx > head then
     local drop = {}
-    for j = head - slots + 1, math.min(head, idx - slots) do drop[#drop + 1] = fmt(j) end
+    for j = head - slots + 1, math.min(head, idx - slots) do drop[#drop + 1] = j end
     if #drop > 0 then redis.call('HDEL', key, unpack(drop)) end
-    redis.call('HSET', key, 'h', fmt(idx))
+    if #set == 2 then set[3], set[4] = 'h', idx end
   elseif ok and idx <= head - slots then
     ok = false -- older than every bucket the ring holds: not counted
   end
   if ok then
-    local f = fmt(idx)
-    local c = (tonumber(redis.call('HGET', key, f)) or 0) + add
+    local c = (at or 0) + add
     if add > MAX or c > MAX or c < 0 then c = MAX end
-    redis.call('HSET', key, f, fmt(c))
+    set[#set + 1] = idx
+    set[#set + 1] = c
   end
+  if #set > 2 then redis.call(unpack(set)) end
   redis.call('PEXPIRE', key, ttl)
 end
 return out
 end
 -- RUN
-return counter_request()
+return counter_request(0, 0)

@@ -1,7 +1,7 @@
 -- Fixed window. State: st, the window's start (decimal ns), and cur, its count.
 -- Parameters: the start of the window containing now, the ms until it ends, and the ms
 -- the window after it lasts. Reports r1 = the count in the current window.
-local fixed_window = {windows = true}
+local fixed_window = {fields = {'st', 'cur', 'prev'}}
 function fixed_window.decide(st, b, n, a)
   local ws = ARGV[b + 6]
   local cur, late, ttl = 0, 0, 0

@@ -1,4 +1,7 @@
 -- streamlimit site-scope counters: one atomic step over all ops of one request.
+-- A request's KEYS and ARGV start after kb keys and ab arguments (0 when the script runs
+-- alone; the batch script, batch.lua, passes each request's offsets). Below, ARGV[i] and
+-- KEYS[i] mean the request's own i-th, that is ARGV[ab + i] and KEYS[kb + i].
 -- Time is the caller's: ARGV[1] = now, whole seconds since the Unix epoch; ARGV[2] = the
 -- nanoseconds within that second; ARGV[3] = now as a decimal nanosecond string.
 -- ARGV[4] = expiry slack (ms); ARGV[5] = '1' to take (AllowAll), '0' to peek, or '2' to
@@ -12,16 +15,15 @@
 -- Lua numbers are doubles: every value this script does arithmetic on is an integer below
 -- 2^53 (the Go side routes limits outside that range to the in-process store), and times
 -- are handled as (seconds, nanoseconds) pairs or as offsets from now, never as absolute
--- nanoseconds. Products that could pass 2^53 are compared exactly with 24-bit limbs.
+-- nanoseconds. Products that could pass 2^53 are compared exactly with 24-bit limbs. An
+-- integer handed to redis.call as a number is written as Redis writes a Lua number
+-- (%.17g), which for an integer below 10^17 is its exact decimal form.
 --
--- The request is decided by site_request, which reads KEYS and ARGV: run alone, the script
--- ends by calling it; in the batch script (batch.lua) KEYS and ARGV are chunk locals that
--- the batch sets to each request's part in turn.
+-- The request is decided by site_request(kb, ab): run alone, the script ends by calling
+-- it with offsets 0; the batch script calls it for each of its site-scope requests.
 local now_s, now_ns, now_str, slack, commit, force, nops
 local E9 = 1000000000
 local L = 16777216
-
-local function fmt(x) return string.format('%.0f', x) end
 
 -- whether decimal instant a (non-negative, no leading zeros) is after b
 local function after(a, b)
@@ -71,20 +73,42 @@ local function rel(t)
   return -now_s * E9 + (tonumber(t) - now_ns)
 end
 
+-- The algorithms: one file each (bucket.lua, fixed_window.lua, sliding_window.lua,
+-- sliding_log.lua), each defining a table with decide(st, b, n, a, c) -> allowed, r1, r2,
+-- r3, ttl (b: the op's ARGV offset, the request's included; r1..r3 what its Go file turns
+-- into a Decision; ttl in ms, when it took), fields: the hash fields it keeps, and
+-- optionally save(st, taken, ttl) for state beyond the hash. Go puts them here, and the
+-- table algos that maps each algorithm code to one of them.
+-- ALGORITHMS
+
 local states, order
 
--- load returns the state of op i's counter: its hash's fields (the bucket family keeps ts,
--- tn, tr and d, the window algorithms st, cur and prev), and what this call has done to
--- its list (sliding log). A counter used with another algorithm or window starts empty.
-local function load(i, alg, w, a)
-  local hk = KEYS[2 * i - 1]
+-- load returns the state of a counter (its hash hk, its list lk) for an op of algorithm
+-- alg, window w and allowance a: the hash's alg and w, and the fields its algorithm keeps
+-- (its table's fields: the bucket family ts, tn, tr and d, the window algorithms st, cur
+-- and prev, the sliding log cur), with what this call has done to its list (sliding log).
+-- A counter used with another algorithm or window starts empty (reset: its alg and w are
+-- written with its fields); a hash keeps other algorithms' fields, which are never read.
+local function load(hk, lk, alg, w, a)
   local st = states[hk]
   if st == nil then
-    local v = redis.call('HMGET', hk, 'alg', 'w', 'ts', 'tn', 'tr', 'd', 'st', 'cur', 'prev')
-    st = {hk = hk, lk = KEYS[2 * i], alg = v[1], w = v[2], ts = tonumber(v[3]) or 0,
-      tn = tonumber(v[4]) or 0, tr = tonumber(v[5]) or 0, d = tonumber(v[6]) or 0,
-      st = v[7] or '', cur = tonumber(v[8]) or 0, prev = tonumber(v[9]) or 0,
+    local F = algos[alg].fields
+    local v
+    if #F == 3 then
+      v = redis.call('HMGET', hk, 'alg', 'w', F[1], F[2], F[3])
+    elseif #F == 4 then
+      v = redis.call('HMGET', hk, 'alg', 'w', F[1], F[2], F[3], F[4])
+    else
+      v = redis.call('HMGET', hk, 'alg', 'w', F[1])
+    end
+    st = {hk = hk, lk = lk, alg = v[1], w = v[2], ts = 0, tn = 0, tr = 0, d = 0, st = '', cur = 0, prev = 0,
       drop = 0, push = 0, reset = false, dirty = false, ttl = 0}
+    if st.alg == alg and st.w == w then
+      for j = 1, #F do
+        local f, x = F[j], v[2 + j]
+        if f == 'st' then st.st = x or '' else st[f] = tonumber(x) or 0 end
+      end
+    end
     states[hk] = st
     order[#order + 1] = st
   end
@@ -96,56 +120,54 @@ local function load(i, alg, w, a)
   return st
 end
 
--- The algorithms: one file each (bucket.lua, fixed_window.lua, sliding_window.lua,
--- sliding_log.lua), each defining a table with decide(st, b, n, a, c) -> allowed, r1, r2,
--- r3, ttl (b: the op's ARGV offset; r1..r3 what its Go file turns into a Decision; ttl in
--- ms, when it took), optionally save(st, taken, ttl) for state beyond the hash, and
--- windows = true when it keeps only st, cur and prev in the hash. Go puts
--- them here, and the table algos that maps each algorithm code to one of them.
--- ALGORITHMS
+-- store writes st's algorithm's fields to its hash (with alg and w when it was reset).
+local function store(st)
+  local F = algos[st.alg].fields
+  local cmd = {'HSET', st.hk}
+  if st.reset then
+    cmd[3], cmd[4], cmd[5], cmd[6] = 'alg', st.alg, 'w', st.w
+  end
+  for j = 1, #F do
+    local f = F[j]
+    cmd[#cmd + 1] = f
+    cmd[#cmd + 1] = st[f]
+  end
+  redis.call(unpack(cmd))
+end
 
-local function site_request()
-now_s = tonumber(ARGV[1])
-now_ns = tonumber(ARGV[2])
-now_str = ARGV[3]
-slack = tonumber(ARGV[4])
-commit = ARGV[5] ~= '0'
-force = ARGV[5] == '2'
-nops = tonumber(ARGV[6])
-if force and not redis.call('SET', KEYS[2 * nops + 1], '1', 'NX', 'PX', ARGV[7 + 10 * nops]) then
+local function site_request(kb, ab)
+now_s = tonumber(ARGV[ab + 1])
+now_ns = tonumber(ARGV[ab + 2])
+now_str = ARGV[ab + 3]
+slack = tonumber(ARGV[ab + 4])
+commit = ARGV[ab + 5] ~= '0'
+force = ARGV[ab + 5] == '2'
+nops = tonumber(ARGV[ab + 6])
+if force and not redis.call('SET', KEYS[kb + 2 * nops + 1], '1', 'NX', 'PX', ARGV[ab + 7 + 10 * nops]) then
   return {1}
 end
 states, order = {}, {}
 local out = {1}
 local all = true
 for i = 1, nops do
-  local b = 6 + (i - 1) * 10
+  local b = ab + 6 + (i - 1) * 10
   local alg, w = ARGV[b + 1], ARGV[b + 2]
   local n, a, c = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
-  local st = load(i, alg, w, a)
+  local st = load(KEYS[kb + 2 * i - 1], KEYS[kb + 2 * i], alg, w, a)
   local allowed, r1, r2, r3, ttl = algos[alg].decide(st, b, n, a, c)
   if ttl > st.ttl then st.ttl = ttl end
   if not allowed then all = false end
-  local ai = 0
-  if allowed then ai = 1 end
-  out[#out + 1] = ai
-  out[#out + 1] = r1
-  out[#out + 1] = r2
-  out[#out + 1] = r3
+  local k = 4 * i - 2
+  if allowed then out[k] = 1 else out[k] = 0 end
+  out[k + 1], out[k + 2], out[k + 3] = r1, r2, r3
 end
 
 if commit then
   for _, st in ipairs(order) do
     local taken = all and st.dirty
     local ttl = st.ttl + slack
-    if taken and algos[st.alg].windows then
-      -- the window algorithms keep st, cur and prev only (load reads any other field of a
-      -- hash written by another algorithm as that algorithm's, and ignores it)
-      redis.call('HSET', st.hk, 'alg', st.alg, 'w', st.w, 'st', st.st, 'cur', fmt(st.cur), 'prev', fmt(st.prev))
-      redis.call('PEXPIRE', st.hk, ttl)
-    elseif taken then
-      redis.call('HSET', st.hk, 'alg', st.alg, 'w', st.w, 'ts', fmt(st.ts), 'tn', fmt(st.tn),
-        'tr', fmt(st.tr), 'd', fmt(st.d), 'st', st.st, 'cur', fmt(st.cur), 'prev', fmt(st.prev))
+    if taken then
+      store(st)
       redis.call('PEXPIRE', st.hk, ttl)
     end
     local save = algos[st.alg].save
@@ -156,4 +178,4 @@ if not all then out[1] = 0 end
 return out
 end
 -- RUN
-return site_request()
+return site_request(0, 0)

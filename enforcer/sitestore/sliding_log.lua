@@ -10,7 +10,7 @@
 -- whose time moves to now, as in algo; so do hits admitted at the newest entry's own time.
 -- Reports r1 = hits in the window, r2 = the newest entry - now, r3 = the time of the j-th
 -- oldest hit - now where j = r1 + n - allowance, when denied.
-local sliding_log = {}
+local sliding_log = {fields = {'cur'}}
 
 -- entry parses a list element into its time (decimal ns string) and its hits.
 local function entry(s)
@@ -107,13 +107,13 @@ function sliding_log.save(st, taken, ttl)
     end
     if st.merge then
       local _, h = entry(st.last)
-      redis.call('LSET', st.lk, -1, now_str .. ':' .. fmt(h + st.push))
+      redis.call('LSET', st.lk, -1, now_str .. ':' .. (h + st.push))
     else
-      redis.call('RPUSH', st.lk, now_str .. ':' .. fmt(st.push))
+      redis.call('RPUSH', st.lk, now_str .. ':' .. st.push)
     end
     redis.call('PEXPIRE', st.lk, ttl)
   elseif not st.reset and st.drop > 0 then
     redis.call('LTRIM', st.lk, st.drop, -1)
-    redis.call('HSET', st.hk, 'cur', fmt(st.cur - st.push))
+    redis.call('HSET', st.hk, 'cur', st.cur - st.push)
   end
 end

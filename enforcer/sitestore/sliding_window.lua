@@ -3,7 +3,7 @@
 -- now and of the one before it, the time left in the current window (the previous one's
 -- weight), the window (ns), and the ms until the current window's count has left the
 -- sliding window. Reports r1, r2 = the counts in the current and previous window.
-local sliding_window = {windows = true}
+local sliding_window = {fields = {'st', 'cur', 'prev'}}
 function sliding_window.decide(st, b, n, a)
   local ws, pws = ARGV[b + 6], ARGV[b + 7]
   local x, wn = tonumber(ARGV[b + 8]), tonumber(ARGV[b + 9])

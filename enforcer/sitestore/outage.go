@@ -210,13 +210,19 @@ var errWriteBackBusy = errors.New("sitestore: another call is writing back")
 // probe) or after any failed call, it checks whether Redis lost its data (checkRestart),
 // then writes the pending batches back. While another call is doing so it returns
 // errWriteBackBusy at once rather than wait: a queue of callers behind a Redis that is
-// down would each add a timeout to the next one's wait (a request decided in process
-// meanwhile costs nothing).
+// down would each add a timeout to the next one's wait (run decides whether to wait for
+// that other call instead, waitWriteBack).
 func (s *Store) recover(ctx context.Context, now time.Time, check bool) error {
 	if !s.flushMu.TryLock() {
 		return errWriteBackBusy
 	}
 	defer s.flushMu.Unlock()
+	done := make(chan struct{})
+	s.recovering.Store(&done)
+	defer func() {
+		s.recovering.Store(nil)
+		close(done)
+	}()
 	fails := s.fails.Load()
 	if check || fails != s.checked.Load() {
 		if err := s.checkRestart(ctx, now); err != nil {
@@ -228,6 +234,26 @@ func (s *Store) recover(ctx context.Context, now time.Time, check bool) error {
 	}
 	s.checked.Store(fails)
 	return nil
+}
+
+// waitWriteBack waits, up to the Store's timeout or the end of ctx, for the recover that
+// another call is running, and reports whether it ended (successfully or not: the caller
+// looks at what is still pending).
+func (s *Store) waitWriteBack(ctx context.Context) bool {
+	p := s.recovering.Load()
+	if p == nil {
+		return true
+	}
+	t := time.NewTimer(s.timeout)
+	defer t.Stop()
+	select {
+	case <-*p:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return false
+	}
 }
 
 // flush writes the pending batches back to Redis, oldest first, each with its own

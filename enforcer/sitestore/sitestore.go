@@ -207,6 +207,8 @@ type Store struct {
 	pend    *pending
 	outage  atomic.Uint64
 	flushMu sync.Mutex
+	// recovering, while a call runs recover (under flushMu), is closed when it ends.
+	recovering atomic.Pointer[chan struct{}]
 	// authFailing is set while calls fail on credentials (logged once, logging.go).
 	authFailing atomic.Bool
 	// fails counts failed calls, and checked is the count up to which Redis has since been
@@ -610,7 +612,16 @@ func (s *Store) run(ctx context.Context, now time.Time, c *call, parse func([]an
 	if wb := probe || s.pend.n.Load() > 0; wb || s.fails.Load() != s.checked.Load() {
 		// After a failure: Redis may have lost its data, and hits admitted in process go
 		// to Redis before it decides anything again.
-		if err = s.recover(ctx, now, probe); errors.Is(err, errWriteBackBusy) {
+		err = s.recover(ctx, now, probe)
+		if errors.Is(err, errWriteBackBusy) && wb && !probe && s.breaker.State() == breaker.Closed &&
+			s.waitWriteBack(ctx) && s.pend.n.Load() == 0 {
+			// With the breaker closed, the write back follows failures of a Redis that
+			// still answers (a call that timed out on a busy machine): the calls that
+			// arrive meanwhile wait for it rather than each be decided in process, and go
+			// to Redis once it has written every pending hit.
+			err = nil
+		}
+		if errors.Is(err, errWriteBackBusy) {
 			if wb {
 				// Another call is writing them back: decide this one in process, and
 				// leave the breaker (and a probe's place) as they were.

@@ -8,6 +8,8 @@ import (
 	"net"
 	"os/exec"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -399,6 +401,59 @@ func TestWriteBackIsIdempotent(t *testing.T) {
 	counts := make([]float64, 1)
 	if err := c.Counts(ctx, t0, []enforcer.GlobalOp{gop}, counts); err != nil || counts[0] != 4 {
 		t.Fatalf("site count after writing back 4 hits twice = %v, %v; want 4", counts[0], err)
+	}
+}
+
+// TestWriteBackWaitedFor: with the breaker closed (a Redis that answers, after a call that
+// timed out on a busy machine), the calls that arrive while another call writes the
+// pending hits back wait for it and are then decided in Redis, instead of each being
+// decided in process (writing_back): one slow call must not turn a crowd of concurrent
+// callers into fallback decisions. The write back is held up by pausing Redis.
+func TestWriteBackWaitedFor(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := newStore(t, testenv.RedisClient(t), testenv.KeyPrefix(t), func(c *Config) { c.Registerer = reg })
+	ctx := context.Background()
+	op := algo.Op{Key: "d|wait#1m", Algorithm: algo.SlidingWindow, Limit: algo.Limit{Requests: 1000, Window: time.Minute}, N: 1}
+	s.pendAll(t0, []algo.Op{op}) // one hit admitted in process, pending
+	if err := testenv.RedisClient(t).Do(ctx, "CLIENT", "PAUSE", "200").Err(); err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan bool)
+	go func() {
+		out := make([]algo.Decision, 1)
+		_, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out)
+		first <- fb
+	}()
+	for s.recovering.Load() == nil { // the first call is writing back, held by the pause
+		time.Sleep(time.Millisecond)
+	}
+	const callers = 16
+	var fellBack atomic.Int64
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out := make([]algo.Decision, 1)
+			if ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out); fb || !ok {
+				fellBack.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if fb := <-first; fb {
+		t.Error("the call writing back was decided in process")
+	}
+	if n := fellBack.Load(); n != 0 {
+		t.Errorf("%d of %d calls arriving during the write back were decided in process or denied; want 0", n, callers)
+	}
+	if n := value(t, s.m.calls.WithLabelValues(reasonWritingBack)); n != 0 {
+		t.Errorf("calls_total{result=writing_back} = %v, want 0", n)
+	}
+	// Redis holds the hit written back and every call's.
+	d, fb := s.Peek(ctx, t0, op)
+	if want := int64(1000 - 1 - 1 - callers); fb || d.Remaining != want {
+		t.Fatalf("remaining %d (fellBack %v), want %d", d.Remaining, fb, want)
 	}
 }
 

@@ -17,7 +17,8 @@
 # bench/summarize/hotkey.go: a sliding window admits a fresh key's whole limit at once,
 # then up to the limit in each aligned second); "fallback" is the enforcer's
 # streamlimit_redis_fallback_decisions_total after the run, summed over reasons (every
-# decision made in process instead of in Redis).
+# decision made in process instead of in Redis); a run with fallbacks is followed by a
+# "# hotkey fallback reasons, ..." line with the count per reason.
 #
 # Environment (defaults): HOTKEY_CALLERS ("32 128"), HOTKEY_DURATION (5s), HOTKEY_ALGORITHMS
 # ("sliding_window fixed_window sliding_log token_bucket leaky_bucket gcra"), HOTKEY_SCOPES
@@ -92,6 +93,12 @@ YAML
     # bench/summarize computes the most the algorithm can admit (its exact bound) from
     # the run's instants (start-unix-µs, end-unix-µs on the loadgen line), keys and limit.
     echo "$line	$keys keys	$limit limit/s	$fb fallback"
+    if [ "$fb" != 0 ]; then
+      # Which reasons, so that a record tells a Redis that timed out from one that was
+      # writing back (a line bench/summarize skips).
+      echo "# hotkey fallback reasons, $scope $alg $callers callers = $(awk '/^streamlimit_redis_fallback_decisions_total/ {
+        r = $1; sub(/.*reason="/, "", r); sub(/".*/, "", r); printf "%s %s ", r, $2}' "$work/metrics")"
+    fi
     log "$line $fb fallback"
   done
   done

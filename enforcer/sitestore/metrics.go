@@ -15,6 +15,7 @@ type metrics struct {
 	canceled     prometheus.Counter
 	writtenBack  prometheus.Counter
 	overLimit    prometheus.Counter
+	batches      prometheus.Counter
 	duration     prometheus.Histogram
 }
 
@@ -37,6 +38,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Batches of hits admitted in process during a Redis outage, written back to Redis before it decided again (one batch per counter and outage)."}),
 		overLimit: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "over_limit_cached_total",
 			Help: "Site-scope requests of one hit refused without a Redis call: Redis had refused a hit of each of their counters, and none can admit one before that answer's retry time."}),
+		batches: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "batches_total",
+			Help: "Batch script calls sent to Redis, each carrying the requests of one or more calls (calls_total over batches_total: the requests per batch)."}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "call_duration_seconds",
 			Help:    "Duration of Redis script calls (site-scope decisions and global-scope site counts), including failed ones.",
 			Buckets: []float64{50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 20e-3, 50e-3, 100e-3, 250e-3}}),
@@ -44,7 +47,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.calls, m.errors, m.breakerState, m.fallback, m.counterFB, m.canceled, m.writtenBack, m.overLimit, m.duration} {
+	for _, c := range []prometheus.Collector{m.calls, m.errors, m.breakerState, m.fallback, m.counterFB, m.canceled, m.writtenBack, m.overLimit, m.batches, m.duration} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("sitestore: registering metrics: %w", err)
 		}

@@ -140,8 +140,9 @@ type Config struct {
 	// enforcers sharing the Redis, so that together they stay within the limit. Requests
 	// and Burst are scaled down (at least 1 each). Default 1.
 	FallbackShare float64
-	// Lanes is how many batches of concurrent requests may be in flight to Redis at once
-	// (batch.go). Default DefaultLanes.
+	// Lanes is how many batches of concurrent requests may be in flight to Redis at once;
+	// beyond the first, a lane opens only when a full batch (MaxBatch) waits (batch.go).
+	// Default DefaultLanes.
 	Lanes int
 	// MaxBatch is the most requests one batch carries. Default DefaultMaxBatch.
 	MaxBatch int
@@ -279,7 +280,7 @@ func New(cfg Config) (*Store, error) {
 		cfg.MaxBatch = DefaultMaxBatch
 	}
 	s.batch = &batcher{client: s.client, script: redis.NewScript(batchScript), cluster: s.cluster, timeout: s.timeout,
-		lanes: cfg.Lanes, max: cfg.MaxBatch}
+		lanes: cfg.Lanes, max: cfg.MaxBatch, batches: m.batches}
 	bopts := cfg.Breaker
 	bopts.Clock = cfg.Clock
 	bopts.OnStateChange = func(st breaker.State) {

@@ -98,7 +98,7 @@ type Server struct {
 	rlqsv3.UnimplementedRateLimitQuotaServiceServer
 
 	lim      *enforcer.Limiter
-	rules    enforcer.RulesSource
+	rules    func() *rules.Config
 	opts     Options
 	ttl      time.Duration
 	epoch    time.Time

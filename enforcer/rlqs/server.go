@@ -105,8 +105,8 @@ type Server struct {
 	metrics  *metrics
 	health   *health.Server
 	mapper   atomic.Pointer[mapperFor]
-	keys     keyTable
-	requests requestTable
+	keys     sharedTable[keyState, *keyState]
+	requests sharedTable[request, *request]
 
 	drainMu  sync.Mutex
 	draining []*session

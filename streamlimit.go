@@ -34,9 +34,11 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/internal/memsize"
 	"github.com/streamlimit/streamlimit/producer"
 	"github.com/streamlimit/streamlimit/topics"
 )
@@ -85,7 +87,7 @@ type Config struct {
 	// SubBuckets splits every window, as the aggregators do (window.DefaultSubBuckets).
 	SubBuckets int
 
-	// MaxKeys bounds each per-key structure (enforcer.DefaultMaxKeys); MaxMemory is their
+	// MaxKeys bounds each per-key structure (enforcer.Defaults().MaxKeys); MaxMemory is their
 	// memory target in bytes, half of it kept alive (0: no bound in bytes).
 	MaxKeys   int
 	MaxMemory int64
@@ -105,7 +107,7 @@ type Limiter struct {
 	log      *slog.Logger
 	reloader *rules.Reloader
 	local    *algo.Store
-	counter  *enforcer.LocalCounter
+	counter  *sitecount.Local
 	site     *sitestore.Store
 	snap     *snapshot.Snapshot
 	prod     *producer.Producer
@@ -127,7 +129,7 @@ func New(cfg Config) (_ *Limiter, err error) {
 		cfg.CountsTopic = topics.DefaultCountsTopic
 	}
 	if cfg.MaxKeys <= 0 {
-		cfg.MaxKeys = enforcer.DefaultMaxKeys
+		cfg.MaxKeys = enforcer.Defaults().MaxKeys
 	}
 	cfg.Clock = clock.Or(cfg.Clock)
 	if cfg.Logger == nil {
@@ -142,9 +144,9 @@ func New(cfg Config) (_ *Limiter, err error) {
 	if l.reloader, err = rules.NewReloader(cfg.Rules, rules.ReloaderOptions{Interval: cfg.ReloadInterval, Logger: l.log, Clock: cfg.Clock, Load: cfg.Load}); err != nil {
 		return nil, err
 	}
-	mem := enforcer.SplitMemory(cfg.MaxMemory)
+	mem := memsize.Split(cfg.MaxMemory)
 	l.local = algo.New(algo.Options{MaxKeys: cfg.MaxKeys, MaxBytes: mem.Local})
-	l.counter = enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxBytes: mem.Counter})
+	l.counter = sitecount.NewLocal(sitecount.LocalOptions{SubBuckets: cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxBytes: mem.Counter})
 	ecfg := enforcer.Config{
 		Rules: l.reloader.Current, Site: cfg.Site, Local: l.local, Counter: l.counter,
 		MaxKeys: cfg.MaxKeys, KeyCacheBytes: mem.KeyCache, SubBuckets: cfg.SubBuckets,
@@ -339,7 +341,6 @@ func (l *Limiter) registerMetrics(reg prometheus.Registerer) {
 		counter("global_evicted_total", "Global site counters dropped to keep within the bound.", func() float64 { return float64(l.counter.Evicted()) }),
 		gauge("local_bytes", "Bytes the local counters keep alive, by the estimate --max-memory bounds.", func() float64 { return float64(l.local.Bytes()) }),
 		gauge("global_bytes", "Bytes this site's in-process global counters keep alive, by the estimate --max-memory bounds.", func() float64 { return float64(l.counter.Bytes()) }),
-		gauge("key_cache_bytes", "Bytes the key cache keeps alive, by the estimate --max-memory bounds.", func() float64 { return float64(l.lim.KeyCacheBytes()) }),
 		counter("rules_reloads_total", "Successful rules reloads.", func() float64 { return float64(l.reloader.Stats().Reloads) }),
 		counter("rules_reload_errors_total", "Rejected rules edits (the last good rules stay in force).", func() float64 { return float64(l.reloader.Stats().Failures) }),
 	} {

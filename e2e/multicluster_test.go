@@ -74,7 +74,7 @@ const (
 	mcSkewOver    = 1.05
 	// mcTargetUnder is the target of under for every other client and phase;
 	// mcUnderReached the figure asserted outside the cut (0.80–1.00 reached: a crashed
-	// site's share stays reserved for enforcer.DefaultCrashHold, a restarted process
+	// site's share stays reserved for enforcer.Defaults().CrashHold, a restarted process
 	// refuses for a moment, several sites share a client less tightly than one), and
 	// mcMoverReached in the cut for the clients that move during it (0.29–0.53 reached: the
 	// worst case of a partition, each side keeping the other's share of a client that left
@@ -85,7 +85,7 @@ const (
 	// mcMoverCrashReached is the figure asserted for the clients that move during the
 	// crash (0.65–0.72 reached): a client that arrives at a data center whose other process
 	// was just killed meets that process's share still reserved for it, which fades over
-	// enforcer.DefaultCrashHold.
+	// enforcer.Defaults().CrashHold.
 	mcMoverCrashReached = 0.60
 	// mcTargetFalse429 is the target share of false 429s, outside the cut, of a client
 	// under its limit (every 429 it gets is false); mcFalse429Reached the figure asserted

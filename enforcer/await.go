@@ -12,9 +12,6 @@ import (
 // the request was decided once and denied, without waiting.
 var ErrQueueFull = errors.New("enforcer: too many requests waiting")
 
-// DefaultMaxWaiters is Config.MaxWaiters when zero.
-const DefaultMaxWaiters = 10_000
-
 // Await is Decide that waits instead of refusing, for limits of every scope: when the
 // request is denied and its Retry-After is within maxDelay (further bounded by ctx's
 // deadline), it waits that long and decides again, until it is admitted, its next wait

@@ -54,7 +54,7 @@ descriptors:
 			b.Fatal(err)
 		}
 	}
-	l, err := New(Config{Rules: StaticRules(cfg), Site: "eu", Clock: clk, Snapshot: sn, Publisher: discardPublisher{}})
+	l, err := New(Config{Rules: rules.Static(cfg), Site: "eu", Clock: clk, Snapshot: sn, Publisher: discardPublisher{}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -9,9 +9,11 @@ import (
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
+	"github.com/streamlimit/streamlimit/window"
 )
 
 // Publisher publishes the admitted hits of global limits to the hits topic, and the
@@ -29,16 +31,11 @@ type SiteStore interface {
 	AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out []algo.Decision) (allowed, fellBack bool)
 }
 
-// RulesSource returns the rules in force; *rules.Reloader's Current is one.
-type RulesSource func() *rules.Config
-
-// StaticRules returns a RulesSource that always returns c.
-func StaticRules(c *rules.Config) RulesSource { return func() *rules.Config { return c } }
-
 // Config configures a Limiter. Only Rules and Site are required.
 type Config struct {
-	// Rules returns the rules in force, read once per decision.
-	Rules RulesSource
+	// Rules returns the rules in force, read once per decision: a rules.Reloader's Current,
+	// or rules.Static.
+	Rules func() *rules.Config
 	// Site names this enforcer's site, as in hit records and count breakdowns.
 	Site string
 	// Local holds the local-scope counters. Default: a new algo.Store with default
@@ -48,13 +45,13 @@ type Config struct {
 	// decided in Local, as if the site were this process.
 	SiteStore SiteStore
 	// SubBuckets is the number of sub-buckets windows are split into, as the aggregators
-	// split them. Default window.DefaultSubBuckets.
+	// split them. Default: Defaults (window.DefaultSubBuckets).
 	SubBuckets int
-	// Counter is this site's exact count of global keys. Default: a new LocalCounter with
+	// Counter is this site's exact count of global keys. Default: a new sitecount.Local with
 	// SubBuckets.
 	// Several enforcers of one site must share one, in Redis (sitestore.NewCounter), for
 	// invariant 3 to hold.
-	Counter SiteCounter
+	Counter sitecount.Counter
 	// Snapshot is the view of the counts topic. Default nil: no other site is visible and
 	// global limits are always decided on a local share (DefaultShare).
 	Snapshot *snapshot.Snapshot
@@ -64,8 +61,8 @@ type Config struct {
 	// MinShare is the smallest share of a hot key's room a data center's fresh sites may
 	// hold together (the sites heard on one hits topic; see the package documentation,
 	// "Global limits"), so that a data center the snapshot does not show yet — where a
-	// client has just arrived — is not shut out for the pipeline's lag. Default
-	// DefaultMinShare.
+	// client has just arrived — is not shut out for the pipeline's lag. Default:
+	// Defaults.
 	MinShare float64
 	// DefaultShare is a site's share of a global limit for a key the snapshot has never
 	// shown (new, or idle for a whole window). Default 0: 1/the number of sites that may
@@ -80,7 +77,7 @@ type Config struct {
 	// count gives it while the room that count hands the others is partly spent already;
 	// the held-back part absorbs that. Near 0 spends the whole room (more over-admission in
 	// bursts), 1 holds back the most (more under-admission near the limit); negative turns
-	// damping off. Default DefaultShareDamping, chosen with the accuracy simulation
+	// damping off. Default: Defaults, chosen with the accuracy simulation
 	// (docs/accuracy.md).
 	ShareDamping float64
 	// DemandPrior spreads a little demand evenly over the data centers of the fresh sites
@@ -89,12 +86,12 @@ type Config struct {
 	// centers. Without it a data center whose demand has just started (a client arriving
 	// from another data center) is held to MinShare until its demand has travelled
 	// through the pipeline, although the room may be large.
-	// Default DefaultDemandPrior; negative: none.
+	// Default: Defaults; negative: none.
 	DemandPrior float64
 	// NewKeyHold is how long after a key was last unknown to this site every site is
 	// assumed to hold at least its default share of it: the sites spent their default
-	// shares while it was unknown, and its first counts may not show that yet. Default
-	// DefaultNewKeyHold; negative: none.
+	// shares while it was unknown, and its first counts may not show that yet. Default:
+	// Defaults; negative: none.
 	NewKeyHold time.Duration
 	// SiteStaleAfter is how long a site may go unheard (its site heartbeats, through the
 	// aggregators' heartbeats) before it is taken as silent: its hits may be cut off from
@@ -102,30 +99,30 @@ type Config struct {
 	// site is reserved its share of each key it served before the silence, for as long as
 	// it stays silent when its whole data center is (cut off), for CrashHold when the
 	// other sites of its data center still speak (it crashed). A site that stopped cleanly
-	// (a leave record) is reserved nothing. Default DefaultSiteStaleAfter.
+	// (a leave record) is reserved nothing. Default: Defaults.
 	SiteStaleAfter time.Duration
 	// CrashHold is how long a site found silent while the other sites of its data center
 	// still speak (a crash, most likely, or a process cut off alone) keeps a reservation
 	// of its share of the keys it served, fading linearly to nothing; it is reserved
 	// nothing of keys it never served. Longer protects against a lone process that still
 	// admits while it cannot publish; shorter frees a crashed process's clients sooner.
-	// Default DefaultCrashHold; negative: no reservation at all.
+	// Default: Defaults; negative: no reservation at all.
 	CrashHold time.Duration
 	// RecoveryHold is how long, after the snapshot was last stale, a global limit stays
 	// capped at this site's share as well as by the snapshot (bounded by the limit's
 	// window): right after Kafka or the aggregator comes back, hits published during the
 	// outage are still being delivered and counted, so the first fresh counts are low, and
-	// every site would spend the room they seem to leave. Default DefaultRecoveryHold.
+	// every site would spend the room they seem to leave. Default: Defaults.
 	RecoveryHold time.Duration
 	// MaxKeys bounds the counter keys the Limiter interns (its key cache; the counters
 	// have their own bounds). A full part of the cache is emptied, which costs only
-	// interning the keys again. Default DefaultMaxKeys.
+	// interning the keys again. Default: Defaults.
 	MaxKeys int
 	// KeyCacheBytes bounds the bytes the key cache keeps alive, by an estimate per key;
-	// both bounds apply. Default 0: no bound in bytes (see MemoryBudget).
+	// both bounds apply. Default 0: no bound in bytes (memsize.Split divides a process's target).
 	KeyCacheBytes int64
-	// MaxWaiters bounds the requests Await keeps waiting at once. Default
-	// DefaultMaxWaiters.
+	// MaxWaiters bounds the requests Await keeps waiting at once. Default:
+	// Defaults.
 	MaxWaiters int
 	// Sleep is how Await waits: until d has passed or ctx is done. Default algo.Sleep, a
 	// real timer; simulations pass one that advances their clock.
@@ -138,26 +135,27 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
-// Defaults of Config.
-const (
-	// DefaultMinShare is Config.MinShare when zero.
-	DefaultMinShare = 0.05
-	// DefaultSiteStaleAfter is Config.SiteStaleAfter when zero: topics.SiteSilentAfter,
-	// three site heartbeat periods. Until a cut site is taken as silent, the sites on both
-	// sides of the cut still share the room as if they saw each other, which is what a
-	// partition can over-admit.
-	DefaultSiteStaleAfter = topics.SiteSilentAfter
-	// DefaultCrashHold is Config.CrashHold when zero, chosen with the accuracy simulation's
-	// churn scenarios (docs/accuracy.md).
-	DefaultCrashHold = 10 * time.Second
-	// DefaultRecoveryHold is Config.RecoveryHold when zero.
-	DefaultRecoveryHold = 30 * time.Second
-	// DefaultNewKeyHold is Config.NewKeyHold when zero: a few pipeline lags.
-	DefaultNewKeyHold = time.Second
-	// DefaultShareDamping is Config.ShareDamping when zero.
-	DefaultShareDamping = 0.15
-	// DefaultDemandPrior is Config.DemandPrior when zero.
-	DefaultDemandPrior = 0.05
-	// DefaultMaxKeys is Config.MaxKeys when zero, and LocalCounterOptions.MaxKeys.
-	DefaultMaxKeys = 1 << 20
-)
+// Defaults returns the settings New gives a Config's zero fields (the parts New builds,
+// such as Local and Counter, are left nil): the one place each default is stated. Flags
+// and other layers that expose a setting take its default from here.
+func Defaults() Config {
+	return Config{
+		SubBuckets: window.DefaultSubBuckets,
+		MinShare:   0.05,
+		// Three site heartbeat periods. Until a cut site is taken as silent, the sites on
+		// both sides of the cut still share the room as if they saw each other, which is
+		// what a partition can over-admit.
+		SiteStaleAfter: topics.SiteSilentAfter,
+		// Chosen with the accuracy simulation's churn scenarios (docs/accuracy.md), as are
+		// ShareDamping and DemandPrior.
+		CrashHold:    10 * time.Second,
+		ShareDamping: 0.15,
+		DemandPrior:  0.05,
+		RecoveryHold: 30 * time.Second,
+		// A few pipeline lags.
+		NewKeyHold: time.Second,
+		// As many keys as the site counter holds by default.
+		MaxKeys:    sitecount.DefaultMaxKeys,
+		MaxWaiters: 10_000,
+	}
+}

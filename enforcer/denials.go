@@ -9,15 +9,15 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 )
 
-// RecentDenialKeys is how many recently denied counter keys a Limiter remembers
+// recentDenialKeys is how many recently denied counter keys a Limiter remembers
 // (RecentDenials): a key denied again takes its own entry's place, a new key the oldest's.
-const RecentDenialKeys = 64
+const recentDenialKeys = 64
 
-// DenialSampleGap is the least time between two denied decisions that RecentDenials
+// denialSampleGap is the least time between two denied decisions that RecentDenials
 // records. The others cost the request path one atomic load: a flood of denials neither
 // takes a lock nor moves a written cache line between cores. Under a flood the record is
 // therefore a sample, which still shows every key denied often.
-const DenialSampleGap = 50 * time.Microsecond
+const denialSampleGap = 50 * time.Microsecond
 
 // Denial is a counter key denied recently (Limiter.RecentDenials).
 type Denial struct {
@@ -51,7 +51,7 @@ type denialLog struct {
 	last atomic.Int64 // unix ns of the latest recorded denial
 	_    [cacheLine - 8]byte
 	mu   sync.Mutex // guards ring; the request path only ever tries it
-	ring [RecentDenialKeys]denialEntry
+	ring [recentDenialKeys]denialEntry
 }
 
 type denialEntry struct {
@@ -65,12 +65,12 @@ type denialEntry struct {
 }
 
 // record notes the denying statuses of res, decided at now, unless another denial was
-// recorded within DenialSampleGap or the table is being read. The strings kept are the
+// recorded within denialSampleGap or the table is being read. The strings kept are the
 // request's domain and the interned key and rule ID, so nothing is copied.
 func (d *denialLog) record(now time.Time, domain string, res *Result) {
 	t := now.UnixNano()
 	last := d.last.Load()
-	if gap := t - last; gap >= 0 && gap < int64(DenialSampleGap) {
+	if gap := t - last; gap >= 0 && gap < int64(denialSampleGap) {
 		return
 	}
 	if !d.last.CompareAndSwap(last, t) || !d.mu.TryLock() {
@@ -110,8 +110,8 @@ func (d *denialLog) put(e denialEntry) {
 }
 
 // RecentDenials returns the counter keys denied recently at this Limiter, at most
-// RecentDenialKeys, each with its latest recorded denial, newest first. Denied decisions
-// are sampled (DenialSampleGap); exact counts are in streamlimit_enforcer_decisions_total.
+// recentDenialKeys, each with its latest recorded denial, newest first. Denied decisions
+// are sampled (denialSampleGap); exact counts are in streamlimit_enforcer_decisions_total.
 // It allocates its result and is meant for diagnostics, not the request path.
 func (l *Limiter) RecentDenials() []Denial {
 	d := &l.denials

@@ -17,7 +17,7 @@ func TestDeniedDecisionDoesNotAllocate(t *testing.T) {
 	var res Result
 	l.DecideInto(ctx, req, &res)
 	l.DecideInto(ctx, req, &res)
-	recorded := func() { clk.Advance(DenialSampleGap); l.DecideInto(ctx, req, &res) }
+	recorded := func() { clk.Advance(denialSampleGap); l.DecideInto(ctx, req, &res) }
 	if a := testing.AllocsPerRun(200, recorded); a != 0 {
 		t.Errorf("denied and recorded: %v allocs/op", a)
 	}

@@ -3,8 +3,10 @@ package enforcer
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -71,11 +73,11 @@ func TestRecentDenialsNewestFirstOnePerKey(t *testing.T) {
 	}
 }
 
-// The record is bounded: past RecentDenialKeys keys, the oldest are forgotten.
+// The record is bounded: past recentDenialKeys keys, the oldest are forgotten.
 func TestRecentDenialsBounded(t *testing.T) {
 	l, clk := newLimiter(t, denialRules, nil)
 	ctx := context.Background()
-	const n = RecentDenialKeys + 36
+	const n = recentDenialKeys + 36
 	for i := range n {
 		id := strconv.Itoa(i)
 		l.Decide(ctx, userReq(id))
@@ -83,29 +85,29 @@ func TestRecentDenialsBounded(t *testing.T) {
 		l.Decide(ctx, userReq(id))
 	}
 	got := l.RecentDenials()
-	if len(got) != RecentDenialKeys {
-		t.Fatalf("%d entries, want %d", len(got), RecentDenialKeys)
+	if len(got) != recentDenialKeys {
+		t.Fatalf("%d entries, want %d", len(got), recentDenialKeys)
 	}
 	for i, d := range got {
 		if want := fmt.Sprintf("api|user=%d#60s", n-1-i); d.Key != want {
-			t.Fatalf("entry %d = %s, want %s (the newest %d, newest first)", i, d.Key, want, RecentDenialKeys)
+			t.Fatalf("entry %d = %s, want %s (the newest %d, newest first)", i, d.Key, want, recentDenialKeys)
 		}
 	}
 }
 
-// Denials within DenialSampleGap of the last one recorded are not recorded.
+// Denials within denialSampleGap of the last one recorded are not recorded.
 func TestRecentDenialsSampled(t *testing.T) {
 	l, clk := newLimiter(t, denialRules, nil)
 	ctx := context.Background()
 	l.Decide(ctx, userReq("1"))
 	l.Decide(ctx, userReq("2"))
 	l.Decide(ctx, userReq("1")) // recorded
-	clk.Advance(DenialSampleGap / 2)
+	clk.Advance(denialSampleGap / 2)
 	l.Decide(ctx, userReq("2")) // within the gap: not recorded
 	if got := l.RecentDenials(); len(got) != 1 || got[0].Key != "api|user=1#60s" {
 		t.Fatalf("RecentDenials = %+v, want user 1 alone", got)
 	}
-	clk.Advance(DenialSampleGap / 2)
+	clk.Advance(denialSampleGap / 2)
 	l.Decide(ctx, userReq("2"))
 	if got := l.RecentDenials(); len(got) != 2 || got[0].Key != "api|user=2#60s" {
 		t.Fatalf("RecentDenials = %+v, want user 2 then user 1", got)
@@ -127,7 +129,7 @@ descriptors:
   - key: user
     rate_limit: {unit: minute, requests_per_unit: 1}
 `)
-	l, err := New(Config{Rules: StaticRules(cfg), Site: "eu", Clock: clk, Snapshot: sn, Publisher: discardPublisher{}})
+	l, err := New(Config{Rules: rules.Static(cfg), Site: "eu", Clock: clk, Snapshot: sn, Publisher: discardPublisher{}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -149,7 +151,7 @@ descriptors:
 			if n%64 == 0 {
 				// The clock moves on as the requests go, so that some denials are
 				// recorded: one in 64 of each goroutine's at most.
-				clk.Advance(DenialSampleGap)
+				clk.Advance(denialSampleGap)
 			}
 			l.DecideInto(ctx, reqs[i], &res)
 			if res.Code != CodeOverLimit {
@@ -160,4 +162,28 @@ descriptors:
 			}
 		}
 	})
+}
+
+// TestDocsDenials holds docs/operations.md's Console section to the record of denials it
+// describes: its size and its sampling gap.
+func TestDocsDenials(t *testing.T) {
+	b, err := os.ReadFile("../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "## Console")
+	if !ok {
+		t.Fatal("docs/operations.md has no Console section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	section = strings.Join(strings.Fields(section), " ")
+	for _, fact := range []string{
+		fmt.Sprintf("the last %d keys denied", recentDenialKeys),
+		fmt.Sprintf("a fixed table of %d keys", recentDenialKeys),
+		fmt.Sprintf("at most once every %d microseconds", denialSampleGap.Microseconds()),
+	} {
+		if !strings.Contains(section, fact) {
+			t.Errorf("docs/operations.md does not say %q", fact)
+		}
+	}
 }

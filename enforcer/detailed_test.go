@@ -14,7 +14,7 @@ import (
 )
 
 // TestDetailedMetric checks envoyproxy/ratelimit's detailed_metric: a rule with it gets a
-// decision series per descriptor value, bounded by MaxDetailedSeries (further values are
+// decision series per descriptor value, bounded by maxDetailedSeries (further values are
 // counted as "other"); a rule without it gets none.
 func TestDetailedMetric(t *testing.T) {
 	cfg, err := rules.Parse("rules.yaml", []byte(`
@@ -30,7 +30,7 @@ descriptors:
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	l, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(cfg), Site: "t",
+	l, err := enforcer.New(enforcer.Config{Rules: rules.Static(cfg), Site: "t",
 		Clock: clock.NewFake(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)), Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
@@ -78,6 +78,6 @@ descriptors:
 		}
 	}
 	if n := len(series); n > enforcer.MaxDetailedSeries+2 {
-		t.Errorf("%d series, want at most MaxDetailedSeries keys", n)
+		t.Errorf("%d series, want at most maxDetailedSeries keys", n)
 	}
 }

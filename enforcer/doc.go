@@ -1,10 +1,18 @@
 // Package enforcer decides whether a request is admitted, against rules of three scopes,
-// without ever waiting on Kafka or on another data center.
+// without ever waiting on Kafka or on another data center. New makes a Limiter from a
+// Config (the rules and the site's name are required; everything else has a default,
+// Defaults); Decide, DecideInto (no allocation) and DecideAt (the caller's clock) decide a
+// Request — a domain and descriptors, as Envoy sends them — into a Result with one Status
+// per descriptor; Await waits for room instead of refusing. The Limiter's plug points are
+// a SiteStore for site-scope limits (package sitestore, in Redis), a sitecount.Counter for
+// this site's own count of global limits, the snapshot of the other sites' counts (package
+// snapshot) and a Publisher of hits (package producer). Package streamlimit assembles all
+// of them for a Go service; the rest of this documentation is the model the Limiter
+// follows.
 //
-// A Limiter takes an Envoy-style Request (a domain and several descriptors, each a list of
-// key/value entries), matches each descriptor most-specific-first against the rules of
-// package rules (a descriptor that carries its own limit, an Override, is limited by that
-// instead), and decides every limit in force:
+// Each descriptor is matched most-specific-first against the rules of package rules (a
+// descriptor that carries its own limit, an Override, is limited by that instead), and
+// every limit in force is decided:
 //
 //   - scope local: in this process, with one of the six algorithms of package algo;
 //   - scope site: shared by all enforcers of one site through a SiteStore (package
@@ -13,10 +21,10 @@
 //   - scope global: across all sites. The Limiter estimates the key's use from the
 //     snapshot of the counts topic (package snapshot), which holds every site's count as
 //     the aggregator last saw it, late by the pipeline's lag, and from this site's own
-//     exact count (a SiteCounter: in process, or in the data center's Redis), immediate.
-//     Every admitted hit of a global limit, and every denied request, is published
-//     through a Publisher (package producer) so that the aggregator counts it for
-//     everybody else.
+//     exact count (a sitecount.Counter: in process, or in the data center's Redis),
+//     immediate. Every admitted hit of a global limit, and every denied request, is
+//     published through a Publisher (package producer) so that the aggregator counts it
+//     for everybody else.
 //
 // # Global limits
 //

@@ -8,19 +8,21 @@ import (
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/internal/memsize"
 )
 
 // TestKeyFloodKeepsLimitedClients is the attack on the memory budget: 20 users exhaust
-// their limits (3 per hour, global: this site's exact count in the LocalCounter; and per
+// their limits (3 per hour, global: this site's exact count in the sitecount.Local; and per
 // IP, local: algo.Store), then 30 000 requests each name a new user and a new IP, through
 // a Limiter whose structures share a 16 MiB budget (the site counter holds about 5 700
 // keys, the local counters 4 300, the key cache a few thousand). Every exhausted user and
 // IP must still be denied: the budget bounds bytes, never resets a limit. Before, a full
 // structure evicted the oldest entries, the exhausted ones: 20 of 20 were admitted again.
 func TestKeyFloodKeepsLimitedClients(t *testing.T) {
-	mem := SplitMemory(16 << 20)
+	mem := memsize.Split(16 << 20)
 	clk := clock.NewFake(t0)
 	sn, err := snapshot.NewMemory(snapshot.Config{Site: "eu", Clock: clk, MaxBytes: mem.Snapshot})
 	if err != nil {
@@ -28,8 +30,8 @@ func TestKeyFloodKeepsLimitedClients(t *testing.T) {
 	}
 	heartbeat(t, sn, clk)
 	local := algo.New(algo.Options{MaxBytes: mem.Local})
-	counter := NewLocalCounter(LocalCounterOptions{MaxBytes: mem.Counter})
-	l, err := New(Config{Rules: StaticRules(loadRules(t, `
+	counter := sitecount.NewLocal(sitecount.LocalOptions{MaxBytes: mem.Counter})
+	l, err := New(Config{Rules: rules.Static(loadRules(t, `
 domain: api
 descriptors:
   - key: user

@@ -16,8 +16,10 @@ import (
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/internal/memsize"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -38,7 +40,7 @@ func TestKeyFloodAllocatesWithinBudget(t *testing.T) {
 		keys   = 1_000_000
 	)
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(target))
-	mem := SplitMemory(target)
+	mem := memsize.Split(target)
 	clk := clock.NewFake(t0)
 	sn, err := snapshot.NewMemory(snapshot.Config{Site: "eu", Clock: clk, MaxBytes: mem.Snapshot})
 	if err != nil {
@@ -46,8 +48,8 @@ func TestKeyFloodAllocatesWithinBudget(t *testing.T) {
 	}
 	heartbeat(t, sn, clk)
 	local := algo.New(algo.Options{MaxBytes: mem.Local})
-	counter := NewLocalCounter(LocalCounterOptions{MaxBytes: mem.Counter})
-	l, err := New(Config{Rules: StaticRules(loadRules(t, `
+	counter := sitecount.NewLocal(sitecount.LocalOptions{MaxBytes: mem.Counter})
+	l, err := New(Config{Rules: rules.Static(loadRules(t, `
 domain: api
 descriptors:
   - key: user
@@ -114,7 +116,7 @@ descriptors:
 	}
 	// The newest user is counted exactly: its one admitted request.
 	out := []float64{0}
-	if err := counter.Counts(ctx, clk.Now(), []GlobalOp{{Key: "api|user=" + strconv.Itoa(keys-1) + "#60s", Window: time.Minute}}, out); err != nil || out[0] != 1 {
+	if err := counter.Counts(ctx, clk.Now(), []sitecount.Op{{Key: "api|user=" + strconv.Itoa(keys-1) + "#60s", Window: time.Minute}}, out); err != nil || out[0] != 1 {
 		t.Errorf("newest user counted %v (%v), want 1", out[0], err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
@@ -44,7 +45,7 @@ func newGlobal(t *testing.T, sites map[string]float64, mods ...func(*Config)) (*
 		putCount(t, sn, clk, globalKey, sites, nil)
 	}
 	pub := &recorder{}
-	cfg := Config{Rules: StaticRules(loadRules(t, globalRules)), Site: "eu", Clock: clk, Snapshot: sn, Publisher: pub, DefaultShare: 1.0 / 3}
+	cfg := Config{Rules: rules.Static(loadRules(t, globalRules)), Site: "eu", Clock: clk, Snapshot: sn, Publisher: pub, DefaultShare: 1.0 / 3}
 	for _, m := range mods {
 		m(&cfg)
 	}
@@ -139,7 +140,7 @@ func TestGlobalSharesTheRoomByDemand(t *testing.T) {
 		t.Fatalf("no damping: admitted %d, want 14 or 15", got)
 	}
 	damped, _, _, _ := newGlobal(t, counts)
-	want := 10 + 30*(1.0/7)/(1+DefaultShareDamping*6/7)
+	want := 10 + 30*(1.0/7)/(1+Defaults().ShareDamping*6/7)
 	if got := admitN(damped, req42, 100); float64(got) < want-1 || float64(got) > want+1 {
 		t.Fatalf("default damping: admitted %d, want about %.1f", got, want)
 	}
@@ -157,7 +158,7 @@ func siteLimiters(t *testing.T, clk *clock.Fake, sites map[string]float64, mods 
 		}
 		heartbeat(t, sn, clk)
 		putCount(t, sn, clk, globalKey, sites, nil)
-		cfg := Config{Rules: StaticRules(loadRules(t, globalRules)), Site: name, Clock: clk, Snapshot: sn, DefaultShare: 1.0 / 3}
+		cfg := Config{Rules: rules.Static(loadRules(t, globalRules)), Site: name, Clock: clk, Snapshot: sn, DefaultShare: 1.0 / 3}
 		for _, m := range mods {
 			m(&cfg)
 		}
@@ -254,7 +255,7 @@ func TestGlobalClientMovesSitesIsNotStarved(t *testing.T) {
 	}
 	put(map[string]float64{"us": 1}, map[string]float64{"us": 1})
 	pub := &recorder{}
-	l, err := New(Config{Rules: StaticRules(loadRules(t, rulesYAML)), Site: "eu", Clock: clk, Snapshot: sn, Publisher: pub})
+	l, err := New(Config{Rules: rules.Static(loadRules(t, rulesYAML)), Site: "eu", Clock: clk, Snapshot: sn, Publisher: pub})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +297,7 @@ func TestGlobalPartitionBounded(t *testing.T) {
 		// Both sites were heard from 10 s ago; only this site's own aggregator is fresh.
 		heartbeat(t, sn, clk, map[string]int64{"eu": t0.UnixMilli() - 10_000, "us": t0.UnixMilli() - 10_000})
 		putCount(t, sn, clk, globalKey, map[string]float64{"eu": 10, "us": 10}, nil)
-		cfg := Config{Rules: StaticRules(loadRules(t, globalRules)), Site: site, Clock: clk, Snapshot: sn}
+		cfg := Config{Rules: rules.Static(loadRules(t, globalRules)), Site: site, Clock: clk, Snapshot: sn}
 		if site == "eu" {
 			cfg.Registerer = reg
 		}
@@ -558,7 +559,7 @@ func TestGlobalCountsThisSiteAsTheOthersSeeIt(t *testing.T) {
 			t.Fatal(err)
 		}
 		heartbeat(t, sn, clk)
-		l, err := New(Config{Rules: StaticRules(loadRules(t, globalRules)), Site: "eu", Clock: clk, Snapshot: sn,
+		l, err := New(Config{Rules: rules.Static(loadRules(t, globalRules)), Site: "eu", Clock: clk, Snapshot: sn,
 			DefaultShare: 1.0 / 3, NewKeyHold: -1, ShareDamping: -1, DemandPrior: -1})
 		if err != nil {
 			t.Fatal(err)
@@ -592,11 +593,11 @@ func TestGlobalCountsThisSiteAsTheOthersSeeIt(t *testing.T) {
 	}
 }
 
-// fellBackCounter is a LocalCounter that says every Commit came from a fallback, as
+// fellBackCounter is a sitecount.Local that says every Commit came from a fallback, as
 // sitestore.Counter does while Redis is away.
-type fellBackCounter struct{ *LocalCounter }
+type fellBackCounter struct{ *sitecount.Local }
 
-func (c fellBackCounter) CommitReport(ctx context.Context, now time.Time, ops []GlobalOp, counts []float64) (bool, bool, error) {
+func (c fellBackCounter) CommitReport(ctx context.Context, now time.Time, ops []sitecount.Op, counts []float64) (bool, bool, error) {
 	ok, err := c.Commit(ctx, now, ops, counts)
 	return ok, true, err
 }
@@ -607,12 +608,12 @@ func TestGlobalCounterFallbackReported(t *testing.T) {
 	for _, withLocal := range []bool{false, true} {
 		reg := prometheus.NewRegistry()
 		l, _, _, _ := newGlobal(t, map[string]float64{"eu": 1}, func(c *Config) {
-			c.Counter = fellBackCounter{NewLocalCounter(LocalCounterOptions{})}
+			c.Counter = fellBackCounter{sitecount.NewLocal(sitecount.LocalOptions{})}
 			c.Registerer = reg
 		})
 		req := req42
 		if withLocal {
-			l.cfg.Rules = StaticRules(loadRules(t, globalRules+"  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 50, scope: local}\n"))
+			l.cfg.Rules = rules.Static(loadRules(t, globalRules+"  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 50, scope: local}\n"))
 			req = Request{Domain: "api", Descriptors: [][]rules.Entry{desc("user", "42"), desc("tenant", "t")}}
 		}
 		res := l.Decide(context.Background(), req)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 )
 
@@ -17,8 +18,8 @@ import (
 // is a fallback: the snapshot is stale and the limit is decided on a local share. Without
 // a snapshot (a single site) the limit is this site's share, DefaultShare or the whole.
 // A cap that reserves room for a silent site is not a fallback; it is counted in the
-// metrics.
-func (l *Limiter) globalCap(now time.Time, op *GlobalOp, allow int64) (capLocal, total float64, fallback bool) {
+// metrics. h is op's key's handle (nil: none), whose caches spare lookups by key.
+func (l *Limiter) globalCap(now time.Time, op *sitecount.Op, h *keyHandle, allow int64) (capLocal, total float64, fallback bool) {
 	allowance := float64(allow)
 	sn := l.cfg.Snapshot
 	if sn == nil {
@@ -38,7 +39,7 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, allow int64) (capLocal,
 		known bool
 	)
 	var reserved bool
-	if h := op.h; h != nil && !stale {
+	if h != nil && !stale {
 		capLocal, total, reserved, e, known = l.cachedCap(now, op, h, sn, st, allowance)
 	} else {
 		if h != nil {
@@ -72,7 +73,7 @@ func (l *Limiter) globalCap(now time.Time, op *GlobalOp, allow int64) (capLocal,
 // window is another counter, and one whose window has passed since its as-of time
 // describes hits that are gone (the aggregator tombstones such keys, but not while no
 // instance owns them).
-func usable(e *snapshot.Entry, op *GlobalOp, now time.Time) bool {
+func usable(e *snapshot.Entry, op *sitecount.Op, now time.Time) bool {
 	return e.Window == op.Window && !e.Expired(now)
 }
 
@@ -108,7 +109,7 @@ type capCache struct {
 // rounding salt). A hot key's decision then costs a few comparisons instead of the whole
 // share computation. It also keeps the key's breakdown from before any site went silent
 // (keyGlobal.keepFrozen), by which silent sites are reserved their shares.
-func (l *Limiter) cachedCap(now time.Time, op *GlobalOp, h *keyHandle, sn *snapshot.Snapshot, st *snapshot.SiteTimes, allowance float64) (capLocal, total float64, reserved bool, e snapshot.Entry, known bool) {
+func (l *Limiter) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *snapshot.Snapshot, st *snapshot.SiteTimes, allowance float64) (capLocal, total float64, reserved bool, e snapshot.Entry, known bool) {
 	v := sn.Version()
 	sig, allFresh, cacheable := l.share.stateSig(now, st)
 	g := l.keys.globalOf(h)
@@ -196,7 +197,7 @@ func (g *keyGlobal) keepFrozen(now int64, e *snapshot.Entry, known, allFresh boo
 // counts of this site up to the time it has heard this site up to, less this instance's
 // own hits up to then), and the counter forgets the seeded hits beyond that. A counter
 // that keeps its counts elsewhere (Redis) is not a seeder and needs none of this.
-func (l *Limiter) restarted(now time.Time, op *GlobalOp, e *snapshot.Entry, known bool, st *snapshot.SiteTimes) {
+func (l *Limiter) restarted(now time.Time, op *sitecount.Op, e *snapshot.Entry, known bool, st *snapshot.SiteTimes) {
 	if !known || now.Sub(l.born) >= op.Window || e.AsOf > now.UnixMilli() {
 		return
 	}
@@ -205,22 +206,22 @@ func (l *Limiter) restarted(now time.Time, op *GlobalOp, e *snapshot.Entry, know
 		return
 	}
 	if e.Mine > 0 {
-		sd.seedFrom(now, op, int64(math.Ceil(e.Mine)), e.AsOf)
+		sd.Seed(now, op, int64(math.Ceil(e.Mine)), e.AsOf)
 	}
 	if self, ok := st.Get(l.share.site); ok && !self.Left {
-		sd.reseed(now, op, e.Mine, min(self.Heard, e.AsOf))
+		sd.Reseed(now, op, e.Mine, min(self.Heard, e.AsOf))
 	}
 }
 
-// seeder is a SiteCounter that can be given hits made before it started (LocalCounter).
+// seeder is a sitecount.Counter that can be given hits made before it started (sitecount.Local).
 type seeder interface {
-	// seedFrom counts n hits of op's key at instant at (unix ms) unless it already counts
+	// Seed counts n hits of op's key at instant at (unix ms) unless it already counts
 	// the key.
-	seedFrom(now time.Time, op *GlobalOp, n, at int64)
-	// reseed forgets the seeded hits of op's key beyond what the snapshot still counts of
+	Seed(now time.Time, op *sitecount.Op, n, at int64)
+	// Reseed forgets the seeded hits of op's key beyond what the snapshot still counts of
 	// them: mine of this site's hits in the window as of t (unix ms), up to which every
 	// hit of this site has been counted.
-	reseed(now time.Time, op *GlobalOp, mine float64, t int64)
+	Reseed(now time.Time, op *sitecount.Op, mine float64, t int64)
 }
 
 // Constants of the room ahead (Limiter.finalCap), chosen with the accuracy simulation's
@@ -246,7 +247,7 @@ const (
 
 // finalCap makes the corrections of a fresh key's cap that need this site's count as of
 // now, on every decision (the allotment a is cached while the snapshot does not change).
-// Only a SiteCounter that can tell its recent hits (LocalCounter) is corrected.
+// Only a sitecount.Counter that can tell its recent hits (sitecount.Local) is corrected.
 //
 // Room ahead. The shares split the room among the fresh sites; with many sites in a data
 // center (several processes, each a site) a quiet key's share at each is a fraction of a
@@ -275,7 +276,7 @@ const (
 // the cap: this site's recent hits are told apart within a sub-bucket by the span of its
 // hits, an estimate that a burst of admissions moves, and a correction that could rise
 // with the admissions it caps would feed on itself.
-func (l *Limiter) finalCap(now time.Time, op *GlobalOp, e *snapshot.Entry, known bool, st *snapshot.SiteTimes, a *allotment) float64 {
+func (l *Limiter) finalCap(now time.Time, op *sitecount.Op, e *snapshot.Entry, known bool, st *snapshot.SiteTimes, a *allotment) float64 {
 	rc, ok := l.cfg.Counter.(recentCounter)
 	if !known || !ok {
 		return a.base
@@ -287,7 +288,7 @@ func (l *Limiter) finalCap(now time.Time, op *GlobalOp, e *snapshot.Entry, known
 	}
 	// Hits made in the very millisecond the others were heard up to are taken as unseen:
 	// the cap errs low, and a decision at that instant still counts its own admissions.
-	count, since, hard := rc.recent(now, op, t0-1)
+	count, since, hard := rc.Recent(now, op, t0-1)
 	capLocal := a.base
 	if !a.heavy && a.ahead {
 		lead := min(float64(max(ms-e.AsOf, 0)+aheadLead), aheadMax)
@@ -301,10 +302,10 @@ func (l *Limiter) finalCap(now time.Time, op *GlobalOp, e *snapshot.Entry, known
 	return capLocal
 }
 
-// recentCounter is a SiteCounter that can tell, of a key's count, the part after an
-// instant, and the count with the oldest sub-bucket taken whole (LocalCounter can).
+// recentCounter is a sitecount.Counter that can tell, of a key's count, the part after an
+// instant, and the count with the oldest sub-bucket taken whole (sitecount.Local can).
 type recentCounter interface {
-	recent(now time.Time, op *GlobalOp, t0 int64) (count, since, hard float64)
+	Recent(now time.Time, op *sitecount.Op, t0 int64) (count, since, hard float64)
 }
 
 // snapEntry returns the snapshot's entry for h's key, from h's cache while the snapshot
@@ -332,7 +333,7 @@ func (g *keyGlobal) refresh(sn *snapshot.Snapshot, v uint64, key string) {
 
 // decideGlobal decides one global limit given this site's count before the request and
 // the key's snapshot total.
-func (l *Limiter) decideGlobal(now time.Time, op *GlobalOp, allowance int64, local, total float64) algo.Decision {
+func (l *Limiter) decideGlobal(now time.Time, op *sitecount.Op, allowance int64, local, total float64) algo.Decision {
 	used := local + float64(op.N)
 	d := algo.Decision{Allowed: used <= op.Cap, Limit: allowance, ResetAfter: op.Window}
 
@@ -350,13 +351,13 @@ func (l *Limiter) decideGlobal(now time.Time, op *GlobalOp, allowance int64, loc
 // not evenly). When this site's count alone cannot make room (the other sites hold the
 // limit), it estimates from the key's total as if its hits were spread evenly, at least
 // one sub-bucket. A request larger than the limit never fits (algo.Never).
-func (l *Limiter) globalRetry(now time.Time, op *GlobalOp, allowance, local, total float64) time.Duration {
+func (l *Limiter) globalRetry(now time.Time, op *sitecount.Op, allowance, local, total float64) time.Duration {
 	if float64(op.N) > allowance {
 		return algo.Never
 	}
 	target := op.Cap - float64(op.N)
 	if r, ok := l.cfg.Counter.(retryCounter); ok && target >= 0 {
-		if d, ok := r.fallsTo(now, op, target); ok {
+		if d, ok := r.FallsTo(now, op, target); ok {
 			return max(d, time.Millisecond)
 		}
 	}
@@ -370,9 +371,9 @@ func (l *Limiter) globalRetry(now time.Time, op *GlobalOp, allowance, local, tot
 }
 
 // commitCounter commits ops to the site counter, and reports whether the counter answered
-// from its fallback (FallbackReporter).
-func (l *Limiter) commitCounter(ctx context.Context, now time.Time, ops []GlobalOp, counts []float64) (ok, fellBack bool, err error) {
-	if r, is := l.cfg.Counter.(FallbackReporter); is {
+// from its fallback (sitecount.FallbackReporter).
+func (l *Limiter) commitCounter(ctx context.Context, now time.Time, ops []sitecount.Op, counts []float64) (ok, fellBack bool, err error) {
+	if r, is := l.cfg.Counter.(sitecount.FallbackReporter); is {
 		ok, fellBack, err = r.CommitReport(ctx, now, ops, counts)
 		if fellBack {
 			l.metrics.fallback.WithLabelValues("redis").Inc()
@@ -389,8 +390,8 @@ func markAll(b []bool) {
 	}
 }
 
-// retryCounter is a SiteCounter that can tell when its count of a key will have fallen to a
-// target if nothing is added (LocalCounter can; a remote store need not).
+// retryCounter is a sitecount.Counter that can tell when its count of a key will have fallen to a
+// target if nothing is added (sitecount.Local can; a remote store need not).
 type retryCounter interface {
-	fallsTo(now time.Time, op *GlobalOp, target float64) (time.Duration, bool)
+	FallsTo(now time.Time, op *sitecount.Op, target float64) (time.Duration, bool)
 }

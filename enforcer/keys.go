@@ -6,14 +6,16 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
+	"github.com/streamlimit/streamlimit/internal/memsize"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
 // keyCache interns counter keys, so that a decision builds a key in a reused byte buffer
 // and gets back a string without allocating once the key has been seen. Each key comes
 // with a keyHandle that caches what the decision path would otherwise look up again by key
-// in other maps (the LocalCounter's ring, the snapshot's entry): a decision's cost is
+// in other maps (the sitecount.Local's ring, the snapshot's entry): a decision's cost is
 // dominated by memory latency, and one lookup instead of three is most of the saving.
 //
 // Lookups take no lock: each shard is an open-addressing table of (hash, handle) slots
@@ -74,9 +76,8 @@ type keySlot struct {
 // decisions cache is in g, made the first time the key is decided globally.
 type keyHandle struct {
 	key string
-	// ring is the key's entry in a LocalCounter, valid while the entry is not dead
-	// (checked under the entry's shard lock).
-	ring atomic.Pointer[ringEntry]
+	// ring caches the key's entry in a sitecount.Local (sitecount.Op.Handle).
+	ring sitecount.Handle
 	// g is the state cached for global decisions; nil until the first.
 	g atomic.Pointer[keyGlobal]
 }
@@ -132,22 +133,7 @@ const (
 
 // keyHandleBytes is what one handle of a key of n bytes keeps alive, without its global
 // state: the handle and the key's bytes.
-func keyHandleBytes(n int) int64 { return keyHandleSize + allocBytes(n) }
-
-// allocBytes is what an allocation of n bytes takes: the allocator's small size classes
-// step by 16 bytes up to 256 (8 for the smallest), more coarsely beyond, by up to an
-// eighth.
-func allocBytes(n int) int64 {
-	switch {
-	case n <= 0:
-		return 0
-	case n <= 8:
-		return 8
-	case n <= 256:
-		return int64(n+15) &^ 15
-	}
-	return int64(n) + int64(n)/8
-}
+func keyHandleBytes(n int) int64 { return keyHandleSize + memsize.Alloc(int64(n)) }
 
 // tableBytes is what a table of n slots takes.
 func tableBytes(n int) int64 { return int64(n) * keySlotBytes }

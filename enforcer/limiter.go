@@ -14,8 +14,8 @@ import (
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/internal/clock"
-	"github.com/streamlimit/streamlimit/window"
 )
 
 // Limiter decides requests against rules of local, site and global scope. See the package
@@ -47,30 +47,31 @@ func New(cfg Config) (*Limiter, error) {
 	if cfg.Site == "" {
 		return nil, errors.New("enforcer: Config.Site is required")
 	}
+	d := Defaults()
 	if cfg.Local == nil {
 		cfg.Local = algo.New(algo.Options{})
 	}
 	if cfg.SubBuckets <= 0 {
-		cfg.SubBuckets = window.DefaultSubBuckets
+		cfg.SubBuckets = d.SubBuckets
 	}
 	if cfg.Counter == nil {
-		cfg.Counter = NewLocalCounter(LocalCounterOptions{SubBuckets: cfg.SubBuckets})
+		cfg.Counter = sitecount.NewLocal(sitecount.LocalOptions{SubBuckets: cfg.SubBuckets})
 	}
 	if cfg.MinShare <= 0 {
-		cfg.MinShare = DefaultMinShare
+		cfg.MinShare = d.MinShare
 	}
 	if cfg.DefaultShare < 0 || cfg.DefaultShare > 1 {
 		return nil, fmt.Errorf("enforcer: DefaultShare %v is not in [0, 1]", cfg.DefaultShare)
 	}
 	if cfg.SiteStaleAfter <= 0 {
-		cfg.SiteStaleAfter = DefaultSiteStaleAfter
+		cfg.SiteStaleAfter = d.SiteStaleAfter
 	}
 	if cfg.NewKeyHold == 0 {
-		cfg.NewKeyHold = DefaultNewKeyHold
+		cfg.NewKeyHold = d.NewKeyHold
 	}
 	switch {
 	case cfg.ShareDamping == 0:
-		cfg.ShareDamping = DefaultShareDamping
+		cfg.ShareDamping = d.ShareDamping
 	case cfg.ShareDamping < 0:
 		cfg.ShareDamping = 0
 	case cfg.ShareDamping > 1:
@@ -78,21 +79,21 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	switch {
 	case cfg.DemandPrior == 0:
-		cfg.DemandPrior = DefaultDemandPrior
+		cfg.DemandPrior = d.DemandPrior
 	case cfg.DemandPrior < 0:
 		cfg.DemandPrior = 0
 	}
 	if cfg.RecoveryHold <= 0 {
-		cfg.RecoveryHold = DefaultRecoveryHold
+		cfg.RecoveryHold = d.RecoveryHold
 	}
 	if cfg.CrashHold == 0 {
-		cfg.CrashHold = DefaultCrashHold
+		cfg.CrashHold = d.CrashHold
 	}
 	if cfg.MaxWaiters <= 0 {
-		cfg.MaxWaiters = DefaultMaxWaiters
+		cfg.MaxWaiters = d.MaxWaiters
 	}
 	if cfg.MaxKeys <= 0 {
-		cfg.MaxKeys = DefaultMaxKeys
+		cfg.MaxKeys = d.MaxKeys
 	}
 	if cfg.Sleep == nil {
 		cfg.Sleep = algo.Sleep
@@ -109,12 +110,17 @@ func New(cfg Config) (*Limiter, error) {
 		share: sharing{site: cfg.Site, minShare: cfg.MinShare, defaultShare: cfg.DefaultShare, siteStale: cfg.SiteStaleAfter,
 			crashHold: cfg.CrashHold, damping: cfg.ShareDamping, prior: cfg.DemandPrior}}
 	if cfg.Registerer != nil {
-		c := &siteStates{l: l, desc: prometheus.NewDesc("streamlimit_enforcer_sites",
+		sites := &siteStates{l: l, desc: prometheus.NewDesc("streamlimit_enforcer_sites",
 			"Sites by the state global decisions take them to be in: fresh, cut (silent with every site of its data center), crashed (silent while others of its data center speak), left.",
 			[]string{"state"}, nil)}
-		var are prometheus.AlreadyRegisteredError
-		if err := cfg.Registerer.Register(c); err != nil && !errors.As(err, &are) {
-			return nil, fmt.Errorf("enforcer: %w", err)
+		keyBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "streamlimit_enforcer_key_cache_bytes",
+			Help: "Bytes the key cache keeps alive, by the estimate Config.KeyCacheBytes (--max-memory) bounds."},
+			func() float64 { return float64(l.keys.bytes()) })
+		for _, c := range []prometheus.Collector{sites, keyBytes} {
+			var are prometheus.AlreadyRegisteredError
+			if err := cfg.Registerer.Register(c); err != nil && !errors.As(err, &are) {
+				return nil, fmt.Errorf("enforcer: %w", err)
+			}
 		}
 	}
 	l.keys.init(cfg.MaxKeys, cfg.KeyCacheBytes)
@@ -124,10 +130,6 @@ func New(cfg Config) (*Limiter, error) {
 
 // Config returns the Limiter's configuration with defaults filled in.
 func (l *Limiter) Config() Config { return l.cfg }
-
-// KeyCacheBytes returns what the key cache keeps alive, by the estimate
-// Config.KeyCacheBytes bounds.
-func (l *Limiter) KeyCacheBytes() int64 { return l.keys.bytes() }
 
 // Decide decides req. See DecideInto.
 func (l *Limiter) Decide(ctx context.Context, req Request) Result {
@@ -165,7 +167,7 @@ type scratch struct {
 	siteOps   []algo.Op
 	siteRefs  []opRef
 	siteOut   []algo.Decision
-	globOps   []GlobalOp
+	globOps   []sitecount.Op
 	globRefs  []opRef
 	globCount []float64
 	globOut   []algo.Decision
@@ -174,7 +176,7 @@ type scratch struct {
 	shadowN   []int64   // commitAlgo's saved costs of shadow ops
 	oneOp     [1]algo.Op
 	oneOut    [1]algo.Decision
-	oneGlob   [1]GlobalOp
+	oneGlob   [1]sitecount.Op
 	// committed says which stages took their quota (commit), for finish's remaining counts.
 	committed struct{ site, local, global bool }
 	// siteRan says the site stage was asked (commit): otherwise siteOut holds nothing.
@@ -288,7 +290,7 @@ func (l *Limiter) addOp(s *scratch, ref opRef, n int64) {
 	lim := ref.limit
 	switch {
 	case lim.Scope == rules.Global:
-		s.globOps = append(s.globOps, GlobalOp{Key: ref.key, Window: lim.CountWindow(), N: n, Hard: lim.Hard, h: ref.h})
+		s.globOps = append(s.globOps, sitecount.Op{Key: ref.key, Window: lim.CountWindow(), N: n, Hard: lim.Hard, Handle: &ref.h.ring})
 		s.globRefs = append(s.globRefs, ref)
 	case lim.Scope == rules.Site && l.cfg.SiteStore != nil:
 		s.siteOps = append(s.siteOps, algo.Op{Key: ref.key, Algorithm: lim.Algorithm, Limit: ref.algoLimit(), N: n})
@@ -347,7 +349,7 @@ func (l *Limiter) addPool(s *scratch, pl *rules.Pool, desc int, n int64) {
 	allow := pl.Limit.Algo().Allowance() * int64(fill) / 100
 	s.buf = append(s.buf[:0], pl.Key...)
 	h := l.keys.handle(s.buf, true)
-	s.globOps = append(s.globOps, GlobalOp{Key: h.key, Window: pl.Limit.Window, N: n, h: h})
+	s.globOps = append(s.globOps, sitecount.Op{Key: h.key, Window: pl.Limit.Window, N: n, Handle: &h.ring})
 	s.globRefs = append(s.globRefs, opRef{desc: desc, limit: &pl.Limit, key: h.key, h: h, allow: allow, pooled: true})
 }
 
@@ -371,7 +373,7 @@ func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64)
 	fused = len(s.globOps) > 0 && len(s.localOps) == 0 && len(s.siteOps) == 0 && !anyShadow(s.globRefs)
 	if len(s.globOps) > 0 {
 		for i := range s.globOps {
-			s.globOps[i].Cap, s.globTotal[i], s.globStale[i] = l.globalCap(now, &s.globOps[i], s.globRefs[i].allowance())
+			s.globOps[i].Cap, s.globTotal[i], s.globStale[i] = l.globalCap(now, &s.globOps[i], s.globRefs[i].h, s.globRefs[i].allowance())
 		}
 		var err error
 		if fused {

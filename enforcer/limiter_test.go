@@ -68,7 +68,7 @@ func desc(kv ...string) []rules.Entry {
 func newLimiter(t testing.TB, yaml string, mod func(*Config)) (*Limiter, *clock.Fake) {
 	t.Helper()
 	clk := clock.NewFake(t0)
-	cfg := Config{Rules: StaticRules(loadRules(t, yaml)), Site: "eu", Clock: clk}
+	cfg := Config{Rules: rules.Static(loadRules(t, yaml)), Site: "eu", Clock: clk}
 	if mod != nil {
 		mod(&cfg)
 	}

@@ -2,6 +2,7 @@ package enforcer
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -11,10 +12,10 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 )
 
-// MaxDetailedSeries bounds the per-value series of detailed_metric rules in one Limiter:
+// maxDetailedSeries bounds the per-value series of detailed_metric rules in one Limiter:
 // the values of requests are in the hands of whoever sends them, so past this many
 // distinct keys further values are counted under the key "other".
-const MaxDetailedSeries = 1000
+const maxDetailedSeries = 1000
 
 type metrics struct {
 	decisions *prometheus.CounterVec
@@ -88,7 +89,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"domain", "rule", "result"}),
 		detailed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "streamlimit", Subsystem: "enforcer", Name: "detailed_decisions_total",
-			Help: "Decisions per descriptor of rules with detailed_metric, by domain, rule, key (the counter key without its window, so one series per value; \"other\" past MaxDetailedSeries keys) and result.",
+			Help: fmt.Sprintf("Decisions per descriptor of rules with detailed_metric, by domain, rule, key (the counter key without its window, so one series per value; \"other\" past %d keys) and result.", maxDetailedSeries),
 		}, []string{"domain", "rule", "key", "result"}),
 		detailedKeys: make(map[string]struct{}),
 		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -160,7 +161,7 @@ func (m *metrics) detail(domain string, st *Status, result int) {
 	}
 	m.detailedMu.Lock()
 	if _, ok := m.detailedKeys[key]; !ok {
-		if len(m.detailedKeys) >= MaxDetailedSeries {
+		if len(m.detailedKeys) >= maxDetailedSeries {
 			key = "other"
 		} else {
 			m.detailedKeys[key] = struct{}{}

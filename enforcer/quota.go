@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 )
 
 // Quota is one global limit in force for a request, as this site stands toward it once
@@ -43,7 +44,7 @@ type Reporter struct {
 	l     *Limiter
 	req   Request
 	cfg   *rules.Config // the rules ops were matched with
-	ops   []GlobalOp
+	ops   []sitecount.Op
 	refs  []opRef
 	other int
 	later []float64
@@ -60,7 +61,7 @@ func (l *Limiter) Reporter(req Request) *Reporter { return &Reporter{l: l, req: 
 // limits in force of local or site scope, which it neither counts nor describes: only a
 // global limit's count is shared beyond this process.
 //
-// Report never fails: a SiteCounter error is logged, and the quotas it concerns are
+// Report never fails: a sitecount.Counter error is logged, and the quotas it concerns are
 // marked Fallback with the counts taken as the cap (no room).
 func (r *Reporter) Report(ctx context.Context, now time.Time, admitted, denied int64, ahead time.Duration, dst []Quota) ([]Quota, int) {
 	l := r.l
@@ -113,7 +114,7 @@ func (r *Reporter) Report(ctx context.Context, now time.Time, admitted, denied i
 			ref.allow = l.elastic(ref.limit) // it moves with its pool's use
 		}
 		q := Quota{Key: ops[i].Key, Window: ops[i].Window, Limit: ref.allowance(), Shadow: ref.shadow}
-		q.Cap, _, q.Fallback = l.globalCap(now, &ops[i], q.Limit)
+		q.Cap, _, q.Fallback = l.globalCap(now, &ops[i], ref.h, q.Limit)
 		q.Count, q.Later = counts[i], min(later[i], counts[i])
 		if failed {
 			q.Count, q.Later, q.Fallback = max(q.Count, q.Cap), max(q.Count, q.Cap), true

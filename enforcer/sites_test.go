@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
@@ -37,7 +38,7 @@ func sitesLimiter(t *testing.T, mods ...func(*Config)) (*Limiter, *clock.Fake, *
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Rules: StaticRules(loadRules(t, globalRules)), Site: "eu", Clock: clk, Snapshot: sn, Registerer: prometheus.NewRegistry()}
+	cfg := Config{Rules: rules.Static(loadRules(t, globalRules)), Site: "eu", Clock: clk, Snapshot: sn, Registerer: prometheus.NewRegistry()}
 	for _, m := range mods {
 		m(&cfg)
 	}
@@ -109,11 +110,11 @@ func TestGlobalCrashedSiteFadesCutSiteHolds(t *testing.T) {
 			apply := func() {
 				now := clk.Now().UnixMilli()
 				sourceHeartbeat(t, sn, clk, "hits", map[string]int64{"eu": now}, nil)
-				sourceHeartbeat(t, sn, clk, "us.hits", map[string]int64{"us": t0.UnixMilli() - DefaultSiteStaleAfter.Milliseconds() - 1, "us2": now - tc.us2}, nil)
+				sourceHeartbeat(t, sn, clk, "us.hits", map[string]int64{"us": t0.UnixMilli() - Defaults().SiteStaleAfter.Milliseconds() - 1, "us2": now - tc.us2}, nil)
 				putCount(t, sn, clk, globalKey, map[string]float64{"eu": 40, "us": 40}, map[string]float64{"eu": 40, "us": 0})
 			}
 			apply()
-			if _, err := l.cfg.Counter.(*LocalCounter).Commit(context.Background(), clk.Now().Add(-5*time.Second), []GlobalOp{{Key: globalKey, Window: time.Minute, N: 40, Cap: 100}}, nil); err != nil {
+			if _, err := l.cfg.Counter.(*sitecount.Local).Commit(context.Background(), clk.Now().Add(-5*time.Second), []sitecount.Op{{Key: globalKey, Window: time.Minute, N: 40, Cap: 100}}, nil); err != nil {
 				t.Fatal(err)
 			}
 			if got := admitN(l, req42, 200); got != tc.early {

@@ -28,7 +28,7 @@ descriptors:
 				t.Fatal(err)
 			}
 			reg := prometheus.NewRegistry()
-			l, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(cfg), Site: "t",
+			l, err := enforcer.New(enforcer.Config{Rules: rules.Static(cfg), Site: "t",
 				Clock: clock.NewFake(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)), Registerer: reg})
 			if err != nil {
 				t.Fatal(err)

@@ -30,7 +30,9 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
+	"github.com/streamlimit/streamlimit/internal/memsize"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -67,7 +69,7 @@ func run(keys, maxKeys int, maxMemory, logHits int64) error {
 	if err != nil {
 		return err
 	}
-	mem := enforcer.SplitMemory(maxMemory)
+	mem := memsize.Split(maxMemory)
 	if maxMemory > 0 {
 		debug.SetMemoryLimit(maxMemory)
 	}
@@ -76,9 +78,9 @@ func run(keys, maxKeys int, maxMemory, logHits int64) error {
 		return err
 	}
 	local := algo.New(algo.Options{MaxKeys: maxKeys, MaxBytes: mem.Local})
-	counter := enforcer.NewLocalCounter(enforcer.LocalCounterOptions{MaxKeys: maxKeys, MaxBytes: mem.Counter})
+	counter := sitecount.NewLocal(sitecount.LocalOptions{MaxKeys: maxKeys, MaxBytes: mem.Counter})
 	lim, err := enforcer.New(enforcer.Config{
-		Rules: enforcer.StaticRules(rc), Site: "eu", Snapshot: snap, Local: local, Counter: counter,
+		Rules: rules.Static(rc), Site: "eu", Snapshot: snap, Local: local, Counter: counter,
 		MaxKeys: maxKeys, KeyCacheBytes: mem.KeyCache,
 	})
 	if err != nil {

@@ -323,6 +323,19 @@ func write(w io.Writer, rawPath string, r *run) {
 	}
 }
 
+// cell is the median of unit with its spread in brackets ("" when the result lacks it),
+// as the tables show a figure.
+func (res *result) cell(unit string) string {
+	v, ok := res.median(unit)
+	if !ok {
+		return ""
+	}
+	if sp := res.spread(unit); sp != "" {
+		return fmt.Sprintf("%s (%s)", num(v), sp)
+	}
+	return num(v)
+}
+
 // spread returns "min–max" of the unit's values over the runs, "" with one run.
 func (res *result) spread(unit string) string {
 	v := res.samples[unit]
@@ -374,16 +387,6 @@ func writeServing(w io.Writer, r *run) {
 			if res == nil {
 				continue
 			}
-			cell := func(unit string) string {
-				v, ok := res.median(unit)
-				if !ok {
-					return ""
-				}
-				if sp := res.spread(unit); sp != "" {
-					return fmt.Sprintf("%s (%s)", num(v), sp)
-				}
-				return num(v)
-			}
 			ratio := func(unit string) string {
 				if sv.key == "null" {
 					return "1"
@@ -399,10 +402,10 @@ func writeServing(w io.Writer, r *run) {
 			}
 			bcell := ""
 			if broker {
-				bcell = " " + cell("broker-cpu-µs/req") + " |"
+				bcell = " " + res.cell("broker-cpu-µs/req") + " |"
 			}
-			p("| %s | %s | %s | %s | %s | %s | %s | %s |%s\n", api.what, sv.what, cell("req/s"), cell("p50-µs"), cell("p99-µs"),
-				ratio("req/s"), ratio("p99-µs"), cell("server-cpu-µs/req"), bcell)
+			p("| %s | %s | %s | %s | %s | %s | %s | %s |%s\n", api.what, sv.what, res.cell("req/s"), res.cell("p50-µs"), res.cell("p99-µs"),
+				ratio("req/s"), ratio("p99-µs"), res.cell("server-cpu-µs/req"), bcell)
 		}
 	}
 	p("\n")

@@ -60,16 +60,6 @@ func writeServingRedis(w io.Writer, r *run) {
 		if res == nil {
 			continue
 		}
-		cell := func(unit string) string {
-			v, ok := res.median(unit)
-			if !ok {
-				return ""
-			}
-			if sp := res.spread(unit); sp != "" {
-				return fmt.Sprintf("%s (%s)", num(v), sp)
-			}
-			return num(v)
-		}
 		ratio := func(unit string) string {
 			if sv.key == "envoy-ratelimit" {
 				return "1"
@@ -80,7 +70,7 @@ func writeServingRedis(w io.Writer, r *run) {
 			}
 			return fmt.Sprintf("**%.2f** (%s)", v, sp)
 		}
-		p("| %s | %s | %s | %s | %s | %s | %s |\n", sv.what, cell("req/s"), cell("p50-µs"), cell("p99-µs"), ratio("req/s"), ratio("p99-µs"), cell("server-cpu-µs/req"))
+		p("| %s | %s | %s | %s | %s | %s | %s |\n", sv.what, res.cell("req/s"), res.cell("p50-µs"), res.cell("p99-µs"), ratio("req/s"), ratio("p99-µs"), res.cell("server-cpu-µs/req"))
 	}
 	p("\n")
 }

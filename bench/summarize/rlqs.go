@@ -57,16 +57,6 @@ func writeRLQS(w io.Writer, r *run) {
 			k, v, _ := strings.Cut(kv, "=")
 			parts[k] = v
 		}
-		cell := func(unit string) string {
-			v, ok := res.median(unit)
-			if !ok {
-				return ""
-			}
-			if sp := res.spread(unit); sp != "" {
-				return fmt.Sprintf("%s (%s)", num(v), sp)
-			}
-			return num(v)
-		}
 		got, _ := res.median("reports/s")
 		off, _ := res.median("offered-reports/s")
 		cpu, _ := res.median("server-cpu-µs/report")
@@ -78,7 +68,7 @@ func writeRLQS(w io.Writer, r *run) {
 			capacity = num(1e6 / cpu)
 		}
 		p("| %s × %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", parts["streams"], parts["buckets"], parts["server"],
-			cell("offered-reports/s"), cell("reports/s"), ratio, cell("server-cpu-µs/report"), capacity, cell("server-cores"), cell("server-rss-MiB"))
+			res.cell("offered-reports/s"), res.cell("reports/s"), ratio, res.cell("server-cpu-µs/report"), capacity, res.cell("server-cores"), res.cell("server-rss-MiB"))
 	}
 	p("\nA server that falls behind (served ÷ offered below 1) is read with care: the reports it has not read wait in gRPC's " +
 		"buffers and its heap grows, so its CPU per report is no longer the cost of a report, and the capacity column is then a " +

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/enforcer/server/console"
 	"github.com/streamlimit/streamlimit/internal/testenv"
@@ -42,7 +41,8 @@ func docSection(t *testing.T, file, title string) string {
 
 // TestDocsConsole holds the README's sentence and docs/operations.md's Console section to
 // what the console does: its address, the figures they give (each the constant it
-// documents), and their commands, run against `streamlimit enforcer` with
+// documents; those of the record of denials are held by package enforcer's
+// TestDocsDenials), and their commands, run against `streamlimit enforcer` with
 // --auth-token-file: the page with a token as a basic-authentication password, a 401
 // asking for one without, and the curl command for the State.
 func TestDocsConsole(t *testing.T) {
@@ -55,9 +55,6 @@ func TestDocsConsole(t *testing.T) {
 	}
 	for _, fact := range []string{
 		fmt.Sprintf("the %d keys of the counts topic", console.DefaultTopKeys),
-		fmt.Sprintf("the last %d keys denied", enforcer.RecentDenialKeys),
-		fmt.Sprintf("a fixed table of %d keys", enforcer.RecentDenialKeys),
-		fmt.Sprintf("at most once every %d microseconds", enforcer.DenialSampleGap.Microseconds()),
 		fmt.Sprintf("at most %s a second", map[time.Duration]string{500 * time.Millisecond: "twice", time.Second: "once"}[console.DefaultRefresh]),
 		fmt.Sprintf("within %d%% of one core", int(console.TopCPUShare*100)),
 	} {

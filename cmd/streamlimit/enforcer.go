@@ -107,10 +107,10 @@ cut off by the timeouts, and connections and gRPC streams are bounded (--max-con
 	f.StringSliceVar(&c.Aggregators, "aggregator-instances", nil, "instance IDs (the aggregators' --instance-id) whose records of the counts topic are believed; records of any other writer are skipped (default: every record)")
 	f.DurationVar(&c.MaxStaleness, "max-staleness", snapshot.DefaultMaxStaleness, "age of the aggregator's heartbeats past which global limits use local shares")
 	f.Float64Var(&c.DefaultShare, "default-share", 0, "this site's share of a global limit for keys new to the counts (0: 1/the number of sites that may spend them: live, or cut off from here)")
-	f.DurationVar(&c.SiteStaleAfter, "site-stale-after", enforcer.DefaultSiteStaleAfter, "how long a site may go unheard before it is taken as silent and reserved its share of the keys it served")
-	f.DurationVar(&c.CrashHold, "crash-hold", enforcer.DefaultCrashHold, "how long a site silent while the rest of its data center speaks (a crash) keeps its reservation, fading (negative: none)")
+	f.DurationVar(&c.SiteStaleAfter, "site-stale-after", enforcer.Defaults().SiteStaleAfter, "how long a site may go unheard before it is taken as silent and reserved its share of the keys it served")
+	f.DurationVar(&c.CrashHold, "crash-hold", enforcer.Defaults().CrashHold, "how long a site silent while the rest of its data center speaks (a crash) keeps its reservation, fading (negative: none)")
 	f.IntVar(&c.SubBuckets, "sub-buckets", window.DefaultSubBuckets, "sub-window buckets per window (must equal the aggregator's)")
-	f.IntVar(&c.MaxKeys, "max-keys", enforcer.DefaultMaxKeys, "bound on keys held per structure (local counters, site counts, snapshot, key cache); idle keys go first")
+	f.IntVar(&c.MaxKeys, "max-keys", enforcer.Defaults().MaxKeys, "bound on keys held per structure (local counters, site counts, snapshot, key cache); idle keys go first")
 	ef.maxMemory = server.DefaultMaxMemory
 	f.Var(&ef.maxMemory, "max-memory", memoryUsage)
 	f.StringSliceVar(&c.RedisAddrs, "redis-addr", nil, "the site's Redis (several: Cluster); default none: site counts in process")

@@ -110,10 +110,15 @@ ssl.truststore.location=%[3]s
 			done <- cmd.ExecuteContext(runCtx)
 		}()
 	}
-	start(append([]string{"aggregator", "--hits-topic", "hits", "--counts-topic", "counts", "--admin-listen", freePort(t), "--log-level", "warn"}, plain...)...)
+	// The commands log at info level (to the process's stderr, which go test shows when
+	// the package fails): what each did is then on record.
+	start(append([]string{"aggregator", "--hits-topic", "hits", "--counts-topic", "counts", "--admin-listen", freePort(t), "--log-level", "info"}, plain...)...)
 	httpAddr := freePort(t)
+	// A Redis key prefix of its own: with the suite's Redis (STREAMLIMIT_REDIS_ADDR, which
+	// the command reads) the README's user 42 is counted by other tests too.
+	prefix := fmt.Sprintf("kafka-sasl-%d:", time.Now().UnixNano())
 	start(append([]string{"enforcer", "--site", "eu", "--rules", rules, "--hits-topic", "hits", "--counts-topic", "counts",
-		"--http-listen", httpAddr, "--grpc-listen", "off", "--log-level", "warn"}, scram...)...)
+		"--http-listen", httpAddr, "--grpc-listen", "off", "--log-level", "info", "--redis-key-prefix", prefix}, scram...)...)
 	defer func() {
 		stop()
 		for range 2 {
@@ -137,6 +142,8 @@ ssl.truststore.location=%[3]s
 		resp.Body.Close()
 		if resp.StatusCode == 200 {
 			admitted++
+		} else if time.Now().After(answerBy) {
+			t.Fatalf("user 42 (100 a minute) still denied (%d) after 30 s with %d admitted", resp.StatusCode, admitted)
 		}
 	}
 	deadline = time.Now().Add(45 * time.Second)

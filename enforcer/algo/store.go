@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/internal/memsize"
 )
 
 const (
@@ -150,7 +151,7 @@ const (
 // entryBytes is what counter e of key keeps alive: its entry, key bytes, map slot, and
 // sliding log.
 func entryBytes(key string, e *entry) int64 {
-	return entrySize + (int64(len(key))+15)&^15 + mapSlotBytes + int64(cap(e.log))*int64(unsafe.Sizeof(logEntry{}))
+	return entrySize + memsize.Alloc(int64(len(key))) + mapSlotBytes + int64(cap(e.log))*int64(unsafe.Sizeof(logEntry{}))
 }
 
 // over reports whether sh would pass a bound with n more counters and cost more bytes.

@@ -39,7 +39,7 @@ func newLimiter(t testing.TB) (*enforcer.Limiter, *clock.Fake) {
 		t.Fatal(err)
 	}
 	clk := clock.NewFake(t0)
-	l, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(cfg), Site: "t", Clock: clk})
+	l, err := enforcer.New(enforcer.Config{Rules: rules.Static(cfg), Site: "t", Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +228,7 @@ descriptors:
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(cfg), Site: "t", Clock: clock.NewFake(t0)})
+	l, err := enforcer.New(enforcer.Config{Rules: rules.Static(cfg), Site: "t", Clock: clock.NewFake(t0)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +262,7 @@ descriptors:
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(cfg), Site: "t", Clock: clock.NewFake(t0)})
+	l, err := enforcer.New(enforcer.Config{Rules: rules.Static(cfg), Site: "t", Clock: clock.NewFake(t0)})
 	if err != nil {
 		t.Fatal(err)
 	}

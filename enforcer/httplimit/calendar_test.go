@@ -24,7 +24,7 @@ descriptors:
 		t.Fatal(err)
 	}
 	clk := clock.NewFake(time.Date(2026, 1, 31, 23, 0, 0, 0, time.UTC)) // one hour before February
-	l, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(rc), Site: "t", Clock: clk})
+	l, err := enforcer.New(enforcer.Config{Rules: rules.Static(rc), Site: "t", Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,7 +37,7 @@ func newDelayLimiter(t *testing.T, mod func(*enforcer.Config)) (*enforcer.Limite
 		t.Fatal(err)
 	}
 	clk := clock.NewFake(t0)
-	cfg := enforcer.Config{Rules: enforcer.StaticRules(rc), Site: "t", Clock: clk,
+	cfg := enforcer.Config{Rules: rules.Static(rc), Site: "t", Clock: clk,
 		Sleep: func(ctx context.Context, d time.Duration) error { clk.Advance(d); return ctx.Err() }}
 	if mod != nil {
 		mod(&cfg)

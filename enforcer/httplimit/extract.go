@@ -207,17 +207,24 @@ func (c *compiled) walkXFF(cur netip.Addr, lines []string) netip.Addr {
 			if tok == "" {
 				continue
 			}
-			a, ok := parseNode(tok)
-			if !ok {
+			var end bool
+			if cur, end = c.step(cur, tok); end {
 				return cur
-			}
-			cur = a
-			if !c.isTrusted(a) {
-				return a
 			}
 		}
 	}
 	return cur
+}
+
+// step takes a walk of the forwarding headers one hop left, to node: it returns the
+// address the walk is at and whether the walk ends there — at cur, the last address
+// believed, when node does not parse; at node's address when it is not a trusted proxy.
+func (c *compiled) step(cur netip.Addr, node string) (netip.Addr, bool) {
+	a, ok := parseNode(node)
+	if !ok {
+		return cur, true
+	}
+	return a, !c.isTrusted(a)
 }
 
 // parseNode parses an address as forwarding headers write it: "192.0.2.1",

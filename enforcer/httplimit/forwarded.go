@@ -42,13 +42,9 @@ func (c *compiled) walkForwarded(cur netip.Addr, lines []string) netip.Addr {
 			if pairs == 0 {
 				continue
 			}
-			a, ok := parseNode(forv)
-			if !ok {
+			var end bool
+			if cur, end = c.step(cur, forv); end {
 				return cur
-			}
-			cur = a
-			if !c.isTrusted(a) {
-				return a
 			}
 		}
 	}

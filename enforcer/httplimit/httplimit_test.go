@@ -53,7 +53,7 @@ func newLimiter(t testing.TB) (*enforcer.Limiter, *clock.Fake) {
 		t.Fatal(err)
 	}
 	clk := clock.NewFake(t0)
-	l, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(rc), Site: "t", Clock: clk})
+	l, err := enforcer.New(enforcer.Config{Rules: rules.Static(rc), Site: "t", Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,10 +55,9 @@ func (a assignment) rate(unit time.Duration) float64 {
 // computed from all of them in constant time. Each holder adds its contribution and takes
 // it back before changing it.
 type keyState struct {
-	key string
+	tableEntry // name: the counter key; holders: contributing, open or draining
 
 	mu     sync.Mutex
-	refs   int     // holders contributing, open or draining
 	open   int     // holders on open streams
 	demand float64 // Σ demand of holders on open streams, requests per second
 	tok    float64 // Σ tokens each holder had after its last report

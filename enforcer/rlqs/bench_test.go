@@ -31,7 +31,7 @@ func BenchmarkHandle(b *testing.B) {
 		b.Fatal(err)
 	}
 	clk := clock.NewFake(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))
-	lim, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(cfg), Site: "eu", Clock: clk})
+	lim, err := enforcer.New(enforcer.Config{Rules: rules.Static(cfg), Site: "eu", Clock: clk})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func BenchmarkGRPC(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	lim, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(cfg), Site: "eu"})
+	lim, err := enforcer.New(enforcer.Config{Rules: rules.Static(cfg), Site: "eu"})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -98,15 +98,15 @@ type Server struct {
 	rlqsv3.UnimplementedRateLimitQuotaServiceServer
 
 	lim      *enforcer.Limiter
-	rules    enforcer.RulesSource
+	rules    func() *rules.Config
 	opts     Options
 	ttl      time.Duration
 	epoch    time.Time
 	metrics  *metrics
 	health   *health.Server
 	mapper   atomic.Pointer[mapperFor]
-	keys     keyTable
-	requests requestTable
+	keys     sharedTable[keyState, *keyState]
+	requests sharedTable[request, *request]
 
 	drainMu  sync.Mutex
 	draining []*session

@@ -75,7 +75,7 @@ func startLive(t *testing.T, yaml string, opts Options) *live {
 		t.Fatal(err)
 	}
 	pub := &recorder{}
-	lim, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(cfg), Site: "eu", Publisher: pub})
+	lim, err := enforcer.New(enforcer.Config{Rules: rules.Static(cfg), Site: "eu", Publisher: pub})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +270,7 @@ func TestClosedStreamStaysReservedUntilTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk := clock.NewFake(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))
-	lim, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(cfg), Site: "eu", Clock: clk})
+	lim, err := enforcer.New(enforcer.Config{Rules: rules.Static(cfg), Site: "eu", Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,11 +26,10 @@ const minInterval = 0.05
 // maps to, the Reporter that counts its usage, and the keys of its global limits. Its
 // mutex serializes the reports of the id, whichever stream they come on.
 type request struct {
-	canon string // canonical(bucket id) of domain
-	id    map[string]string
+	tableEntry // name: domain and canonical(bucket id); holders: the streams' buckets
+	id         map[string]string
 
 	mu     sync.Mutex
-	refs   int // holders, under the requests table's shard lock
 	cfg    *rules.Config
 	rep    *enforcer.Reporter
 	quotas []enforcer.Quota // the last Report's, shadow limits left out
@@ -137,7 +136,7 @@ func (ss *session) lookup(u *usage) (*holder, error) {
 	if len(u.bucket) == 0 {
 		return nil, nil
 	}
-	req := ss.srv.requests.acquire(ss.domain, u.bucket)
+	req := requestOf(&ss.srv.requests, ss.domain, u.bucket)
 	h := ss.byReq[req]
 	if h != nil {
 		ss.srv.requests.release(req) // the holder has its reference already
@@ -297,14 +296,14 @@ func (ss *session) due(h *holder, a assignment, allotted, t, hz float64) bool {
 func (ss *session) rekey(h *holder, qs []enforcer.Quota) {
 	same := len(h.keys) == len(qs)
 	for i := 0; same && i < len(qs); i++ {
-		same = h.keys[i].key == qs[i].Key
+		same = h.keys[i].name == qs[i].Key
 	}
 	if same {
 		return
 	}
 	ss.release(h)
 	for i := range qs {
-		h.keys = append(h.keys, ss.srv.keys.acquire(qs[i].Key))
+		h.keys = append(h.keys, ss.srv.keys.acquire(qs[i].Key, func() *keyState { return new(keyState) }))
 	}
 }
 
@@ -371,97 +370,76 @@ func (ss *session) unit() time.Duration {
 	return d
 }
 
-// requestTable holds the requests that some stream's bucket holds, in shards.
-type requestTable struct {
-	shards [64]requestShard
+// tableEntry is what a shared table (sharedTable) keeps of each value: its name and how many
+// hold it, under the table's shard lock.
+type tableEntry struct {
+	name string
+	refs int
 }
 
-type requestShard struct {
-	mu sync.Mutex
-	m  map[string]*request
-}
-
-func (rt *requestTable) init() {
-	for i := range rt.shards {
-		rt.shards[i].m = map[string]*request{}
+// sharedTable holds values by name while someone holds them, in 64 mutex-guarded shards:
+// acquire makes a value on first use, release drops it with its last holder. The server
+// keeps its requests (by bucket id) and its keys' states (by counter key) in one each.
+type sharedTable[V any, P interface {
+	*V
+	entry() *tableEntry
+}] struct {
+	shards [64]struct {
+		mu sync.Mutex
+		m  map[string]P
 	}
 }
 
-// acquire returns the request of bucket id in domain, made if needed, with one more
-// reference.
-func (rt *requestTable) acquire(domain string, id map[string]string) *request {
-	canon := domain + "\x00" + canonical(id)
-	sh := &rt.shards[fnv(canon)&63]
+func (t *sharedTable[V, P]) init() {
+	for i := range t.shards {
+		t.shards[i].m = map[string]P{}
+	}
+}
+
+// acquire returns the value named name, made by newV if there is none, with one more
+// holder.
+func (t *sharedTable[V, P]) acquire(name string, newV func() P) P {
+	sh := &t.shards[fnv(name)&63]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	r := sh.m[canon]
-	if r == nil {
-		r = &request{canon: canon, id: id}
-		sh.m[canon] = r
+	v := sh.m[name]
+	if v == nil {
+		v = newV()
+		v.entry().name = name
+		sh.m[name] = v
 	}
-	r.refs++
-	return r
+	v.entry().refs++
+	return v
 }
 
-// release drops one reference to r, and r itself with the last.
-func (rt *requestTable) release(r *request) {
-	sh := &rt.shards[fnv(r.canon)&63]
+// release drops one holder of v, and v itself with the last.
+func (t *sharedTable[V, P]) release(v P) {
+	h := v.entry()
+	sh := &t.shards[fnv(h.name)&63]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if r.refs--; r.refs == 0 {
-		delete(sh.m, r.canon)
+	if h.refs--; h.refs == 0 {
+		delete(sh.m, h.name)
 	}
 }
 
-// keyTable holds the keyStates of the keys that some bucket holds, in shards.
-type keyTable struct {
-	shards [64]keyShard
-}
-
-type keyShard struct {
-	mu sync.Mutex
-	m  map[string]*keyState
-}
-
-func (kt *keyTable) init() {
-	for i := range kt.shards {
-		kt.shards[i].m = map[string]*keyState{}
-	}
-}
-
-// acquire returns key's state, made if needed, with one more reference.
-func (kt *keyTable) acquire(key string) *keyState {
-	sh := &kt.shards[fnv(key)&63]
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	k := sh.m[key]
-	if k == nil {
-		k = &keyState{key: key}
-		sh.m[key] = k
-	}
-	k.refs++
-	return k
-}
-
-// release drops one reference to k, and k itself with the last.
-func (kt *keyTable) release(k *keyState) {
-	sh := &kt.shards[fnv(k.key)&63]
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if k.refs--; k.refs == 0 {
-		delete(sh.m, k.key)
-	}
-}
-
-// len returns the number of keys held.
-func (kt *keyTable) len() int {
+// len returns the number of values held.
+func (t *sharedTable[V, P]) len() int {
 	n := 0
-	for i := range kt.shards {
-		kt.shards[i].mu.Lock()
-		n += len(kt.shards[i].m)
-		kt.shards[i].mu.Unlock()
+	for i := range t.shards {
+		t.shards[i].mu.Lock()
+		n += len(t.shards[i].m)
+		t.shards[i].mu.Unlock()
 	}
 	return n
+}
+
+func (r *request) entry() *tableEntry  { return &r.tableEntry }
+func (k *keyState) entry() *tableEntry { return &k.tableEntry }
+
+// requestOf returns the request of bucket id in domain from t, with one more holder.
+func requestOf(t *sharedTable[request, *request], domain string, id map[string]string) *request {
+	return t.acquire(domain+"\x00"+canonical(id), func() *request { return &request{id: id} })
 }
 
 // fnv is the FNV-1a hash of s, for the tables' shards.

@@ -153,7 +153,7 @@ func runSim(tb testing.TB, c simConfig) simResult {
 		if s.agg, err = aggregator.NewMemory(aggregator.Config{}); err != nil {
 			tb.Fatal(err)
 		}
-		lim, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(cfg), Site: s.name, Snapshot: s.snap, Publisher: s.pub, Clock: clk})
+		lim, err := enforcer.New(enforcer.Config{Rules: rules.Static(cfg), Site: s.name, Snapshot: s.snap, Publisher: s.pub, Clock: clk})
 		if err != nil {
 			tb.Fatal(err)
 		}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
@@ -43,7 +44,7 @@ func benchRequests() []*rlsv3.RateLimitRequest {
 
 func benchServer(b *testing.B) *Server {
 	b.Helper()
-	l, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(loadRules(b, benchRules)), Site: "t", Clock: clock.Real{}})
+	l, err := enforcer.New(enforcer.Config{Rules: rules.Static(loadRules(b, benchRules)), Site: "t", Clock: clock.Real{}})
 	if err != nil {
 		b.Fatal(err)
 	}

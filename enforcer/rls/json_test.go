@@ -18,6 +18,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/headers"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
 )
 
 // edgeRules has a ban (envoyproxy/ratelimit's requests_per_unit: 0), a limit of 2 that a
@@ -41,7 +42,7 @@ func TestNeverAndUnlimitedAgreeEverywhere(t *testing.T) {
 	f := start(t, edgeRules, Options{})
 	jsonSrv := httptest.NewServer(f.srv.JSONHandler())
 	defer jsonSrv.Close()
-	l, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(loadRules(t, edgeRules)), Site: "t2", Clock: f.clk})
+	l, err := enforcer.New(enforcer.Config{Rules: rules.Static(loadRules(t, edgeRules)), Site: "t2", Clock: f.clk})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,7 +61,7 @@ type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
 	lim     *enforcer.Limiter
-	rules   enforcer.RulesSource
+	rules   func() *rules.Config
 	clock   clock.Clock
 	local   *algo.Store
 	site    enforcer.SiteStore // nil: site limits are counted in local

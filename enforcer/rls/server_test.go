@@ -71,7 +71,7 @@ type fixture struct {
 func start(t testing.TB, yaml string, opts Options) *fixture {
 	t.Helper()
 	clk := clock.NewFake(t0)
-	l, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(loadRules(t, yaml)), Site: "t", Clock: clk})
+	l, err := enforcer.New(enforcer.Config{Rules: rules.Static(loadRules(t, yaml)), Site: "t", Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +380,7 @@ func TestHitsAddend(t *testing.T) {
 // rejects, with the same message: both validate with rules.ValidateRequest.
 func TestInvalidRequests(t *testing.T) {
 	f := start(t, testRules, Options{})
-	l, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(loadRules(t, testRules)), Site: "t", Clock: f.clk})
+	l, err := enforcer.New(enforcer.Config{Rules: rules.Static(loadRules(t, testRules)), Site: "t", Clock: f.clk})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -163,3 +163,7 @@ func (r *Reloader) Stats() ReloadStats {
 	defer r.mu.Unlock()
 	return ReloadStats{Reloads: r.reloads, Failures: r.failures, LastError: r.lastErr, LastReload: r.lastLoad}
 }
+
+// Static returns a source of rules that are never reloaded, in the form a Reloader's
+// Current takes (enforcer.Config.Rules): it always returns c.
+func Static(c *Config) func() *Config { return func() *Config { return c } }

@@ -77,20 +77,20 @@ type Config struct {
 	// showed. Default 0: 1/the number of sites that may spend them (see enforcer.Config).
 	DefaultShare float64
 	// SiteStaleAfter is how long a site may go unheard before it is taken as silent and
-	// reserved its share of the keys it served. Default enforcer.DefaultSiteStaleAfter.
+	// reserved its share of the keys it served. Default enforcer.Defaults().SiteStaleAfter.
 	SiteStaleAfter time.Duration
 	// CrashHold is how long a site silent while the rest of its data center speaks keeps
-	// its reservation, fading. Default enforcer.DefaultCrashHold.
+	// its reservation, fading. Default enforcer.Defaults().CrashHold.
 	CrashHold time.Duration
 	// SubBuckets of the site's own sliding-window counts; must equal the aggregator's.
 	// Default window.DefaultSubBuckets.
 	SubBuckets int
 	// MaxKeys bounds each per-key structure of the enforcer: local counters, this site's
 	// global counts, the snapshot and the key cache. Idle keys are dropped first; evictions
-	// are counted. Default enforcer.DefaultMaxKeys, for each.
+	// are counted. Default enforcer.Defaults().MaxKeys, for each.
 	MaxKeys int
 	// MaxMemory is the memory target of the enforcer's per-key structures, in bytes: they
-	// keep at most half of it alive, split as enforcer.SplitMemory says, the other half
+	// keep at most half of it alive, split as memsize.Split says, the other half
 	// being the garbage collector's room. MaxKeys applies too. Default DefaultMaxMemory;
 	// negative: no bound in bytes.
 	MaxMemory int64
@@ -216,7 +216,7 @@ func (c Config) normalize() (Config, error) {
 		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	if c.MaxKeys <= 0 {
-		c.MaxKeys = enforcer.DefaultMaxKeys
+		c.MaxKeys = enforcer.Defaults().MaxKeys
 	}
 	if c.MaxMemory == 0 {
 		c.MaxMemory = DefaultMaxMemory

@@ -12,8 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 )
 
 // startCluster starts a 3-master Redis Cluster on loopback and returns its addresses.
@@ -97,7 +97,7 @@ func TestCluster(t *testing.T) {
 				t.Fatalf("domains d%d/e%d, request %d: allowed %v fellBack %v", d, d, i, ok, fb)
 			}
 		}
-		gop := []enforcer.GlobalOp{{Key: fmt.Sprintf("g%d|u=1#1m", d), Window: time.Minute, N: 1, Cap: 1}}
+		gop := []sitecount.Op{{Key: fmt.Sprintf("g%d|u=1#1m", d), Window: time.Minute, N: 1, Cap: 1}}
 		if ok, fb, _ := c.CommitReport(ctx, t0, gop, nil); !ok || fb {
 			t.Fatalf("site count on the cluster: %v, fell back %v", ok, fb)
 		}

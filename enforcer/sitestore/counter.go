@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/window"
 )
 
@@ -28,15 +28,15 @@ type CounterOptions struct {
 	// Default 1.
 	FallbackShare float64
 	// Fallback counts while Redis is unavailable. Its SubBuckets should equal SubBuckets.
-	// Default (nil): enforcer.NewLocalCounter with SubBuckets and default MaxKeys.
-	Fallback *enforcer.LocalCounter
+	// Default (nil): sitecount.NewLocal with SubBuckets and default MaxKeys.
+	Fallback *sitecount.Local
 }
 
-// Counter is the Redis enforcer.SiteCounter: the exact sliding-window count of each global
+// Counter is the Redis sitecount.Counter: the exact sliding-window count of each global
 // counter key for a site that is a whole data center, shared by all of its enforcers
 // through the Store's Redis (docs/architecture.md, invariant 3). It keeps package window's ring of
 // sub-buckets per key, so for the same sequence of calls it gives the same counts and the
-// same Commit answers as enforcer.LocalCounter (see below for the one difference), and
+// same Commit answers as sitecount.Local (see below for the one difference), and
 // counts by the aggregator's rule, except for an op with Hard set, whose oldest sub-bucket
 // counts whole until it has left the window (window.Ring.CountHard), as LocalCounter
 // counts it: this site then never admits more than the cap in any window.
@@ -57,7 +57,7 @@ type CounterOptions struct {
 // process's share of the site's last count Redis reported, and its commits are written
 // back to Redis before Redis answers again (outage.go).
 //
-// Differences from enforcer.LocalCounter: keys expire by their TTL in Redis's clock
+// Differences from sitecount.Local: keys expire by their TTL in Redis's clock
 // rather than being evicted when idle, so a caller whose clock runs far behind Redis's
 // (beyond the slack) may find a key gone whose count it would still see as non-zero; a
 // denied Commit reports the counts of all ops, where LocalCounter stops at the first op
@@ -70,14 +70,14 @@ type CounterOptions struct {
 type Counter struct {
 	s        *Store
 	sub      int
-	fallback *enforcer.LocalCounter
+	fallback *sitecount.Local
 	share    float64 // CounterOptions.FallbackShare
 	script   *redis.Script
 }
 
 var (
-	_ enforcer.SiteCounter      = (*Counter)(nil)
-	_ enforcer.FallbackReporter = (*Counter)(nil)
+	_ sitecount.Counter          = (*Counter)(nil)
+	_ sitecount.FallbackReporter = (*Counter)(nil)
 )
 
 // NewCounter returns a Counter on s's Redis. It does not contact Redis.
@@ -86,7 +86,7 @@ func NewCounter(s *Store, opts CounterOptions) *Counter {
 		opts.SubBuckets = 60
 	}
 	if opts.Fallback == nil {
-		opts.Fallback = enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: opts.SubBuckets})
+		opts.Fallback = sitecount.NewLocal(sitecount.LocalOptions{SubBuckets: opts.SubBuckets})
 	}
 	if opts.FallbackShare <= 0 || opts.FallbackShare > 1 {
 		opts.FallbackShare = 1
@@ -95,7 +95,7 @@ func NewCounter(s *Store, opts CounterOptions) *Counter {
 }
 
 // Fallback returns the in-process counter that answers while Redis is unavailable.
-func (c *Counter) Fallback() *enforcer.LocalCounter { return c.fallback }
+func (c *Counter) Fallback() *sitecount.Local { return c.fallback }
 
 // RedisKey returns the Redis key of the hash that holds counter key's buckets.
 func (c *Counter) RedisKey(key string) string {
@@ -106,17 +106,17 @@ func (c *Counter) RedisKey(key string) string {
 	return c.s.prefix + "g{" + tag + "}" + key
 }
 
-// Counts implements enforcer.SiteCounter: out[i] (len(out) ≥ len(ops)) receives the
+// Counts implements sitecount.Counter: out[i] (len(out) ≥ len(ops)) receives the
 // site's count of ops[i].Key at now over ops[i].Window, or 0 when the key's ring was made
 // for another window. It always returns nil.
-func (c *Counter) Counts(ctx context.Context, now time.Time, ops []enforcer.GlobalOp, out []float64) error {
+func (c *Counter) Counts(ctx context.Context, now time.Time, ops []sitecount.Op, out []float64) error {
 	if len(ops) == 0 {
 		return nil
 	}
 	if c.s.cluster && len(ops) > 1 {
 		if groups := c.groups(ops); len(groups) > 1 {
 			for _, g := range groups {
-				gops := make([]enforcer.GlobalOp, len(g))
+				gops := make([]sitecount.Op, len(g))
 				gout := make([]float64, len(g))
 				for k, i := range g {
 					gops[k] = ops[i]
@@ -172,20 +172,20 @@ func (c *Counter) call(ctx context.Context, now time.Time, tag string, keys []st
 	})
 }
 
-// Commit implements enforcer.SiteCounter: if, for every i, the count of ops[i] at now plus
+// Commit implements sitecount.Counter: if, for every i, the count of ops[i] at now plus
 // the N of the earlier ops of the request on the same key plus ops[i].N is at most
 // ops[i].Cap (a NaN or +Inf cap always fits), it adds each N to now's bucket of its key
 // and reports true; otherwise it adds nothing and reports false. When counts is not nil
 // (len ≥ len(ops)), counts[i] receives the count of ops[i] at now before the request, for
 // every i whatever the outcome. The error is always nil.
-func (c *Counter) Commit(ctx context.Context, now time.Time, ops []enforcer.GlobalOp, counts []float64) (bool, error) {
+func (c *Counter) Commit(ctx context.Context, now time.Time, ops []sitecount.Op, counts []float64) (bool, error) {
 	ok, _, err := c.CommitReport(ctx, now, ops, counts)
 	return ok, err
 }
 
 // CommitReport is Commit that also reports whether the answer came from the in-process
 // fallback instead of Redis, so that a caller can mark such a decision as a fallback.
-func (c *Counter) CommitReport(ctx context.Context, now time.Time, ops []enforcer.GlobalOp, counts []float64) (ok, fellBack bool, err error) {
+func (c *Counter) CommitReport(ctx context.Context, now time.Time, ops []sitecount.Op, counts []float64) (ok, fellBack bool, err error) {
 	if len(ops) == 0 {
 		return true, false, nil
 	}
@@ -193,7 +193,7 @@ func (c *Counter) CommitReport(ctx context.Context, now time.Time, ops []enforce
 		if groups := c.groups(ops); len(groups) > 1 {
 			all := true
 			for _, g := range groups {
-				gops := make([]enforcer.GlobalOp, len(g))
+				gops := make([]sitecount.Op, len(g))
 				gcounts := make([]float64, len(g))
 				for k, i := range g {
 					gops[k] = ops[i]
@@ -240,11 +240,11 @@ func (c *Counter) CommitReport(ctx context.Context, now time.Time, ops []enforce
 }
 
 // fallbackCommit commits in process, each cap scaled to this process's FallbackShare.
-func (c *Counter) fallbackCommit(ctx context.Context, now time.Time, ops []enforcer.GlobalOp, counts []float64) (bool, error) {
+func (c *Counter) fallbackCommit(ctx context.Context, now time.Time, ops []sitecount.Op, counts []float64) (bool, error) {
 	if c.share >= 1 {
 		return c.fallback.Commit(ctx, now, ops, counts)
 	}
-	var buf [8]enforcer.GlobalOp
+	var buf [8]sitecount.Op
 	scaled := append(buf[:0], ops...)
 	for i := range scaled {
 		scaled[i].Cap *= c.share
@@ -257,7 +257,7 @@ const counterArgsPerOp = 10
 // args builds the script's keys and arguments (see counter.lua). All the window arithmetic
 // is done here, with package window's own functions, so that the script only adds and
 // compares.
-func (c *Counter) args(now time.Time, ops []enforcer.GlobalOp, commit bool) ([]string, []any) {
+func (c *Counter) args(now time.Time, ops []sitecount.Op, commit bool) ([]string, []any) {
 	ms := now.UnixMilli()
 	keys := make([]string, len(ops))
 	args := make([]any, 0, 2+counterArgsPerOp*len(ops))
@@ -288,7 +288,7 @@ func addAmount(n int64) int64 {
 }
 
 // capArg renders the cap for the script; infinities and NaN, which Lua cannot parse, as
-// the outcome they give in enforcer.LocalCounter's comparison cur+N > cap.
+// the outcome they give in sitecount.Local's comparison cur+N > cap.
 func capArg(c float64) any {
 	switch {
 	case math.IsNaN(c) || math.IsInf(c, 1):
@@ -300,6 +300,6 @@ func capArg(c float64) any {
 }
 
 // groups returns the index sets of ops per hash tag, in first-appearance order.
-func (c *Counter) groups(ops []enforcer.GlobalOp) [][]int {
+func (c *Counter) groups(ops []sitecount.Op) [][]int {
 	return groupByTag(len(ops), func(i int) string { return c.s.tag(ops[i].Key) })
 }

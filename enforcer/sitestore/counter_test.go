@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/internal/breaker"
 	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/internal/testenv"
@@ -26,7 +26,7 @@ func near(a, b float64) bool {
 	return math.Abs(a-b) <= 1e-9*math.Max(1, math.Abs(b))
 }
 
-// TestCounterMatchesLocalCounter drives the Redis Counter and enforcer.LocalCounter with the
+// TestCounterMatchesLocalCounter drives the Redis Counter and sitecount.Local with the
 // same random sequence of Counts and Commits, on a fake clock, and requires the same counts
 // and the same Commit answers at every step.
 func TestCounterMatchesLocalCounter(t *testing.T) {
@@ -37,7 +37,7 @@ func TestCounterMatchesLocalCounter(t *testing.T) {
 			s := newStore(t, client, testenv.KeyPrefix(t), func(c *Config) { c.ExpirySlack = time.Hour })
 			rc := NewCounter(s, CounterOptions{SubBuckets: sub})
 			// The Redis counter interpolates the oldest sub-bucket, as the aggregator does.
-			lc := enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: sub, Interpolate: true})
+			lc := sitecount.NewLocal(sitecount.LocalOptions{SubBuckets: sub, Interpolate: true})
 			rng := rand.New(rand.NewPCG(uint64(sub), 7))
 			clk := clock.NewFake(t0)
 			ctx := context.Background()
@@ -46,17 +46,17 @@ func TestCounterMatchesLocalCounter(t *testing.T) {
 			// Rarely, a key is used with another window (the rules changed): its ring restarts.
 			// 700µs is under a millisecond: such a ring never matches and restarts every time.
 			otherWindows := []time.Duration{3 * time.Second, 700 * time.Microsecond}
-			var allOps []enforcer.GlobalOp
+			var allOps []sitecount.Op
 			for i := range keys {
 				for _, w := range append([]time.Duration{windows[i]}, otherWindows...) {
-					allOps = append(allOps, enforcer.GlobalOp{Key: keys[i], Window: w})
+					allOps = append(allOps, sitecount.Op{Key: keys[i], Window: w})
 				}
 			}
 			gotAll := make([]float64, len(allOps))
 			wantAll := make([]float64, len(allOps))
 			// commitBoth commits ops to both counters and compares the answers and the
 			// counts reported; want holds LocalCounter's Counts before the commit.
-			commitBoth := func(step int, now time.Time, ops []enforcer.GlobalOp, want []float64) bool {
+			commitBoth := func(step int, now time.Time, ops []sitecount.Op, want []float64) bool {
 				t.Helper()
 				nops := len(ops)
 				got := make([]float64, nops)
@@ -95,9 +95,9 @@ func TestCounterMatchesLocalCounter(t *testing.T) {
 			// restarts the ring for the new window, and an op checked on the replaced ring
 			// counts nowhere.
 			inf := math.Inf(1)
-			a1 := enforcer.GlobalOp{Key: keys[0], Window: windows[0], N: 1, Cap: inf}
-			a3 := enforcer.GlobalOp{Key: keys[0], Window: otherWindows[0], N: 2, Cap: inf}
-			for i, ops := range [][]enforcer.GlobalOp{{a1}, {a3, a1}, {a1}, {a1, a3}, {a3, a1, a3}, {a1}} {
+			a1 := sitecount.Op{Key: keys[0], Window: windows[0], N: 1, Cap: inf}
+			a3 := sitecount.Op{Key: keys[0], Window: otherWindows[0], N: 2, Cap: inf}
+			for i, ops := range [][]sitecount.Op{{a1}, {a3, a1}, {a1}, {a1, a3}, {a3, a1, a3}, {a1}} {
 				want := make([]float64, len(ops))
 				_ = lc.Counts(ctx, t0, ops, want)
 				commitBoth(-1-i, t0, ops, want)
@@ -122,7 +122,7 @@ func TestCounterMatchesLocalCounter(t *testing.T) {
 				now := clk.Now()
 
 				nops := 1 + rng.IntN(3)
-				ops := make([]enforcer.GlobalOp, nops)
+				ops := make([]sitecount.Op, nops)
 				want := make([]float64, nops)
 				for i := range ops {
 					k := rng.IntN(len(keys))
@@ -130,7 +130,7 @@ func TestCounterMatchesLocalCounter(t *testing.T) {
 					if rng.IntN(60) == 0 {
 						w = otherWindows[rng.IntN(len(otherWindows))]
 					}
-					ops[i] = enforcer.GlobalOp{Key: keys[k], Window: w, N: int64(rng.IntN(4))}
+					ops[i] = sitecount.Op{Key: keys[k], Window: w, N: int64(rng.IntN(4))}
 				}
 				if err := lc.Counts(ctx, now, ops, want); err != nil {
 					t.Fatal(err)
@@ -177,14 +177,14 @@ func TestCounterTwoEnforcersShareCount(t *testing.T) {
 	a := NewCounter(newStore(t, testenv.RedisClient(t), prefix, nil), CounterOptions{})
 	b := NewCounter(newStore(t, testenv.RedisClient(t), prefix, nil), CounterOptions{})
 	ctx := context.Background()
-	op := enforcer.GlobalOp{Key: "g|shared#1m", Window: time.Minute, N: 1, Cap: 50}
+	op := sitecount.Op{Key: "g|shared#1m", Window: time.Minute, N: 1, Cap: 50}
 	done := make(chan int)
 	for _, c := range []*Counter{a, b} {
 		go func() {
 			n := 0
 			for i := 0; i < 40; i++ {
 				// Each enforcer's clock: a few ms apart, inside one bucket.
-				if ok, err := c.Commit(ctx, t0.Add(time.Duration(i%3)*time.Millisecond), []enforcer.GlobalOp{op}, nil); ok && err == nil {
+				if ok, err := c.Commit(ctx, t0.Add(time.Duration(i%3)*time.Millisecond), []sitecount.Op{op}, nil); ok && err == nil {
 					n++
 				}
 			}
@@ -196,7 +196,7 @@ func TestCounterTwoEnforcersShareCount(t *testing.T) {
 	}
 	out := make([]float64, 1)
 	for name, c := range map[string]*Counter{"a": a, "b": b} {
-		if err := c.Counts(ctx, t0.Add(time.Second), []enforcer.GlobalOp{op}, out); err != nil || out[0] != 50 {
+		if err := c.Counts(ctx, t0.Add(time.Second), []sitecount.Op{op}, out); err != nil || out[0] != 50 {
 			t.Fatalf("enforcer %s counts %v, %v; want exactly 50", name, out[0], err)
 		}
 		if v := value(t, c.s.m.calls.WithLabelValues("ok")); v < 1 {
@@ -204,7 +204,7 @@ func TestCounterTwoEnforcersShareCount(t *testing.T) {
 		}
 	}
 	// Once t0's bucket has slid out of the window, the count is zero for both.
-	if err := a.Counts(ctx, t0.Add(time.Minute+2*time.Second), []enforcer.GlobalOp{op}, out); err != nil || out[0] != 0 {
+	if err := a.Counts(ctx, t0.Add(time.Minute+2*time.Second), []sitecount.Op{op}, out); err != nil || out[0] != 0 {
 		t.Fatalf("count after the window passed = %v, %v; want 0", out[0], err)
 	}
 }
@@ -214,7 +214,7 @@ func TestCounterAllOrNothing(t *testing.T) {
 	prefix := testenv.KeyPrefix(t)
 	c := NewCounter(newStore(t, client, prefix, nil), CounterOptions{})
 	ctx := context.Background()
-	ops := []enforcer.GlobalOp{
+	ops := []sitecount.Op{
 		{Key: "api|user=1#60s", Window: time.Minute, N: 1, Cap: 10},
 		{Key: "api|ip=x#60s", Window: time.Minute, N: 1, Cap: 1},
 	}
@@ -240,7 +240,7 @@ func TestCounterAllOrNothing(t *testing.T) {
 		t.Fatalf("hash of the first key = %v, %v; want only bucket %s = 1 (denied commits took nothing)", h, err, bucket)
 	}
 	// Ops of one request on one key add up before the check.
-	same := []enforcer.GlobalOp{
+	same := []sitecount.Op{
 		{Key: "api|same#1m", Window: time.Minute, N: 2, Cap: 3},
 		{Key: "api|same#1m", Window: time.Minute, N: 2, Cap: 3},
 	}
@@ -262,14 +262,14 @@ func TestCounterTTLAndTrim(t *testing.T) {
 	s := newStore(t, client, testenv.KeyPrefix(t), nil) // ExpirySlack 1 s
 	c := NewCounter(s, CounterOptions{})
 	ctx := context.Background()
-	op := enforcer.GlobalOp{Key: "g|ttl#1m", Window: time.Minute, N: 1, Cap: math.Inf(1)}
+	op := sitecount.Op{Key: "g|ttl#1m", Window: time.Minute, N: 1, Cap: math.Inf(1)}
 	spec := window.NewSpec(time.Minute, 60, 0)
 	k := c.RedisKey(op.Key)
 	now := t0
 	var set time.Time // when the last commit set the TTL, by the wall clock Redis counts it on
 	for i := 0; i < 200; i++ {
 		set = time.Now()
-		if ok, _ := c.Commit(ctx, now, []enforcer.GlobalOp{op}, nil); !ok {
+		if ok, _ := c.Commit(ctx, now, []sitecount.Op{op}, nil); !ok {
 			t.Fatal("commit under an infinite cap denied")
 		}
 		now = now.Add(700 * time.Millisecond)
@@ -312,7 +312,7 @@ func TestCounterRedisDownFallbackAndRecovery(t *testing.T) {
 	})
 	c := NewCounter(s, CounterOptions{})
 	ctx := context.Background()
-	op := []enforcer.GlobalOp{{Key: "d|u=1#1m", Window: time.Minute, N: 1, Cap: 3}}
+	op := []sitecount.Op{{Key: "d|u=1#1m", Window: time.Minute, N: 1, Cap: 3}}
 	counts := make([]float64, 1)
 	if ok, err := c.Commit(ctx, t0, op, counts); !ok || err != nil || counts[0] != 0 {
 		t.Fatalf("with Redis up: %v, %v, count %v", ok, err, counts[0])
@@ -363,9 +363,9 @@ func TestCounterRedisDownFallbackAndRecovery(t *testing.T) {
 func benchmarkCommit(b *testing.B, nops int) {
 	client := testenv.RedisClient(b)
 	c := NewCounter(newStore(b, client, testenv.KeyPrefix(b), nil), CounterOptions{})
-	ops := make([]enforcer.GlobalOp, nops)
+	ops := make([]sitecount.Op, nops)
 	for i := range ops {
-		ops[i] = enforcer.GlobalOp{Key: fmt.Sprintf("bench|k=%d#1m", i), Window: time.Minute, N: 1, Cap: 1e15}
+		ops[i] = sitecount.Op{Key: fmt.Sprintf("bench|k=%d#1m", i), Window: time.Minute, N: 1, Cap: 1e15}
 	}
 	counts := make([]float64, nops)
 	ctx := context.Background()
@@ -391,13 +391,13 @@ func BenchmarkCounterCommit3(b *testing.B) { benchmarkCommit(b, 3) }
 func TestCounterHard(t *testing.T) {
 	s := newStore(t, testenv.RedisClient(t), testenv.KeyPrefix(t), func(c *Config) { c.ExpirySlack = time.Hour })
 	rc := NewCounter(s, CounterOptions{SubBuckets: 10})
-	lc := enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: 10, Interpolate: true})
+	lc := sitecount.NewLocal(sitecount.LocalOptions{SubBuckets: 10, Interpolate: true})
 	ctx := context.Background()
 	start := time.UnixMilli(t0.UnixMilli() / 1000 * 1000) // a bucket boundary (100 ms buckets)
 	for _, hard := range []bool{true, false} {
-		op := enforcer.GlobalOp{Key: fmt.Sprintf("g|k=hard-%v#1s", hard), Window: time.Second, N: 20, Cap: 20, Hard: hard}
-		for _, c := range []enforcer.SiteCounter{rc, lc} {
-			if ok, _ := c.Commit(ctx, start, []enforcer.GlobalOp{op}, nil); !ok {
+		op := sitecount.Op{Key: fmt.Sprintf("g|k=hard-%v#1s", hard), Window: time.Second, N: 20, Cap: 20, Hard: hard}
+		for _, c := range []sitecount.Counter{rc, lc} {
+			if ok, _ := c.Commit(ctx, start, []sitecount.Op{op}, nil); !ok {
 				t.Fatalf("hard %v: the first 20 did not fit a cap of 20", hard)
 			}
 		}
@@ -407,8 +407,8 @@ func TestCounterHard(t *testing.T) {
 		one.N = 1
 		got := make([]float64, 1)
 		want := make([]float64, 1)
-		rok, _ := rc.Commit(ctx, at, []enforcer.GlobalOp{one}, got)
-		lok, _ := lc.Commit(ctx, at, []enforcer.GlobalOp{one}, want)
+		rok, _ := rc.Commit(ctx, at, []sitecount.Op{one}, got)
+		lok, _ := lc.Commit(ctx, at, []sitecount.Op{one}, want)
 		if rok != lok || got[0] != want[0] {
 			t.Fatalf("hard %v: Redis Commit %v (count %v), LocalCounter %v (count %v)", hard, rok, got[0], lok, want[0])
 		}

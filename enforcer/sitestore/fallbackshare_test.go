@@ -8,8 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 )
 
 // deadRedis returns a client for a loopback port where nothing listens, so that every call
@@ -49,7 +49,7 @@ func TestFallbackShare(t *testing.T) {
 	}
 
 	c := NewCounter(s, CounterOptions{FallbackShare: 0.5})
-	gop := []enforcer.GlobalOp{{Key: "api|user=1#60s", Window: time.Minute, N: 1, Cap: 10}}
+	gop := []sitecount.Op{{Key: "api|user=1#60s", Window: time.Minute, N: 1, Cap: 10}}
 	admitted = 0
 	for range 20 {
 		if ok, err := c.Commit(ctx, t0, gop, nil); err != nil {

@@ -13,8 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 )
 
 // This file bounds what an outage of Redis costs (docs/redis.md, "While Redis is away"):
@@ -113,11 +113,11 @@ func (t *knownTable) claim(key string, now int64, outage uint64) (knownUse, bool
 // writeBack is one batch of hits admitted in process, to be added to Redis.
 type writeBack struct {
 	id     string
-	c      *Counter          // a global-scope site count (gop) of c, or nil: a site-scope op
-	op     algo.Op           // N is the batch's total
-	gop    enforcer.GlobalOp // N is the batch's total
-	last   int64             // unix ns of the batch's newest hit
-	window time.Duration     // hits older than this at write-back time no longer matter
+	c      *Counter      // a global-scope site count (gop) of c, or nil: a site-scope op
+	op     algo.Op       // N is the batch's total
+	gop    sitecount.Op  // N is the batch's total
+	last   int64         // unix ns of the batch's newest hit
+	window time.Duration // hits older than this at write-back time no longer matter
 }
 
 // pending holds the write backs not yet in Redis: open batches (still growing, one per
@@ -258,7 +258,7 @@ func (s *Store) writeBackOne(ctx context.Context, now time.Time, wb *writeBack) 
 	defer cancel()
 	var err error
 	if wb.c != nil {
-		ops := []enforcer.GlobalOp{wb.gop}
+		ops := []sitecount.Op{wb.gop}
 		ops[0].Cap = math.Inf(1)
 		keys, args := wb.c.args(now, ops, true)
 		keys = append(keys, wb.c.RedisKey(wb.gop.Key)+":wb:"+wb.id)
@@ -310,7 +310,7 @@ func (s *Store) pendAll(now time.Time, ops []algo.Op) {
 
 // seedCounter raises the fallback counter's count of each op to this process's share of
 // the site's last known count, once per outage.
-func (c *Counter) seedCounter(ctx context.Context, now time.Time, ops []enforcer.GlobalOp) {
+func (c *Counter) seedCounter(ctx context.Context, now time.Time, ops []sitecount.Op) {
 	t := now.UnixNano()
 	outage := c.s.outage.Load()
 	var cur [1]float64
@@ -320,17 +320,17 @@ func (c *Counter) seedCounter(ctx context.Context, now time.Time, ops []enforcer
 			continue
 		}
 		op := ops[i]
-		_ = c.fallback.Counts(ctx, now, []enforcer.GlobalOp{op}, cur[:])
+		_ = c.fallback.Counts(ctx, now, []sitecount.Op{op}, cur[:])
 		if add := int64(math.Ceil(float64(k.used)*c.share - cur[0])); add > 0 {
 			op.N, op.Cap = add, math.Inf(1)
-			_, _ = c.fallback.Commit(ctx, now, []enforcer.GlobalOp{op}, nil)
+			_, _ = c.fallback.Commit(ctx, now, []sitecount.Op{op}, nil)
 		}
 	}
 }
 
 // noteCounts records the site's counts Redis reported (after the request's own N when it
 // was committed).
-func (c *Counter) noteCounts(now time.Time, ops []enforcer.GlobalOp, counts []float64, committed bool) {
+func (c *Counter) noteCounts(now time.Time, ops []sitecount.Op, counts []float64, committed bool) {
 	t := now.UnixNano()
 	for i := range ops {
 		n := counts[i]
@@ -343,7 +343,7 @@ func (c *Counter) noteCounts(now time.Time, ops []enforcer.GlobalOp, counts []fl
 }
 
 // pendCounts records the hits of ops, just committed in process during an outage.
-func (c *Counter) pendCounts(now time.Time, ops []enforcer.GlobalOp) {
+func (c *Counter) pendCounts(now time.Time, ops []sitecount.Op) {
 	t := now.UnixNano()
 	for i := range ops {
 		op := ops[i]

@@ -50,12 +50,12 @@
 //
 // # Global-scope site counts
 //
-// Counter (NewCounter, on a Store) is the Redis enforcer.SiteCounter: the exact count of
+// Counter (NewCounter, on a Store) is the Redis sitecount.Counter: the exact count of
 // this site's hits of each global key, shared by all the enforcers of a data center
 // (docs/architecture.md, invariant 3). It keeps package window's ring of sub-buckets in one hash per key,
-// counts by the aggregator's rule, and answers exactly as enforcer.LocalCounter would for
+// counts by the aggregator's rule, and answers exactly as sitecount.Local would for
 // the same calls. It uses the Store's client, key prefix, hash tags, timeout, breaker and
-// metrics, and falls back to an in-process enforcer.LocalCounter like the Store does.
+// metrics, and falls back to an in-process sitecount.Local like the Store does.
 //
 // # Failures
 //

@@ -15,8 +15,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/internal/breaker"
 	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/internal/testenv"
@@ -380,7 +380,7 @@ func TestWriteBackIsIdempotent(t *testing.T) {
 	c := NewCounter(s, CounterOptions{})
 	ctx := context.Background()
 	op := algo.Op{Key: "d|wb#1m", Algorithm: algo.SlidingWindow, Limit: algo.Limit{Requests: 10, Window: time.Minute}, N: 4}
-	gop := enforcer.GlobalOp{Key: "d|wbg#1m", Window: time.Minute, N: 4}
+	gop := sitecount.Op{Key: "d|wbg#1m", Window: time.Minute, N: 4}
 	for _, wb := range []*writeBack{
 		{id: "x1", op: op, last: t0.UnixNano(), window: time.Minute},
 		{id: "x2", c: c, gop: gop, last: t0.UnixNano(), window: time.Minute},
@@ -397,7 +397,7 @@ func TestWriteBackIsIdempotent(t *testing.T) {
 		t.Fatalf("after writing back 4 hits twice: remaining %d (fellBack %v), want 6", d.Remaining, fb)
 	}
 	counts := make([]float64, 1)
-	if err := c.Counts(ctx, t0, []enforcer.GlobalOp{gop}, counts); err != nil || counts[0] != 4 {
+	if err := c.Counts(ctx, t0, []sitecount.Op{gop}, counts); err != nil || counts[0] != 4 {
 		t.Fatalf("site count after writing back 4 hits twice = %v, %v; want 4", counts[0], err)
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/internal/memsize"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
 )
@@ -369,19 +370,7 @@ const (
 
 // entryBytes is what entry e of key keeps alive.
 func entryBytes(key string, e *Entry) int64 {
-	return entrySize + allocBytes(int64(cap(e.Sites))*siteCountBytes) + allocBytes(int64(len(key))) + boxedKeyBytes + mapNodeBytes
-}
-
-// allocBytes is what an allocation of n bytes takes: the allocator's small size classes
-// step by 16 bytes up to 256, more coarsely beyond, by up to an eighth.
-func allocBytes(n int64) int64 {
-	switch {
-	case n <= 0:
-		return 0
-	case n <= 256:
-		return (n + 15) &^ 15
-	}
-	return n + n/8
+	return entrySize + memsize.Alloc(int64(cap(e.Sites))*siteCountBytes) + memsize.Alloc(int64(len(key))) + boxedKeyBytes + mapNodeBytes
 }
 
 // Apply applies one record of the counts topic: a count sets the key's entry (the last

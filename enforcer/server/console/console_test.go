@@ -57,7 +57,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	if f.lim, err = enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(rs), Site: "eu", Clock: f.clk, Snapshot: f.sn, Registerer: reg}); err != nil {
+	if f.lim, err = enforcer.New(enforcer.Config{Rules: rules.Static(rs), Site: "eu", Clock: f.clk, Snapshot: f.sn, Registerer: reg}); err != nil {
 		t.Fatal(err)
 	}
 	if f.c, err = New(Options{Limiter: f.lim, Gatherer: reg, TopKeys: 2}); err != nil {
@@ -248,7 +248,7 @@ func TestStateWithoutSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk := clock.NewFake(t0)
-	lim, err := enforcer.New(enforcer.Config{Rules: enforcer.StaticRules(rs), Site: "eu", Clock: clk})
+	lim, err := enforcer.New(enforcer.Config{Rules: rules.Static(rs), Site: "eu", Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}

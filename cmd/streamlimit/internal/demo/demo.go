@@ -19,6 +19,7 @@ import (
 	"github.com/streamlimit/streamlimit/aggregator"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/producer"
 	"github.com/streamlimit/streamlimit/topicadmin"
@@ -130,7 +131,7 @@ type site struct {
 	name    string
 	snap    *snapshot.Snapshot
 	prod    *producer.Producer
-	counter *enforcer.LocalCounter
+	counter *sitecount.Local
 	lim     *enforcer.Limiter
 }
 
@@ -322,9 +323,9 @@ func newSite(name string, brokers []string, rcfg *rules.Config, opts Options, lo
 	if err != nil {
 		return nil, fmt.Errorf("demo: site %s: %w", name, err)
 	}
-	counter := enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: subBuckets})
+	counter := sitecount.NewLocal(sitecount.LocalOptions{SubBuckets: subBuckets})
 	lim, err := enforcer.New(enforcer.Config{
-		Rules:        enforcer.StaticRules(rcfg),
+		Rules:        rules.Static(rcfg),
 		Site:         name,
 		Counter:      counter,
 		Snapshot:     snap,

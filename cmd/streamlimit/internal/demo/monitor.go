@@ -7,7 +7,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 )
 
 // sampleEvery is how often the monitor samples the pipeline's freshness.
@@ -53,7 +53,7 @@ func (m *monitor) sample() status {
 	bySite, byClient := m.rec.totals()
 	st.byClient = byClient
 	abusive := m.p.clients[m.p.abusive]
-	ops := []enforcer.GlobalOp{{Key: abusive.key, Window: m.p.window}}
+	ops := []sitecount.Op{{Key: abusive.key, Window: m.p.window}}
 	local := []float64{0}
 	for i, s := range m.sites {
 		ss := siteStatus{name: s.name, admitted: bySite[i][0], denied: bySite[i][1], stale: s.snap.StaleAt(now)}

@@ -7,8 +7,8 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 )
 
 // Counter names one counting method of the counting-rules comparison.
@@ -22,7 +22,7 @@ const (
 	// weighted by its overlap (the common "approximate sliding window").
 	TwoWindow Counter = "sliding window counter (2 windows)"
 	// SubWindows is the aggregator's rule (package window) with the
-	// comparison's sub-bucket count, through enforcer.LocalCounter, which global limits use
+	// comparison's sub-bucket count, through sitecount.Local, which global limits use
 	// for a site's own count.
 	SubWindows Counter = "sub-window counts"
 	// ExactLog is algo.SlidingLog, the exact sliding-window log.
@@ -117,8 +117,8 @@ func Compare(ctx context.Context, cfg CompareConfig) ([]CompareResult, error) {
 			op := algo.Op{Key: "client", Algorithm: a, Limit: lim, N: 1}
 			decide = func(now time.Time) bool { return st.Allow(now, op).Allowed }
 		case SubWindows:
-			lc := enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: cfg.SubBuckets})
-			ops := []enforcer.GlobalOp{{Key: "client", Window: cfg.Window, N: 1, Cap: float64(cfg.Limit)}}
+			lc := sitecount.NewLocal(sitecount.LocalOptions{SubBuckets: cfg.SubBuckets})
+			ops := []sitecount.Op{{Key: "client", Window: cfg.Window, N: 1, Cap: float64(cfg.Limit)}}
 			decide = func(now time.Time) bool {
 				ok, err := lc.Commit(ctx, now, ops, nil)
 				return ok && err == nil

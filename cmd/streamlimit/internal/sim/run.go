@@ -11,6 +11,7 @@ import (
 	"github.com/streamlimit/streamlimit/aggregator"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/producer"
@@ -225,7 +226,7 @@ type site struct {
 	name string
 	lim  *enforcer.Limiter
 	snap *snapshot.Snapshot
-	ctr  *enforcer.LocalCounter
+	ctr  *sitecount.Local
 	pub  *publisher
 }
 
@@ -275,10 +276,10 @@ func run(ctx context.Context, cfg Config, rc *rules.Config) (Result, error) {
 		if s.snap, err = snapshot.NewMemory(snapshot.Config{Site: s.name, Clock: clk}); err != nil {
 			return Result{}, err
 		}
-		s.ctr = enforcer.NewLocalCounter(enforcer.LocalCounterOptions{SubBuckets: cfg.SubBuckets})
+		s.ctr = sitecount.NewLocal(sitecount.LocalOptions{SubBuckets: cfg.SubBuckets})
 		s.pub = &publisher{clk: clk, sub: cfg.SubBuckets, widthMs: cfg.ProducerBucket.Milliseconds()}
 		s.lim, err = enforcer.New(enforcer.Config{
-			Rules: enforcer.StaticRules(rc), Site: s.name, Counter: s.ctr, Snapshot: s.snap, Publisher: s.pub, Clock: clk,
+			Rules: rules.Static(rc), Site: s.name, Counter: s.ctr, Snapshot: s.snap, Publisher: s.pub, Clock: clk,
 			MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter, SubBuckets: cfg.SubBuckets, ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior,
 			DefaultShare: 1 / float64(cfg.Sites),
 		})
@@ -394,7 +395,7 @@ func tracePoint(t int64, now time.Time, acc *accounting, s *site, key string, w 
 		return p
 	}
 	var local [1]float64
-	_ = s.ctr.Counts(context.Background(), now, []enforcer.GlobalOp{{Key: key, Window: w}}, local[:])
+	_ = s.ctr.Counts(context.Background(), now, []sitecount.Op{{Key: key, Window: w}}, local[:])
 	p.Local = local[0]
 	if e, ok := s.snap.Get(key); ok && e.Window == w && !e.Expired(now) {
 		p.Remote = e.Remote()

@@ -1,4 +1,11 @@
-package enforcer
+// Package sitecount keeps a site's exact sliding-window count of each global counter key:
+// the count a site adds to the snapshot of the other sites' counts to decide a global
+// limit (docs/architecture.md, invariant 3). Counter is what the enforcer asks of it; Local
+// is the in-process one, for a site that is one process (package sitestore keeps the count
+// of a site of several enforcers in its Redis). Counts use the aggregator's rule (package
+// window: sub-buckets, the oldest one interpolated or taken by the span of its hits), so
+// that the snapshot's count of this site and its own count are the same measure.
+package sitecount
 
 import (
 	"context"
@@ -11,11 +18,12 @@ import (
 	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/internal/memsize"
 	"github.com/streamlimit/streamlimit/window"
 )
 
-// GlobalOp is one global limit of a request, as a SiteCounter sees it.
-type GlobalOp struct {
+// Op is one global limit of a request, as a Counter sees it.
+type Op struct {
 	// Key is the counter key.
 	Key string
 	// Window is the limit's sliding window.
@@ -28,33 +36,43 @@ type GlobalOp struct {
 	// (window.Ring.CountHard), so that this site never admits more than Cap in any window.
 	Hard bool
 
-	h *keyHandle // set by the Limiter: lets a LocalCounter skip its map lookup
+	// Handle, when set, caches where a Local keeps the key's count, so that a caller that
+	// decides the same key again (the enforcer keeps one Handle per interned key) spares
+	// the Local its map lookup. Nil: looked up by Key.
+	Handle *Handle
 }
 
-// SiteCounter keeps this site's exact sliding-window count of each global counter key:
-// the "local_exact" of docs/architecture.md, invariant 3. Counts use the aggregator's rule (package
-// window: sub-buckets with the oldest one interpolated), so that the snapshot's count of
-// this site and the local count are the same measure. Implementations must be safe for
-// simultaneous use by multiple goroutines.
-type SiteCounter interface {
+// Handle caches a key's entry in a Local (Op.Handle). Its zero value is empty; one Handle
+// serves one key, and may be shared by concurrent decisions of it.
+type Handle struct {
+	e atomic.Pointer[entry]
+}
+
+// DefaultMaxKeys is LocalOptions.MaxKeys when zero.
+const DefaultMaxKeys = 1 << 20
+
+// Counter keeps this site's exact sliding-window count of each global counter key (the
+// "local_exact" of docs/architecture.md). Implementations must be safe for simultaneous
+// use by multiple goroutines.
+type Counter interface {
 	// Counts sets out[i] to the site's count of ops[i] at now.
-	Counts(ctx context.Context, now time.Time, ops []GlobalOp, out []float64) error
+	Counts(ctx context.Context, now time.Time, ops []Op, out []float64) error
 	// Commit adds ops[i].N to each counter if, for every i, the count at now plus N is at
 	// most ops[i].Cap, as one atomic step, and reports whether it did. When counts is not
 	// nil, counts[i] receives op i's count at now before adding (as Counts would report),
 	// so that a caller with nothing else to check needs one call, not two.
-	Commit(ctx context.Context, now time.Time, ops []GlobalOp, counts []float64) (bool, error)
+	Commit(ctx context.Context, now time.Time, ops []Op, counts []float64) (bool, error)
 }
 
-// FallbackReporter is a SiteCounter that can say whether a Commit was answered by an
+// FallbackReporter is a Counter that can say whether a Commit was answered by an
 // in-process fallback instead of the store the site shares (sitestore.Counter can, while
 // Redis is away): such a decision is reported as a fallback, as a site limit's is.
 type FallbackReporter interface {
-	CommitReport(ctx context.Context, now time.Time, ops []GlobalOp, counts []float64) (ok, fellBack bool, err error)
+	CommitReport(ctx context.Context, now time.Time, ops []Op, counts []float64) (ok, fellBack bool, err error)
 }
 
-// LocalCounterOptions configures a LocalCounter.
-type LocalCounterOptions struct {
+// LocalOptions configures a Local.
+type LocalOptions struct {
 	// SubBuckets is the number of sub-buckets per window; it should equal the
 	// aggregator's. Default window.DefaultSubBuckets.
 	SubBuckets int
@@ -76,10 +94,10 @@ type LocalCounterOptions struct {
 	Interpolate bool
 }
 
-// LocalCounter is the in-process SiteCounter, for a site that is one process. It holds a
+// Local is the in-process Counter, for a site that is one process. It holds a
 // ring of sub-window buckets per key in 64 mutex-guarded shards. Once a key exists, Counts
 // and Commit do not allocate.
-type LocalCounter struct {
+type Local struct {
 	sub         int
 	interpolate bool
 	maxPerShard int
@@ -92,7 +110,7 @@ type LocalCounter struct {
 
 type countShard struct {
 	mu sync.Mutex
-	m  map[string]*ringEntry
+	m  map[string]*entry
 	// bytes is what the shard's entries keep alive (entryBytes), under mu.
 	bytes int64
 	// nextSweep is when a full shard may next scan itself for idle entries (unix ms), so
@@ -101,10 +119,10 @@ type countShard struct {
 	_         [32]byte
 }
 
-type ringEntry struct {
+type entry struct {
 	spec  window.Spec
 	last  int64 // unix ms of the last add
-	owner *LocalCounter
+	owner *Local
 	shard uint8
 	// dead is set, under the shard lock, when the entry leaves its shard's map, so that a
 	// keyHandle still pointing at it looks the key up again.
@@ -125,32 +143,32 @@ type ringEntry struct {
 	buf [inlineSlots]uint32
 }
 
-// NewLocalCounter returns an empty LocalCounter.
-func NewLocalCounter(opts LocalCounterOptions) *LocalCounter {
+// NewLocal returns an empty Local.
+func NewLocal(opts LocalOptions) *Local {
 	if opts.SubBuckets <= 0 {
 		opts.SubBuckets = window.DefaultSubBuckets
 	}
 	if opts.MaxKeys <= 0 {
 		opts.MaxKeys = DefaultMaxKeys
 	}
-	c := &LocalCounter{sub: opts.SubBuckets, interpolate: opts.Interpolate, maxPerShard: max(opts.MaxKeys/64, 1), seed: maphash.MakeSeed()}
+	c := &Local{sub: opts.SubBuckets, interpolate: opts.Interpolate, maxPerShard: max(opts.MaxKeys/64, 1), seed: maphash.MakeSeed()}
 	if opts.MaxBytes > 0 {
 		c.maxBytes = max(opts.MaxBytes/int64(len(c.shards)), 1)
 	}
 	for i := range c.shards {
-		c.shards[i].m = make(map[string]*ringEntry)
+		c.shards[i].m = make(map[string]*entry)
 	}
 	return c
 }
 
-func (c *LocalCounter) shardOf(key string) int {
+func (c *Local) shardOf(key string) int {
 	return int(maphash.String(c.seed, key) & 63)
 }
 
 // shardFor is shardOf(op.Key), taken from op's handle when it knows the key's entry.
-func (c *LocalCounter) shardFor(op *GlobalOp) int {
-	if op.h != nil {
-		if e := op.h.ring.Load(); e != nil && e.owner == c {
+func (c *Local) shardFor(op *Op) int {
+	if op.Handle != nil {
+		if e := op.Handle.e.Load(); e != nil && e.owner == c {
 			return int(e.shard)
 		}
 	}
@@ -159,59 +177,59 @@ func (c *LocalCounter) shardFor(op *GlobalOp) int {
 
 // lookup returns op's entry in sh, the shard of op.Key, whose lock the caller holds; nil
 // when there is none. It goes through op's handle when it can, and refreshes it.
-func (c *LocalCounter) lookup(sh *countShard, op *GlobalOp) *ringEntry {
-	if op.h != nil {
-		if e := op.h.ring.Load(); e != nil && e.owner == c && !e.dead && &c.shards[e.shard] == sh {
+func (c *Local) lookup(sh *countShard, op *Op) *entry {
+	if op.Handle != nil {
+		if e := op.Handle.e.Load(); e != nil && e.owner == c && !e.dead && &c.shards[e.shard] == sh {
 			return e
 		}
 	}
 	e := sh.m[op.Key]
-	if e != nil && op.h != nil {
-		op.h.ring.Store(e)
+	if e != nil && op.Handle != nil {
+		op.Handle.e.Store(e)
 	}
 	return e
 }
 
 // newEntry returns a new entry for op.
-func (c *LocalCounter) newEntry(op *GlobalOp, shard uint8) *ringEntry {
-	e := &ringEntry{spec: window.NewSpec(op.Window, c.sub, 0), owner: c, shard: shard}
+func (c *Local) newEntry(op *Op, shard uint8) *entry {
+	e := &entry{spec: window.NewSpec(op.Window, c.sub, 0), owner: c, shard: shard}
 	e.ring.UseSpans(&e.spec, e.buf[:])
 	return e
 }
 
-// Per-counter byte estimates: a ringEntry rounded up to its size class, and a map slot
+// Per-counter byte estimates: a entry rounded up to its size class, and a map slot
 // (key header, value pointer, control byte) at the map's lowest load after it grows,
 // which also covers the old table kept while it grows.
 const (
-	ringEntrySize = 640 // unsafe.Sizeof(ringEntry{}) is 616, checked by TestKeyCacheSizes
-	mapSlotBytes  = 64
+	entrySize    = 640 // unsafe.Sizeof(entry{}) is 616, checked by TestEntrySize
+	mapSlotBytes = 64
 )
 
 // entryBytes is what counter e of key keeps alive: the entry, its buckets when they do
 // not fit in it, its key's bytes and its map slot.
-func entryBytes(key string, e *ringEntry) int64 {
-	n := ringEntrySize + allocBytes(len(key)) + mapSlotBytes
+func entryBytes(key string, e *entry) int64 {
+	n := entrySize + memsize.Alloc(int64(len(key))) + mapSlotBytes
 	if slots := 2 * e.spec.Slots; slots > inlineSlots {
-		n += allocBytes(4 * slots)
+		n += memsize.Alloc(int64(4 * slots))
 	}
 	return n
 }
 
 // add puts e in sh (locked) under key.
-func (sh *countShard) add(key string, e *ringEntry) {
+func (sh *countShard) add(key string, e *entry) {
 	sh.m[key] = e
 	sh.bytes += entryBytes(key, e)
 }
 
 // remove deletes key from sh (locked) and marks its entry dead.
-func remove(sh *countShard, key string, e *ringEntry) {
+func remove(sh *countShard, key string, e *entry) {
 	e.dead = true
 	delete(sh.m, key)
 	sh.bytes -= entryBytes(key, e)
 }
 
 // Bytes returns what the counters keep alive, by the estimate of entryBytes.
-func (c *LocalCounter) Bytes() int64 {
+func (c *Local) Bytes() int64 {
 	var n int64
 	for i := range c.shards {
 		c.shards[i].mu.Lock()
@@ -222,7 +240,7 @@ func (c *LocalCounter) Bytes() int64 {
 }
 
 // Len returns the number of counters held.
-func (c *LocalCounter) Len() int {
+func (c *Local) Len() int {
 	n := 0
 	for i := range c.shards {
 		c.shards[i].mu.Lock()
@@ -233,16 +251,16 @@ func (c *LocalCounter) Len() int {
 }
 
 // Evicted returns how many counters were dropped to keep within MaxKeys.
-func (c *LocalCounter) Evicted() uint64 { return c.evicted.Load() }
+func (c *Local) Evicted() uint64 { return c.evicted.Load() }
 
 // Refused returns how many new keys were not counted because the counter was full of
-// counters at or near their caps (LocalCounterOptions.MaxKeys).
-func (c *LocalCounter) Refused() uint64 { return c.refused.Load() }
+// counters at or near their caps (LocalOptions.MaxKeys).
+func (c *Local) Refused() uint64 { return c.refused.Load() }
 
 // mode is how op's own-site count treats the oldest sub-bucket: whole for a hard limit,
 // else by the span of its hits (the times of this site's own hits are known exactly, so
 // a burst that filled part of a sub-bucket leaves the window when it does).
-func (c *LocalCounter) mode(op *GlobalOp) window.Mode {
+func (c *Local) mode(op *Op) window.Mode {
 	switch {
 	case op.Hard:
 		return window.Hard
@@ -252,9 +270,10 @@ func (c *LocalCounter) mode(op *GlobalOp) window.Mode {
 	return window.Span
 }
 
-// recent implements recentCounter: op's count at now, the part of it after t0, and the
-// count with the oldest sub-bucket whole.
-func (c *LocalCounter) recent(now time.Time, op *GlobalOp, t0 int64) (count, since, hard float64) {
+// Recent returns op's count at now, the part of it after t0 (unix ms), and the count with
+// the oldest sub-bucket taken whole: what the enforcer needs to count this site as the
+// other data centers see it.
+func (c *Local) Recent(now time.Time, op *Op, t0 int64) (count, since, hard float64) {
 	sh := &c.shards[c.shardFor(op)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -272,9 +291,10 @@ func (c *LocalCounter) recent(now time.Time, op *GlobalOp, t0 int64) (count, sin
 	return e.ring.CountMode(&e.spec, ms, c.mode(op)), since, e.ring.CountHard(&e.spec, ms)
 }
 
-// seedFrom implements seeder: it counts n hits of op's key at instant at (unix ms) when it
-// has no counter for the key yet.
-func (c *LocalCounter) seedFrom(now time.Time, op *GlobalOp, n, at int64) {
+// Seed counts n hits of op's key at instant at (unix ms) when it has no counter for the
+// key yet: hits a previous instance of the site made, which a restarted process learns
+// from the snapshot.
+func (c *Local) Seed(now time.Time, op *Op, n, at int64) {
 	sid := c.shardFor(op)
 	sh := &c.shards[sid]
 	sh.mu.Lock()
@@ -286,20 +306,20 @@ func (c *LocalCounter) seedFrom(now time.Time, op *GlobalOp, n, at int64) {
 	e := c.newEntry(op, uint8(sid))
 	c.makeRoom(sh, ms, entryBytes(op.Key, e), nil)
 	sh.add(op.Key, e)
-	if op.h != nil {
-		op.h.ring.Store(e)
+	if op.Handle != nil {
+		op.Handle.e.Store(e)
 	}
 	e.ring.AddAt(&e.spec, e.spec.Bucket(at), at, n)
 	e.seeded, e.seededAt = int32(min(n, math.MaxInt32)), at
 	e.last = ms
 }
 
-// reseed implements seeder: the snapshot counts mine of this site's hits in the window as
+// Reseed forgets seeded hits that have left the window since (Seed): the snapshot counts mine of this site's hits in the window as
 // of t (unix ms), which are the seeded hits still in it and this instance's hits before t
 // (the aggregators have counted every hit of the site made before t). So at most mine less
 // this instance's own hits before t of the seeded hits remain; the others left the window
 // since they were seeded, and are taken out of the count. It only ever takes out more.
-func (c *LocalCounter) reseed(now time.Time, op *GlobalOp, mine float64, t int64) {
+func (c *Local) Reseed(now time.Time, op *Op, mine float64, t int64) {
 	sh := &c.shards[c.shardFor(op)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -325,8 +345,9 @@ func (c *LocalCounter) reseed(now time.Time, op *GlobalOp, mine float64, t int64
 	}
 }
 
-// fallsTo implements retryCounter: how long until op's count falls to target.
-func (c *LocalCounter) fallsTo(now time.Time, op *GlobalOp, target float64) (time.Duration, bool) {
+// FallsTo returns how long until op's count falls to target if nothing is added, and
+// whether it ever does.
+func (c *Local) FallsTo(now time.Time, op *Op, target float64) (time.Duration, bool) {
 	ms := now.UnixMilli()
 	sh := &c.shards[c.shardFor(op)]
 	sh.mu.Lock()
@@ -339,8 +360,8 @@ func (c *LocalCounter) fallsTo(now time.Time, op *GlobalOp, target float64) (tim
 	return time.Duration(at-ms) * time.Millisecond, ok
 }
 
-// Counts implements SiteCounter.
-func (c *LocalCounter) Counts(_ context.Context, now time.Time, ops []GlobalOp, out []float64) error {
+// Counts implements Counter.
+func (c *Local) Counts(_ context.Context, now time.Time, ops []Op, out []float64) error {
 	ms := now.UnixMilli()
 	for i := range ops {
 		sh := &c.shards[c.shardFor(&ops[i])]
@@ -355,8 +376,8 @@ func (c *LocalCounter) Counts(_ context.Context, now time.Time, ops []GlobalOp, 
 	return nil
 }
 
-// Commit implements SiteCounter.
-func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, counts []float64) (bool, error) {
+// Commit implements Counter.
+func (c *Local) Commit(_ context.Context, now time.Time, ops []Op, counts []float64) (bool, error) {
 	ms := now.UnixMilli()
 	var mask uint64
 	for i := range ops {
@@ -373,11 +394,11 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 	// Look each key up once; requests have few limits, so the entries fit on the stack.
 	// Every op is counted, even after one does not fit, so that counts is complete.
 	fits := true
-	var stack [8]*ringEntry
+	var stack [8]*entry
 	var fillStack [8]float32
 	entries, fills := stack[:0], fillStack[:0]
 	if len(ops) > len(stack) {
-		entries, fills = make([]*ringEntry, 0, len(ops)), make([]float32, 0, len(ops))
+		entries, fills = make([]*entry, 0, len(ops)), make([]float32, 0, len(ops))
 	}
 	for i := range ops {
 		e := c.lookup(&c.shards[c.shardFor(&ops[i])], &ops[i])
@@ -423,14 +444,14 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 				}
 				e = c.newEntry(&ops[i], uint8(sid))
 				if !c.makeRoom(sh, ms, entryBytes(ops[i].Key, e), entries) {
-					c.refused.Add(1) // admitted, uncounted here: see LocalCounterOptions.MaxKeys
+					c.refused.Add(1) // admitted, uncounted here: see LocalOptions.MaxKeys
 					continue
 				}
 				sh.add(ops[i].Key, e)
 				entries[i] = e
 			}
-			if ops[i].h != nil {
-				ops[i].h.ring.Store(e)
+			if ops[i].Handle != nil {
+				ops[i].Handle.e.Store(e)
 			}
 		}
 		e.ring.AddAt(&e.spec, e.spec.Bucket(ms), ms, ops[i].N)
@@ -446,7 +467,7 @@ func (c *LocalCounter) Commit(_ context.Context, now time.Time, ops []GlobalOp, 
 // one or the one that used the least of its cap (the least recently used among equals).
 // It stops, reporting false, when every sampled counter used algo.NearLimit of its cap or
 // more. Counters in keep (the request's own) are never dropped.
-func (c *LocalCounter) makeRoom(sh *countShard, ms, cost int64, keep []*ringEntry) bool {
+func (c *Local) makeRoom(sh *countShard, ms, cost int64, keep []*entry) bool {
 	full := func() bool {
 		return len(sh.m) >= c.maxPerShard || (c.maxBytes > 0 && sh.bytes+cost > c.maxBytes)
 	}
@@ -464,7 +485,7 @@ func (c *LocalCounter) makeRoom(sh *countShard, ms, cost int64, keep []*ringEntr
 	for full() && len(sh.m) > 0 {
 		var (
 			victim  string
-			victimE *ringEntry
+			victimE *entry
 		)
 		n := 0
 		for k, e := range sh.m {
@@ -492,7 +513,7 @@ func (c *LocalCounter) makeRoom(sh *countShard, ms, cost int64, keep []*ringEntr
 }
 
 // Sweep drops every counter whose count is zero at now, and returns how many it dropped.
-func (c *LocalCounter) Sweep(now time.Time) int {
+func (c *Local) Sweep(now time.Time) int {
 	ms := now.UnixMilli()
 	n := 0
 	for i := range c.shards {
@@ -509,6 +530,6 @@ func (c *LocalCounter) Sweep(now time.Time) int {
 	return n
 }
 
-// inlineSlots is how many buckets and spans a ringEntry holds without a separate
+// inlineSlots is how many buckets and spans a entry holds without a separate
 // allocation: enough for the default 60 sub-buckets (window.NewSpec makes 62 slots).
 const inlineSlots = 128

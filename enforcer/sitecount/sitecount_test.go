@@ -1,24 +1,29 @@
-package enforcer
+package sitecount
 
 import (
 	"context"
 	"strconv"
 	"testing"
 	"time"
+	"unsafe"
 )
 
-// TestLocalCounterHandlesSurviveEviction checks that a handle whose cached entry was
+// TestLocalHandlesSurviveEviction checks that a handle whose cached entry was
 // evicted or swept looks the key up again instead of counting into a dead entry.
-func TestLocalCounterHandlesSurviveEviction(t *testing.T) {
+func TestLocalHandlesSurviveEviction(t *testing.T) {
 	ctx := context.Background()
-	c := NewLocalCounter(LocalCounterOptions{MaxKeys: 64})
-	var kc keyCache
-	kc.init(1<<10, 0)
+	c := NewLocal(LocalOptions{MaxKeys: 64})
+	handles := map[string]*Handle{}
 	now := time.Unix(1_700_000_000, 0)
-	op := func(key string) GlobalOp {
-		return GlobalOp{Key: key, Window: time.Minute, N: 1, Cap: 1e9, h: kc.handle([]byte(key), true)}
+	op := func(key string) Op {
+		h := handles[key]
+		if h == nil {
+			h = new(Handle)
+			handles[key] = h
+		}
+		return Op{Key: key, Window: time.Minute, N: 1, Cap: 1e9, Handle: h}
 	}
-	a := []GlobalOp{op("a")}
+	a := []Op{op("a")}
 	for range 3 {
 		if ok, err := c.Commit(ctx, now, a, nil); !ok || err != nil {
 			t.Fatal(ok, err)
@@ -54,30 +59,30 @@ func TestLocalCounterHandlesSurviveEviction(t *testing.T) {
 	// Flood the shards so that "a" is evicted; its handle must not resurrect it.
 	for i := range 10_000 {
 		k := op(string(rune('b'+i%20)) + time.Duration(i).String())
-		c.Commit(ctx, now, []GlobalOp{k}, nil)
+		c.Commit(ctx, now, []Op{k}, nil)
 	}
 	if c.Len() > 64+64 {
 		t.Fatalf("len %d over the bound", c.Len())
 	}
 	a[0].Window = time.Hour
 	c.Counts(ctx, now, a, out)
-	if e := a[0].h.ring.Load(); e != nil && !e.dead {
+	if e := a[0].Handle.e.Load(); e != nil && !e.dead {
 		if got := c.shards[e.shard].m["a"]; got != e {
 			t.Fatalf("handle points at an entry that is not in the map")
 		}
 	}
 }
 
-// TestLocalCounterMaxBytes commits many keys into a counter bounded in bytes: the bytes
+// TestLocalMaxBytes commits many keys into a counter bounded in bytes: the bytes
 // stay within the bound, live counters are evicted and counted, and a request's own
 // counters, new or old, are never the ones evicted for its other keys.
-func TestLocalCounterMaxBytes(t *testing.T) {
+func TestLocalMaxBytes(t *testing.T) {
 	ctx := context.Background()
 	const budget = 64 * 4 << 10 // 4 KiB a shard: five counters
-	c := NewLocalCounter(LocalCounterOptions{MaxBytes: budget})
+	c := NewLocal(LocalOptions{MaxBytes: budget})
 	now := time.Unix(1_700_000_000, 0)
 	for i := range 5000 {
-		ops := []GlobalOp{
+		ops := []Op{
 			{Key: "a" + strconv.Itoa(i), Window: time.Minute, N: 1, Cap: 1e9},
 			{Key: "b" + strconv.Itoa(i), Window: time.Minute, N: 1, Cap: 1e9},
 			{Key: "c" + strconv.Itoa(i%7), Window: time.Minute, N: 1, Cap: 1e9},
@@ -93,7 +98,15 @@ func TestLocalCounterMaxBytes(t *testing.T) {
 			t.Fatalf("request %d: %d bytes, bound %d", i, b, budget)
 		}
 	}
-	if c.Evicted() == 0 || c.Len() > budget/ringEntrySize {
+	if c.Evicted() == 0 || c.Len() > budget/entrySize {
 		t.Errorf("evicted %d, %d counters held", c.Evicted(), c.Len())
+	}
+}
+
+// TestEntrySize checks that the byte estimate of a counter is not below its entry's real
+// size, or MaxBytes would let more memory be held than it says.
+func TestEntrySize(t *testing.T) {
+	if size := unsafe.Sizeof(entry{}); size > entrySize {
+		t.Errorf("entry is %d bytes, estimated %d", size, entrySize)
 	}
 }

@@ -1,0 +1,4 @@
+package enforcer
+
+// MaxDetailedSeries is maxDetailedSeries, for the tests of package enforcer_test.
+const MaxDetailedSeries = maxDetailedSeries

@@ -143,9 +143,9 @@ func (t *table) removeIf(drop func(e *entry) bool) int {
 	return removed
 }
 
-// sameString reports a == b, without comparing their bytes when they are the same bytes:
+// sameString reports a == b, answering without a call when they are the same bytes:
 // callers usually pass the same string for a key every time (the enforcer's key cache
-// keeps it), and the comparison then reads neither string nor calls memequal.
+// keeps it), and == would call memequal to find that out.
 func sameString(a, b string) bool {
 	return len(a) == len(b) && (unsafe.StringData(a) == unsafe.StringData(b) || a == b)
 }

@@ -441,6 +441,11 @@ descriptors:
 // go to an aggregator process with MaxKeys 100 000: both stay within their bounds and count
 // what they refuse or drop.
 func TestFaultKeyFlood(t *testing.T) {
+	// The keys' window: long enough that every key of the flood is still live when the
+	// last arrives, whatever the machine's speed (a run on a loaded machine took 5 min for
+	// the million, and with a 30 s window never held more than 145 000 at once), so that
+	// the bounds are reached and their evictions and refusals can be asserted.
+	const floodWindow = 10 * time.Minute
 	brokers := testenv.Brokers(t)
 	hits := testenv.TopicName(t, "hits")
 	counts := testenv.TopicName(t, "counts")
@@ -448,11 +453,11 @@ func TestFaultKeyFlood(t *testing.T) {
 	createTopics(t, brokers, 2, compacted(), counts)
 	const maxAggKeys = 100_000
 	agg := startChild(t, "flood", childConfig{Brokers: brokers, TopicPattern: topics.HitsPattern(hits), CountsTopic: counts,
-		Group: testenv.TopicName(t, "group"), MaxKeys: maxAggKeys, MaxWindow: time.Minute})
+		Group: testenv.TopicName(t, "group"), MaxKeys: maxAggKeys, MaxWindow: floodWindow})
 	agg.waitReady(90 * time.Second)
 
 	path := filepath.Join(t.TempDir(), "rules.yaml")
-	writeFile(t, path, rulesYAML(5, 30*time.Second))
+	writeFile(t, path, rulesYAML(5, floodWindow))
 	reg := prometheus.NewRegistry()
 	const maxEnfKeys = 200_000
 	srv, err := server.New(server.Config{Site: "ap", RulesPath: path, Brokers: brokers, HitsTopic: hits, CountsTopic: counts,

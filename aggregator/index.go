@@ -1,21 +1,23 @@
 package aggregator
 
-import "math/bits"
-
-// index finds a counter by the murmur2 hash of its key: an open-addressing table of
-// (hash, position in state.list) pairs, probed linearly. It replaces a map[uint32]*entry
-// on the path of every hit: a slot is 8 bytes, so a lookup reads one cache line of the
-// table in the common case and then the entry, where a Go map reads its control word, its
-// key and its value pointer, often from different lines. It stores only the first counter
-// of each hash; the others are chained through entry.next. It is not safe for concurrent
-// use.
+// index finds counters by the murmur2 hash of their key: an open-addressing table of
+// (hash, position in the state's entries) pairs, probed linearly. It replaces a
+// map[uint32]*entry on the path of every hit: a slot is 8 bytes, so a lookup reads one
+// cache line of the table in the common case and then the entry, where a Go map reads its
+// control word, its key and its value pointer, often from different lines. Every counter
+// has a slot of its own: counters whose keys share a hash (a key's several windows, or a
+// collision) have several slots with that hash, which a lookup visits in turn.
+//
+// The table's length is any number, not a power of two (a slot's home is found by
+// multiplying, not masking), so that it grows by a quarter at a time: its load stays
+// between 0.6 and 0.75, and it costs 8 / 0.75 to 8 / 0.6 bytes per counter instead of the
+// 8 / 0.75 to 8 / 0.375 of doubling. It is not safe for concurrent use.
 type index struct {
-	slots []slot // len is a power of two, 1 << (32 − shift)
-	shift uint
-	n     int // occupied slots
+	slots []slot // empty, or at least minIndexSlots
+	n     int    // occupied slots
 }
 
-// slot is one cell of the index: a counter's position in state.list, or -1 when empty.
+// slot is one cell of the index: a counter's position, or -1 when empty.
 type slot struct {
 	hash uint32
 	pos  int32
@@ -24,69 +26,111 @@ type slot struct {
 // minIndexSlots is the table's size when it is first used.
 const minIndexSlots = 1024
 
-// home returns h's first slot. The hash is mixed again (Fibonacci hashing, from its high
-// bits) because the low bits of the counters' hashes are not spread: every key of a
-// partition has the same murmur2 hash modulo the partition count.
-func (x *index) home(h uint32) int { return int((h * 0x9e3779b1) >> x.shift) }
+// home returns h's first slot. The hash is mixed again (Fibonacci hashing) because the low
+// bits of the counters' hashes are not spread: every key of a partition has the same
+// murmur2 hash modulo the partition count; the product's high bits then scale it to the
+// table's length.
+func (x *index) home(h uint32) int {
+	return int(uint64(h*0x9e3779b1) * uint64(len(x.slots)) >> 32)
+}
 
-// find returns the position of h's slot, and whether it is occupied (else the position is
-// where h would go).
-func (x *index) find(h uint32) (int, bool) {
-	mask := len(x.slots) - 1
-	for i := x.home(h); ; i = (i + 1) & mask {
+// after returns the slot after i, cyclically.
+func (x *index) after(i int) int {
+	if i++; i == len(x.slots) {
+		return 0
+	}
+	return i
+}
+
+// scan returns the first slot from i on that holds h or is empty (which ends h's probe
+// run). The table is never full, so it stops.
+func (x *index) scan(i int, h uint32) int {
+	for {
 		s := x.slots[i]
-		if s.pos < 0 {
-			return i, false
+		if s.pos < 0 || s.hash == h {
+			return i
 		}
-		if s.hash == h {
-			return i, true
-		}
+		i = x.after(i)
 	}
 }
 
-// get returns the list position stored for h, or -1.
-func (x *index) get(h uint32) int32 {
+// first returns the first slot of h's probe run that holds h, or -1 if none does. Walk
+// the others with next.
+func (x *index) first(h uint32) int {
 	if len(x.slots) == 0 {
 		return -1
 	}
-	if i, ok := x.find(h); ok {
-		return x.slots[i].pos
+	if i := x.scan(x.home(h), h); x.slots[i].pos >= 0 {
+		return i
 	}
 	return -1
 }
 
-// set stores pos for h, replacing what was stored.
-func (x *index) set(h uint32, pos int32) {
+// next returns the slot after i that holds h, or -1.
+func (x *index) next(i int, h uint32) int {
+	if i = x.scan(x.after(i), h); x.slots[i].pos >= 0 {
+		return i
+	}
+	return -1
+}
+
+// find returns the slot holding (h, pos), or -1.
+func (x *index) find(h uint32, pos int32) int {
+	for i := x.first(h); i >= 0; i = x.next(i, h) {
+		if x.slots[i].pos == pos {
+			return i
+		}
+	}
+	return -1
+}
+
+// insert adds a slot for (h, pos).
+func (x *index) insert(h uint32, pos int32) {
 	if (x.n+1)*4 > len(x.slots)*3 { // keep the load at most 3/4
 		x.grow()
 	}
-	i, ok := x.find(h)
-	if !ok {
-		x.n++
+	i := x.home(h)
+	for x.slots[i].pos >= 0 {
+		i = x.after(i)
 	}
 	x.slots[i] = slot{hash: h, pos: pos}
+	x.n++
 }
 
-// del removes h, shifting later slots of its run back so that no probe meets a hole
-// before its own slot (no tombstones).
-func (x *index) del(h uint32) {
-	if len(x.slots) == 0 {
-		return
+// repoint changes the position stored for (h, from) to to.
+func (x *index) repoint(h uint32, from, to int32) {
+	if i := x.find(h, from); i >= 0 {
+		x.slots[i].pos = to
 	}
-	i, ok := x.find(h)
-	if !ok {
-		return
+}
+
+// remove removes the slot of (h, pos).
+func (x *index) remove(h uint32, pos int32) {
+	if i := x.find(h, pos); i >= 0 {
+		x.removeAt(i)
 	}
-	mask := len(x.slots) - 1
-	for j := (i + 1) & mask; ; j = (j + 1) & mask {
+}
+
+// removeAt empties slot i, shifting later slots of its run back so that no probe meets a
+// hole before its own slot (no tombstones).
+func (x *index) removeAt(i int) {
+	n := len(x.slots)
+	// dist is the cyclic distance from a forward to b.
+	dist := func(a, b int) int {
+		if d := b - a; d >= 0 {
+			return d
+		} else {
+			return d + n
+		}
+	}
+	for j := x.after(i); ; j = x.after(j) {
 		s := x.slots[j]
 		if s.pos < 0 {
 			break
 		}
 		// s may move into the hole at i only if its home slot is not in (i, j]: the
 		// cyclic distance from home to j is at least the distance from i to j.
-		home := x.home(s.hash)
-		if (j-home)&mask >= (j-i)&mask {
+		if dist(x.home(s.hash), j) >= dist(i, j) {
 			x.slots[i] = s
 			i = j
 		}
@@ -95,23 +139,20 @@ func (x *index) del(h uint32) {
 	x.n--
 }
 
-// grow doubles the table (or creates it) and re-inserts every slot.
+// grow makes the table a quarter larger (or creates it) and re-inserts every slot.
 func (x *index) grow() {
 	old := x.slots
-	n := max(minIndexSlots, 2*len(old))
-	x.slots = make([]slot, n)
-	x.shift = uint(32 - bits.Len(uint(n-1)))
+	x.slots = make([]slot, max(minIndexSlots, len(old)+len(old)/4))
 	for i := range x.slots {
 		x.slots[i].pos = -1
 	}
-	mask := n - 1
 	for _, s := range old {
 		if s.pos < 0 {
 			continue
 		}
 		i := x.home(s.hash)
 		for x.slots[i].pos >= 0 {
-			i = (i + 1) & mask
+			i = x.after(i)
 		}
 		x.slots[i] = s
 	}

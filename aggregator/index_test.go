@@ -7,10 +7,11 @@ import (
 	"github.com/streamlimit/streamlimit/topics"
 )
 
-// TestIndexAgreesWithMap runs random sets, deletions and lookups on an index and on a map,
-// with hashes that share their low bits (as the keys of one partition do) and hashes that
-// crowd into few slots, and checks that every lookup agrees: a deletion that left a hole
-// in a probe run, or a grow that lost a slot, would make one disagree.
+// TestIndexAgreesWithMap runs random inserts, removals, re-pointings and lookups on an
+// index and on a map of sets, with hashes that share their low bits (as the keys of one
+// partition do), hashes that crowd into few slots and many positions under one hash, and
+// checks that every lookup finds exactly the positions the map holds: a removal that left
+// a hole in a probe run, or a grow that lost a slot, would make one disagree.
 func TestIndexAgreesWithMap(t *testing.T) {
 	for _, gen := range []struct {
 		name string
@@ -23,43 +24,78 @@ func TestIndexAgreesWithMap(t *testing.T) {
 		t.Run(gen.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(1, 2))
 			var x index
-			want := map[uint32]int32{}
-			var hs []uint32
-			for i := range 200_000 {
+			type held struct {
+				h   uint32
+				pos int32
+			}
+			want := map[uint32]map[int32]bool{}
+			size := 0
+			add := func(k held) {
+				if want[k.h] == nil {
+					want[k.h] = map[int32]bool{}
+				}
+				want[k.h][k.pos] = true
+				size++
+			}
+			del := func(k held) {
+				delete(want[k.h], k.pos)
+				size--
+			}
+			var hs []held
+			lookup := func(h uint32) map[int32]bool {
+				got := map[int32]bool{}
+				for i := x.first(h); i >= 0; i = x.next(i, h) {
+					if got[x.slots[i].pos] {
+						t.Fatalf("position %d found twice under %#x", x.slots[i].pos, h)
+					}
+					got[x.slots[i].pos] = true
+				}
+				return got
+			}
+			check := func(op int, h uint32) {
+				got := lookup(h)
+				for pos := range want[h] {
+					if !got[pos] {
+						t.Fatalf("op %d: %#x/%d not found", op, h, pos)
+					}
+				}
+				if len(got) != len(want[h]) {
+					t.Fatalf("op %d: %#x has %d positions, want %d", op, h, len(got), len(want[h]))
+				}
+			}
+			for i := range 100_000 {
 				switch op := r.IntN(10); {
 				case op < 5 || len(hs) == 0:
-					h := gen.hash(r)
-					x.set(h, int32(i))
-					want[h] = int32(i)
-					hs = append(hs, h)
-				case op < 8:
-					k := r.IntN(len(hs))
-					h := hs[k]
-					hs[k] = hs[len(hs)-1]
+					k := held{gen.hash(r), int32(i)}
+					x.insert(k.h, k.pos)
+					add(k)
+					hs = append(hs, k)
+				case op < 7:
+					j := r.IntN(len(hs))
+					k := hs[j]
+					hs[j] = hs[len(hs)-1]
 					hs = hs[:len(hs)-1]
-					x.del(h)
-					delete(want, h)
+					x.remove(k.h, k.pos)
+					del(k)
+				case op < 8:
+					j := r.IntN(len(hs))
+					k := hs[j]
+					x.repoint(k.h, k.pos, int32(1_000_000+i))
+					del(k)
+					hs[j].pos = int32(1_000_000 + i)
+					add(hs[j])
 				default:
-					h := hs[r.IntN(len(hs))]
-					w, ok := want[h]
-					if !ok {
-						w = -1
-					}
-					if got := x.get(h); got != w {
-						t.Fatalf("op %d: get(%#x) = %d, want %d", i, h, got, w)
-					}
+					check(i, hs[r.IntN(len(hs))].h)
 				}
 			}
-			if x.n != len(want) {
-				t.Fatalf("index holds %d, map %d", x.n, len(want))
+			if x.n != size {
+				t.Fatalf("index holds %d, map %d", x.n, size)
 			}
-			for h, w := range want {
-				if got := x.get(h); got != w {
-					t.Fatalf("get(%#x) = %d, want %d", h, got, w)
-				}
+			for h := range want {
+				check(-1, h)
 			}
-			if x.get(0x12345678) != -1 && want[0x12345678] == 0 {
-				t.Fatal("found a hash never set")
+			if load := float64(x.n) / float64(len(x.slots)); load > 0.75 {
+				t.Fatalf("load %.2f", load)
 			}
 		})
 	}
@@ -67,7 +103,7 @@ func TestIndexAgreesWithMap(t *testing.T) {
 
 // TestStateRemoveKeepsIndex removes counters from a state in every position that matters
 // to the index — the first of a chain of counters sharing a hash (one key's several
-// windows), the middle of one, and the counter that the removal moves within the list — and
+// windows), the middle of one, and the counter that the removal moves into its place — and
 // checks after each that every counter left is found and every removed one is not.
 func TestStateRemoveKeepsIndex(t *testing.T) {
 	s := testState(1000)
@@ -104,7 +140,7 @@ func TestStateRemoveKeepsIndex(t *testing.T) {
 		{"a", 10_000},                // the end of a's chain
 		{"b", 20_000}, {"b", 10_000}, // b's chain to empty
 	} {
-		s.remove(s.get(id.key, id.window))
+		s.remove(s.lookup(topics.Murmur2([]byte(id.key)), []byte(id.key), id.window))
 		held[id] = false
 		check("after removing " + id.key)
 	}

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
@@ -15,24 +16,39 @@ type counterID struct {
 	window int64 // ms
 }
 
-// entry is the aggregator's bookkeeping around one counter's window state. Its fields are
-// ordered to pack into 128 bytes (a size class) on 64-bit machines.
+// entry is the aggregator's bookkeeping around one counter's window state. Entries are held
+// by value in the state's chunks, 80 bytes each, so that a counter costs its entry, its key
+// and its index slot and nothing else while it is compact (see compact.go): a counter whose
+// hits so far are one record keeps that record in the entry itself, and takes a
+// window.Counter (full) only with its second record. The counter's window is spec.Window.
 type entry struct {
-	id   counterID
+	key  string
 	spec *window.Spec
-	c    window.Counter
-	next *entry // the next counter whose key has the same hash (another window, or a collision)
+	full *window.Counter // nil while the counter is compact
 
 	lastEmitted float64 // total last published
 	lastEmitAt  int64   // ms
 	nextEval    int64   // ms: re-evaluate for decay no later than this
 
+	// The compact counter's one record: its bucket start, its hits, its hits and denied
+	// requests together (the demand it added), and its site (state.names).
+	start  int64
+	hits   uint32
+	demand uint32
+
 	slot    int32  // partition number the key's hits come from
-	hash    uint32 // murmur2(key): its bucket in state.m
-	idx     int32  // position in state.list
+	site    uint16 // compact: the record's site
 	dirty   bool   // hits were added since the last emission
 	emitted bool   // a non-zero count has been published (so zero needs a tombstone)
 }
+
+// window returns the counter's window, in milliseconds.
+func (e *entry) window() int64 { return e.spec.Window }
+
+// chunkBits sets the entries per chunk (1 << chunkBits): chunks are allocated and freed
+// whole, so that entries never move but to fill a removed one's place, and the entries
+// held cost at most one chunk more than their own size.
+const chunkBits = 9
 
 // addResult says what state.add did with a hit.
 type addResult int
@@ -60,19 +76,23 @@ type stateConfig struct {
 type state struct {
 	cfg   stateConfig
 	specs map[int64]*window.Spec
-	// m indexes the counters (their positions in list) by the murmur2 hash of their key,
-	// which the ownership check computes for every hit anyway; counters whose keys share a
-	// hash (a key's several windows, or a collision) are chained from the first. Indexed
-	// by a uint32 it is markedly cheaper per hit than a string-keyed map: no string hash,
-	// and no read of the key bytes in the table (index.go).
-	m    index
-	list []*entry // every counter, for iteration; len(list) is the number held
+	// m indexes the counters (their positions in chunks) by the murmur2 hash of their
+	// key, which the ownership check computes for every hit anyway. Indexed by a uint32 it
+	// is markedly cheaper per hit than a string-keyed map: no string hash, and no read of
+	// the key bytes in the table (index.go).
+	m index
+	// chunks hold the counters, n of them, at positions 0 to n−1 (at).
+	chunks [][]entry
+	n      int32
+	// candAt is collect's scratch: the candidates' positions.
+	candAt map[int32]int32
 	// seen dedupes re-routed hits per slot: origin id → expiry (ms).
 	seen     map[int32]map[string]int64
 	seenSize int
 	// paused slots publish nothing (replaying, or between revocation and re-assignment).
 	paused map[int32]bool
-	sites  map[string]string // interned site names (bounded by maxInternedSites)
+	sites  map[string]uint16 // interned site names and their numbers in names (bounded by maxInternedSites)
+	names  []string
 	// heard holds, per source partition, what it has heard of each site (sites.go). Sites
 	// are few: one entry per site per source partition.
 	heard map[tp]map[string]*siteSeen
@@ -110,7 +130,7 @@ func newState(cfg stateConfig) *state {
 		specs:  map[int64]*window.Spec{},
 		seen:   map[int32]map[string]int64{},
 		paused: map[int32]bool{},
-		sites:  map[string]string{},
+		sites:  map[string]uint16{},
 		heard:  map[tp]map[string]*siteSeen{},
 
 		instances: map[string]map[string]instanceSeen{},
@@ -189,14 +209,24 @@ func (s *state) spec(w int64) *window.Spec {
 }
 
 func (s *state) intern(site []byte) string {
-	if v, ok := s.sites[string(site)]; ok {
-		return v
+	v, _, _ := s.internID(site)
+	return v
+}
+
+// internID is intern that also returns the name's number in names, and false when it could
+// not be interned (maxInternedSites are).
+func (s *state) internID(site []byte) (string, uint16, bool) {
+	if id, ok := s.sites[string(site)]; ok {
+		return s.names[id], id, true
 	}
 	v := string(site)
-	if len(s.sites) < maxInternedSites {
-		s.sites[v] = v
+	if len(s.sites) >= maxInternedSites {
+		return v, 0, false
 	}
-	return v
+	id := uint16(len(s.names))
+	s.sites[v] = id
+	s.names = append(s.names, v)
+	return v, id, true
 }
 
 // add counts hit h (window already defaulted) from slot at aggregator time now (ms).
@@ -237,78 +267,99 @@ func (s *state) addRaw(now int64, slot int32, h hitRef, origin string, expiry in
 	if !h.hashed {
 		h.hash = topics.Murmur2(h.key)
 	}
+	pos := s.lookup(h.hash, h.key, h.window)
 	var e *entry
-	for e = s.head(h.hash); e != nil && (e.id.window != h.window || e.id.key != string(h.key)); e = e.next {
-	}
-	if e == nil {
-		if len(s.list) >= s.cfg.maxKeys {
+	if pos < 0 {
+		if int(s.n) >= s.cfg.maxKeys {
 			return refusedKey
 		}
-		e = &entry{id: counterID{string(h.key), h.window}, spec: s.spec(h.window), slot: slot, hash: h.hash, idx: int32(len(s.list))}
-		e.next = s.head(h.hash)
-		s.m.set(h.hash, e.idx)
-		s.list = append(s.list, e)
+		pos = s.push(entry{key: string(h.key), spec: s.spec(h.window), slot: slot})
+		s.m.insert(h.hash, pos)
+		e = s.at(pos)
+		if s.compactAdd(e, now, &h) {
+			e.dirty = true
+			return added
+		}
+		e.full = new(window.Counter)
+	} else if e = s.at(pos); e.full == nil {
+		s.materialize(e)
 	}
-	if !e.c.AddSite(e.spec, now, h.site, s.intern, h.bucketStart, h.count, h.denied) {
+	if !e.full.AddSite(e.spec, now, h.site, s.intern, h.bucketStart, h.count, h.denied) {
 		return outsideRing
 	}
 	e.dirty = true
 	return added
 }
 
+// at returns the counter at position pos (0 ≤ pos < n).
+func (s *state) at(pos int32) *entry {
+	return &s.chunks[pos>>chunkBits][pos&(1<<chunkBits-1)]
+}
+
+// push adds e at the end and returns its position.
+func (s *state) push(e entry) int32 {
+	pos := s.n
+	if int(pos>>chunkBits) == len(s.chunks) {
+		s.chunks = append(s.chunks, make([]entry, 1<<chunkBits))
+	}
+	s.n++
+	*s.at(pos) = e
+	return pos
+}
+
+// lookup returns the position of the counter of (key, w) whose key hashes to h, or -1.
+func (s *state) lookup(h uint32, key []byte, w int64) int32 {
+	for i := s.m.first(h); i >= 0; i = s.m.next(i, h) {
+		pos := s.m.slots[i].pos
+		if e := s.at(pos); e.window() == w && e.key == string(key) {
+			return pos
+		}
+	}
+	return -1
+}
+
 // get returns the counter of (key, w), or nil.
 func (s *state) get(key string, w int64) *entry {
-	for e := s.head(topics.Murmur2([]byte(key))); e != nil; e = e.next {
-		if e.id.window == w && e.id.key == key {
-			return e
-		}
+	if pos := s.lookup(topics.Murmur2([]byte(key)), []byte(key), w); pos >= 0 {
+		return s.at(pos)
 	}
 	return nil
 }
 
 // size returns the number of counters held.
-func (s *state) size() int { return len(s.list) }
+func (s *state) size() int { return int(s.n) }
 
-func (s *state) remove(e *entry) {
-	switch head := s.head(e.hash); {
-	case head == e && e.next == nil:
-		s.m.del(e.hash)
-	case head == e:
-		s.m.set(e.hash, e.next.idx)
-	default:
-		for p := head; p != nil; p = p.next {
-			if p.next == e {
-				p.next = e.next
-				break
-			}
-		}
+// remove forgets the counter at pos. The last counter takes its place (as the last
+// element of a list would), so a position held across a remove may name another counter.
+func (s *state) remove(pos int32) {
+	e := s.at(pos)
+	s.m.remove(keyHash(e.key), pos)
+	last := s.n - 1
+	if last != pos {
+		l := s.at(last)
+		s.m.repoint(keyHash(l.key), last, pos)
+		*e = *l
 	}
-	e.next = nil
-	// The last counter takes e's place in list; if it heads its chain, the index follows.
-	last := s.list[len(s.list)-1]
-	if last != e {
-		if s.head(last.hash) == last {
-			s.m.set(last.hash, e.idx)
-		}
-		s.list[e.idx] = last
-		last.idx = e.idx
+	*s.at(last) = entry{}
+	s.n--
+	// Free the chunks beyond the one the entries end in and one spare, so that a count
+	// that moves about a chunk's boundary does not allocate a chunk each time it crosses.
+	if keep := int(s.n>>chunkBits) + 2; len(s.chunks) > keep {
+		clear(s.chunks[keep:])
+		s.chunks = s.chunks[:keep]
 	}
-	s.list = s.list[:len(s.list)-1]
 }
 
-// head returns the first counter whose key hashes to h, or nil.
-func (s *state) head(h uint32) *entry {
-	if i := s.m.get(h); i >= 0 {
-		return s.list[i]
-	}
-	return nil
+// keyHash is murmur2 of key, the hash the index holds it under.
+func keyHash(key string) uint32 {
+	return topics.Murmur2(unsafe.Slice(unsafe.StringData(key), len(key)))
 }
 
 // dropSlot forgets every counter and dedupe entry of slot.
 func (s *state) dropSlot(slot int32) {
-	for i := len(s.list) - 1; i >= 0; i-- {
-		if e := s.list[i]; e.slot == slot {
-			s.remove(e)
+	for i := s.n - 1; i >= 0; i-- {
+		if s.at(i).slot == slot {
+			s.remove(i)
 		}
 	}
 	s.seenSize -= len(s.seen[slot])
@@ -317,8 +368,8 @@ func (s *state) dropSlot(slot int32) {
 
 // markDirty makes every counter of slot due for emission (after its replay).
 func (s *state) markDirty(slot int32) {
-	for _, e := range s.list {
-		if e.slot == slot {
+	for i := range s.n {
+		if e := s.at(i); e.slot == slot {
 			e.dirty = true
 		}
 	}
@@ -346,7 +397,7 @@ type emission struct {
 }
 
 type candidate struct {
-	e     *entry
+	pos   int32 // the counter's position
 	total float64
 	zero  bool
 	prio  float64
@@ -362,8 +413,8 @@ type candidate struct {
 func (s *state) collect(now int64, budget int, cands []candidate, out []emission) ([]candidate, []emission) {
 	cands = cands[:0]
 	cuts := s.cutSites(now)
-	for i := len(s.list) - 1; i >= 0; i-- {
-		e := s.list[i]
+	for i := s.n - 1; i >= 0; i-- {
+		e := s.at(i)
 		if s.paused[e.slot] {
 			continue
 		}
@@ -374,19 +425,19 @@ func (s *state) collect(now int64, budget int, cands []candidate, out []emission
 		if at == nil {
 			at = countNow
 		}
-		total, zero := e.c.SumAt(e.spec, now, at)
+		total, zero := s.sumAt(e, now, at)
 		if zero {
 			if !e.emitted {
-				s.remove(e) // nothing published: forget silently
+				s.remove(i) // nothing published: forget silently
 				continue
 			}
-			cands = append(cands, candidate{e: e, zero: true, prio: e.lastEmitted + 1})
+			cands = append(cands, candidate{pos: i, zero: true, prio: e.lastEmitted + 1})
 			continue
 		}
 		// An unchanged count is not published again, except that a count older than half
 		// its window is refreshed: readers treat a count whose window has passed since its
 		// as-of time as gone (that is how a key no instance owns any more expires).
-		if total == e.lastEmitted && e.emitted && now-e.lastEmitAt < e.id.window/2 {
+		if total == e.lastEmitted && e.emitted && now-e.lastEmitAt < e.window()/2 {
 			e.dirty = false
 			e.nextEval = now + max(e.spec.Width, s.cfg.emitInterval)
 			continue
@@ -395,7 +446,7 @@ func (s *state) collect(now int64, budget int, cands []candidate, out []emission
 		if d < 0 {
 			d = -d
 		}
-		cands = append(cands, candidate{e: e, total: total, prio: d})
+		cands = append(cands, candidate{pos: i, total: total, prio: d})
 	}
 	if len(cands) > budget {
 		slices.SortFunc(cands, func(a, b candidate) int {
@@ -409,20 +460,39 @@ func (s *state) collect(now int64, budget int, cands []candidate, out []emission
 		})
 		cands = cands[:budget]
 	}
-	for _, c := range cands {
-		e := c.e
+	// A tombstone's counter is removed as soon as it is emitted, and the last counter
+	// takes its place: candAt finds the candidate that moved, to follow it.
+	moves := false
+	for k, c := range cands {
+		if c.zero && !moves {
+			moves = true
+			if s.candAt == nil {
+				s.candAt = map[int32]int32{}
+			}
+			clear(s.candAt)
+			for j := k + 1; j < len(cands); j++ {
+				s.candAt[cands[j].pos] = int32(j)
+			}
+		}
+		e := s.at(c.pos)
 		if c.zero {
-			out = append(out, emission{key: e.id.key, slot: e.slot})
-			s.remove(e)
+			out = append(out, emission{key: e.key, slot: e.slot})
+			last := s.n - 1
+			s.remove(c.pos)
+			if j, ok := s.candAt[last]; ok && int(j) > k && last != c.pos {
+				cands[j].pos = c.pos
+				delete(s.candAt, last)
+				s.candAt[c.pos] = j
+			}
 			continue
 		}
-		cnt := &topics.Count{Key: e.id.key, Window: e.id.window, AsOf: now, SubBuckets: s.cfg.subBuckets}
+		cnt := &topics.Count{Key: e.key, Window: e.window(), AsOf: now, SubBuckets: s.cfg.subBuckets}
 		at := cuts.at(e.slot)
 		if at == nil {
 			at = countNow
 		}
-		cnt.Sites, cnt.Total, _ = e.c.AppendSitesAt(make([]topics.SiteCount, 0, e.c.Sites()), e.spec, now, at)
-		out = append(out, emission{key: e.id.key, slot: e.slot, count: cnt})
+		cnt.Sites, cnt.Total = s.appendSitesAt(e, now, at)
+		out = append(out, emission{key: e.key, slot: e.slot, count: cnt})
 		e.dirty, e.emitted = false, true
 		e.lastEmitted, e.lastEmitAt = c.total, now
 		e.nextEval = now + max(e.spec.Width, s.cfg.emitInterval)

@@ -3,6 +3,7 @@ package producer
 import (
 	"math/bits"
 	"math/rand/v2"
+	"unsafe"
 )
 
 // table finds a shard's entries by the 64-bit hash of their (key, window): open addressing
@@ -41,7 +42,7 @@ func (t *table) get(h uint64, ck counterKey) *entry {
 		if s.e == nil {
 			return nil
 		}
-		if s.h == h && s.e.ck == ck {
+		if s.h == h && s.e.ck.window == ck.window && sameString(s.e.ck.key, ck.key) {
 			return s.e
 		}
 	}
@@ -140,4 +141,11 @@ func (t *table) removeIf(drop func(e *entry) bool) int {
 		i++
 	}
 	return removed
+}
+
+// sameString reports a == b, answering without a call when they are the same bytes:
+// callers usually pass the same string for a key every time (the enforcer's key cache
+// keeps it), and == would call memequal to find that out.
+func sameString(a, b string) bool {
+	return len(a) == len(b) && (unsafe.StringData(a) == unsafe.StringData(b) || a == b)
 }

@@ -456,8 +456,14 @@ func writeTargets(w io.Writer, r *run) {
 	v, ok = r.get("aggregator", "BenchmarkMemoryPerCounter", "B/key-site")
 	goal, _ := r.get("aggregator", "BenchmarkMemoryPerCounter", "goal-B/key-site")
 	one, _ := r.get("aggregator", "BenchmarkMemoryPerCounter", "B/counter")
-	p("| Aggregator memory per (key, site) of a key hit once, 1 m window / 60 sub-buckets | ≤ %s B | %s B (a counter with one site, with its entry, key and index: %s B) | %s |\n",
-		num(goal), num(v), num(one), verdict(ok, v <= goal))
+	// A counter with one site, with its entry, key and index, has a goal of its own in
+	// runs that report one (goal-B/counter); older runs held only the per-site goal.
+	goalText, met := "≤ "+num(goal)+" B", v <= goal
+	if goalOne, okOne := r.get("aggregator", "BenchmarkMemoryPerCounter", "goal-B/counter"); okOne {
+		goalText, met = "≤ "+num(goalOne)+" B with one site, ≤ "+num(goal)+" B per further site", met && one <= goalOne
+	}
+	p("| Aggregator memory per (key, site) of a key hit once, 1 m window / 60 sub-buckets | %s | %s B (a counter with one site, with its entry, key and index: %s B) | %s |\n",
+		goalText, num(v), num(one), verdict(ok, met))
 	v, ok = r.get("aggregator", "BenchmarkMemoryPerCounter", "full-B/key-site")
 	goal, _ = r.get("aggregator", "BenchmarkMemoryPerCounter", "full-goal-B/key-site")
 	one, _ = r.get("aggregator", "BenchmarkMemoryPerCounter", "full-B/counter")

@@ -389,6 +389,17 @@ func (s *state) pruneSeen(now int64) {
 	}
 }
 
+// trackCands fills candAt with the positions of cands.
+func (s *state) trackCands(cands []candidate) {
+	if s.candAt == nil {
+		s.candAt = map[int32]int32{}
+	}
+	clear(s.candAt)
+	for j, c := range cands {
+		s.candAt[c.pos] = int32(j)
+	}
+}
+
 // emission is one record to publish: a count, or a tombstone when count is nil.
 type emission struct {
 	key   string
@@ -413,6 +424,9 @@ type candidate struct {
 func (s *state) collect(now int64, budget int, cands []candidate, out []emission) ([]candidate, []emission) {
 	cands = cands[:0]
 	cuts := s.cutSites(now)
+	// tracking: candAt maps the chosen counters' positions to their candidates, kept from
+	// the first silent removal on (a removal moves the last counter).
+	tracking := false
 	for i := s.n - 1; i >= 0; i-- {
 		e := s.at(i)
 		if s.paused[e.slot] {
@@ -428,10 +442,26 @@ func (s *state) collect(now int64, budget int, cands []candidate, out []emission
 		total, zero := s.sumAt(e, now, at)
 		if zero {
 			if !e.emitted {
-				s.remove(i) // nothing published: forget silently
+				// Nothing published: forget silently. The last counter, already scanned,
+				// takes its place; if it was chosen, its candidate follows it.
+				if last := s.n - 1; last != i && len(cands) > 0 {
+					if !tracking {
+						tracking = true
+						s.trackCands(cands)
+					}
+					if j, ok := s.candAt[last]; ok {
+						cands[j].pos = i
+						delete(s.candAt, last)
+						s.candAt[i] = j
+					}
+				}
+				s.remove(i)
 				continue
 			}
 			cands = append(cands, candidate{pos: i, zero: true, prio: e.lastEmitted + 1})
+			if tracking {
+				s.candAt[i] = int32(len(cands) - 1)
+			}
 			continue
 		}
 		// An unchanged count is not published again, except that a count older than half
@@ -447,6 +477,9 @@ func (s *state) collect(now int64, budget int, cands []candidate, out []emission
 			d = -d
 		}
 		cands = append(cands, candidate{pos: i, total: total, prio: d})
+		if tracking {
+			s.candAt[i] = int32(len(cands) - 1)
+		}
 	}
 	if len(cands) > budget {
 		slices.SortFunc(cands, func(a, b candidate) int {

@@ -280,3 +280,42 @@ func TestCollectRefreshesSteadyCounts(t *testing.T) {
 		t.Fatalf("last count published %d ms ago", now()-last)
 	}
 }
+
+// TestCollectSilentRemovalKeepsCandidates: a counter that reached zero before it was ever
+// published is forgotten during the scan for due counters, and the last counter takes its
+// place; a counter already chosen for emission from that last place must be emitted from
+// its new one (the scan once kept the old position, and the emission read a cleared entry).
+func TestCollectSilentRemovalKeepsCandidates(t *testing.T) {
+	fc := clock.NewFake(time.UnixMilli(1_763_740_000_000))
+	s := testState(100)
+	now := func() int64 { return fc.Now().UnixMilli() }
+	// "gone" is counted and never published; its 1 s window passes.
+	gone := topics.Hit{Key: "gone", Site: "eu", BucketStart: now(), Window: 1_000, Count: 3}
+	if r := s.add(now(), 0, &gone, "", 0); r != added {
+		t.Fatalf("add = %v", r)
+	}
+	fc.Advance(5 * time.Second)
+	// Then several counters behind it, each due.
+	for i := range 5 {
+		h := topics.Hit{Key: "k" + strconv.Itoa(i), Site: "eu", BucketStart: now(), Window: 10_000, Count: int64(i + 1)}
+		if r := s.add(now(), 0, &h, "", 0); r != added {
+			t.Fatalf("add = %v", r)
+		}
+	}
+	_, out := s.collect(now(), 10, nil, nil)
+	got := map[string]float64{}
+	for _, e := range out {
+		if e.count == nil {
+			t.Fatalf("tombstone for %s, which was never published", e.key)
+		}
+		got[e.key] = e.count.Total
+	}
+	for i := range 5 {
+		if k := "k" + strconv.Itoa(i); got[k] != float64(i+1) {
+			t.Errorf("%s emitted %v, want %d (emissions %v)", k, got[k], i+1, got)
+		}
+	}
+	if len(got) != 5 || s.n != 5 {
+		t.Errorf("%d emissions, %d counters held; want 5 and 5 (gone forgotten)", len(got), s.n)
+	}
+}

@@ -42,7 +42,7 @@ func benchRequests() []*rlsv3.RateLimitRequest {
 	return reqs
 }
 
-func benchServer(b *testing.B) *Server {
+func benchServer(b testing.TB) *Server {
 	b.Helper()
 	l, err := enforcer.New(enforcer.Config{Rules: rules.Static(loadRules(b, benchRules)), Site: "t", Clock: clock.Real{}})
 	if err != nil {

@@ -127,7 +127,7 @@ type scratch struct {
 	group   [][]rules.Entry
 	res     enforcer.Result // per group
 	all     enforcer.Result // whole request
-	fields  []headers.Field
+	fields  headers.Values
 }
 
 // ShouldRateLimit decides req. It returns InvalidArgument for a malformed request and the
@@ -283,31 +283,50 @@ func (s *Server) decideGroups(ctx context.Context, domain string, sc *scratch) {
 	}
 }
 
-// response renders res. Messages are allocated in arrays, one per kind, to keep the
-// allocation count independent of the number of descriptors.
+// statusMsgs are the messages of one descriptor's status, allocated together: its limit
+// and duration are only pointed to when the descriptor has a limit.
+type statusMsgs struct {
+	status rlsv3.RateLimitResponse_DescriptorStatus
+	limit  rlsv3.RateLimitResponse_RateLimit
+	dur    durationpb.Duration
+}
+
+// respMsgs is a response with room for its header fields and for the status of a request
+// of one descriptor (the common case), allocated together: one allocation for the whole
+// response of a one-descriptor request, besides the header values' one string.
+type respMsgs struct {
+	resp     rlsv3.RateLimitResponse
+	one      [1]statusMsgs
+	onePtr   [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	hdrs     [headers.MaxFields]corev3.HeaderValue
+	hdrsPtrs [headers.MaxFields]*corev3.HeaderValue
+}
+
+// response renders res. Its messages are allocated in one block (respMsgs), and for more
+// than one descriptor two more (the statuses and their pointers), so that the allocation
+// count does not depend on the number of descriptors; the header fields are rendered into
+// the scratch's buffer and take one string.
 func (s *Server) response(res *enforcer.Result, sc *scratch) *rlsv3.RateLimitResponse {
-	out := &rlsv3.RateLimitResponse{OverallCode: code(res.Code)}
+	m := new(respMsgs)
+	out := &m.resp
+	out.OverallCode = code(res.Code)
 	n := len(res.Statuses)
-	statuses := make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
-	limited := 0
-	for i := range res.Statuses {
-		if res.Statuses[i].Limit != nil {
-			limited++
-		}
+	var msgs []statusMsgs
+	if n == 1 {
+		msgs, out.Statuses = m.one[:], m.onePtr[:]
+	} else {
+		msgs = make([]statusMsgs, n)
+		out.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
 	}
-	limits := make([]rlsv3.RateLimitResponse_RateLimit, limited)
-	durs := make([]durationpb.Duration, limited)
-	out.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
-	k := 0
 	for i := range res.Statuses {
 		st := &res.Statuses[i]
-		ds := &statuses[i]
+		sm := &msgs[i]
+		ds := &sm.status
 		out.Statuses[i] = ds
 		ds.Code = code(st.Code)
 		switch {
 		case st.Limit != nil:
-			lim, d := &limits[k], &durs[k]
-			k++
+			lim, d := &sm.limit, &sm.dur
 			lim.Name = headers.PolicyName(st)
 			lim.RequestsPerUnit = clampU32(st.Requests)
 			lim.Unit, lim.UnitMultiplier = unitOf(st.Window)
@@ -324,14 +343,14 @@ func (s *Server) response(res *enforcer.Result, sc *scratch) *rlsv3.RateLimitRes
 		}
 	}
 	if !s.opts.DisableHeaders {
-		sc.fields = headers.Append(sc.fields[:0], res)
-		if len(sc.fields) > 0 {
-			hv := make([]corev3.HeaderValue, len(sc.fields))
-			out.ResponseHeadersToAdd = make([]*corev3.HeaderValue, len(sc.fields))
-			for i, f := range sc.fields {
-				hv[i].Key, hv[i].Value = f.Name, f.Value
-				out.ResponseHeadersToAdd[i] = &hv[i]
+		if k := sc.fields.Render(res); k > 0 {
+			all := string(sc.fields.Bytes())
+			for i := range k {
+				b, e := sc.fields.Span(i)
+				m.hdrs[i].Key, m.hdrs[i].Value = sc.fields.Name(i), all[b:e]
+				m.hdrsPtrs[i] = &m.hdrs[i]
 			}
+			out.ResponseHeadersToAdd = m.hdrsPtrs[:k:k]
 		}
 	}
 	return out

@@ -41,17 +41,19 @@ func ValidateRequest(domain string, descriptors [][]Entry) error {
 	case len(descriptors) > MaxRequestDescriptors:
 		return &RequestError{"descriptors", fmt.Sprintf("%d is more than %d", len(descriptors), MaxRequestDescriptors)}
 	}
+	// The field's name is built only for an error: on every valid request it would be one
+	// allocation per descriptor.
+	field := func(i int) string { return "descriptors[" + strconv.Itoa(i) + "].entries" }
 	for i, d := range descriptors {
-		f := "descriptors[" + strconv.Itoa(i) + "].entries"
 		switch {
 		case len(d) == 0:
-			return &RequestError{f, "at least one is required"}
+			return &RequestError{field(i), "at least one is required"}
 		case len(d) > MaxDescriptorEntries:
-			return &RequestError{f, fmt.Sprintf("%d is more than %d", len(d), MaxDescriptorEntries)}
+			return &RequestError{field(i), fmt.Sprintf("%d is more than %d", len(d), MaxDescriptorEntries)}
 		}
 		for j, e := range d {
 			if e.Key == "" {
-				return &RequestError{f + "[" + strconv.Itoa(j) + "].key", "required"}
+				return &RequestError{field(i) + "[" + strconv.Itoa(j) + "].key", "required"}
 			}
 		}
 	}

@@ -2,8 +2,13 @@ package sitestore
 
 import (
 	"context"
+	"maps"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/internal/testenv"
@@ -66,5 +71,83 @@ func TestWindowKeyExpiresWithItsWindow(t *testing.T) {
 				t.Fatalf("EXISTS after the window's end and the slack = %v, %v; want 0", n, err)
 			}
 		})
+	}
+}
+
+// TestCommandsPerHit holds the commands a hit of one op costs Redis, on a Redis of its own
+// (INFO commandstats counts every client's): a window counter's hit within its window reads
+// the hash and writes its count (HMGET, HSET: no PEXPIRE, its expiry is the window's), the
+// first hit of the next window sets the expiry too, and the bucket family sets it on every
+// hit (its expiry moves with each).
+func TestCommandsPerHit(t *testing.T) {
+	p := startPrivateRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: p.addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	s := newStore(t, client, "cmds:", nil)
+	ctx := context.Background()
+	counts := func() map[string]int64 {
+		t.Helper()
+		m := map[string]int64{}
+		infoSum(t, client, "commandstats", func(name, value string) string {
+			cmd, ok := strings.CutPrefix(name, "cmdstat_")
+			if !ok {
+				return ""
+			}
+			for _, f := range strings.Split(value, ",") {
+				if v, ok := strings.CutPrefix(f, "calls="); ok {
+					n, err := strconv.ParseInt(v, 10, 64)
+					if err != nil {
+						t.Fatal(err)
+					}
+					m[cmd] = n
+				}
+			}
+			return ""
+		})
+		return m
+	}
+	start := time.Unix(t0.Unix()/60*60, 0).Add(time.Second) // a second into a minute window
+	for _, tc := range []struct {
+		alg       algo.Algorithm
+		perHit    map[string]int64 // the commands of a hit within the window
+		newWindow map[string]int64 // of the first hit of the next one
+	}{
+		{algo.SlidingWindow, map[string]int64{"hmget": 1, "hset": 1}, map[string]int64{"hmget": 1, "hset": 1, "pexpire": 1}},
+		{algo.FixedWindow, map[string]int64{"hmget": 1, "hset": 1}, map[string]int64{"hmget": 1, "hset": 1, "pexpire": 1}},
+		{algo.TokenBucket, map[string]int64{"hmget": 1, "hset": 1, "pexpire": 1}, map[string]int64{"hmget": 1, "hset": 1, "pexpire": 1}},
+		{algo.GCRA, map[string]int64{"hmget": 1, "hset": 1, "pexpire": 1}, map[string]int64{"hmget": 1, "hset": 1, "pexpire": 1}},
+	} {
+		op := algo.Op{Key: "d|cmds#" + tc.alg.String(), Algorithm: tc.alg, Limit: algo.Limit{Requests: 1000, Window: time.Minute}, N: 1}
+		out := make([]algo.Decision, 1)
+		hits := func(at time.Time, n int) map[string]int64 {
+			t.Helper()
+			before := counts()
+			for i := range n {
+				if ok, fb := s.AllowAll(ctx, at.Add(time.Duration(i)*time.Millisecond), []algo.Op{op}, out); !ok || fb {
+					t.Fatalf("%v: allowed %v fellBack %v", tc.alg, ok, fb)
+				}
+			}
+			d := map[string]int64{}
+			for cmd, c := range counts() {
+				// Not counted: the test's own INFO, the script calls holding the commands,
+				// and SET, the Store's own key it renews once a minute (outage.go).
+				if c -= before[cmd]; c != 0 && cmd != "info" && cmd != "evalsha" && cmd != "eval" && cmd != "script|load" && cmd != "set" {
+					d[cmd] = c
+				}
+			}
+			return d
+		}
+		hits(start, 1) // a new counter
+		const n = 10
+		want := map[string]int64{}
+		for cmd, c := range tc.perHit {
+			want[cmd] = n * c
+		}
+		if got := hits(start.Add(time.Second), n); !maps.Equal(got, want) {
+			t.Errorf("%v: %d hits within the window sent %v, want %v", tc.alg, n, got, want)
+		}
+		if got := hits(start.Add(time.Minute), 1); !maps.Equal(got, tc.newWindow) {
+			t.Errorf("%v: the first hit of the next window sent %v, want %v", tc.alg, got, tc.newWindow)
+		}
 	}
 }

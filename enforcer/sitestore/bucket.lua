@@ -3,6 +3,10 @@
 -- time (ns, rem) and n's span (ns, rem), rem in 1/allowance ns. Reports r1, r2 = max(TAT
 -- - now, 0) as ns and rem.
 local bucket = {fields = {'ts', 'tn', 'tr', 'd'}}
+function bucket.new(hk, lk, alg, w)
+  return {hk = hk, lk = lk, alg = alg, w = w, ttl = 0, dirty = false, reset = false, moved = false,
+    ts = 0, tn = 0, tr = 0, d = 0}
+end
 function bucket.decide(st, b, n, a, c)
   if a > 0 and a ~= st.d then
     -- the allowance changed: keep the TAT, rescale its fraction of a nanosecond

@@ -1,7 +1,11 @@
 -- Fixed window. State: st, the window's start (decimal ns), and cur, its count.
 -- Parameters: the start of the window containing now, the ms until it ends, and the ms
 -- the window after it lasts. Reports r1 = the count in the current window.
-local fixed_window = {fields = {'st', 'cur', 'prev'}}
+local fixed_window = {fields = {'st', 'cur', 'prev'}, window_ttl = true}
+function fixed_window.new(hk, lk, alg, w)
+  return {hk = hk, lk = lk, alg = alg, w = w, ttl = 0, dirty = false, reset = false, moved = false,
+    st = '', cur = 0, prev = 0}
+end
 function fixed_window.decide(st, b, n, a)
   local ws = ARGV[b + 6]
   local cur, late, ttl = 0, 0, 0
@@ -14,6 +18,7 @@ function fixed_window.decide(st, b, n, a)
   end
   local allowed = force or (n <= a and cur + n <= a)
   if allowed and commit and n > 0 then
+    if st.st ~= ws then st.moved = true end
     st.st, st.cur, st.prev, st.dirty = ws, cur + n, 0, true
     ttl = tonumber(ARGV[b + 7]) + late
   end

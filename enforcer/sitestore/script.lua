@@ -22,6 +22,9 @@
 -- The request is decided by site_request(kb, ab): run alone, the script ends by calling
 -- it with offsets 0; the batch script calls it for each of its site-scope requests.
 local now_s, now_ns, now_str, slack, commit, force, nops
+-- Globals looked up once per script call: each use of a global is a table lookup, of a
+-- local none (the algorithms below use these too).
+local ARGV, KEYS, tonumber, rcall = ARGV, KEYS, tonumber, redis.call
 local E9 = 1000000000
 local L = 16777216
 
@@ -76,63 +79,93 @@ end
 -- The algorithms: one file each (bucket.lua, fixed_window.lua, sliding_window.lua,
 -- sliding_log.lua), each defining a table with decide(st, b, n, a, c) -> allowed, r1, r2,
 -- r3, ttl (b: the op's ARGV offset, the request's included; r1..r3 what its Go file turns
--- into a Decision; ttl in ms, when it took), fields: the hash fields it keeps, and
--- optionally save(st, taken, ttl) for state beyond the hash. Go puts them here, and the
--- table algos that maps each algorithm code to one of them.
+-- into a Decision; ttl in ms, when it took), fields: the hash fields it keeps, new(hk, lk,
+-- alg, w): a counter's state table, with every field the script and its decide set (the
+-- common hk, lk, alg, w, ttl, dirty, reset, moved, and its own, at their empty values: a
+-- table built with all its fields is never grown), optionally save(st, taken, ttl) for
+-- state beyond the hash, and window_ttl when its key's expiry depends only on the window
+-- the counter holds (decide sets st.moved when the window changes). Go puts them here, and
+-- the table algos that maps each algorithm code to one of them.
 -- ALGORITHMS
 
 local states, order
 
--- load returns the state of a counter (its hash hk, its list lk) for an op of algorithm
--- alg, window w and allowance a: the hash's alg and w, and the fields its algorithm keeps
--- (its table's fields: the bucket family ts, tn, tr and d, the window algorithms st, cur
--- and prev, the sliding log cur), with what this call has done to its list (sliding log).
--- A counter used with another algorithm or window starts empty (reset: its alg and w are
--- written with its fields); a hash keeps other algorithms' fields, which are never read.
+-- read returns the state of a counter (its hash hk, its list lk) for an op of algorithm
+-- alg, window w and allowance a, as its hash holds it: the hash's alg and w, and the
+-- fields its algorithm keeps (its table's fields: the bucket family ts, tn, tr and d, the
+-- window algorithms st, cur and prev, the sliding log cur). A counter used with another
+-- algorithm or window starts empty (reset: its alg and w are written with its fields); a
+-- hash keeps other algorithms' fields, which are never read.
+local function read(hk, lk, alg, w, a)
+  local A = algos[alg]
+  local F = A.fields
+  local v
+  if #F == 3 then
+    v = rcall('HMGET', hk, 'alg', 'w', F[1], F[2], F[3])
+  elseif #F == 4 then
+    v = rcall('HMGET', hk, 'alg', 'w', F[1], F[2], F[3], F[4])
+  else
+    v = rcall('HMGET', hk, 'alg', 'w', F[1])
+  end
+  local st = A.new(hk, lk, alg, w)
+  if v[1] == alg and v[2] == w then
+    for j = 1, #F do
+      local f, x = F[j], v[2 + j]
+      if f == 'st' then st.st = x or '' else st[f] = tonumber(x) or 0 end
+    end
+  else
+    st.d, st.llen, st.reset = a, 0, true
+  end
+  return st
+end
+
+-- load is read for a request of several ops, which may share a counter: what earlier ops
+-- of the request did to it (in states) is the state later ones see (with what this call
+-- has done to its list, for the sliding log), and a counter reused with another algorithm
+-- or window by an earlier op starts empty again.
 local function load(hk, lk, alg, w, a)
   local st = states[hk]
   if st == nil then
-    local F = algos[alg].fields
-    local v
-    if #F == 3 then
-      v = redis.call('HMGET', hk, 'alg', 'w', F[1], F[2], F[3])
-    elseif #F == 4 then
-      v = redis.call('HMGET', hk, 'alg', 'w', F[1], F[2], F[3], F[4])
-    else
-      v = redis.call('HMGET', hk, 'alg', 'w', F[1])
-    end
-    st = {hk = hk, lk = lk, alg = v[1], w = v[2], ts = 0, tn = 0, tr = 0, d = 0, st = '', cur = 0, prev = 0,
-      drop = 0, push = 0, reset = false, dirty = false, ttl = 0}
-    if st.alg == alg and st.w == w then
-      for j = 1, #F do
-        local f, x = F[j], v[2 + j]
-        if f == 'st' then st.st = x or '' else st[f] = tonumber(x) or 0 end
-      end
-    end
+    st = read(hk, lk, alg, w, a)
     states[hk] = st
     order[#order + 1] = st
-  end
-  if st.alg ~= alg or st.w ~= w then
-    -- a new counter, or one reused with another algorithm or window: start empty
+  elseif st.alg ~= alg or st.w ~= w then
     st.alg, st.w, st.ts, st.tn, st.tr, st.d, st.st, st.cur, st.prev = alg, w, 0, 0, 0, a, '', 0, 0
     st.llen, st.drop, st.push, st.reset = 0, 0, 0, true
   end
   return st
 end
 
--- store writes st's algorithm's fields to its hash (with alg and w when it was reset).
-local function store(st)
-  local F = algos[st.alg].fields
-  local cmd = {'HSET', st.hk}
+-- store writes st's algorithm's fields to its hash (with alg and w when it was reset), and
+-- its expiry: for an algorithm whose keys expire with their window (window_ttl), only when
+-- decide moved the counter to another window (st.moved: the expiry's absolute time is the
+-- same for every request of one window, as set by the first), else on every write. A
+-- window algorithm's write within its window changes its count alone (the window start and
+-- the previous count stay), and only cur is written.
+local function store(st, ttl)
+  local A = algos[st.alg]
+  local F, hk = A.fields, st.hk
+  if A.window_ttl and not st.moved and not st.reset then
+    -- the same window: only its count changed, and the expiry is the window's
+    rcall('HSET', hk, 'cur', st.cur)
+    return
+  end
   if st.reset then
-    cmd[3], cmd[4], cmd[5], cmd[6] = 'alg', st.alg, 'w', st.w
+    if #F == 3 then
+      rcall('HSET', hk, 'alg', st.alg, 'w', st.w, F[1], st[F[1]], F[2], st[F[2]], F[3], st[F[3]])
+    elseif #F == 4 then
+      rcall('HSET', hk, 'alg', st.alg, 'w', st.w, F[1], st[F[1]], F[2], st[F[2]], F[3], st[F[3]], F[4], st[F[4]])
+    else
+      rcall('HSET', hk, 'alg', st.alg, 'w', st.w, F[1], st[F[1]])
+    end
+  elseif #F == 3 then
+    rcall('HSET', hk, F[1], st[F[1]], F[2], st[F[2]], F[3], st[F[3]])
+  elseif #F == 4 then
+    rcall('HSET', hk, F[1], st[F[1]], F[2], st[F[2]], F[3], st[F[3]], F[4], st[F[4]])
+  else
+    rcall('HSET', hk, F[1], st[F[1]])
   end
-  for j = 1, #F do
-    local f = F[j]
-    cmd[#cmd + 1] = f
-    cmd[#cmd + 1] = st[f]
-  end
-  redis.call(unpack(cmd))
+  rcall('PEXPIRE', hk, ttl)
 end
 
 local function site_request(kb, ab)
@@ -143,8 +176,24 @@ slack = tonumber(ARGV[ab + 4])
 commit = ARGV[ab + 5] ~= '0'
 force = ARGV[ab + 5] == '2'
 nops = tonumber(ARGV[ab + 6])
-if force and not redis.call('SET', KEYS[kb + 2 * nops + 1], '1', 'NX', 'PX', ARGV[ab + 7 + 10 * nops]) then
+if force and not rcall('SET', KEYS[kb + 2 * nops + 1], '1', 'NX', 'PX', ARGV[ab + 7 + 10 * nops]) then
   return {1}
+end
+if nops == 1 then
+  -- one op (the common request): its counter alone, without the tables of states
+  local b = ab + 6
+  local alg, w = ARGV[b + 1], ARGV[b + 2]
+  local n, a, c = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+  local st = read(KEYS[kb + 1], KEYS[kb + 2], alg, w, a)
+  local A = algos[alg]
+  local allowed, r1, r2, r3, ttl = A.decide(st, b, n, a, c)
+  if commit then
+    local taken = allowed and st.dirty
+    if taken then store(st, ttl + slack) end
+    if A.save then A.save(st, taken, ttl + slack) end
+  end
+  if allowed then return {1, 1, r1, r2, r3} end
+  return {0, 0, r1, r2, r3}
 end
 states, order = {}, {}
 local out = {1}
@@ -166,10 +215,7 @@ if commit then
   for _, st in ipairs(order) do
     local taken = all and st.dirty
     local ttl = st.ttl + slack
-    if taken then
-      store(st)
-      redis.call('PEXPIRE', st.hk, ttl)
-    end
+    if taken then store(st, ttl) end
     local save = algos[st.alg].save
     if save then save(st, taken, ttl) end
   end

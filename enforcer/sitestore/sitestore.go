@@ -561,22 +561,8 @@ func (s *Store) usable(now time.Time, ops []algo.Op) string {
 
 // call runs the script and returns the per-op states, or a fallback reason.
 func (s *Store) call(ctx context.Context, now time.Time, ops []algo.Op, commit bool) ([]opState, string) {
-	t := now.UnixNano()
-	keys := make([]string, 0, 2*len(ops))
-	args := make([]any, 0, 6+argsPerOp*len(ops))
-	commitArg := "0"
-	if commit {
-		commitArg = "1"
-	}
-	args = append(args, t/1e9, t%1e9, strconv.FormatInt(t, 10), s.slackMs, commitArg, len(ops))
-	for i := range ops {
-		op := &ops[i]
-		k := s.redisKey(op.Key)
-		keys = append(keys, k, k+":log")
-		args = s.appendOpArgs(args, t, op)
-	}
 	var st []opState
-	reason := s.run(ctx, now, &call{kind: kindSite, tag: s.tag(ops[0].Key), keys: keys, args: args}, func(res []any) error {
+	reason := s.run(ctx, now, s.siteCall(now, ops, commit), func(res []any) error {
 		if len(res) != 1+4*len(ops) {
 			return fmt.Errorf("script returned %d values for %d ops", len(res), len(ops))
 		}
@@ -595,6 +581,25 @@ func (s *Store) call(ctx context.Context, now time.Time, ops []algo.Op, commit b
 		return nil
 	})
 	return st, reason
+}
+
+// siteCall returns the site-scope request for ops at now as the batch sends it.
+func (s *Store) siteCall(now time.Time, ops []algo.Op, commit bool) *call {
+	t := now.UnixNano()
+	keys := make([]string, 0, 2*len(ops))
+	args := make([]any, 0, 6+argsPerOp*len(ops))
+	commitArg := "0"
+	if commit {
+		commitArg = "1"
+	}
+	args = append(args, t/1e9, t%1e9, strconv.FormatInt(t, 10), s.slackMs, commitArg, len(ops))
+	for i := range ops {
+		op := &ops[i]
+		k := s.redisKey(op.Key)
+		keys = append(keys, k, k+":log")
+		args = s.appendOpArgs(args, t, op)
+	}
+	return &call{kind: kindSite, tag: s.tag(ops[0].Key), keys: keys, args: args}
 }
 
 // run sends c (in a batch, batch.go) through the circuit breaker with the Store's timeout,

@@ -11,6 +11,10 @@
 -- Reports r1 = hits in the window, r2 = the newest entry - now, r3 = the time of the j-th
 -- oldest hit - now where j = r1 + n - allowance, when denied.
 local sliding_log = {fields = {'cur'}}
+function sliding_log.new(hk, lk, alg, w)
+  return {hk = hk, lk = lk, alg = alg, w = w, ttl = 0, dirty = false, reset = false, moved = false,
+    cur = 0, drop = 0, push = 0}
+end
 
 -- entry parses a list element into its time (decimal ns string) and its hits.
 local function entry(s)

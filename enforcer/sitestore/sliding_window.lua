@@ -3,7 +3,11 @@
 -- now and of the one before it, the time left in the current window (the previous one's
 -- weight), the window (ns), and the ms until the current window's count has left the
 -- sliding window. Reports r1, r2 = the counts in the current and previous window.
-local sliding_window = {fields = {'st', 'cur', 'prev'}}
+local sliding_window = {fields = {'st', 'cur', 'prev'}, window_ttl = true}
+function sliding_window.new(hk, lk, alg, w)
+  return {hk = hk, lk = lk, alg = alg, w = w, ttl = 0, dirty = false, reset = false, moved = false,
+    st = '', cur = 0, prev = 0}
+end
 function sliding_window.decide(st, b, n, a)
   local ws, pws = ARGV[b + 6], ARGV[b + 7]
   local x, wn = tonumber(ARGV[b + 8]), tonumber(ARGV[b + 9])
@@ -23,6 +27,7 @@ function sliding_window.decide(st, b, n, a)
   -- that is prev*x < (k+1)*w
   local allowed = force or (n <= a and k >= 0 and (prev <= k or mulcmp(prev, x, k + 1, wn) < 0))
   if allowed and commit and n > 0 then
+    if st.st ~= ws then st.moved = true end
     st.st, st.cur, st.prev, st.dirty = ws, cur + n, prev, true
     ttl = tonumber(ARGV[b + 10]) + late
   end

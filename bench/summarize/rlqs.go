@@ -73,5 +73,5 @@ func writeRLQS(w io.Writer, r *run) {
 	p("\nA server that falls behind (served ÷ offered below 1) is read with care: the reports it has not read wait in gRPC's " +
 		"buffers and its heap grows, so its CPU per report is no longer the cost of a report, and the capacity column is then a " +
 		"floor. The in-process cost of a report, without gRPC, is `enforcer/rlqs BenchmarkHandle` (cpu-ns/bucket); " +
-		"[rlqs.md](rlqs.md#serving) reads these figures.\n\n")
+		"[rlqs.md](rlqs.md#serving-cost) reads these figures.\n\n")
 }

@@ -121,22 +121,7 @@ func runClients(t *testing.T, brokers, format, python, java, jars string) {
 		t.Errorf("java client printed %q, want it to end with %q", out, want)
 	}
 	// Both partitioners placed every hit where the Go producer would: none was re-routed.
-	if n := counterValue(t, reg, "streamlimit_aggregator_rerouted_total"); n != 0 {
+	if n := testenv.Counter(t, reg, "streamlimit_aggregator_rerouted_total"); n != 0 {
 		t.Errorf("%v hits were re-routed: a client's partitioner does not match the producer's", n)
 	}
-}
-
-// counterValue returns the value of the counter name gathered from reg (0 when absent).
-func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	return 0
 }

@@ -127,16 +127,9 @@ func TestConnectionFlood(t *testing.T) {
 	// over the per-address bound), so that the normal client is measured beside 10 000 open
 	// connections and not behind thousands still in the accept queue.
 	wantRefused := float64(hostileConns - 2*hostileAddrs*server.DefaultMaxConnsPerAddr)
-	for deadline := time.Now().Add(time.Minute); ; {
-		got := counterValue(t, reg, "streamlimit_enforcer_conns_refused_total")
-		if got >= wantRefused {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after a minute the listeners had refused %v of the hostile connections, want %v", got, wantRefused)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, fmt.Sprintf("the listeners to refuse %v hostile connections", wantRefused), func() bool {
+		return testenv.Counter(t, reg, "streamlimit_enforcer_conns_refused_total") >= wantRefused
+	})
 	t.Logf("accepted every hostile connection in %v", time.Since(start).Round(time.Millisecond))
 	hp, gp := normalClient(t, srv)
 	t.Logf("with them: normal client p99 %v (HTTP), %v (gRPC)", hp, gp)
@@ -185,22 +178,6 @@ func normalClient(t *testing.T, srv *server.Server) (httpP99, grpcP99 time.Durat
 		gs = append(gs, time.Since(t0))
 	}
 	return p99(hs), p99(gs)
-}
-
-// counterValue reads the counter called name from reg.
-func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("no counter %s", name)
-	return 0
 }
 
 func p99(ds []time.Duration) time.Duration {

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Eventually polls cond every 20 ms until it holds, and fails t naming what it waited for
@@ -74,4 +76,23 @@ func Tool(t testing.TB, name, hint string) string {
 		Unavailable(t, "%s is not installed: %s", name, hint)
 	}
 	return p
+}
+
+// Counter returns the value of the counter called name that reg gathers, summed over its
+// series (0 when reg has none).
+func Counter(t testing.TB, reg prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				v += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return v
 }

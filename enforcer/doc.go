@@ -125,10 +125,14 @@
 //
 // A request passes only if every non-shadow limit of every descriptor passes, and a
 // denied request consumes no quota from any of its limits: all limits are checked first
-// (global against the snapshot, local with Peek), then site limits are taken atomically in
-// one SiteStore call, then local limits atomically, then global ones. The one exception is
-// a race between concurrent requests on the same keys in the few hundred nanoseconds
-// between the check and the commit: a later stage may then deny after an earlier one has
-// taken its quota. Shadow-mode rules are decided and reported, and consume quota only when
-// the request is admitted, but never deny.
+// (local with Peek, global against the snapshot and the site counter's counts), then site
+// limits are taken atomically in one SiteStore call, then local limits atomically, then
+// global ones. A request with global limits and no site or global shadow limit, that its
+// local limits admit, has its global limits checked and taken in one site counter call
+// (one Redis round trip instead of two), before its local limits are taken. The one
+// exception is a race between concurrent requests on the same keys between the check and
+// the commit (a few hundred nanoseconds, or one site counter call when its global limits
+// were taken first): a later stage may then deny after an earlier one has taken its quota,
+// an error toward refusing. Shadow-mode rules are decided and reported, and consume quota
+// only when the request is admitted, but never deny.
 package enforcer

@@ -603,25 +603,99 @@ func (c fellBackCounter) CommitReport(ctx context.Context, now time.Time, ops []
 }
 
 // A global decision whose site count came from the counter's fallback is reported as a
-// fallback, in the answer and the metrics, on the one-call path and the two-call path.
+// fallback, in the answer and the metrics, on the one-call path (alone, and with a local
+// limit) and on the two-call path (with a global shadow limit).
 func TestGlobalCounterFallbackReported(t *testing.T) {
-	for _, withLocal := range []bool{false, true} {
+	for _, with := range []string{"", "  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 50, scope: local}\n",
+		"  - key: tenant\n    shadow_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 50}\n"} {
 		reg := prometheus.NewRegistry()
 		l, _, _, _ := newGlobal(t, map[string]float64{"eu": 1}, func(c *Config) {
 			c.Counter = fellBackCounter{sitecount.NewLocal(sitecount.LocalOptions{})}
 			c.Registerer = reg
 		})
 		req := req42
-		if withLocal {
-			l.cfg.Rules = rules.Static(loadRules(t, globalRules+"  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 50, scope: local}\n"))
+		if with != "" {
+			l.cfg.Rules = rules.Static(loadRules(t, globalRules+with))
 			req = Request{Domain: "api", Descriptors: [][]rules.Entry{desc("user", "42"), desc("tenant", "t")}}
 		}
 		res := l.Decide(context.Background(), req)
 		if res.Code != CodeOK || !res.Statuses[0].Fallback {
-			t.Fatalf("with a local limit %v: %v, status %+v, want admitted and reported as a fallback", withLocal, res.Code, res.Statuses[0])
+			t.Fatalf("with %q: %v, status %+v, want admitted and reported as a fallback", with, res.Code, res.Statuses[0])
 		}
 		if got := testutil.ToFloat64(l.metrics.fallback.WithLabelValues("redis")); got != 1 {
-			t.Fatalf("with a local limit %v: fallback decisions %v, want 1", withLocal, got)
+			t.Fatalf("with %q: fallback decisions %v, want 1", with, got)
 		}
+	}
+}
+
+// callCounter is a sitecount.Local that counts the calls made to it.
+type callCounter struct {
+	*sitecount.Local
+	counts, commits int
+}
+
+func (c *callCounter) Counts(ctx context.Context, now time.Time, ops []sitecount.Op, out []float64) error {
+	c.counts++
+	return c.Local.Counts(ctx, now, ops, out)
+}
+
+func (c *callCounter) Commit(ctx context.Context, now time.Time, ops []sitecount.Op, counts []float64) (bool, error) {
+	c.commits++
+	return c.Local.Commit(ctx, now, ops, counts)
+}
+
+// A request with a global and a local limit makes one call of the site counter (a Redis
+// round trip when the counter is Redis): its local limit is peeked first, then its global
+// limit checked and taken in one Commit, then the local limit taken. Refused by its local
+// limit, it asks only for the counts; refused by its global limit, it takes nothing from
+// its local limit.
+func TestGlobalWithLocalOneCounterCall(t *testing.T) {
+	counter := &callCounter{Local: sitecount.NewLocal(sitecount.LocalOptions{})}
+	l, _, _, _ := newGlobal(t, map[string]float64{"eu": 1}, func(c *Config) { c.Counter = counter })
+	l.cfg.Rules = rules.Static(loadRules(t, globalRules+"  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 3, scope: local}\n"))
+	ctx := context.Background()
+	req := func(user string) Request {
+		return Request{Domain: "api", Descriptors: [][]rules.Entry{desc("user", user), desc("tenant", "t")}}
+	}
+	for i := range 3 {
+		res := l.Decide(ctx, req("42"))
+		if res.Code != CodeOK {
+			t.Fatalf("request %d: %v, want admitted", i, res.Code)
+		}
+		if counter.counts != 0 || counter.commits != i+1 {
+			t.Fatalf("after %d admitted requests: %d Counts and %d Commit calls, want 0 and %d", i+1, counter.counts, counter.commits, i+1)
+		}
+		if got, want := res.Statuses[0].Remaining, int64(100-i-1); got != want {
+			t.Fatalf("request %d: user remaining %d, want %d", i, got, want)
+		}
+	}
+	// The local limit (3 a minute) is spent: refused in process, one Counts for the report,
+	// and the global limit keeps its count.
+	res := l.Decide(ctx, req("42"))
+	if res.Code != CodeOverLimit || res.Statuses[1].Code != CodeOverLimit {
+		t.Fatalf("fourth: %v, tenant %v, want refused by the local limit", res.Code, res.Statuses[1].Code)
+	}
+	if counter.counts != 1 || counter.commits != 3 {
+		t.Fatalf("fourth: %d Counts and %d Commit calls, want 1 and 3", counter.counts, counter.commits)
+	}
+	if got := res.Statuses[0].Remaining; got != 97 {
+		t.Fatalf("fourth: user remaining %d, want 97 (nothing taken)", got)
+	}
+
+	// Refused by the global limit (otp, a key new to every site: this site's default share
+	// of 5 per 10 s) with local room: the refused request takes nothing from the local limit.
+	l.cfg.Rules = rules.Static(loadRules(t, globalRules+"  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 100, scope: local}\n"))
+	otp := Request{Domain: "api", Descriptors: [][]rules.Entry{desc("otp", "x"), desc("tenant", "u")}}
+	admitted := 0
+	for res = l.Decide(ctx, otp); res.Code == CodeOK; res = l.Decide(ctx, otp) {
+		if admitted++; admitted > 5 {
+			t.Fatalf("otp: %d admitted, more than its limit of 5", admitted)
+		}
+	}
+	if admitted == 0 || res.Statuses[0].Code != CodeOverLimit {
+		t.Fatalf("otp: %d admitted, then %+v, want some admitted, then refused by the global limit", admitted, res.Statuses[0])
+	}
+	if got, want := res.Statuses[1].Remaining, int64(100-admitted); got != want {
+		t.Fatalf("refused otp: tenant remaining %d, want %d (the refused request took nothing)", got, want)
 	}
 }

@@ -365,12 +365,23 @@ func (l *Limiter) elastic(lim *rules.Limit) int64 {
 	return lim.Elastic.Requests(lim.Requests, used)
 }
 
-// check decides every limit without taking anything: global limits against the snapshot,
-// local ones with Peek. A request with only global limits and no shadow rule is checked and
-// taken in one Commit instead (fused), and its hits published.
+// check decides every limit without taking anything: local ones with Peek, global ones
+// against the snapshot and the site counter's counts. A request with global limits, no site
+// limit and no global shadow limit, that its local limits admit, has its global limits
+// checked and taken in one Commit instead (fused), and their hits published: one call of the
+// site counter instead of two. Its local limits are then taken by commit; if another request
+// took their room meanwhile (within that call), the request is refused with its global hits
+// already counted, an error toward refusing, never toward admitting too many.
 func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64) (admitted, fused bool) {
 	admitted = true
-	fused = len(s.globOps) > 0 && len(s.localOps) == 0 && len(s.siteOps) == 0 && !anyShadow(s.globRefs)
+	for i := range s.localOps {
+		s.localOut[i] = l.cfg.Local.Peek(now, s.localOps[i])
+		if !s.localOut[i].Allowed && !s.localRefs[i].shadow {
+			admitted = false
+		}
+	}
+	// A request its local limits refuse asks only for the counts, to report its global limits.
+	fused = admitted && len(s.globOps) > 0 && len(s.siteOps) == 0 && !anyShadow(s.globRefs)
 	if len(s.globOps) > 0 {
 		for i := range s.globOps {
 			s.globOps[i].Cap, s.globTotal[i], s.globStale[i] = l.globalCap(now, &s.globOps[i], s.globRefs[i].h, s.globRefs[i].allowance())
@@ -402,16 +413,13 @@ func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64)
 				}
 			}
 		}
-		if fused && admitted && l.cfg.Publisher != nil {
-			for i := range s.globOps {
-				l.cfg.Publisher.Hit(s.globOps[i].Key, s.globOps[i].Window, int(n))
+		if fused && admitted {
+			s.committed.global = true
+			if l.cfg.Publisher != nil {
+				for i := range s.globOps {
+					l.cfg.Publisher.Hit(s.globOps[i].Key, s.globOps[i].Window, int(n))
+				}
 			}
-		}
-	}
-	for i := range s.localOps {
-		s.localOut[i] = l.cfg.Local.Peek(now, s.localOps[i])
-		if !s.localOut[i].Allowed && !s.localRefs[i].shadow {
-			admitted = false
 		}
 	}
 	return admitted, fused
@@ -435,9 +443,10 @@ func (l *Limiter) commit(ctx context.Context, now time.Time, s *scratch, n int64
 	}
 	if admitted {
 		l.commitShadow(ctx, now, s)
-	} else if l.cfg.Publisher != nil {
+	} else if l.cfg.Publisher != nil && !s.committed.global {
 		// The request's global keys were in demand here: publish it, so that the sites
-		// share the keys' room toward where their clients are now.
+		// share the keys' room toward where their clients are now. (A fused request its
+		// local limits refused after its global hits were taken published those hits.)
 		for i := range s.globOps {
 			if !s.globRefs[i].shadow {
 				l.cfg.Publisher.Denied(s.globOps[i].Key, s.globOps[i].Window, int(n))

@@ -108,7 +108,7 @@ func TestFaultKafkaDown(t *testing.T) {
 	times := admissions(rs, heavyClient)
 	t.Logf("FIGURE kafka-down: during the outage: heavy admitted per sliding window %s", sliding(times, ruleWindow, stoppedAt, restartAt))
 	checkOutage(t, "kafka-down-outage", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, stoppedAt, fresh, 1.2)
-	checkBound(t, "kafka-down-after-restart", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, fresh+ruleWindow, end)
+	checkBound(t, "kafka-down-after-restart", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, fresh+ruleWindow, end, nil)
 
 	var dropped, in int64
 	for _, n := range tp.nodes {

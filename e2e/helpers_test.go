@@ -56,6 +56,9 @@ func writeFile(t *testing.T, path, content string) {
 	}
 }
 
+// redisTimeout is the enforcers' bound on a site counter call in these tests.
+const redisTimeout = 250 * time.Millisecond
+
 func testLogger(t *testing.T) *slog.Logger {
 	// Warnings and errors only: the tests' own t.Logf lines are the report.
 	return slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -65,6 +68,10 @@ type tlogWriter struct{ t *testing.T }
 
 func (w tlogWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
+	if strings.Contains(string(p), "http: panic serving") {
+		// net/http recovered it and closed the connection: the client saw only EOF.
+		w.t.Error("an enforcer's HTTP handler panicked (above)")
+	}
 	return len(p), nil
 }
 
@@ -232,7 +239,7 @@ func startTopology(t *testing.T, o topologyOptions) *topology {
 				// than the 5 ms default now and then, and a timed-out call falls back to
 				// counting in process, which splits the site's count (tested on its own in
 				// TestFaultRedisDown). Here Redis must stay on the path.
-				RedisTimeout: 250 * time.Millisecond,
+				RedisTimeout: redisTimeout,
 				Logger:       testLogger(t).With("site", s.name, "enforcer", i),
 				Registry:     reg,
 			}

@@ -348,8 +348,8 @@ func surelyInWindow(rs []result, w, from, to time.Duration) (int, time.Duration)
 // any part of the window. Unlike a count by answer time it never counts fewer than were
 // really admitted, however slow the answers of a loaded machine. With answers in a few
 // milliseconds it equals the count by answer time but for the admissions at the window's
-// edges.
-func possiblyInWindow(rs []result, w, from, to time.Duration) (int, time.Duration) {
+// edges. Windows whose end skip reports are left out (skip may be nil).
+func possiblyInWindow(rs []result, w, from, to time.Duration, skip func(t time.Duration) bool) (int, time.Duration) {
 	adm := slices.Clone(rs)
 	slices.SortFunc(adm, func(a, b result) int { return cmp.Compare(a.sent, b.sent) })
 	var maxRTT time.Duration
@@ -372,7 +372,7 @@ func possiblyInWindow(rs []result, w, from, to time.Duration) (int, time.Duratio
 	}
 	best, bestAt := int(^uint(0)>>1), time.Duration(0)
 	eval := func(t time.Duration) {
-		if t < from+w || t > to {
+		if t < from+w || t > to || skip != nil && skip(t) {
 			return
 		}
 		if n := count(t); n < best {
@@ -392,6 +392,22 @@ func possiblyInWindow(rs []result, w, from, to time.Duration) (int, time.Duratio
 		best = 0
 	}
 	return best, bestAt
+}
+
+// span is an interval of the generator's clock.
+type span struct{ from, to time.Duration }
+
+// disturbances returns the spans, request to answer, of the requests among rs answered by a
+// fallback or slower than slow: times when the machine stalled or the site counter did not
+// answer within its timeout.
+func disturbances(rs []result, slow time.Duration) []span {
+	var out []span
+	for _, r := range rs {
+		if r.err == nil && (r.fallback || r.recv-r.sent > slow) {
+			out = append(out, span{r.sent, r.recv})
+		}
+	}
+	return out
 }
 
 // checkOutage asserts the heavy client's sliding-window admissions over [from, to] while a
@@ -417,7 +433,14 @@ func checkOutage(t *testing.T, label string, rs []result, limit int, w, from, to
 // own admissions leave the window faster than its own traffic refills them, the room it
 // frees reaches the other sites one pipeline lag late and as shares), so a miss of 0.95 is
 // logged as such, and only a real starvation fails the test.
-func checkBound(t *testing.T, label string, rs []result, limit int, w, from, to time.Duration) windowStats {
+//
+// disturbed (may be nil) are the spans in which the machine or the site counter did not
+// keep up (disturbances): a window that overlaps one is left out of the floor, not out of
+// the safety bound. A site counter that does not answer in time is replaced by this
+// process's share of the site's count, which under-admits by design (TestFaultRedisDown
+// covers it); the floor is about the pipeline, not about a stalled machine. At least a
+// quarter of the window ends must remain, or the run says nothing about the floor and fails.
+func checkBound(t *testing.T, label string, rs []result, limit int, w, from, to time.Duration, disturbed []span) windowStats {
 	t.Helper()
 	times := make([]time.Duration, 0, len(rs))
 	for _, r := range rs {
@@ -429,7 +452,30 @@ func checkBound(t *testing.T, label string, rs []result, limit int, w, from, to 
 	target := int(0.95*float64(limit) + 0.999)
 	floor := int(0.85*float64(limit) + 0.999)
 	sure, sureAt := surelyInWindow(rs, w, from, to)
-	maybe, maybeAt := possiblyInWindow(rs, w, from, to)
+	overlaps := func(end time.Duration) bool {
+		for _, d := range disturbed {
+			if d.from <= end && d.to > end-w {
+				return true
+			}
+		}
+		return false
+	}
+	var kept, left int
+	for end := from + w; end <= to; end += 10 * time.Millisecond {
+		if overlaps(end) {
+			left++
+		} else {
+			kept++
+		}
+	}
+	maybe, maybeAt := possiblyInWindow(rs, w, from, to, overlaps)
+	if len(disturbed) > 0 {
+		t.Logf("FIGURE %s: %d disturbances (answers by a fallback, or slower than the site counter's timeout) left %d of %d window ends out of the floor",
+			label, len(disturbed), left, kept+left)
+	}
+	if kept*3 < left {
+		t.Errorf("%s: disturbances left %d of %d window ends out of the floor: the machine is too loaded for the test to mean anything", label, left, kept+left)
+	}
 	t.Logf("FIGURE %s: heavy client admitted per sliding %v window (limit %d) over [%.1fs, %.1fs], by answer time: %s; max/limit %.3f mean/limit %.3f min/limit %.3f; certainly in one window at most %d, possibly in one window at least %d",
 		label, w, limit, from.Seconds(), to.Seconds(), ws, float64(ws.max)/float64(limit), ws.mean/float64(limit), float64(ws.min)/float64(limit), sure, maybe)
 	if ws.windows == 0 {

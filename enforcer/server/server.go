@@ -13,12 +13,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -387,8 +389,24 @@ func (s *Server) httpServer(h http.Handler, proxy bool) *http.Server {
 		WriteTimeout:      write,
 		IdleTimeout:       l.IdleTimeout,
 		MaxHeaderBytes:    l.MaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		ErrorLog:          log.New(httpErrorLog{s.log}, "", 0),
 	}
+}
+
+// httpErrorLog is the HTTP servers' error log. Most of what net/http reports there is a
+// client's doing (a TLS handshake abandoned, a request cut short) and goes out at debug
+// level; a handler's panic is this program's fault, and goes out as an error with its
+// stack: net/http recovers it and closes the connection, so the client sees only EOF.
+type httpErrorLog struct{ log *slog.Logger }
+
+func (w httpErrorLog) Write(p []byte) (int, error) {
+	msg := strings.TrimSuffix(string(p), "\n")
+	level := slog.LevelDebug
+	if strings.HasPrefix(msg, "http: panic serving") {
+		level = slog.LevelError
+	}
+	w.log.Log(context.Background(), level, msg)
+	return len(p), nil
 }
 
 // extend returns timeout lengthened by wait; 0 (no bound) stays 0.

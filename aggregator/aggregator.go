@@ -66,6 +66,9 @@ type Aggregator struct {
 	replayRecords   int64
 	sessionErrs     int   // group session failures since the last assignment
 	lastConflictLog int64 // ms of the last site-conflict log, guarded by mu
+	// batchHits is process's scratch, guarded by mu: the hits of a hit batch, read whole
+	// (and checked) in one pass before any is counted.
+	batchHits []topics.BatchHit
 }
 
 // tp names one partition of a hits topic: the local "hits" or a data center's replicated

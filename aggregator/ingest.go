@@ -14,6 +14,11 @@ import (
 // lock costs nothing per record.
 const lockChunk = 4096
 
+// maxBatchScratch is the most hits Aggregator.batchHits keeps room for between records:
+// some ten times a producer's hit batch (at most 16 KiB), 448 KiB; a larger batch is read
+// into room of its own.
+const maxBatchScratch = 8192
+
 // count counts recs, part of fp. The caller holds no lock.
 func (a *Aggregator) count(ctx context.Context, cl *kgo.Client, now int64, fp *kgo.FetchTopicPartition, recs []*kgo.Record) {
 	a.mu.Lock()
@@ -54,21 +59,26 @@ func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps 
 	if topics.IsHitBatch(r.Value) {
 		// Several hits of one site, each counted as a record of its own would be; a batch
 		// that does not decode whole is skipped whole.
-		b, err := topics.ReadHitBatch(r.Value)
+		site, hits, err := topics.AppendBatchHits(a.batchHits[:0], r.Value)
 		if err != nil {
 			a.bad(ctx, cl, topics.Reason(err), r, err)
 			return 1
 		}
-		var bh topics.BatchHit
-		for i := 0; b.Next(&bh); i++ {
-			h := hitRef{key: bh.Key, site: b.Site, bucketStart: bh.BucketStart, window: bh.Window, count: bh.Count, denied: bh.Denied}
+		for i := range hits {
+			bh := &hits[i]
+			h := hitRef{key: bh.Key, site: site, bucketStart: bh.BucketStart, window: bh.Window, count: bh.Count, denied: bh.Denied}
 			o := origin
 			if o != "" {
 				o += "#" + strconv.Itoa(i)
 			}
 			a.processHit(ctx, cl, now, ps, nparts, r, h, o, i)
 		}
-		return b.Len
+		// The hits point into the record: let it go once counted.
+		clear(hits)
+		if cap(hits) <= maxBatchScratch {
+			a.batchHits = hits
+		}
+		return len(hits)
 	}
 	var h hitRef
 	var bh topics.BatchHit

@@ -87,30 +87,11 @@ type HitBatch struct {
 // more) and returns a reader of its hits. The error wraps one of the Err* sentinels, as
 // DecodeHit's do.
 func ReadHitBatch(value []byte) (HitBatch, error) {
-	if !IsHitBatch(value) {
-		if len(value) == 0 {
-			return HitBatch{}, errorf(ErrTruncated, "empty value")
-		}
-		return HitBatch{}, errorf(ErrUnknownVersion, "first byte 0x%02x is not a hit batch", value[0])
+	site, rest, err := readBatchHead(value)
+	if err != nil {
+		return HitBatch{}, err
 	}
-	r := reader{b: value[1:]}
-	site := r.bytes(int(min(r.uvarint(), MaxSiteLen+1)))
-	if r.err != nil {
-		return HitBatch{}, r.err
-	}
-	if len(site) == 0 {
-		return HitBatch{}, errorf(ErrEmptySite, "hit batch")
-	}
-	if len(site) > MaxSiteLen {
-		return HitBatch{}, errorf(ErrSiteTooLong, "site of %d bytes or more (at most %d)", len(site), MaxSiteLen)
-	}
-	if !utf8.Valid(site) {
-		return HitBatch{}, errorf(ErrBadUTF8, "site")
-	}
-	b := HitBatch{Site: site, rest: r.b}
-	if len(r.b) == 0 {
-		return HitBatch{}, errorf(ErrTruncated, "hit batch with no hits")
-	}
+	b := HitBatch{Site: site, rest: rest}
 	for c := b; len(c.rest) > 0; b.Len++ {
 		var h BatchHit
 		if err := c.next(&h, true); err != nil {
@@ -118,6 +99,57 @@ func ReadHitBatch(value []byte) (HitBatch, error) {
 		}
 	}
 	return b, nil
+}
+
+// AppendBatchHits checks a hit batch record value as ReadHitBatch does, with the same
+// errors, and appends its hits to dst; site points into value, as do the hits' keys. It
+// reads the value once, where ReadHitBatch and Next read it twice (once to check the whole
+// batch, once to hand out its hits): for a reader that counts a batch whole or not at all and
+// can keep its hits meanwhile. On an error it returns dst as it was.
+func AppendBatchHits(dst []BatchHit, value []byte) (site []byte, hits []BatchHit, err error) {
+	site, rest, err := readBatchHead(value)
+	if err != nil {
+		return nil, dst, err
+	}
+	n := len(dst)
+	b := HitBatch{rest: rest}
+	for len(b.rest) > 0 {
+		dst = append(dst, BatchHit{})
+		if err := b.next(&dst[len(dst)-1], true); err != nil {
+			clear(dst[n:])
+			return nil, dst[:n], err
+		}
+	}
+	return site, dst, nil
+}
+
+// readBatchHead checks a hit batch's version byte and site, and that hits follow; it
+// returns the site and the hits' bytes.
+func readBatchHead(value []byte) (site, rest []byte, err error) {
+	if !IsHitBatch(value) {
+		if len(value) == 0 {
+			return nil, nil, errorf(ErrTruncated, "empty value")
+		}
+		return nil, nil, errorf(ErrUnknownVersion, "first byte 0x%02x is not a hit batch", value[0])
+	}
+	r := reader{b: value[1:]}
+	site = r.bytes(int(min(r.uvarint(), MaxSiteLen+1)))
+	if r.err != nil {
+		return nil, nil, r.err
+	}
+	if len(site) == 0 {
+		return nil, nil, errorf(ErrEmptySite, "hit batch")
+	}
+	if len(site) > MaxSiteLen {
+		return nil, nil, errorf(ErrSiteTooLong, "site of %d bytes or more (at most %d)", len(site), MaxSiteLen)
+	}
+	if !utf8.Valid(site) {
+		return nil, nil, errorf(ErrBadUTF8, "site")
+	}
+	if len(r.b) == 0 {
+		return nil, nil, errorf(ErrTruncated, "hit batch with no hits")
+	}
+	return site, r.b, nil
 }
 
 // Next reads the next hit into h, and reports false when there is none left.

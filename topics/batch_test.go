@@ -79,6 +79,10 @@ func TestHitBatchRejects(t *testing.T) {
 		if _, err := DecodeHits(c.value); c.name != "one hit record" && !errors.Is(err, c.want) {
 			t.Errorf("%s: DecodeHits %v, want %v", c.name, err, c.want)
 		}
+		dst := make([]BatchHit, 1, 8)
+		if site, hits, err := AppendBatchHits(dst, c.value); !errors.Is(err, c.want) || site != nil || len(hits) != 1 || hits[1:2][0].Key != nil {
+			t.Errorf("%s: AppendBatchHits %q, %d hits, %v; want dst back and %v", c.name, site, len(hits), err, c.want)
+		}
 	}
 	for _, h := range []Hit{
 		{Key: "", BucketStart: 1, Window: 1, Count: 1},
@@ -112,17 +116,25 @@ func TestHitBatchNoAllocation(t *testing.T) {
 	}); a != 0 {
 		t.Errorf("reading a batch allocates %v times", a)
 	}
+	dst := make([]BatchHit, 0, 4)
+	if a := testing.AllocsPerRun(100, func() { _, dst, _ = AppendBatchHits(dst[:0], v) }); a != 0 {
+		t.Errorf("AppendBatchHits into room allocates %v times", a)
+	}
 }
 
 // FuzzHitBatch checks that ReadHitBatch never panics, that every error it returns has a
-// Reason, and that every hit of a batch it accepts is a valid hit that re-encodes to the
-// same hit.
+// Reason, that every hit of a batch it accepts is a valid hit that re-encodes to the
+// same hit, and that AppendBatchHits accepts and refuses what it does, with the same hits
+// and errors.
 func FuzzHitBatch(f *testing.F) {
 	f.Add(batchOf(f, "eu-1", Hit{Key: "api|user=42#60s", BucketStart: 1763740000100, Window: 60000, Count: 3},
 		Hit{Key: "k", BucketStart: -5, Window: 1, Denied: 2}))
 	f.Add([]byte{3, 1, 's', 1, 'k', 2, 1, 1, 0})
 	f.Fuzz(func(t *testing.T, v []byte) {
 		hits, err := DecodeHits(v)
+		if IsHitBatch(v) || len(v) == 0 {
+			checkAppendBatchHits(t, v, hits, err)
+		}
 		if err != nil {
 			if Reason(err) == "other" {
 				t.Fatalf("error without reason: %v", err)
@@ -153,4 +165,26 @@ func FuzzHitBatch(f *testing.F) {
 			t.Fatalf("round trip: %+v → %+v, %v", hits, back, err)
 		}
 	})
+}
+
+// checkAppendBatchHits checks that AppendBatchHits reads batch v as DecodeHits did: hits, or
+// the error err.
+func checkAppendBatchHits(t *testing.T, v []byte, hits []Hit, err error) {
+	t.Helper()
+	prev := BatchHit{Key: []byte("before"), Window: 1, Count: 1}
+	site, got, gerr := AppendBatchHits([]BatchHit{prev}, v)
+	if err != nil {
+		if gerr == nil || gerr.Error() != err.Error() || len(got) != 1 || site != nil {
+			t.Fatalf("AppendBatchHits: %q, %d hits, %v; DecodeHits %v", site, len(got), gerr, err)
+		}
+		return
+	}
+	if gerr != nil || len(got) != len(hits)+1 || string(got[0].Key) != "before" {
+		t.Fatalf("AppendBatchHits: %d hits, %v; DecodeHits %d hits", len(got), gerr, len(hits))
+	}
+	for i, h := range got[1:] {
+		if back := (Hit{Key: string(h.Key), Site: string(site), BucketStart: h.BucketStart, Window: h.Window, Count: h.Count, Denied: h.Denied}); back != hits[i] {
+			t.Fatalf("AppendBatchHits hit %d = %+v, DecodeHits %+v", i, back, hits[i])
+		}
+	}
 }

@@ -132,37 +132,65 @@ func (c *Counter) Add(s *Spec, nowMs int64, site string, bucketStart, n int64) b
 func (c *Counter) AddDenied(s *Spec, nowMs int64, site string, bucketStart, n, denied int64) bool {
 	i, ok := slices.BinarySearchFunc(c.sites, site, func(e siteState, t string) int { return strings.Compare(e.site, t) })
 	if !ok {
-		c.insert(s, i, site)
+		// A new site's first hits are its first pair (addPair), which it gets room for at
+		// once rather than in a second allocation; demand alone takes no room.
+		room := 0
+		if n > 0 {
+			room = 1
+		}
+		c.insert(s, i, site, room)
 	}
 	return c.add(s, i, nowMs, bucketStart, n, denied)
 }
 
-// insert makes room for site at position i, with no buckets, in exactly sized slices.
-func (c *Counter) insert(s *Spec, i int, site string) {
+// insert makes room for site at position i, with room for room pairs and none held. Its
+// sites' headers are an exactly sized slice; its buckets share c.c (open).
+func (c *Counter) insert(s *Spec, i int, site string, room int) {
 	n := len(c.sites)
 	sites := make([]siteState, n+1)
 	copy(sites, c.sites[:i])
 	copy(sites[i+1:], c.sites[i:])
 	sites[i] = siteState{site: site, head: math.MinInt64 / 2} // older than any bucket
-	// The new site's form word goes in at i; its buckets, none, take no room.
-	buf := make([]uint32, len(c.c)+1)
-	copy(buf, c.c[:i])
-	buf[i] = pairWord(0, 0)
-	copy(buf[i+1:], c.c[i:])
-	c.sites, c.c = sites, buf
+	// The new site's form word goes in at i, its buckets (room for room pairs) where the
+	// buckets of the site after it started: one more word along, for the form word.
+	start := c.start(s, i) + 1
+	c.reserve(1 + 2*room) // one allocation at most for both
+	c.open(i, 1)
+	c.c[i] = pairWord(0, room)
+	c.open(start, 2*room)
+	c.sites = sites
 }
 
 // resize makes site k's buckets size uint32s (keeping what fits of them) and its form word
-// w, moving the buckets of the sites after it, in a new exactly sized slice.
+// w, moving the buckets of the sites after it (open).
 func (c *Counter) resize(s *Spec, k, size int, w uint32) {
-	old := c.region(s, k)
 	start := c.start(s, k)
-	buf := make([]uint32, len(c.c)-len(old)+size)
-	copy(buf, c.c[:start])
-	copy(buf[start:start+size], old)
-	copy(buf[start+size:], c.c[start+len(old):])
-	buf[k] = w
-	c.c = buf
+	if old := words(s, c.c[k]); size >= old {
+		c.open(start+old, size-old)
+	} else {
+		end := start + old
+		c.c = slices.Delete(c.c, start+size, end)
+	}
+	c.c[k] = w
+}
+
+// open inserts n zeroed uint32s into c.c at position at, moving the words after them.
+func (c *Counter) open(at, n int) {
+	c.reserve(n)
+	l := len(c.c)
+	c.c = c.c[:l+n]
+	copy(c.c[at+n:], c.c[at:l])
+	clear(c.c[at : at+n])
+}
+
+// reserve makes c.c's capacity hold n more uint32s. A new slice's capacity is its whole
+// allocation: the allocator rounds every request up to a size class, so that room costs
+// nothing, and lets the next growth or two of a counter's buckets (a site's pairs doubling,
+// a new site) happen in place.
+func (c *Counter) reserve(n int) {
+	if l := len(c.c); l+n > cap(c.c) {
+		c.c = append(slices.Grow([]uint32(nil), l+n), c.c...)
+	}
 }
 
 func (c *Counter) add(s *Spec, k int, nowMs, bucketStart, n, denied int64) bool {

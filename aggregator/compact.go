@@ -81,6 +81,7 @@ func (s *state) compactSiteAt(e *entry, t int64, at func(site string) (int64, bo
 
 // sumAt is window.Counter.SumAt for e, compact or not.
 func (s *state) sumAt(e *entry, t int64, at func(site string) (int64, bool)) (float64, bool) {
+	s.evals++
 	if e.full != nil {
 		return e.full.SumAt(e.spec, t, at)
 	}
@@ -95,6 +96,7 @@ func (s *state) sumAt(e *entry, t int64, at func(site string) (int64, bool)) (fl
 // appendSitesAt returns window.Counter.AppendSitesAt's sites and total for e, compact or
 // not, in a new slice.
 func (s *state) appendSitesAt(e *entry, t int64, at func(site string) (int64, bool)) ([]topics.SiteCount, float64) {
+	s.evals++
 	if e.full != nil {
 		sites, total, _ := e.full.AppendSitesAt(make([]topics.SiteCount, 0, e.full.Sites()), e.spec, t, at)
 		return sites, total

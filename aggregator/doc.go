@@ -73,7 +73,9 @@
 // unless the last publication is half a window old: readers take a count whose window has
 // passed since its as-of time for gone, so steady counts are refreshed.
 // At most MaxEmitPerSecond × EmitInterval records go out per round, the largest changes
-// first; the others stay due. A counter whose count reaches zero gets a tombstone (null
+// first; the others stay due, ranked by their change when they were found due, and go out
+// in that order in the next rounds (a backlog, such as a replay's end, is ranked once, not
+// in every round). A counter whose count reaches zero gets a tombstone (null
 // value, if a count had been published) and is forgotten.
 //
 // # Heartbeats

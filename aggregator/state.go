@@ -36,11 +36,19 @@ type entry struct {
 	hits   uint32
 	demand uint32
 
-	slot    int32  // partition number the key's hits come from
-	site    uint16 // compact: the record's site
-	dirty   bool   // hits were added since the last emission
-	emitted bool   // a non-zero count has been published (so zero needs a tombstone)
+	slot   int32  // partition number the key's hits come from
+	site   uint16 // compact: the record's site
+	dirty  bool   // hits were added since the last emission
+	status uint8  // statusEmitted, statusQueued
 }
+
+// An entry's status bits.
+const (
+	// statusEmitted: a non-zero count has been published (so zero needs a tombstone).
+	statusEmitted uint8 = 1 << iota
+	// statusQueued: the counter waits, ranked, in the backlog (backlog.go); scans pass it.
+	statusQueued
+)
 
 // window returns the counter's window, in milliseconds.
 func (e *entry) window() int64 { return e.spec.Window }
@@ -86,6 +94,11 @@ type state struct {
 	n      int32
 	// candAt is collect's scratch: the candidates' positions.
 	candAt map[int32]int32
+	// backlog holds the due counters that a round had no room for, ranked (backlog.go).
+	backlog backlog
+	// evals counts the counters' values computed (sumAt, appendSitesAt), so that a test
+	// can hold emission to a few per counter published.
+	evals int
 	// seen dedupes re-routed hits per slot: origin id → expiry (ms).
 	seen     map[int32]map[string]int64
 	seenSize int
@@ -357,6 +370,7 @@ func keyHash(key string) uint32 {
 
 // dropSlot forgets every counter and dedupe entry of slot.
 func (s *state) dropSlot(slot int32) {
+	s.backlog.dropSlot(slot)
 	for i := s.n - 1; i >= 0; i-- {
 		if s.at(i).slot == slot {
 			s.remove(i)
@@ -416,7 +430,9 @@ type candidate struct {
 
 // collect returns the emissions due at now (ms), at most budget of them, the biggest
 // changes first, and updates the counters' bookkeeping; counters that reached zero are
-// forgotten. Counters not chosen stay due for the next call. cands is scratch space.
+// forgotten. Counters not chosen stay due, ranked in the backlog (backlog.go), and come
+// out in later calls by their change when they were ranked, before counters that became
+// due later with smaller changes. cands is scratch space.
 //
 // Due means: hits were added and the last emission is at least emitInterval old, or the
 // counter's decay re-evaluation time has come. A decay re-evaluation that finds the value
@@ -429,7 +445,7 @@ func (s *state) collect(now int64, budget int, cands []candidate, out []emission
 	tracking := false
 	for i := s.n - 1; i >= 0; i-- {
 		e := s.at(i)
-		if s.paused[e.slot] {
+		if s.paused[e.slot] || e.status&statusQueued != 0 {
 			continue
 		}
 		if !(e.dirty && now >= e.lastEmitAt+s.cfg.emitInterval) && now < e.nextEval {
@@ -441,7 +457,7 @@ func (s *state) collect(now int64, budget int, cands []candidate, out []emission
 		}
 		total, zero := s.sumAt(e, now, at)
 		if zero {
-			if !e.emitted {
+			if e.status&statusEmitted == 0 {
 				// Nothing published: forget silently. The last counter, already scanned,
 				// takes its place; if it was chosen, its candidate follows it.
 				if last := s.n - 1; last != i && len(cands) > 0 {
@@ -464,12 +480,7 @@ func (s *state) collect(now int64, budget int, cands []candidate, out []emission
 			}
 			continue
 		}
-		// An unchanged count is not published again, except that a count older than half
-		// its window is refreshed: readers treat a count whose window has passed since its
-		// as-of time as gone (that is how a key no instance owns any more expires).
-		if total == e.lastEmitted && e.emitted && now-e.lastEmitAt < e.window()/2 {
-			e.dirty = false
-			e.nextEval = now + max(e.spec.Width, s.cfg.emitInterval)
+		if s.unchanged(e, now, total) {
 			continue
 		}
 		d := total - e.lastEmitted
@@ -481,17 +492,8 @@ func (s *state) collect(now int64, budget int, cands []candidate, out []emission
 			s.candAt[i] = int32(len(cands) - 1)
 		}
 	}
-	if len(cands) > budget {
-		slices.SortFunc(cands, func(a, b candidate) int {
-			switch {
-			case a.prio > b.prio:
-				return -1
-			case a.prio < b.prio:
-				return 1
-			}
-			return 0
-		})
-		cands = cands[:budget]
+	if len(cands) > budget || len(s.backlog) > 0 {
+		return cands[:0], s.drainBacklog(now, budget, cands, out, cuts)
 	}
 	// A tombstone's counter is removed as soon as it is emitted, and the last counter
 	// takes its place: candAt finds the candidate that moved, to follow it.
@@ -519,16 +521,83 @@ func (s *state) collect(now int64, budget int, cands []candidate, out []emission
 			}
 			continue
 		}
-		cnt := &topics.Count{Key: e.key, Window: e.window(), AsOf: now, SubBuckets: s.cfg.subBuckets}
+		out = append(out, s.publish(e, now, cuts, c.total))
+	}
+	return cands, out
+}
+
+// unchanged reports whether e's count, total at now, is left unpublished, and if so marks
+// it so. An unchanged count is not published again, except that a count older than half
+// its window is refreshed: readers treat a count whose window has passed since its as-of
+// time as gone (that is how a key no instance owns any more expires).
+func (s *state) unchanged(e *entry, now int64, total float64) bool {
+	if total == e.lastEmitted && e.status&statusEmitted != 0 && now-e.lastEmitAt < e.window()/2 {
+		e.dirty = false
+		e.nextEval = now + max(e.spec.Width, s.cfg.emitInterval)
+		return true
+	}
+	return false
+}
+
+// publish returns e's count at now, whose total is total, and records it as published.
+func (s *state) publish(e *entry, now int64, cuts cutTimes, total float64) emission {
+	cnt := &topics.Count{Key: e.key, Window: e.window(), AsOf: now, SubBuckets: s.cfg.subBuckets}
+	at := cuts.at(e.slot)
+	if at == nil {
+		at = countNow
+	}
+	cnt.Sites, cnt.Total = s.appendSitesAt(e, now, at)
+	e.dirty = false
+	e.status |= statusEmitted
+	e.lastEmitted, e.lastEmitAt = total, now
+	e.nextEval = now + max(e.spec.Width, s.cfg.emitInterval)
+	return emission{key: e.key, slot: e.slot, count: cnt}
+}
+
+// drainBacklog ranks cands, the counters found due at now, into the backlog and appends
+// to out the emissions of up to budget of the backlog's counters, the largest changes
+// first. A counter that comes out is evaluated again at now: it may have reached zero or
+// come back to its published count since it was ranked, and is then dealt with as
+// collect's scan would have (forgotten, tombstoned, or passed over without using the
+// budget); one whose slot is paused leaves the backlog and stays due, to be ranked again
+// when the slot resumes.
+func (s *state) drainBacklog(now int64, budget int, cands []candidate, out []emission, cuts cutTimes) []emission {
+	for _, c := range cands {
+		e := s.at(c.pos)
+		e.status |= statusQueued
+		s.backlog.push(waiting{key: e.key, window: e.window(), hash: keyHash(e.key), slot: e.slot, prio: c.prio})
+	}
+	for n := 0; n < budget && len(s.backlog) > 0; {
+		w := s.backlog.pop()
+		pos := s.lookup(w.hash, unsafe.Slice(unsafe.StringData(w.key), len(w.key)), w.window)
+		if pos < 0 {
+			continue
+		}
+		e := s.at(pos)
+		if e.status&statusQueued == 0 {
+			continue // not the counter that was ranked, or already out
+		}
+		e.status &^= statusQueued
+		if s.paused[e.slot] {
+			continue
+		}
 		at := cuts.at(e.slot)
 		if at == nil {
 			at = countNow
 		}
-		cnt.Sites, cnt.Total = s.appendSitesAt(e, now, at)
-		out = append(out, emission{key: e.key, slot: e.slot, count: cnt})
-		e.dirty, e.emitted = false, true
-		e.lastEmitted, e.lastEmitAt = c.total, now
-		e.nextEval = now + max(e.spec.Width, s.cfg.emitInterval)
+		total, zero := s.sumAt(e, now, at)
+		switch {
+		case zero && e.status&statusEmitted == 0:
+			s.remove(pos)
+		case zero:
+			out = append(out, emission{key: e.key, slot: e.slot})
+			s.remove(pos)
+			n++
+		case s.unchanged(e, now, total):
+		default:
+			out = append(out, s.publish(e, now, cuts, total))
+			n++
+		}
 	}
-	return cands, out
+	return out
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -187,6 +188,63 @@ func TestFaultRedisDown(t *testing.T) {
 	t.Logf("FIGURE redis-down: heavy admitted per sliding window during: %s", sliding(times, ruleWindow, killAt, end))
 	checkOutage(t, "redis-down-before", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, ruleWindow+lagAllowance, killAt, 1.05)
 	checkOutage(t, "redis-down-during", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, killAt, end, 1.1)
+}
+
+// TestFaultRedisFlapping pauses the Redis of sites eu and us for 400 ms every second, for
+// 20 s, under load: their enforcers' site-counter calls time out (250 ms) and fall back to
+// counting in process, then go back to Redis, over and over. Falling back and writing the
+// fallback's hits back must neither fail a request, nor deny a light client, nor let the
+// heavy client past its limit (certainly admitted in one window, as in TestFaultRedisDown).
+func TestFaultRedisFlapping(t *testing.T) {
+	tp := startTopology(t, topologyOptions{brokers: testenv.Brokers(t), rules: rulesYAML(ruleLimit, ruleWindow)})
+	heavyRate := 5 * ruleLimit / ruleWindow.Seconds()
+	g := newLoadGen(tp.nodes, heavyRate, 50, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() { defer close(done); g.run(ctx) }()
+
+	time.Sleep(3 * ruleWindow)
+	flapAt := time.Since(g.start)
+	var clients []*redis.Client
+	for _, s := range tp.sites[:2] {
+		c := redis.NewClient(&redis.Options{Addr: s.redis.addr()})
+		defer c.Close()
+		clients = append(clients, c)
+	}
+	for range 20 {
+		for _, c := range clients {
+			if err := c.Do(context.Background(), "CLIENT", "PAUSE", "400", "ALL").Err(); err != nil {
+				t.Fatalf("CLIENT PAUSE: %v", err)
+			}
+		}
+		time.Sleep(time.Second)
+	}
+	flapEnd := time.Since(g.start)
+	time.Sleep(ruleWindow)
+	cancel()
+	<-done
+	end := time.Since(g.start)
+	rs := g.snapshot()
+
+	all := summarize(rs, 0, end)
+	fb := sumNodes(t, tp.nodes, "streamlimit_redis_counter_fallback_total")
+	t.Logf("FIGURE redis-flapping: %d requests, %d errors, %d non-200, %d answered by a fallback, max RTT %v; site counter calls answered in process: %.0f",
+		all.requests, all.errors, all.non200, all.fallback, all.maxRTT, fb)
+	if all.errors > 0 || all.non200 > 0 {
+		t.Errorf("%d requests failed, %d not answered 200 or 429 as decided (first error %v)", all.errors, all.non200, all.firstErr)
+	}
+	if all.lightDenied > 0 {
+		t.Errorf("%d of %d light-client requests denied", all.lightDenied, all.lightRequests)
+	}
+	if fb == 0 || all.fallback == 0 {
+		t.Errorf("the pauses made no site counter call fall back (%.0f in the metrics, %d answers): the test tested nothing", fb, all.fallback)
+	}
+	times := admissions(rs, heavyClient)
+	t.Logf("FIGURE redis-flapping: heavy admitted per sliding window while flapping: %s", sliding(times, ruleWindow, flapAt, flapEnd))
+	checkOutage(t, "redis-flapping-before", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, ruleWindow+lagAllowance, flapAt, 1.05)
+	checkOutage(t, "redis-flapping-during", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, flapAt, flapEnd, 1.1)
+	checkOutage(t, "redis-flapping-after", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, flapEnd-ruleWindow, end, 1.1)
 }
 
 // TestFaultBadRecords injects malformed, oversized, far-future and JSON records into the

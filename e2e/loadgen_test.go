@@ -66,9 +66,12 @@ func newLoadGen(nodes []*node, heavyRate float64, lightClients int, lightRate fl
 	}
 }
 
-// run sends load until ctx ends, then waits for the requests in flight.
+// run sends load until ctx ends, then waits for the requests in flight. Its clock starts
+// now, unless background started it.
 func (g *loadGen) run(ctx context.Context) {
-	g.start = time.Now()
+	if g.start.IsZero() {
+		g.start = time.Now()
+	}
 	sem := make(chan struct{}, 256)
 	var wg sync.WaitGroup
 	fire := func(client string, node int) {
@@ -114,6 +117,19 @@ func (g *loadGen) run(ctx context.Context) {
 	}
 	sched.Wait()
 	wg.Wait()
+}
+
+// background runs g until stop is called (or the test ends), which waits for the requests
+// in flight; stop may be called more than once.
+func (g *loadGen) background(t *testing.T) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	// Started here, before the goroutine, so that the test may read g.start while it runs.
+	g.start = time.Now()
+	go func() { defer close(done); g.run(ctx) }()
+	stop = sync.OnceFunc(func() { cancel(); <-done })
+	t.Cleanup(stop)
+	return stop
 }
 
 func sleepUntil(ctx context.Context, t time.Time) bool {

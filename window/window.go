@@ -184,7 +184,9 @@ func (r *Ring) UseBuffer(s *Spec, buf []uint32) {
 // Add counts n hits in bucket idx. now is the bucket index of the aggregator's clock; idx
 // beyond now+Ahead is clamped there. It reports false, counting nothing, when idx is older
 // than every bucket the ring holds (such hits are outside any window the ring can still
-// answer for).
+// answer for). Hits added without a time widen the bucket's span (UseSpans) to the whole
+// bucket; a negative n, which takes hits away, leaves it as it was: it says nothing of when
+// the hits that remain were made.
 func (r *Ring) Add(s *Spec, now, idx int64, n int64) bool {
 	if lim := now + s.Ahead; idx > lim {
 		idx = lim
@@ -212,7 +214,7 @@ func (r *Ring) Add(s *Spec, now, idx int64, n int64) bool {
 	case idx <= r.head-L:
 		return false
 	}
-	if sp := r.spans(s); sp != nil {
+	if sp := r.spans(s); sp != nil && n > 0 {
 		widen(r.c[mod(idx, L)], &sp[mod(idx, L)], 0, fullSpan)
 	}
 	p := &r.c[mod(idx, L)]

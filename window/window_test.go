@@ -284,6 +284,24 @@ func TestCountSpan(t *testing.T) {
 	}
 }
 
+// Taking hits away (a negative Add) leaves a bucket's span as it was: it says nothing of
+// when the hits that remain were made. A span widened to the whole bucket made hits made
+// at one instant look spread over it.
+func TestAddNegativeKeepsSpan(t *testing.T) {
+	s := NewSpec(10*time.Second, 10, 0) // 1 s buckets
+	base := int64(1_000_000_000)        // a bucket boundary
+	var r Ring
+	r.UseSpans(&s, nil)
+	r.AddAt(&s, s.Bucket(base+500), base+500, 10) // ten hits at one instant
+	r.Add(&s, s.Bucket(base+700), s.Bucket(base+500), -1)
+	if got := r.CountSince(&s, base+499); got != 9 {
+		t.Fatalf("hits after +499 ms: %v, want the 9 left (all made at +500 ms)", got)
+	}
+	if got := r.CountSince(&s, base+500); got != 0 {
+		t.Fatalf("hits after +500 ms: %v, want 0", got)
+	}
+}
+
 func TestDecay(t *testing.T) {
 	var d Decay
 	d.Add(1000, 4, 100)

@@ -59,8 +59,6 @@ const (
 	DefaultDefaultWindow = time.Minute
 	// DefaultMetadataMaxAge is how soon a new hits topic matching the pattern is read.
 	DefaultMetadataMaxAge = 10 * time.Second
-	// DefaultDemandTimeConstant is the time constant of the sites' demand.
-	DefaultDemandTimeConstant = time.Second
 	// DefaultSiteForget is how long a silent site is remembered.
 	DefaultSiteForget = 15 * time.Minute
 )
@@ -107,10 +105,6 @@ type Config struct {
 	// SubBuckets is the number of sub-window buckets per window. Default
 	// window.DefaultSubBuckets; enforcers refuse counts made with another number.
 	SubBuckets int
-	// DemandTimeConstant is τ of the sites' demand (topics.SiteCount.Demand): a request
-	// weighs e^(−age/τ). It sets how fast the sites' shares of a hot key's room follow a
-	// client that moves between data centers. Default DefaultDemandTimeConstant.
-	DemandTimeConstant time.Duration
 	// SiteForget is how long after the last site record of a site (on a partition) the
 	// aggregator forgets it. Until then a silent site's heartbeat time stays in this
 	// aggregator's heartbeats, ever older, so that enforcers keep reserving its share of
@@ -214,7 +208,6 @@ func (c Config) normalize() (Config, error) {
 	def(&c.DefaultWindow, DefaultDefaultWindow)
 	def(&c.MaxWindow, topics.DefaultMaxWindow)
 	def(&c.MetadataMaxAge, DefaultMetadataMaxAge)
-	def(&c.DemandTimeConstant, DefaultDemandTimeConstant)
 	def(&c.SiteForget, DefaultSiteForget)
 	def(&c.SessionTimeout, DefaultSessionTimeout)
 	c.Clock = clock.Or(c.Clock)
@@ -242,7 +235,7 @@ func (c Config) normalize() (Config, error) {
 	}
 	for name, d := range map[string]time.Duration{"EmitInterval": c.EmitInterval, "HeartbeatInterval": c.HeartbeatInterval,
 		"Lateness": c.Lateness, "MaxClockSkew": c.MaxClockSkew, "DefaultWindow": c.DefaultWindow, "MaxWindow": c.MaxWindow,
-		"DemandTimeConstant": c.DemandTimeConstant, "SiteForget": c.SiteForget, "SessionTimeout": c.SessionTimeout} {
+		"SiteForget": c.SiteForget, "SessionTimeout": c.SessionTimeout} {
 		if d < time.Millisecond {
 			errs = append(errs, fmt.Errorf("aggregator: %s %v must be at least 1ms", name, d))
 		}
@@ -309,7 +302,7 @@ func (c *Config) checkHit(now int64, h *hitRef, recordTime time.Time) string {
 func (c *Config) stateConfig() stateConfig {
 	return stateConfig{
 		subBuckets:   c.SubBuckets,
-		tau:          c.DemandTimeConstant.Milliseconds(),
+		tau:          topics.DemandTimeConstant.Milliseconds(),
 		siteForget:   c.SiteForget.Milliseconds(),
 		maxSkew:      c.MaxClockSkew,
 		maxKeys:      c.MaxKeys,

@@ -163,7 +163,7 @@ func TestMemorySiteFreshness(t *testing.T) {
 // Denied requests publish demand, not counts: a site whose requests were all denied is
 // listed with count 0 and its demand.
 func TestMemoryDemand(t *testing.T) {
-	m, err := NewMemory(Config{DemandTimeConstant: time.Second})
+	m, err := NewMemory(Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

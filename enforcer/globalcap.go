@@ -11,6 +11,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
+	"github.com/streamlimit/streamlimit/topics"
 )
 
 // globalCap computes one global limit's cap on this site's count (for Commit) from the
@@ -227,9 +228,9 @@ type seeder interface {
 // Constants of the room ahead (Limiter.finalCap), chosen with the accuracy simulation's
 // churn and many-process scenarios (docs/accuracy.md).
 const (
-	// demandTau is τ of the sites' demand in ms: the aggregator's default
-	// DemandTimeConstant, by which a demand is a rate (demand / τ requests per ms).
-	demandTau = 1000.0
+	// demandTau is τ of the sites' demand in ms, by which a demand is a rate (demand / τ
+	// requests per ms).
+	demandTau = float64(topics.DemandTimeConstant / time.Millisecond)
 	// heavyLoad is the key's demand rate, over its limit's, beyond which the key is in
 	// demand beyond its limit: it gets no room ahead, for a window after it was last seen
 	// so.

@@ -37,11 +37,17 @@ type SiteCount struct {
 	// Count is the site's admitted hits in the window.
 	Count float64
 	// Demand is the site's recent demand for the key: its requests, admitted or denied,
-	// each weighted by e^(−age/τ) at AsOf, where τ is the aggregator's demand time constant.
-	// Only ratios between sites mean anything: sites share a hot key's room in proportion
-	// to it. 0 in a version 1 record.
+	// each weighted by e^(−age/τ) at AsOf, τ being DemandTimeConstant, so that Demand / τ
+	// is the site's recent request rate. Sites share a hot key's room in proportion to it.
+	// 0 in a version 1 record.
 	Demand float64
 }
+
+// DemandTimeConstant is τ of SiteCount.Demand. It is part of the record's meaning, not a
+// setting: an enforcer reads a demand as a rate by it, so every aggregator must decay by
+// the same τ. 1 s follows a client that moves between data centers within about a
+// pipeline lag's multiple, and smooths a second's bursts.
+const DemandTimeConstant = time.Second
 
 // Site returns the count of site s, or 0 when s has no entry.
 func (c *Count) Site(s string) float64 {

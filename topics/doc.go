@@ -84,7 +84,8 @@
 // {"key":"...","w":60000,"asof":1763740000123,"total":6.5,"sub":60,"sites":{"eu-1":3.5,"us-1":3},"demand":{"eu-1":2.1,"us-1":0.4}}
 // ("sub" and "demand" may be absent). Counts are fractional because the sliding-window
 // estimate interpolates the oldest sub-window. Demand is the site's requests, admitted or
-// denied, each weighted by e^(−age/τ); only the ratios between sites carry meaning.
+// denied, each weighted by e^(−age/τ), τ = DemandTimeConstant (1 s): demand / τ is the
+// site's recent request rate.
 //
 // # Heartbeats
 //

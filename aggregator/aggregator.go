@@ -47,7 +47,7 @@ type Aggregator struct {
 	// every record of those slots is in the client (then flushed) before the group can give
 	// them to another member.
 	pubMu sync.RWMutex
-	// hbNow asks the heartbeat loop for a round now (a replay ended), without waiting for
+	// hbNow asks the publishing loop for a heartbeat round now (a replay ended), without waiting for
 	// its ticker.
 	hbNow chan struct{}
 
@@ -61,10 +61,13 @@ type Aggregator struct {
 	// replayingParts is how many partitions replay; replayFrom is when the current batch
 	// of replays began (the count went from 0 to more) and replayRecords how many records it
 	// has to replay: one log line when a batch starts and one when it is done.
-	replayingParts  int
-	replayFrom      time.Time
-	replayRecords   int64
-	sessionErrs     int   // group session failures since the last assignment
+	replayingParts int
+	replayFrom     time.Time
+	replayRecords  int64
+	sessionErrs    int // group session failures since the last assignment
+	// betweenListings, when set (by tests), runs in adjust between its listing of the end
+	// offsets and its listing by time.
+	betweenListings func()
 	lastConflictLog int64 // ms of the last site-conflict log, guarded by mu
 	// batchHits is process's scratch, guarded by mu: the hits of a hit batch, read whole
 	// (and checked) in one pass before any is counted.
@@ -233,8 +236,7 @@ func (a *Aggregator) Run(ctx context.Context) error {
 
 	loopCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { a.emitLoop(loopCtx, cl) })
-	wg.Go(func() { a.heartbeatLoop(loopCtx, cl) })
+	wg.Go(func() { a.publishLoop(loopCtx, cl) })
 	a.pollLoop(loopCtx, cl)
 	stop()
 	wg.Wait()

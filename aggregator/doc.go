@@ -87,7 +87,11 @@
 // to consume, HighWatermark the last one seen. A partition that replays gets no heartbeat
 // (and one as soon as its replay ends): the latest heartbeat of a partition is always from
 // an owner whose counts of it are complete, the previous owner's while a new one replays,
-// and says how fresh they are. Replaying is therefore never set.
+// and says how fresh they are. Replaying is therefore never set. A heartbeat round first
+// publishes the counts that are due, chosen with the heartbeats, and a site is reported
+// left only once no count of the hits read before its leave is still to be published (one
+// emission interval after the leave was read, with no backlog): on every counts partition
+// the heartbeat that reports a site left follows the counts of its last hits.
 //
 // # Bad input
 //

@@ -10,17 +10,29 @@ import (
 	"github.com/streamlimit/streamlimit/topics"
 )
 
-func (a *Aggregator) emitLoop(ctx context.Context, cl *kgo.Client) {
-	t := time.NewTicker(a.cfg.EmitInterval)
-	defer t.Stop()
+// publishLoop publishes the counts that are due every EmitInterval, and the heartbeats
+// every HeartbeatInterval or when a replay ends (hbNow). One goroutine does both, and a
+// heartbeat round publishes the counts that are due first, chosen under the same lock as the
+// heartbeats, which report a site left only once the counts of its last hits are out
+// (state.siteMaps): an enforcer never learns that a site left before it sees those hits.
+func (a *Aggregator) publishLoop(ctx context.Context, cl *kgo.Client) {
+	emit := time.NewTicker(a.cfg.EmitInterval)
+	defer emit.Stop()
+	hb := time.NewTicker(a.cfg.HeartbeatInterval)
+	defer hb.Stop()
 	var sc emitScratch
 	for {
+		withHeartbeats := false
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-emit.C:
+		case <-hb.C:
+			withHeartbeats = true
+		case <-a.hbNow:
+			withHeartbeats = true
 		}
-		a.emitRound(ctx, cl, &sc)
+		a.emitRound(ctx, cl, &sc, withHeartbeats)
 	}
 }
 
@@ -29,11 +41,16 @@ type emitScratch struct {
 	cands []candidate
 	outs  []emission
 	buf   []byte
+	hbs   []topics.Heartbeat
 }
 
-// emitRound publishes the counts that are due (see the package documentation), unless Run
-// is leaving the group.
-func (a *Aggregator) emitRound(ctx context.Context, cl *kgo.Client, sc *emitScratch) {
+// emitRound publishes the counts that are due (see the package documentation), then, with
+// withHeartbeats, a heartbeat of every assigned partition that is positioned and not
+// replaying, to every partition of the counts topic; nothing while Run is leaving the group.
+// A partition that replays gets no heartbeat: the latest heartbeat of a partition is then
+// always from an owner whose counts of it are complete (the previous owner's while a new
+// one replays), and says how fresh they are.
+func (a *Aggregator) emitRound(ctx context.Context, cl *kgo.Client, sc *emitScratch, withHeartbeats bool) {
 	a.pubMu.RLock()
 	defer a.pubMu.RUnlock()
 	start := time.Now()
@@ -44,6 +61,11 @@ func (a *Aggregator) emitRound(ctx context.Context, cl *kgo.Client, sc *emitScra
 		return
 	}
 	a.collect(now, a.cfg.emitBudget(), sc)
+	sc.hbs = sc.hbs[:0]
+	if withHeartbeats {
+		sc.hbs = a.heartbeats(now, sc.hbs)
+	}
+	n := a.countsParts
 	a.mu.Unlock()
 	for i := range sc.outs {
 		e := &sc.outs[i]
@@ -59,6 +81,18 @@ func (a *Aggregator) emitRound(ctx context.Context, cl *kgo.Client, sc *emitScra
 		cl.Produce(ctx, rec, a.produced)
 	}
 	a.m.emitDur.Observe(time.Since(start).Seconds())
+	for _, hb := range sc.hbs {
+		v, err := hb.MarshalBinary()
+		if err != nil {
+			a.log.Error("encode heartbeat", "err", err)
+			continue
+		}
+		key := []byte(topics.HeartbeatKey(hb.Topic, hb.Partition))
+		for p := range n {
+			a.m.heartbeats.Inc()
+			cl.Produce(ctx, &kgo.Record{Topic: a.cfg.CountsTopic, Key: key, Value: v, Partition: p, Headers: a.instHeader}, a.produced)
+		}
+	}
 }
 
 // produced is the delivery callback of every record the aggregator writes.
@@ -76,35 +110,10 @@ func (a *Aggregator) produced(r *kgo.Record, err error) {
 	}
 }
 
-func (a *Aggregator) heartbeatLoop(ctx context.Context, cl *kgo.Client) {
-	t := time.NewTicker(a.cfg.HeartbeatInterval)
-	defer t.Stop()
-	var hbs []topics.Heartbeat
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-a.hbNow:
-		}
-		hbs = a.heartbeatRound(ctx, cl, hbs[:0])
-	}
-}
-
-// heartbeatRound writes a heartbeat of every assigned partition that is positioned and not
-// replaying to every partition of the counts topic, unless Run is leaving the group, and
-// returns hbs for reuse. A partition that replays gets none: the latest heartbeat of a
-// partition is then always from an owner whose counts of it are complete (the previous
-// owner's while a new one replays), and says how fresh they are.
-func (a *Aggregator) heartbeatRound(ctx context.Context, cl *kgo.Client, hbs []topics.Heartbeat) []topics.Heartbeat {
-	a.pubMu.RLock()
-	defer a.pubMu.RUnlock()
-	now := a.cfg.Clock.Now().UnixMilli()
-	a.mu.Lock()
-	if a.stopping {
-		a.mu.Unlock()
-		return hbs
-	}
+// heartbeats appends a heartbeat of every assigned partition that is positioned and not
+// replaying to hbs, reports site conflicts and prunes the re-routed records seen. The caller
+// holds a.mu.
+func (a *Aggregator) heartbeats(now int64, hbs []topics.Heartbeat) []topics.Heartbeat {
 	conflicts := a.st.conflicts(now)
 	a.reportConflicts(now, conflicts)
 	for k, ps := range a.parts {
@@ -116,20 +125,6 @@ func (a *Aggregator) heartbeatRound(ctx context.Context, cl *kgo.Client, hbs []t
 		hb.Sites, hb.Left = a.st.siteMaps(k, now)
 		hbs = append(hbs, hb)
 	}
-	n := a.countsParts
 	a.st.pruneSeen(now)
-	a.mu.Unlock()
-	for _, hb := range hbs {
-		v, err := hb.MarshalBinary()
-		if err != nil {
-			a.log.Error("encode heartbeat", "err", err)
-			continue
-		}
-		key := []byte(topics.HeartbeatKey(hb.Topic, hb.Partition))
-		for p := range n {
-			a.m.heartbeats.Inc()
-			cl.Produce(ctx, &kgo.Record{Topic: a.cfg.CountsTopic, Key: key, Value: v, Partition: p, Headers: a.instHeader}, a.produced)
-		}
-	}
 	return hbs
 }

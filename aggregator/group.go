@@ -103,19 +103,26 @@ func (a *Aggregator) adjust(ctx context.Context, offsets map[string]map[int32]kg
 	if adm == nil {
 		return nil, fmt.Errorf("aggregator: offsets adjusted before assignment")
 	}
-	starts, err := adm.ListOffsetsAfterMilli(ctx, seekMs, names...)
-	if err == nil {
-		err = starts.Error()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("aggregator: list offsets by time: %w", err)
-	}
+	// The end offsets first: where no record is as recent as seekMs, the listing by time
+	// gives the end offset as of its own answer, after any record written since the ends
+	// were listed, and such a record (a hit made a moment ago) must be read. Clamped to
+	// the ends listed before, the replay starts at or before it.
 	ends, err := adm.ListEndOffsets(ctx, names...)
 	if err == nil {
 		err = ends.Error()
 	}
 	if err != nil {
 		return nil, fmt.Errorf("aggregator: list end offsets: %w", err)
+	}
+	if a.betweenListings != nil {
+		a.betweenListings()
+	}
+	starts, err := adm.ListOffsetsAfterMilli(ctx, seekMs, names...)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: list offsets by time: %w", err)
 	}
 	details, err := adm.ListTopics(ctx, names...)
 	if err != nil {
@@ -254,8 +261,7 @@ func (a *Aggregator) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[
 	a.mu.Unlock()
 	if !stopping {
 		var sc emitScratch
-		a.emitRound(ctx, cl, &sc)
-		a.heartbeatRound(ctx, cl, nil)
+		a.emitRound(ctx, cl, &sc, true)
 	}
 	a.mu.Lock()
 	dropped := a.dropPartitions(revoked)
@@ -360,8 +366,7 @@ func (a *Aggregator) leave(cl *kgo.Client) {
 	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()
 	var sc emitScratch
-	a.emitRound(ctx, cl, &sc)
-	a.heartbeatRound(ctx, cl, nil)
+	a.emitRound(ctx, cl, &sc, true)
 	a.mu.Lock()
 	a.stopping = true
 	owned := len(a.parts)

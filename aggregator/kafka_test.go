@@ -151,6 +151,11 @@ func (e *env) run(cfg Config) (*Aggregator, func()) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	return a, e.start(a)
+}
+
+// start runs a until the test ends, and returns a stop function that waits for Run.
+func (e *env) start(a *Aggregator) func() {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
@@ -164,7 +169,7 @@ func (e *env) run(cfg Config) (*Aggregator, func()) {
 		})
 	}
 	e.t.Cleanup(stop)
-	return a, stop
+	return stop
 }
 
 // eventually waits for f four times as long as timeout says: the machine may be loaded.

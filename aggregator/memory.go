@@ -55,7 +55,7 @@ type Memory struct {
 }
 
 // NewMemory validates cfg and returns an empty Memory. Only the counting fields of cfg are
-// used (SubBuckets, DemandTimeConstant, SiteForget, MaxLocalHold, EmitInterval,
+// used (SubBuckets, SiteForget, MaxLocalHold, EmitInterval,
 // MaxEmitPerSecond, HeartbeatInterval, Lateness, MaxClockSkew, MaxKeys, DefaultWindow,
 // MaxWindow, CountsFormat, InstanceID, Registerer), with the same defaults; the Kafka fields are
 // ignored. Memory has no loop: the caller calls Emit, normally every EmitInterval, and

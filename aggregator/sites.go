@@ -9,9 +9,10 @@ import (
 // siteSeen is what one source partition has heard of one site: its site records
 // (heartbeats and leaves, topics.Hit.IsSiteRecord), by instance.
 type siteSeen struct {
-	at    int64            // the latest site record's time, unix ms of the site's clock
-	left  bool             // every instance heard from here has left
-	insts map[string]int64 // instance → its latest record's time; "" for producers that name none
+	at       int64            // the latest site record's time, unix ms of the site's clock
+	left     bool             // every instance heard from here has left
+	leftRead int64            // when it was taken as left, unix ms of this aggregator's clock
+	insts    map[string]int64 // instance → its latest record's time; "" for producers that name none
 }
 
 // instanceLive is how long after its latest heartbeat another instance of a site keeps the
@@ -19,6 +20,12 @@ type siteSeen struct {
 // An instance silent for longer has most likely stopped without a leave record (a crash),
 // and the site is then taken as left when its last speaking instance leaves.
 const instanceLive = 3_000 // ms
+
+// leaveHoldRounds bounds, in emission intervals, how long a backlog holds back the report
+// of a site's leave (siteMaps): 500 ms by default, so that with a heartbeat every 500 ms
+// the leave is out within a second of being read, before the enforcers' SiteStaleAfter
+// (1.5 s) would take the site for silent.
+const leaveHoldRounds = 5
 
 // maxInstancesPerSource bounds the instances kept per site and source; beyond it the one
 // heard from longest ago is dropped.
@@ -57,10 +64,10 @@ func (s *state) heardFrom(src tp, site, instance string, ts int64) {
 	e.saw(instance, ts)
 }
 
-// leftFrom records a site leave record of site and instance, stamped ts (ms), on src. The
-// site is left there once no other instance of it heard from there has spoken within
-// instanceLive before ts.
-func (s *state) leftFrom(src tp, site, instance string, ts int64) {
+// leftFrom records a site leave record of site and instance, stamped ts (ms), read at now
+// (ms) on src. The site is left there once no other instance of it heard from there has
+// spoken within instanceLive before ts.
+func (s *state) leftFrom(now int64, src tp, site, instance string, ts int64) {
 	// An instance that left counts nothing any more: the site restarted under its name by
 	// a new instance is not two instances counting apart.
 	delete(s.instances[site], instance)
@@ -75,6 +82,9 @@ func (s *state) leftFrom(src tp, site, instance string, ts int64) {
 		}
 	}
 	e.insts = nil
+	if !e.left {
+		e.leftRead = now
+	}
 	e.left, e.at = true, max(e.at, ts)
 }
 
@@ -103,13 +113,24 @@ func (e *siteSeen) saw(instance string, ts int64) {
 // siteMaps returns copies of what src has heard as of now: the live sites with the time
 // of their latest heartbeat, and the sites that left with the time they left (nil maps
 // when empty). Sites not heard from for longer than siteForget are forgotten.
+//
+// A site that left is listed live, as of its leave, until its last counts are out: an
+// enforcer that learns of the leave gives the site's share to the others at once, so a
+// count still missing the site's last hits would let them admit those hits again. Every
+// counter its hits made due has been due since one emission interval after the leave was
+// read (collect's rule), and the round that writes a heartbeat collects first; so the leave
+// is listed from then on, unless counters wait in the backlog, which could be any of them.
+// A backlog that outlasts leaveHoldRounds intervals is an overload (the metrics show it),
+// and the leave is listed then anyway: held longer, the site would be taken as silent, and
+// keep its share for as long as that lasts.
 func (s *state) siteMaps(src tp, now int64) (heard, left map[string]int64) {
 	m := s.heard[src]
 	for site, e := range m {
 		switch {
 		case e.at+s.cfg.siteForget < now:
 			delete(m, site)
-		case e.left:
+		case e.left && now >= e.leftRead+s.cfg.emitInterval &&
+			(len(s.backlog) == 0 || now >= e.leftRead+leaveHoldRounds*s.cfg.emitInterval):
 			if left == nil {
 				left = make(map[string]int64, 1)
 			}

@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -75,6 +76,111 @@ func TestMemorySiteLeaves(t *testing.T) {
 	if got := testutil.ToFloat64(m.m.siteLeaves); got != 3 {
 		t.Fatalf("site_leaves_total = %v, want 3", got)
 	}
+}
+
+// A site's leave is listed only once the counts of its last hits are out: not while a
+// counter that its hits made dirty waits for its emission interval, nor while counters
+// wait in the backlog of a round over its budget, unless that lasts leaveHoldRounds
+// intervals. Until then the site is listed live.
+func TestLeaveWaitsForTheSitesLastCounts(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ms := t0.UnixMilli()
+	// start returns a Memory emitting every 100 ms with a budget of one count a round,
+	// and its add (a hit of key from site eu, or a site record) and round (the keys counted
+	// at at, and whether the heartbeat lists eu as left; a count after the heartbeat, or a
+	// heartbeat that does not list eu one way or the other, fails).
+	start := func(t *testing.T) (add func(at time.Duration, key string), round func(at time.Duration) ([]string, bool)) {
+		m, err := NewMemory(Config{HeartbeatInterval: time.Millisecond, EmitInterval: 100 * time.Millisecond, MaxEmitPerSecond: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		add = func(at time.Duration, key string) {
+			t.Helper()
+			h := topics.Hit{Key: key, Site: "eu", BucketStart: ms + at.Milliseconds(), Window: 60_000, Count: 1}
+			if key == topics.SiteHeartbeatKey || key == topics.SiteLeaveKey {
+				h.Window, h.Count, h.Instance = 0, 0, "a"
+			}
+			if err := m.AddFrom(t0.Add(at), "hits", h); err != nil {
+				t.Fatal(err)
+			}
+		}
+		round = func(at time.Duration) (counted []string, left bool) {
+			t.Helper()
+			hb := false
+			for _, e := range m.Emit(t0.Add(at)) {
+				if !topics.IsHeartbeatKey(e.Key) {
+					if hb {
+						t.Fatalf("at %v: count of %s after the heartbeat", at, e.Key)
+					}
+					counted = append(counted, string(e.Key))
+					continue
+				}
+				hb = true
+				h, err := topics.DecodeHeartbeat(e.Value)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, live := h.Sites["eu"]
+				_, left = h.Left["eu"]
+				if live == left {
+					t.Fatalf("at %v: heartbeat %+v lists eu live %v and left %v", at, h, live, left)
+				}
+			}
+			if !hb {
+				t.Fatalf("at %v: no heartbeat", at)
+			}
+			return counted, left
+		}
+		add(0, topics.SiteHeartbeatKey)
+		return add, round
+	}
+	check := func(t *testing.T, at time.Duration, gotKeys []string, gotLeft bool, wantKeys int, wantLeft bool) {
+		t.Helper()
+		if len(gotKeys) != wantKeys || gotLeft != wantLeft {
+			t.Fatalf("at %v: counted %v and listed the leave %v; want %d counts and %v", at, gotKeys, gotLeft, wantKeys, wantLeft)
+		}
+	}
+
+	t.Run("interval", func(t *testing.T) {
+		add, round := start(t)
+		add(0, "k1")
+		got, left := round(0)
+		check(t, 0, got, left, 1, false)
+		// k1 was published at 0, so its next hit is due at 100 ms; k2 is new, due at once.
+		add(10*time.Millisecond, "k1")
+		add(10*time.Millisecond, "k2")
+		add(20*time.Millisecond, topics.SiteLeaveKey)
+		got, left = round(30 * time.Millisecond)
+		check(t, 30*time.Millisecond, got, left, 1, false)
+		got, left = round(120 * time.Millisecond)
+		check(t, 120*time.Millisecond, got, left, 1, true)
+	})
+	t.Run("backlog", func(t *testing.T) {
+		add, round := start(t)
+		for _, k := range []string{"k1", "k2", "k3"} {
+			add(0, k)
+		}
+		add(0, topics.SiteLeaveKey)
+		for i, wantLeft := range []bool{false, false, true} {
+			at := time.Duration(i+1) * 100 * time.Millisecond
+			got, left := round(at)
+			check(t, at, got, left, 1, wantLeft)
+		}
+	})
+	t.Run("overload", func(t *testing.T) {
+		// A backlog of 3 × leaveHoldRounds rounds: the leave is listed after
+		// leaveHoldRounds, counts still waiting.
+		add, round := start(t)
+		for i := range 3 * leaveHoldRounds {
+			add(0, "k"+strconv.Itoa(i))
+		}
+		add(0, topics.SiteLeaveKey)
+		for i := 1; i <= leaveHoldRounds; i++ {
+			at := time.Duration(i) * 100 * time.Millisecond
+			got, left := round(at)
+			check(t, at, got, left, 1, i == leaveHoldRounds)
+		}
+	})
 }
 
 // A site cut off from the aggregator (silent, and so is every other site of its source)

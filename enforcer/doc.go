@@ -104,7 +104,11 @@
 // streamlimit_enforcer_silent_site_reservations_total. A Limiter younger than a key's
 // window also gives its in-process count what the snapshot shows of its own site's hits of
 // the key (a process restarted under the same site name lost its count, which the
-// aggregators still have), so that a restart admits nothing twice.
+// aggregators still have), so that a restart admits nothing twice. Such a process is
+// fresh to itself at once, but the other sites of its data center take it for left or
+// crashed until its heartbeats reach them, and share the data center's whole share among
+// themselves: until its own snapshot shows it fresh, it holds only its count of a key in
+// demand beyond its limit, so as not to spend its part on top of theirs.
 //
 // This site's own count treats the window's oldest sub-bucket by the span of its hits
 // (their exact times are known here), so that a burst that filled part of a sub-bucket
@@ -127,9 +131,12 @@
 // denied request consumes no quota from any of its limits: all limits are checked first
 // (local with Peek, global against the snapshot and the site counter's counts), then site
 // limits are taken atomically in one SiteStore call, then local limits atomically, then
-// global ones. A request with global limits and no site or global shadow limit, that its
-// local limits admit, has its global limits checked and taken in one site counter call
-// (one Redis round trip instead of two), before its local limits are taken. The one
+// global ones. A request with global limits and no global shadow limit, that its local
+// limits admit, has its global limits checked and taken in one site counter call (one
+// Redis round trip instead of two), before its local limits are taken; when it has site
+// limits too, none of them shadow, and the site counter keeps its counts in the SiteStore
+// (sitecount.SiteCommitter: sitestore.Counter on its own Store), that same call takes the
+// site limits, all or nothing with the global ones (one round trip instead of three). The one
 // exception is a race between concurrent requests on the same keys between the check and
 // the commit (a few hundred nanoseconds, or one site counter call when its global limits
 // were taken first): a later stage may then deny after an earlier one has taken its quota,

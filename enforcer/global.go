@@ -46,6 +46,11 @@ type siteView struct {
 	f      float64 // its share of the room (0 unless fresh)
 	topic  string  // the hits topic it is heard on ("" when no heartbeat lists it)
 	group  uint8   // its data center's number: sites of one topic share one (view)
+	// unseen is set on this site when the snapshot's heartbeats list it as not fresh (left,
+	// or silent): it has just started again under its name (or its heartbeats do not get
+	// through), and the other sites, which read the same heartbeats, do not count it yet
+	// (sharing.allot).
+	unseen bool
 }
 
 // spends reports whether a site may start spending a key it has no count of: a fresh site,
@@ -102,6 +107,14 @@ func (g *sharing) classify(now int64, st *snapshot.SiteTime) (siteState, int64) 
 		return siteCrashed, now - st.Heard
 	}
 	return siteCut, now - st.Heard
+}
+
+// unseen reports whether st, this site's own site time, is one the other sites take for
+// not fresh at now (unix ms): it left, or has not been heard from within SiteStaleAfter.
+// This site is always fresh to itself; the others, reading the same heartbeats, are not
+// yet counting it.
+func (g *sharing) unseen(now int64, st *snapshot.SiteTime) bool {
+	return st.Left || st.Heard < now-g.siteStale.Milliseconds()
 }
 
 // capFor returns the most this site's own count of a global counter may reach (request
@@ -181,11 +194,18 @@ func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapsh
 			s.hold, reserved = allowance*r, true
 		}
 	}
-	a, demand := g.allot(sites, allowance, unitHash(key, e.AsOf))
-	if w := e.Window.Milliseconds(); allowance > 0 && w > 0 {
-		a.heavy = demand/demandTau/(allowance/float64(w)) > heavyLoad
+	var demand float64
+	for i := range sites {
+		if sites[i].state == siteFresh {
+			demand += sites[i].demand
+		}
 	}
-	a.reserved = reserved
+	var heavy bool
+	if w := e.Window.Milliseconds(); allowance > 0 && w > 0 {
+		heavy = demand/demandTau/(allowance/float64(w)) > heavyLoad
+	}
+	a := g.allot(sites, allowance, unitHash(key, e.AsOf), heavy)
+	a.heavy, a.reserved = heavy, reserved
 	return a
 }
 
@@ -227,7 +247,8 @@ func shareOf(site string, frozen []topics.SiteCount, e *snapshot.Entry) float64 
 // chance of which process its last few requests reached. Every fresh data center gets at
 // least minShare, so that one the snapshot does not show yet — where the client has just
 // arrived — is not shut out for the pipeline's lag. The cap of a site that is not fresh is
-// its hold.
+// its hold; so is this site's, for a key in demand beyond its limit (heavy), while the
+// other fresh sites of its data center do not count it yet (siteView.unseen).
 //
 // The caps are rounded to whole requests together, by systematic sampling with the offset
 // u, which every site draws alike from the key and the count's as-of time: site s gets
@@ -235,18 +256,34 @@ func shareOf(site string, frozen []topics.SiteCount, e *snapshot.Entry) float64 
 // it in name order. Each cap is rounded up with probability equal to its fraction (the room
 // is spent in expectation), and the rounded caps add up to the rounded sum: rounding never
 // admits more than the limit, as independent rounding of N caps could by up to N−1.
-func (g *sharing) allot(sites []siteView, allowance, u float64) (a allotment, demand float64) {
+func (g *sharing) allot(sites []siteView, allowance, u float64, heavy bool) (a allotment) {
 	room := allowance
 	// The fresh sites' data centers: demand, count and fresh sites of each.
 	var gd, gc [maxSites]float64
 	var gn [maxSites]int
 	var wsum, csum float64
 	me, _ := siteIndex(sites, g.site)
+	// This site waits, for a key in demand beyond its limit (heavy), while the other fresh
+	// sites of its data center do not count it (unseen: it has just started again under
+	// its name): they share the data center's share of the room among themselves, and it
+	// would spend its part on top of theirs. Until its heartbeats reach them it is given
+	// what they take it to hold, its count. A key under its limit is not held back: its
+	// demand within one lag is what the room ahead already risks.
+	waits := false
+	if heavy && sites[me].unseen {
+		for i := range sites {
+			if i != me && sites[i].state == siteFresh && sites[i].group == sites[me].group {
+				waits = true
+				break
+			}
+		}
+	}
+	fresh := func(i int) bool { return sites[i].state == siteFresh && !(waits && i == me) }
 	groups := 0
 	for i := range sites {
 		s := &sites[i]
 		room -= s.hold
-		if s.state == siteFresh {
+		if fresh(i) {
 			k := s.group
 			if gn[k] == 0 {
 				groups++
@@ -286,7 +323,7 @@ func (g *sharing) allot(sites []siteView, allowance, u float64) (a allotment, de
 	var before float64
 	for i := range sites {
 		s := &sites[i]
-		if s.state != siteFresh {
+		if !fresh(i) {
 			s.cap = s.hold
 			if i == me {
 				a.base, a.top = s.hold, s.hold
@@ -308,7 +345,7 @@ func (g *sharing) allot(sites []siteView, allowance, u float64) (a allotment, de
 		}
 		before += c
 	}
-	return a, wsum
+	return a
 }
 
 // view lists the sites a decision considers, sorted by name: those of the entry's
@@ -341,6 +378,9 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 	}
 	if k, ok := siteIndex(dst, g.site); ok {
 		dst[k].state, dst[k].silent = siteFresh, 0
+		if self, ok := st.Get(g.site); ok && dst[k].topic != "" {
+			dst[k].unseen = g.unseen(ms, &self)
+		}
 	} else {
 		dst = slices.Insert(dst, k, siteView{site: g.site})
 	}
@@ -395,6 +435,10 @@ func (g *sharing) stateSig(now time.Time, st *snapshot.SiteTimes) (sig uint64, a
 	allFresh, cacheable = true, len(sites) <= 32
 	for i := range sites {
 		state, silent := g.classify(ms, &sites[i])
+		sigState := state
+		if sites[i].Site == g.site && g.unseen(ms, &sites[i]) {
+			sigState = siteCrashed // not counted by the others yet (sharing.allot)
+		}
 		switch state {
 		case siteCut:
 			allFresh = false
@@ -404,7 +448,7 @@ func (g *sharing) stateSig(now time.Time, st *snapshot.SiteTimes) (sig uint64, a
 			}
 		}
 		if i < 32 {
-			sig |= uint64(state) << (2 * uint(i))
+			sig |= uint64(sigState) << (2 * uint(i))
 		}
 	}
 	return sig, allFresh, cacheable

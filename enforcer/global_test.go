@@ -628,6 +628,25 @@ func TestGlobalCounterFallbackReported(t *testing.T) {
 	}
 }
 
+// spendOTP sends requests for otp x (global, 5 per 10 s, this site's default share of it)
+// with tenant u until the global limit refuses one, and returns how many were admitted
+// (at least one, at most 5) and the refused request's result.
+func spendOTP(t *testing.T, l *Limiter) (int, Result) {
+	t.Helper()
+	otp := Request{Domain: "api", Descriptors: [][]rules.Entry{desc("otp", "x"), desc("tenant", "u")}}
+	admitted := 0
+	res := l.Decide(context.Background(), otp)
+	for ; res.Code == CodeOK; res = l.Decide(context.Background(), otp) {
+		if admitted++; admitted > 5 {
+			t.Fatalf("otp: %d admitted, more than its limit of 5", admitted)
+		}
+	}
+	if admitted == 0 || res.Statuses[0].Code != CodeOverLimit {
+		t.Fatalf("otp: %d admitted, then %+v, want some admitted, then refused by the global limit", admitted, res.Statuses[0])
+	}
+	return admitted, res
+}
+
 // callCounter is a sitecount.Local that counts the calls made to it.
 type callCounter struct {
 	*sitecount.Local
@@ -685,16 +704,7 @@ func TestGlobalWithLocalOneCounterCall(t *testing.T) {
 	// Refused by the global limit (otp, a key new to every site: this site's default share
 	// of 5 per 10 s) with local room: the refused request takes nothing from the local limit.
 	l.cfg.Rules = rules.Static(loadRules(t, globalRules+"  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 100, scope: local}\n"))
-	otp := Request{Domain: "api", Descriptors: [][]rules.Entry{desc("otp", "x"), desc("tenant", "u")}}
-	admitted := 0
-	for res = l.Decide(ctx, otp); res.Code == CodeOK; res = l.Decide(ctx, otp) {
-		if admitted++; admitted > 5 {
-			t.Fatalf("otp: %d admitted, more than its limit of 5", admitted)
-		}
-	}
-	if admitted == 0 || res.Statuses[0].Code != CodeOverLimit {
-		t.Fatalf("otp: %d admitted, then %+v, want some admitted, then refused by the global limit", admitted, res.Statuses[0])
-	}
+	admitted, res := spendOTP(t, l)
 	if got, want := res.Statuses[1].Remaining, int64(100-admitted); got != want {
 		t.Fatalf("refused otp: tenant remaining %d, want %d (the refused request took nothing)", got, want)
 	}

@@ -37,6 +37,9 @@ type Limiter struct {
 	born time.Time
 	// denials records recently denied keys (RecentDenials).
 	denials denialLog
+	// joint is the site counter when it can take a request's global and site limits in
+	// one step (the site limits in the same store), else nil.
+	joint sitecount.SiteCommitter
 }
 
 // New returns a Limiter.
@@ -123,6 +126,9 @@ func New(cfg Config) (*Limiter, error) {
 			}
 		}
 	}
+	if j, ok := cfg.Counter.(sitecount.SiteCommitter); ok && cfg.SiteStore != nil {
+		l.joint = j
+	}
 	l.keys.init(cfg.MaxKeys, cfg.KeyCacheBytes)
 	l.scratch.New = func() any { return new(scratch) }
 	return l, nil
@@ -179,8 +185,10 @@ type scratch struct {
 	oneGlob   [1]sitecount.Op
 	// committed says which stages took their quota (commit), for finish's remaining counts.
 	committed struct{ site, local, global bool }
-	// siteRan says the site stage was asked (commit): otherwise siteOut holds nothing.
-	siteRan bool
+	// siteRan says the site stage is done (commit, or commitJoint with the global stage);
+	// siteReported that the store was asked, so siteOut holds its decisions; siteFellBack
+	// that commitJoint's site limits were decided in process.
+	siteRan, siteReported, siteFellBack bool
 }
 
 // overPool is a pool that an overridden descriptor counts toward (scratch.overPools).
@@ -197,7 +205,7 @@ func (s *scratch) reset() {
 	s.siteOps, s.siteRefs = s.siteOps[:0], s.siteRefs[:0]
 	s.globOps, s.globRefs = s.globOps[:0], s.globRefs[:0]
 	s.committed.site, s.committed.local, s.committed.global = false, false, false
-	s.siteRan = false
+	s.siteRan, s.siteReported, s.siteFellBack = false, false, false
 }
 
 // DecideInto decides req and writes the result to res, reusing res.Statuses' capacity. It is
@@ -366,12 +374,16 @@ func (l *Limiter) elastic(lim *rules.Limit) int64 {
 }
 
 // check decides every limit without taking anything: local ones with Peek, global ones
-// against the snapshot and the site counter's counts. A request with global limits, no site
-// limit and no global shadow limit, that its local limits admit, has its global limits
-// checked and taken in one Commit instead (fused), and their hits published: one call of the
-// site counter instead of two. Its local limits are then taken by commit; if another request
-// took their room meanwhile (within that call), the request is refused with its global hits
-// already counted, an error toward refusing, never toward admitting too many.
+// against the snapshot and the site counter's counts. A request with global limits and no
+// global shadow limit, that its local limits admit, has its global limits checked and taken
+// in one Commit instead (fused), and their hits published: one call of the site counter
+// instead of two. If it has site limits too, none of them shadow, and the site counter
+// keeps its counts in the site limits' store (sitecount.SiteCommitter), the same call
+// decides and takes the site limits, all or nothing with the global ones (commitJoint):
+// one call instead of three. Its local limits are then taken by commit; if another request
+// took their room meanwhile (within that call), the request is refused with its global
+// (and site) hits already counted, an error toward refusing, never toward admitting too
+// many.
 func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64) (admitted, fused bool) {
 	admitted = true
 	for i := range s.localOps {
@@ -381,13 +393,23 @@ func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64)
 		}
 	}
 	// A request its local limits refuse asks only for the counts, to report its global limits.
-	fused = admitted && len(s.globOps) > 0 && len(s.siteOps) == 0 && !anyShadow(s.globRefs)
+	// One with site limits too is fused when the site counter can take both in one step.
+	fused = admitted && len(s.globOps) > 0 && !anyShadow(s.globRefs) &&
+		(len(s.siteOps) == 0 || l.joint != nil && !anyShadow(s.siteRefs))
 	if len(s.globOps) > 0 {
 		for i := range s.globOps {
 			s.globOps[i].Cap, s.globTotal[i], s.globStale[i] = l.globalCap(now, &s.globOps[i], s.globRefs[i].h, s.globRefs[i].allowance())
 		}
+		joint := false
+		if fused && len(s.siteOps) > 0 {
+			admitted, joint = l.commitJoint(ctx, now, s)
+			fused = joint
+		}
 		var err error
-		if fused {
+		switch {
+		case joint:
+			// checked and taken with the site limits
+		case fused:
 			var fellBack bool
 			admitted, fellBack, err = l.commitCounter(ctx, now, s.globOps, s.globCount)
 			if fellBack {
@@ -398,9 +420,11 @@ func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64)
 				clear(s.globCount)
 				admitted = true
 			}
-		} else if err = l.cfg.Counter.Counts(ctx, now, s.globOps, s.globCount); err != nil {
-			l.cfg.Logger.Warn("site counter failed; counting this site as zero", "err", err)
-			clear(s.globCount)
+		default:
+			if err = l.cfg.Counter.Counts(ctx, now, s.globOps, s.globCount); err != nil {
+				l.cfg.Logger.Warn("site counter failed; counting this site as zero", "err", err)
+				clear(s.globCount)
+			}
 		}
 		for i := range s.globOps {
 			s.globOut[i] = l.decideGlobal(now, &s.globOps[i], s.globRefs[i].allowance(), s.globCount[i], s.globTotal[i])
@@ -425,13 +449,39 @@ func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64)
 	return admitted, fused
 }
 
+// commitJoint checks and takes a request's global and site limits in one call of the site
+// counter (sitecount.SiteCommitter), and reports whether it did (done; if not, nothing was
+// taken and the request goes through the stages apart) and whether both admitted it.
+func (l *Limiter) commitJoint(ctx context.Context, now time.Time, s *scratch) (admitted, done bool) {
+	j := l.joint.CommitWithSite(ctx, now, l.cfg.SiteStore, s.globOps, s.globCount, s.siteOps, s.siteOut)
+	if !j.Done {
+		return true, false
+	}
+	if j.GlobalFellBack {
+		markAll(s.globStale)
+		l.metrics.fallback.WithLabelValues("redis").Inc()
+	}
+	if j.SiteFellBack {
+		l.metrics.fallback.WithLabelValues("redis").Inc()
+	}
+	// siteRan marks the site stage as done here, even when the counts refused the request
+	// before the site limits were asked (their statuses are then not reported).
+	s.siteRan, s.siteReported, s.siteFellBack = true, j.SiteRan, j.SiteFellBack
+	s.committed.site = j.Taken
+	if j.SiteRan && !j.SiteOK {
+		refusedStage(s.siteOut[:len(s.siteOps)])
+	}
+	return j.Taken, true
+}
+
 // commit takes the request's limits when it was admitted, in the order site (one remote
 // call), local, global, each atomic over the request's non-shadow limits of its scope, then
 // the shadow limits; a denied request publishes its global keys as denied.
 func (l *Limiter) commit(ctx context.Context, now time.Time, s *scratch, n int64, admitted, fused bool) (ok, siteFellBack bool) {
-	if admitted && len(s.siteOps) > 0 {
+	siteFellBack = s.siteFellBack
+	if admitted && len(s.siteOps) > 0 && !s.siteRan {
 		admitted, siteFellBack = l.commitAlgo(ctx, now, s, s.siteOps, s.siteRefs, s.siteOut, true)
-		s.committed.site, s.siteRan = admitted, true
+		s.committed.site, s.siteRan, s.siteReported = admitted, true, true
 	}
 	if admitted && len(s.localOps) > 0 {
 		admitted, _ = l.commitAlgo(ctx, now, s, s.localOps, s.localRefs, s.localOut, false)
@@ -472,7 +522,7 @@ func (l *Limiter) finish(req Request, res *Result, s *scratch, admitted, siteFel
 		}
 	}
 	l.report(res, s.localRefs, s.localOut, nil)
-	if s.siteRan {
+	if s.siteReported {
 		// A request refused before the site stage never asked the store: its site limits
 		// are not reported rather than reported as refusing.
 		l.report(res, s.siteRefs, s.siteOut, nil)
@@ -526,13 +576,21 @@ func (l *Limiter) commitAlgo(ctx context.Context, now time.Time, s *scratch, ops
 	}
 	if !ok {
 		for i := range out[:len(ops)] {
-			if refs[i].shadow {
-				continue
+			if !refs[i].shadow {
+				refusedStage(out[i : i+1])
 			}
-			out[i].Allowed = out[i].Allowed && out[i].RetryAfter == 0
 		}
 	}
 	return ok, fellBack
+}
+
+// refusedStage marks the decisions of a stage that refused the request as a whole: an op
+// that fit on its own is still reported as admitting (it would have, alone) unless it has
+// to wait.
+func refusedStage(out []algo.Decision) {
+	for i := range out {
+		out[i].Allowed = out[i].Allowed && out[i].RetryAfter == 0
+	}
 }
 
 // commitGlobal takes the non-shadow global ops and publishes their hits.

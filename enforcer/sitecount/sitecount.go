@@ -71,6 +71,35 @@ type FallbackReporter interface {
 	CommitReport(ctx context.Context, now time.Time, ops []Op, counts []float64) (ok, fellBack bool, err error)
 }
 
+// SiteCommitter is a Counter that can take a request's global counts and its site-scope
+// limits in one atomic step, when those limits are kept in the same store as the counts
+// (sitestore.Counter with its Store): one round trip where checking the counts, taking
+// the site limits and committing the counts would be three.
+type SiteCommitter interface {
+	// CommitWithSite checks every op against its cap as Commit does, filling counts
+	// (len ≥ len(ops)) with the counts before the request; only if all fit does it decide
+	// siteOps as the site store's AllowAll would (siteOut, len ≥ len(siteOps)); only if
+	// those are taken does it add ops. site is the store that decides the request's site
+	// limits: when it is not the one the Counter counts in, or the step cannot be taken as
+	// one (see the implementation), nothing is done and Joint.Done is false.
+	CommitWithSite(ctx context.Context, now time.Time, site any, ops []Op, counts []float64, siteOps []algo.Op, siteOut []algo.Decision) Joint
+}
+
+// Joint is what a SiteCommitter's CommitWithSite did.
+type Joint struct {
+	// Done says the call decided the request; when false, nothing was done.
+	Done bool
+	// Taken says both the global ops and the site ops were taken: the request is admitted
+	// by them.
+	Taken bool
+	// SiteRan says the site ops were decided (every global op fit): siteOut holds their
+	// decisions. SiteOK says they admitted the request.
+	SiteRan, SiteOK bool
+	// GlobalFellBack and SiteFellBack say the counts or the site limits were decided by
+	// an in-process fallback instead of the shared store.
+	GlobalFellBack, SiteFellBack bool
+}
+
 // LocalOptions configures a Local.
 type LocalOptions struct {
 	// SubBuckets is the number of sub-buckets per window; it should equal the

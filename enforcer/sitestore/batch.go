@@ -61,6 +61,9 @@ const (
 const (
 	kindSite    = "s"
 	kindCounter = "c"
+	// kindJoint is a request's global site counts and site-scope limits together
+	// (Counter.CommitWithSite).
+	kindJoint = "j"
 )
 
 // call is one request in a batch: its kind, keys and arguments as its own script takes

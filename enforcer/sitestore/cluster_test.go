@@ -3,7 +3,6 @@ package sitestore
 import (
 	"context"
 	"fmt"
-	"net"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
+	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
 // startCluster starts a 3-master Redis Cluster on loopback and returns its addresses.
@@ -25,31 +25,13 @@ func startCluster(t *testing.T) []string {
 	}
 	var addrs []string
 	for range 3 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		_ = l.Close()
-		dir := t.TempDir()
-		cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-			"--cluster-enabled", "yes", "--cluster-config-file", dir+"/nodes.conf",
-			"--save", "", "--appendonly", "no", "--dir", dir)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(port))
-	}
-	for _, a := range addrs {
-		c := redis.NewClient(&redis.Options{Addr: a})
-		for deadline := time.Now().Add(10 * time.Second); c.Ping(context.Background()).Err() != nil; {
-			if time.Now().After(deadline) {
-				t.Fatalf("cluster node %s did not come up", a)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		_ = c.Close()
+		// The bus port is chosen too: by default it is the port plus 10 000, which nothing
+		// reserved and which is out of range for ports over 55 535.
+		n := testenv.StartRedisServer(t, testenv.RedisServerOptions{Args: func(_ int, dir string) []string {
+			return []string{"--cluster-enabled", "yes", "--cluster-config-file", dir + "/nodes.conf",
+				"--cluster-port", strconv.Itoa(testenv.FreePort(t))}
+		}})
+		addrs = append(addrs, n.Addr())
 	}
 	out, err := exec.Command("redis-cli", append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
 	if err != nil {
@@ -78,7 +60,8 @@ func startCluster(t *testing.T) []string {
 
 // TestCluster: on a real 3-master cluster, a Store and a Counter built from the three
 // addresses decide in Redis: counters of many domains land on all three masters (one hash
-// slot per domain), a request over two domains is decided per domain, and none falls back.
+// slot per domain), a request over two domains is decided per domain, one with global and
+// site limits of one domain in one call, and none falls back.
 func TestCluster(t *testing.T) {
 	addrs := startCluster(t)
 	s := newStore(t, nil, "sl:", func(c *Config) { c.Addrs = addrs })
@@ -104,6 +87,18 @@ func TestCluster(t *testing.T) {
 		if ok, fb, _ := c.CommitReport(ctx, t0, gop, nil); ok || fb {
 			t.Fatalf("site count on the cluster passed its cap: %v, fell back %v", ok, fb)
 		}
+	}
+	// A request's global and site limits of one domain (one hash slot) are decided in one
+	// call; of two domains, apart.
+	sop := []algo.Op{{Key: "j|t=1#1m", Algorithm: algo.SlidingWindow, Limit: lim, N: 1}}
+	counts := make([]float64, 1)
+	gop := []sitecount.Op{{Key: "j|u=1#1m", Window: time.Minute, N: 1, Cap: 10}}
+	if j := c.CommitWithSite(ctx, t0, s, gop, counts, sop, out); !j.Done || !j.Taken || j.GlobalFellBack || j.SiteFellBack {
+		t.Fatalf("global and site limits of one domain on the cluster: %+v, want taken in Redis", j)
+	}
+	gop[0].Key = "k|u=1#1m"
+	if j := c.CommitWithSite(ctx, t0, s, gop, counts, sop, out); j.Done {
+		t.Fatalf("global and site limits of two domains on the cluster: %+v, want left to the calls apart", j)
 	}
 	// The keys are spread over the masters.
 	used := 0

@@ -149,27 +149,34 @@ func (c *Counter) Counts(ctx context.Context, now time.Time, ops []sitecount.Op,
 // it committed in ok (if not nil). It returns "" or a fallback reason.
 func (c *Counter) call(ctx context.Context, now time.Time, tag string, keys []string, args []any, out []float64, ok *bool) string {
 	return c.s.run(ctx, now, &call{kind: kindCounter, tag: tag, keys: keys, args: args}, func(res []any) error {
-		if len(res) != 1+len(keys) {
-			return fmt.Errorf("counter script returned %d values for %d ops", len(res), len(keys))
-		}
-		if out != nil {
-			for i, x := range res[1:] {
-				r, ok := x.(string)
-				if !ok {
-					return fmt.Errorf("counter script returned %T for a count", x)
-				}
-				v, err := strconv.ParseFloat(r, 64)
-				if err != nil {
-					return fmt.Errorf("counter script returned count %q: %w", r, err)
-				}
-				out[i] = v
-			}
-		}
+		fits, err := parseCounts(res, len(keys), out)
 		if ok != nil {
-			*ok = res[0] == "1"
+			*ok = fits
 		}
-		return nil
+		return err
 	})
+}
+
+// parseCounts reads the counter script's reply for n ops: the counts into out (if not
+// nil), and whether a commit fitted.
+func parseCounts(res []any, n int, out []float64) (bool, error) {
+	if len(res) != 1+n {
+		return false, fmt.Errorf("counter script returned %d values for %d ops", len(res), n)
+	}
+	if out != nil {
+		for i, x := range res[1:] {
+			r, ok := x.(string)
+			if !ok {
+				return false, fmt.Errorf("counter script returned %T for a count", x)
+			}
+			v, err := strconv.ParseFloat(r, 64)
+			if err != nil {
+				return false, fmt.Errorf("counter script returned count %q: %w", r, err)
+			}
+			out[i] = v
+		}
+	}
+	return res[0] == "1", nil
 }
 
 // Commit implements sitecount.Counter: if, for every i, the count of ops[i] at now plus

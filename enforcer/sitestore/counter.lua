@@ -28,7 +28,9 @@
 --
 -- A request's KEYS and ARGV start after kb keys and ab arguments (0 when the script runs
 -- alone; the batch script, batch.lua, passes each request's offsets). It is decided by
--- counter_request(kb, ab): run alone, the script ends by calling it with offsets 0.
+-- counter_request(kb, ab): run alone, the script ends by calling it with offsets 0. Its two
+-- halves, counter_check (counts, and for a commit whether every op fits) and counter_add,
+-- are apart so that the batch script can decide a request's site limits between them.
 local CA = 10
 local MAX = 4294967295
 
@@ -61,7 +63,10 @@ local function count(key, wm, i0, frac, idx)
   return whole + oldest * frac, true, w, h, at
 end
 
-local function counter_request(kb, ab)
+-- counter_check returns the request's reply as a read or a commit that adds nothing would
+-- give it, and, when it is a commit that fits (out[1] == '1'), the rings as read, which
+-- counter_add takes to add the request.
+local function counter_check(kb, ab)
 local commit = ARGV[ab + 1] ~= '0'
 local nops = tonumber(ARGV[ab + 2])
 -- ARGV[1] = '2' writes back hits counted elsewhere (the caps are 'inf'), once: KEYS[nops + 1]
@@ -104,8 +109,14 @@ for i = 1, nops do
   end
 end
 
--- Add, op by op (window.Ring.Add with the add in now's bucket). An op whose key no earlier
--- op of the request changed uses the ring as count read it; the others read it again.
+return out, matched, rw, rh, rat
+end
+
+-- counter_add adds a request that counter_check found to fit, op by op (window.Ring.Add
+-- with the add in now's bucket). An op whose key no earlier op of the request changed uses
+-- the ring as counter_check read it; the others read it again.
+local function counter_add(kb, ab, matched, rw, rh, rat)
+local nops = tonumber(ARGV[ab + 2])
 local touched = {}
 for i = 1, nops do
   local b = ab + 2 + (i - 1) * CA
@@ -150,7 +161,12 @@ for i = 1, nops do
   if #set > 2 then redis.call(unpack(set)) end
   redis.call('PEXPIRE', key, ttl)
 end
-return out
+end
+
+local function counter_request(kb, ab)
+  local out, matched, rw, rh, rat = counter_check(kb, ab)
+  if matched then counter_add(kb, ab, matched, rw, rh, rat) end
+  return out
 end
 -- RUN
 return counter_request(0, 0)

@@ -303,7 +303,7 @@ func TestCounterRedisDownFallbackAndRecovery(t *testing.T) {
 	rd := startPrivateRedis(t)
 	bclk := clock.NewFake(time.Unix(0, 0))
 	reg := prometheus.NewRegistry()
-	client := redis.NewClient(&redis.Options{Addr: rd.addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	client := redis.NewClient(&redis.Options{Addr: rd.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = client.Close() })
 	s := newStore(t, client, "sl:", func(c *Config) {
 		c.Clock = bclk
@@ -318,7 +318,7 @@ func TestCounterRedisDownFallbackAndRecovery(t *testing.T) {
 		t.Fatalf("with Redis up: %v, %v, count %v", ok, err, counts[0])
 	}
 
-	rd.stop()
+	rd.Kill()
 	// Redis is down: the in-process counter answers, no error, starting from the last
 	// count Redis reported (1: the first commit).
 	for i := 0; i < 2; i++ {
@@ -342,7 +342,7 @@ func TestCounterRedisDownFallbackAndRecovery(t *testing.T) {
 			fb("commit", "error"), fb("commit", "timeout"), fb("commit", "breaker_open"), fb("counts", "breaker_open"))
 	}
 
-	rd.start() // with its data lost
+	rd.Restart() // with its data lost
 	if _, err := c.Commit(ctx, t0, op, counts); err != nil || counts[0] != 3 {
 		t.Fatalf("a call went to Redis while the breaker was open (count %v, %v)", counts[0], err)
 	}

@@ -81,7 +81,7 @@ func TestWindowKeyExpiresWithItsWindow(t *testing.T) {
 // hit (its expiry moves with each).
 func TestCommandsPerHit(t *testing.T) {
 	p := startPrivateRedis(t)
-	client := redis.NewClient(&redis.Options{Addr: p.addr()})
+	client := redis.NewClient(&redis.Options{Addr: p.Addr()})
 	t.Cleanup(func() { _ = client.Close() })
 	s := newStore(t, client, "cmds:", nil)
 	ctx := context.Background()

@@ -53,7 +53,7 @@ func TestAuthFailureLoggedOnce(t *testing.T) {
 	rd := startPrivateRedis(t, "--requirepass", "right")
 	var buf syncBuffer
 	s := newStore(t, nil, "sl:", func(c *Config) {
-		c.Addrs, c.Password = []string{rd.addr()}, "wrong"
+		c.Addrs, c.Password = []string{rd.Addr()}, "wrong"
 		c.Logger = slog.New(slog.NewJSONHandler(&buf, nil))
 	})
 	op := algo.Op{Key: "d|auth#1m", Algorithm: algo.FixedWindow, Limit: algo.Limit{Requests: 100, Window: time.Minute}, N: 1}

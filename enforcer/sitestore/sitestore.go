@@ -562,25 +562,31 @@ func (s *Store) usable(now time.Time, ops []algo.Op) string {
 // call runs the script and returns the per-op states, or a fallback reason.
 func (s *Store) call(ctx context.Context, now time.Time, ops []algo.Op, commit bool) ([]opState, string) {
 	var st []opState
-	reason := s.run(ctx, now, s.siteCall(now, ops, commit), func(res []any) error {
-		if len(res) != 1+4*len(ops) {
-			return fmt.Errorf("script returned %d values for %d ops", len(res), len(ops))
-		}
-		st = make([]opState, len(ops))
-		for i := range st {
-			var r [4]int64
-			for j := range r {
-				v, ok := res[1+4*i+j].(int64)
-				if !ok {
-					return fmt.Errorf("script returned %T for an integer", res[1+4*i+j])
-				}
-				r[j] = v
-			}
-			st[i] = opState{allowed: r[0] == 1, r1: r[1], r2: r[2], r3: r[3]}
-		}
-		return nil
+	reason := s.run(ctx, now, s.siteCall(now, ops, commit), func(res []any) (err error) {
+		st, err = parseStates(res, len(ops))
+		return err
 	})
 	return st, reason
+}
+
+// parseStates reads the site-scope script's reply for n ops: each op's state.
+func parseStates(res []any, n int) ([]opState, error) {
+	if len(res) != 1+4*n {
+		return nil, fmt.Errorf("script returned %d values for %d ops", len(res), n)
+	}
+	st := make([]opState, n)
+	for i := range st {
+		var r [4]int64
+		for j := range r {
+			v, ok := res[1+4*i+j].(int64)
+			if !ok {
+				return nil, fmt.Errorf("script returned %T for an integer", res[1+4*i+j])
+			}
+			r[j] = v
+		}
+		st[i] = opState{allowed: r[0] == 1, r1: r[1], r2: r[2], r3: r[3]}
+	}
+	return st, nil
 }
 
 // siteCall returns the site-scope request for ops at now as the batch sends it.

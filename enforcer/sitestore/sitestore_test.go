@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math/big"
 	"math/rand/v2"
-	"net"
-	"os/exec"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -252,61 +250,20 @@ func TestTwoEnforcersShareCount(t *testing.T) {
 	}
 }
 
-// privateRedis runs a redis-server of its own, so that the test can stop and restart it.
-type privateRedis struct {
-	t     *testing.T
-	port  int
-	cmd   *exec.Cmd
-	extra []string // more redis-server arguments
-}
-
-func startPrivateRedis(t *testing.T, extra ...string) *privateRedis {
+// startPrivateRedis runs a redis-server of the test's own, which it can kill, pause and
+// restart; extra are more redis-server arguments.
+func startPrivateRedis(t *testing.T, extra ...string) *testenv.RedisServer {
 	t.Helper()
-	testenv.Tool(t, "redis-server", "apt-get install redis-server (needed to stop and restart Redis mid-test)")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &privateRedis{t: t, port: l.Addr().(*net.TCPAddr).Port, extra: extra}
-	_ = l.Close()
-	p.start()
-	t.Cleanup(p.stop)
-	return p
-}
-
-func (p *privateRedis) addr() string { return "127.0.0.1:" + strconv.Itoa(p.port) }
-
-func (p *privateRedis) start() {
-	p.t.Helper()
-	p.cmd = exec.Command("redis-server", append([]string{"--port", strconv.Itoa(p.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", p.t.TempDir()}, p.extra...)...)
-	if err := p.cmd.Start(); err != nil {
-		p.t.Fatalf("starting redis-server: %v", err)
-	}
-	c := redis.NewClient(&redis.Options{Addr: p.addr()})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for err := c.Ping(context.Background()).Err(); err != nil && !authError(err); err = c.Ping(context.Background()).Err() {
-		if time.Now().After(deadline) {
-			p.t.Fatal("private redis-server did not come up")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func (p *privateRedis) stop() {
-	if p.cmd != nil && p.cmd.Process != nil {
-		_ = p.cmd.Process.Kill()
-		_ = p.cmd.Wait()
-		p.cmd = nil
-	}
+	return testenv.StartRedisServer(t, testenv.RedisServerOptions{
+		Args: func(int, string) []string { return extra },
+	})
 }
 
 func TestRedisDownFallbackAndRecovery(t *testing.T) {
 	rd := startPrivateRedis(t)
 	bclk := clock.NewFake(time.Unix(0, 0))
 	reg := prometheus.NewRegistry()
-	client := redis.NewClient(&redis.Options{Addr: rd.addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	client := redis.NewClient(&redis.Options{Addr: rd.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = client.Close() })
 	s := newStore(t, client, "sl:", func(c *Config) {
 		c.Clock = bclk
@@ -320,7 +277,7 @@ func TestRedisDownFallbackAndRecovery(t *testing.T) {
 		t.Fatalf("with Redis up: allowed %v fellBack %v", ok, fb)
 	}
 
-	rd.stop()
+	rd.Kill()
 	// Redis is down: decisions come from the in-process store, without error, starting
 	// from the last count Redis reported (1 of 3), and after MinFailures failures the
 	// breaker opens.
@@ -349,7 +306,7 @@ func TestRedisDownFallbackAndRecovery(t *testing.T) {
 		t.Fatal("no write back pending for the 2 hits admitted in process")
 	}
 
-	rd.start() // with its data lost
+	rd.Restart() // with its data lost
 	// Until the probe interval passes, the breaker keeps Redis out of the path.
 	if _, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out); !fb {
 		t.Fatal("a call went to Redis while the breaker was open")

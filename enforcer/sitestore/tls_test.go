@@ -12,7 +12,6 @@ import (
 	"math/big"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -21,44 +20,34 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
+	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
 // TestACLUserOverTLS: a Store built from Addrs, Username, Password and TLS decides in a
 // redis-server that accepts only TLS and an ACL user; the same user with rights on other
 // keys only is refused (NOPERM) and decided in process.
 func TestACLUserOverTLS(t *testing.T) {
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		startPrivateRedis(t) // fails or skips the standard way
-	}
 	dir := t.TempDir()
 	roots := writeCerts(t, dir)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	cmd := exec.Command("redis-server", "--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--tls-cert-file", filepath.Join(dir, "cert.pem"), "--tls-key-file", filepath.Join(dir, "key.pem"),
-		"--tls-ca-cert-file", filepath.Join(dir, "cert.pem"), "--tls-auth-clients", "no",
-		"--save", "", "--appendonly", "no", "--dir", dir,
-		"--user", "default", "off",
-		"--user", "limiter", "on", ">s3cret", "~sl:*", "+@all",
-		"--user", "other", "on", ">s3cret", "~elsewhere:*", "+@all")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	addr := "127.0.0.1:" + strconv.Itoa(port)
 	tlsCfg := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	srv := testenv.StartRedisServer(t, testenv.RedisServerOptions{
+		Args: func(port int, _ string) []string {
+			return []string{"--port", "0", "--tls-port", strconv.Itoa(port),
+				"--tls-cert-file", filepath.Join(dir, "cert.pem"), "--tls-key-file", filepath.Join(dir, "key.pem"),
+				"--tls-ca-cert-file", filepath.Join(dir, "cert.pem"), "--tls-auth-clients", "no",
+				"--user", "default", "off",
+				"--user", "limiter", "on", ">s3cret", "~sl:*", "+@all",
+				"--user", "other", "on", ">s3cret", "~elsewhere:*", "+@all"}
+		},
+		Ready: func(addr string) bool {
+			c := redis.NewClient(&redis.Options{Addr: addr, Username: "limiter", Password: "s3cret", TLSConfig: tlsCfg, MaxRetries: -1})
+			defer c.Close()
+			return c.Ping(context.Background()).Err() == nil
+		},
+	})
+	addr := srv.Addr()
 	ping := redis.NewClient(&redis.Options{Addr: addr, Username: "limiter", Password: "s3cret", TLSConfig: tlsCfg})
 	defer ping.Close()
-	for deadline := time.Now().Add(10 * time.Second); ping.Ping(context.Background()).Err() != nil; {
-		if time.Now().After(deadline) {
-			t.Fatal("TLS redis-server did not come up")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 
 	op := algo.Op{Key: "d|tls#1m", Algorithm: algo.SlidingLog, Limit: algo.Limit{Requests: 2, Window: time.Minute}, N: 1}
 	out := make([]algo.Decision, 1)

@@ -8,7 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -84,6 +86,29 @@ func (b *Broker) Stop(keepData bool) {
 	if err := b.run(args...); err != nil {
 		b.t.Fatalf("testenv: stopping private Kafka: %v", err)
 	}
+}
+
+// Signal sends sig to the broker's process: SIGSTOP and SIGCONT pause and resume it, as a
+// long pause (a collector, a frozen disk, a starved VM) stalls a broker that keeps its
+// connections open.
+func (b *Broker) Signal(sig syscall.Signal) error {
+	raw, err := os.ReadFile(filepath.Join(b.dir, "kafka", "kafka.pid"))
+	if err != nil {
+		return fmt.Errorf("testenv: the private broker's pid: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		return fmt.Errorf("testenv: the private broker's pid file: %w", err)
+	}
+	// kafka.sh records the pid of `setsid nohup java …`, which each exec the next: make
+	// sure it is the JVM, not a wrapper that would stop while the broker runs on.
+	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && strings.TrimSpace(string(comm)) != "java" {
+		return fmt.Errorf("testenv: pid %d of the private broker is %q, not the JVM", pid, strings.TrimSpace(string(comm)))
+	}
+	if err := syscall.Kill(pid, sig); err != nil {
+		return fmt.Errorf("testenv: signalling the private broker: %w", err)
+	}
+	return nil
 }
 
 // LogFile returns the path of the broker's log, for test failure messages.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -47,6 +48,34 @@ func sumNodes(t *testing.T, nodes []*node, name string, labels ...string) float6
 // with their MinShare floors, add up to a little more than one) until every snapshot is
 // fresh again, and hold the bound of TestMultiDC again a window after that.
 func TestFaultKafkaDown(t *testing.T) {
+	kafkaOutage(t, "kafka-down", 30*time.Second, func(b *testenv.Broker) { b.Stop(true) }, func(b *testenv.Broker) { b.Start() })
+}
+
+// TestFaultKafkaStalled pauses the (private) broker with SIGSTOP for 15 s under load, then
+// resumes it: its connections stay open and nothing answers on them, as in a long
+// collector pause, a frozen disk or a starved VM, and on resuming it finds the aggregator's
+// group session expired. Everything TestFaultKafkaDown asks holds.
+func TestFaultKafkaStalled(t *testing.T) {
+	signal := func(sig syscall.Signal) func(*testenv.Broker) {
+		return func(b *testenv.Broker) {
+			if err := b.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	kafkaOutage(t, "kafka-stalled", 15*time.Second, signal(syscall.SIGSTOP), signal(syscall.SIGCONT))
+}
+
+// maxOutageRTT bounds a check's round trip while the broker is away: far under the Kafka
+// client's timeouts (10 s and more), which a request waiting on the broker would show,
+// and far over what a loaded machine adds.
+const maxOutageRTT = 2 * time.Second
+
+// kafkaOutage runs the load of TestFaultKafkaDown on a private broker, with halt applied to
+// the broker two windows in and resume outage later, and checks what that test says;
+// label names its figures. Every request must also be answered without waiting on the
+// broker (well under the Kafka client's request timeouts).
+func kafkaOutage(t *testing.T, label string, outage time.Duration, halt, resume func(*testenv.Broker)) {
 	b := testenv.PrivateKafka(t)
 	tp := startTopology(t, topologyOptions{
 		brokers: []string{b.Addr()}, rules: rulesYAML(ruleLimit, ruleWindow),
@@ -62,14 +91,14 @@ func TestFaultKafkaDown(t *testing.T) {
 	const stale = "streamlimit_enforcer_fallback_decisions_total"
 	staleBefore := sumNodes(t, tp.nodes, stale, "reason", "stale")
 	stopAt := time.Since(g.start)
-	b.Stop(true)
+	halt(b)
 	stoppedAt := time.Since(g.start)
 	eventually(t, 30*time.Second, "stale fallback decisions", func() bool {
 		return sumNodes(t, tp.nodes, stale, "reason", "stale") > staleBefore
 	})
-	time.Sleep(stopAt + 30*time.Second - time.Since(g.start))
+	time.Sleep(stopAt + outage - time.Since(g.start))
 	restartAt := time.Since(g.start)
-	b.Start()
+	resume(b)
 	restarted := time.Since(g.start)
 	staleDuring := sumNodes(t, tp.nodes, stale, "reason", "stale") - staleBefore
 	eventually(t, 60*time.Second, "snapshots fresh again", func() bool {
@@ -89,23 +118,26 @@ func TestFaultKafkaDown(t *testing.T) {
 	rs := g.snapshot()
 
 	all := summarize(rs, 0, end)
-	t.Logf("FIGURE kafka-down: broker stopped at %.1fs (stop took %.1fs), restarted at %.1fs (start took %.1fs), snapshots fresh at %.1fs; %d requests, %d errors, %d non-200, %d answered by a fallback, max RTT %v",
-		stopAt.Seconds(), (stoppedAt - stopAt).Seconds(), restartAt.Seconds(), (restarted - restartAt).Seconds(), fresh.Seconds(),
+	t.Logf("FIGURE %s: broker halted at %.1fs (took %.1fs), resumed at %.1fs (took %.1fs), snapshots fresh at %.1fs; %d requests, %d errors, %d non-200, %d answered by a fallback, max RTT %v",
+		label, stopAt.Seconds(), (stoppedAt - stopAt).Seconds(), restartAt.Seconds(), (restarted - restartAt).Seconds(), fresh.Seconds(),
 		all.requests, all.errors, all.non200, all.fallback, all.maxRTT)
-	if all.errors > 0 || all.non200 > 0 {
-		t.Errorf("%d requests failed, %d not answered 200 or 429 as decided (first error %v)", all.errors, all.non200, all.firstErr)
+	checkServed(t, label, all)
+	during := summarize(rs, stopAt, fresh)
+	t.Logf("FIGURE %s: from the halt until every snapshot was fresh: %d requests, max RTT %v", label, during.requests, during.maxRTT)
+	if during.maxRTT > maxOutageRTT {
+		t.Errorf("%s: a request took %v while the broker was away: serving waited on Kafka", label, during.maxRTT)
 	}
 	if all.lightDenied > 0 {
 		t.Errorf("%d of %d light-client requests denied", all.lightDenied, all.lightRequests)
 	}
-	t.Logf("FIGURE kafka-down: stale fallback decisions during the outage: %.0f", staleDuring)
+	t.Logf("FIGURE %s: stale fallback decisions during the outage: %.0f", label, staleDuring)
 	if staleDuring <= 0 {
 		t.Errorf("streamlimit_enforcer_fallback_decisions_total{reason=stale} did not rise while Kafka was down")
 	}
 	times := admissions(rs, heavyClient)
-	t.Logf("FIGURE kafka-down: during the outage: heavy admitted per sliding window %s", sliding(times, ruleWindow, stoppedAt, restartAt))
-	checkOutage(t, "kafka-down-outage", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, stoppedAt, fresh, 1.2)
-	checkBound(t, "kafka-down-after-restart", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, fresh+ruleWindow, end, nil)
+	t.Logf("FIGURE %s: during the outage: heavy admitted per sliding window %s", label, sliding(times, ruleWindow, stoppedAt, restartAt))
+	checkOutage(t, label+"-outage", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, stoppedAt, fresh, 1.2)
+	checkBound(t, label+"-after-restart", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, fresh+ruleWindow, end, nil)
 
 	var dropped, in int64
 	for _, n := range tp.nodes {
@@ -114,13 +146,13 @@ func TestFaultKafkaDown(t *testing.T) {
 		in += st.HitsIn
 	}
 	aggm := gather(t, tp.aggReg)
-	t.Logf("FIGURE kafka-down: producers accepted %d hits and dropped %d; the aggregator skipped %.0f as too old (older than window + lateness when they arrived)",
-		in, dropped, metric(aggm, "streamlimit_aggregator_bad_records_total", "reason", "too_old"))
+	t.Logf("FIGURE %s: producers accepted %d hits and dropped %d; the aggregator skipped %.0f as too old (older than window + lateness when they arrived)",
+		label, in, dropped, metric(aggm, "streamlimit_aggregator_bad_records_total", "reason", "too_old"))
 	// Converged: the snapshot's total for the heavy key matches what the generator saw
 	// admitted in the last window (within the edge error of one window's end).
 	e, ok := tp.nodes[0].srv.Snapshot().Get(heavyKey(ruleWindow))
 	last := sliding(times, ruleWindow, end-ruleWindow-10*time.Millisecond, end)
-	t.Logf("FIGURE kafka-down: at the end the snapshot holds %.1f for the heavy key (known %v); the generator saw %d admitted in the last window", e.Total, ok, last.max)
+	t.Logf("FIGURE %s: at the end the snapshot holds %.1f for the heavy key (known %v); the generator saw %d admitted in the last window", label, e.Total, ok, last.max)
 	if !ok || math.Abs(e.Total-float64(last.max)) > 0.1*ruleLimit {
 		t.Errorf("counts did not converge: snapshot %.1f (known %v), generator %d", e.Total, ok, last.max)
 	}
@@ -138,16 +170,14 @@ func TestFaultRedisDown(t *testing.T) {
 
 	time.Sleep(3 * ruleWindow)
 	killAt := time.Since(g.start)
-	tp.sites[1].redis.stop()
+	tp.sites[1].redis.Kill()
 	time.Sleep(3 * ruleWindow)
 	stop()
 	end := time.Since(g.start)
 	rs := g.snapshot()
 
 	all := summarize(rs, 0, end)
-	if all.errors > 0 || all.non200 > 0 {
-		t.Errorf("%d requests failed, %d not answered 200 or 429 as decided (first error %v)", all.errors, all.non200, all.firstErr)
-	}
+	checkServed(t, "redis-down", all)
 	if all.lightDenied > 0 {
 		t.Errorf("%d of %d light-client requests denied", all.lightDenied, all.lightRequests)
 	}
@@ -197,7 +227,7 @@ func TestFaultRedisFlapping(t *testing.T) {
 	flapAt := time.Since(g.start)
 	var clients []*redis.Client
 	for _, s := range tp.sites[:2] {
-		c := redis.NewClient(&redis.Options{Addr: s.redis.addr()})
+		c := redis.NewClient(&redis.Options{Addr: s.redis.Addr()})
 		defer c.Close()
 		clients = append(clients, c)
 	}
@@ -219,9 +249,7 @@ func TestFaultRedisFlapping(t *testing.T) {
 	fb := sumNodes(t, tp.nodes, "streamlimit_redis_counter_fallback_total")
 	t.Logf("FIGURE redis-flapping: %d requests, %d errors, %d non-200, %d answered by a fallback, max RTT %v; site counter calls answered in process: %.0f",
 		all.requests, all.errors, all.non200, all.fallback, all.maxRTT, fb)
-	if all.errors > 0 || all.non200 > 0 {
-		t.Errorf("%d requests failed, %d not answered 200 or 429 as decided (first error %v)", all.errors, all.non200, all.firstErr)
-	}
+	checkServed(t, "redis-flapping", all)
 	if all.lightDenied > 0 {
 		t.Errorf("%d of %d light-client requests denied", all.lightDenied, all.lightRequests)
 	}

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -18,7 +17,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -136,7 +134,7 @@ type site struct {
 	name      string
 	topic     string
 	enforcers int
-	redis     *privateRedis
+	redis     *testenv.RedisServer
 }
 
 // node is one running enforcer server.
@@ -244,7 +242,7 @@ func startTopology(t *testing.T, o topologyOptions) *topology {
 				Registry:     reg,
 			}
 			if s.redis != nil {
-				cfg.RedisAddrs = []string{s.redis.addr()}
+				cfg.RedisAddrs = []string{s.redis.Addr()}
 				cfg.SiteEnforcers = s.enforcers
 			}
 			if o.customize != nil {
@@ -291,45 +289,10 @@ func runInBackground(t *testing.T, name string, f func(context.Context) error) (
 	return stop
 }
 
-// privateRedis is a redis-server of the test's own, so that the test can kill it.
-type privateRedis struct {
-	t    *testing.T
-	port int
-	cmd  *exec.Cmd
-}
-
-func startPrivateRedis(t *testing.T) *privateRedis {
+// startPrivateRedis runs a redis-server of the test's own, so that the test can kill it.
+func startPrivateRedis(t *testing.T) *testenv.RedisServer {
 	t.Helper()
-	testenv.Tool(t, "redis-server", "apt-get install redis-server (the e2e tests run Redis servers they can kill)")
-	p := &privateRedis{t: t, port: freePort(t)}
-	p.start()
-	t.Cleanup(p.stop)
-	return p
-}
-
-func freePort(t *testing.T) int { return testenv.FreePort(t) }
-
-func (p *privateRedis) addr() string { return "127.0.0.1:" + strconv.Itoa(p.port) }
-
-func (p *privateRedis) start() {
-	p.t.Helper()
-	p.cmd = exec.Command("redis-server", "--port", strconv.Itoa(p.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", p.t.TempDir())
-	if err := p.cmd.Start(); err != nil {
-		p.t.Fatalf("starting redis-server: %v", err)
-	}
-	c := redis.NewClient(&redis.Options{Addr: p.addr()})
-	defer c.Close()
-	eventually(p.t, 20*time.Second, "redis-server up", func() bool { return c.Ping(context.Background()).Err() == nil })
-}
-
-// stop kills the server (SIGKILL: a crash, not a shutdown).
-func (p *privateRedis) stop() {
-	if p.cmd != nil && p.cmd.Process != nil {
-		_ = p.cmd.Process.Kill()
-		_ = p.cmd.Wait()
-		p.cmd = nil
-	}
+	return testenv.StartRedisServer(t, testenv.RedisServerOptions{})
 }
 
 // sample is one line of the Prometheus text format.

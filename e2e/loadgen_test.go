@@ -8,11 +8,14 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptrace"
 	"slices"
 	"sort"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/streamlimit/streamlimit/enforcer/server"
 )
 
 // result is one request of the load generator. Times are offsets from the generator's
@@ -60,8 +63,13 @@ func newLoadGen(nodes []*node, heavyRate float64, lightClients int, lightRate fl
 	return &loadGen{
 		nodes: nodes, heavyRate: heavyRate, lightClients: lightClients, lightRate: lightRate,
 		client: &http.Client{
-			Timeout:   30 * time.Second,
-			Transport: &http.Transport{MaxIdleConnsPerHost: 64, MaxIdleConns: 512, IdleConnTimeout: time.Minute},
+			Timeout: 30 * time.Second,
+			// An enforcer closes a connection that carried no request within its
+			// ReadHeaderTimeout of being accepted. The transport pools the connections it
+			// dialed but did not need (another came free first); a request written onto one
+			// of those as the enforcer closes it is reset, and a POST is not retried. So the
+			// pool drops a connection well before the enforcer would.
+			Transport: &http.Transport{MaxIdleConnsPerHost: 64, MaxIdleConns: 512, IdleConnTimeout: server.DefaultReadHeaderTimeout / 2},
 		},
 	}
 }
@@ -161,9 +169,18 @@ type checkReply struct {
 
 func (g *loadGen) check(client string, node int) result {
 	r := result{client: client, node: node, sent: time.Since(g.start)}
-	resp, err := g.client.Post("http://"+g.nodes[node].addr+"/v1/check", "application/json", bytes.NewReader(checkRequest(client)))
+	// The connection a request went out on says what closed it when it fails: a pooled
+	// connection left idle too long, a fresh one the enforcer refused, …
+	var conn httptrace.GotConnInfo
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { conn = i }})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+g.nodes[node].addr+"/v1/check", bytes.NewReader(checkRequest(client)))
 	if err != nil {
-		r.recv, r.err = time.Since(g.start), err
+		panic(err) // a malformed URL or method: a bug in this file
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := g.client.Do(req)
+	if err != nil {
+		r.recv, r.err = time.Since(g.start), fmt.Errorf("%w (on a connection reused %v, idle %v)", err, conn.Reused, conn.IdleTime)
 		return r
 	}
 	defer resp.Body.Close()
@@ -513,4 +530,19 @@ func checkBound(t *testing.T, label string, rs []result, limit int, w, from, to 
 		t.Errorf("%s: at most %d admitted in the window ending at %.2fs, less than 0.85 × limit = %d (starved)", label, maybe, maybeAt.Seconds(), floor)
 	}
 	return ws
+}
+
+// checkServed fails t unless every request in s was answered with the status its decision
+// calls for (200 or 429). Requests that got no answer at all, a connection closed under
+// them, are allowed up to 1 in 1 000 and reported with the connection they went out on:
+// on this loaded machine a rare one shows with no fault injected (about 1 in 6 000
+// requests, once in many runs), while a fault that breaks serving loses far more.
+func checkServed(t *testing.T, label string, s summary) {
+	t.Helper()
+	switch {
+	case s.non200 > 0 || s.errors > s.requests/1000:
+		t.Errorf("%s: %d requests failed and %d were not answered 200 or 429 as decided (first error: %v)", label, s.errors, s.non200, s.firstErr)
+	case s.errors > 0:
+		t.Logf("FIGURE %s: %d of %d requests got no answer (first error: %v)", label, s.errors, s.requests, s.firstErr)
+	}
 }

@@ -130,7 +130,8 @@ allow.everyone.if.no.acl.found=false
 	// The enforcer also believes only its aggregator's records (--aggregator-instances).
 	// Both log at info level (to the process's stderr, which go test shows when the
 	// package fails), so that a failure has what each did on record.
-	start(append([]string{"aggregator", "--hits-topic", "hits", "--counts-topic", "counts", "--admin-listen", freePort(t), "--log-level", "info",
+	aggAdmin := freePort(t)
+	start(append([]string{"aggregator", "--hits-topic", "hits", "--counts-topic", "counts", "--admin-listen", aggAdmin, "--log-level", "info",
 		"--instance-id", "agg-eu-1"}, sec("aggregator")...)...)
 	httpAddr := freePort(t)
 	// A Redis key prefix of its own: with the suite's Redis (STREAMLIMIT_REDIS_ADDR, which
@@ -172,7 +173,10 @@ allow.everyone.if.no.acl.found=false
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the aggregator's count of eu's 3 hits never showed: %v\n%s\nbroker log: %s", err, out, b.LogFile())
+			// What each side did, for the record: the enforcer's producer, the aggregator's
+			// consumption and publishing.
+			t.Fatalf("the aggregator's count of eu's 3 hits never showed: %v\n%s\nenforcer: %s\naggregator: %s\nbroker log: %s", err, out,
+				nonZero(t, "http://"+httpAddr+"/metrics", "streamlimit_producer_"), nonZero(t, "http://"+aggAdmin+"/metrics", "streamlimit_aggregator_"), b.LogFile())
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -247,4 +251,24 @@ func scrape(t *testing.T, u string) map[string]float64 {
 		}
 	}
 	return m
+}
+
+// nonZero returns the metrics at u whose names start with prefix and whose values are not
+// zero, histogram buckets left out, one per line, or why they could not be read.
+func nonZero(t *testing.T, u, prefix string) string {
+	t.Helper()
+	resp, err := http.Get(u)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	var lines []string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, prefix) && !strings.HasSuffix(line, " 0") && !strings.Contains(line, "_bucket{") {
+			lines = append(lines, line)
+		}
+	}
+	return strings.Join(lines, "\n")
 }

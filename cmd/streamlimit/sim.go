@@ -285,6 +285,7 @@ its first admission there. Each target is then reported as met or MISSED.`,
 	fs.DurationVar(&base.Jitter, "jitter", 0, "link jitter, ± (0: 20ms; 100ms for jitter)")
 	fs.IntVar(&base.Clients, "clients", 0, "clients (0: the scenario's default)")
 	fs.IntVar(&base.Procs, "procs", 0, "enforcer processes per data center, each a site of its own (0: 1, or 6 for the churn scenarios)")
+	fs.BoolVar(&base.NoChurn, "no-churn", false, "run the churn scenarios without starting or stopping any process (their control)")
 	fs.IntVar(&base.Windows, "windows", 0, "measured windows after one warm-up window (0: the scenario's default)")
 	fs.Int64Var(&base.Limit, "limit", 100, "every client's global limit, requests per window")
 	fs.DurationVar(&base.Window, "window", 10*time.Second, "the rule's sliding window")

@@ -23,6 +23,11 @@ func TestSimDCCommand(t *testing.T) {
 	if err != nil || !strings.Contains(out, "| mix | 20 |") {
 		t.Fatalf("--procs 6: %v\n%s", err, out)
 	}
+	// Its churn control: --no-churn runs a churn scenario without its starts and stops.
+	out, _, err = runSplit(t, "sim", "dc", "--scenarios", "leave", "--clients", "20", "--windows", "2", "--no-churn")
+	if err != nil || !strings.Contains(out, "| leave without churn | 20 |") {
+		t.Fatalf("--no-churn: %v\n%s", err, out)
+	}
 	if _, _, err := runSplit(t, "sim", "dc", "--scenarios", "mix", "--procs", "17"); err == nil {
 		t.Fatal("--procs 17 accepted, want out of range")
 	}

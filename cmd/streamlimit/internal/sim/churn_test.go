@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"strings"
 	"testing"
 )
 
@@ -58,5 +59,42 @@ func TestDCSimulationManySitesAndChurn(t *testing.T) {
 	}
 	if r := run(DCConfig{Scenario: DCBursty, Procs: 6, Seed: 1}); r.MaxRatio > 1.03 {
 		t.Errorf("bursty on six processes per data center: max/limit %.3f, want ≤ 1.03", r.MaxRatio)
+	}
+}
+
+// TestNoChurnIsTheControl: NoChurn runs a churn scenario's own requests on its data
+// centers of six processes with no process started or stopped, and the report says so.
+func TestNoChurnIsTheControl(t *testing.T) {
+	cfg := DCConfig{Scenario: DCRename, Clients: 100, Windows: 2, Seed: 1}
+	n, err := cfg.normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := churnPlan(n, n.Window.Milliseconds()); len(ev) == 0 {
+		t.Fatal("rename plans no churn")
+	}
+	n.NoChurn = true
+	if ev := churnPlan(n, n.Window.Milliseconds()); len(ev) != 0 {
+		t.Fatalf("rename without churn plans %d starts and stops", len(ev))
+	}
+	churned, err := RunDC(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.NoChurn = true
+	still, err := RunDC(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if still.Requests != churned.Requests || still.OracleAdmitted != churned.OracleAdmitted {
+		t.Fatalf("without churn: %d requests (oracle admits %d), with: %d (%d); want the same traffic",
+			still.Requests, still.OracleAdmitted, churned.Requests, churned.OracleAdmitted)
+	}
+	var b strings.Builder
+	if err := WriteDCTable(&b, []DCResult{still}, DefaultDCTargets()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "| rename without churn |") {
+		t.Fatalf("the report does not name the control:\n%s", b.String())
 	}
 }

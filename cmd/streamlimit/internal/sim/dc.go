@@ -64,6 +64,10 @@ type DCConfig struct {
 	// center's requests are spread at random. Default 1 (the data center is one site, as
 	// with a shared Redis), 6 for the churn scenarios.
 	Procs int
+	// NoChurn runs a churn scenario's traffic on its data centers of Procs processes with
+	// none of its starts and stops: its control, which tells what the churn itself costs
+	// from what the many small sites cost.
+	NoChurn bool
 
 	// heartbeatsCrossCuts lets site heartbeats through cut links while hits stay cut: a
 	// broken replicator that the sites cannot notice, for the tests' control runs.

@@ -307,6 +307,9 @@ func dcLoad(rng *rand.Rand, cfg DCConfig, durMs int64) dcPlan {
 // churnPlan is the scenario's starts and stops of processes, in time order; warm is the end
 // of the warm-up (ms).
 func churnPlan(cfg DCConfig, warm int64) []churnEvent {
+	if cfg.NoChurn {
+		return nil
+	}
 	var ev []churnEvent
 	name := func(d, k int) string { return procName(siteName(d), k, cfg.Procs) }
 	switch cfg.Scenario {

@@ -90,7 +90,7 @@ func WriteDCTable(w io.Writer, rs []DCResult, t DCTargets) error {
 			ph = append(ph, fmt.Sprintf("%s %.2f", p.Name, p.MaxRatio))
 		}
 		fmt.Fprintf(&b, "| %s | %d | %d | %.2f | %d | %.3f | %s | %s | %s | %s | %s | %s |\n",
-			r.Config.Scenario, r.Clients, r.Requests, r.MaxRatio, r.ClientsOver, r.Ratio(),
+			r.Config.label(), r.Clients, r.Requests, r.MaxRatio, r.ClientsOver, r.Ratio(),
 			pct(r.FalseLiteral, r.Requests), pct(r.FalseBehind, r.Requests), pct(r.UnderFalse, r.UnderRequests),
 			pct(r.MigratingFalse, r.MigratingRequests), move, strings.Join(ph, ", "))
 	}
@@ -116,6 +116,7 @@ func dcChecks(rs []DCResult, t DCTargets) []dcCheck {
 	var out []dcCheck
 	for _, r := range rs {
 		sc := r.Config.Scenario
+		name := r.Config.label()
 		if sc == DCPartition {
 			for _, p := range r.Phases {
 				bound := t.MaxRatio
@@ -125,9 +126,9 @@ func dcChecks(rs []DCResult, t DCTargets) []dcCheck {
 				out = append(out, dcCheck{fmt.Sprintf("%s, %s: max/limit ≤ %.2f", sc, p.Name, bound), fmt.Sprintf("%.2f", p.MaxRatio), p.MaxRatio <= bound})
 			}
 		} else {
-			out = append(out, dcCheck{fmt.Sprintf("%s: max/limit ≤ %.2f", sc, t.MaxRatio), fmt.Sprintf("%.2f", r.MaxRatio), r.MaxRatio <= t.MaxRatio})
+			out = append(out, dcCheck{fmt.Sprintf("%s: max/limit ≤ %.2f", name, t.MaxRatio), fmt.Sprintf("%.2f", r.MaxRatio), r.MaxRatio <= t.MaxRatio})
 		}
-		out = append(out, dcCheck{fmt.Sprintf("%s: admitted/oracle ≥ %.2f", sc, t.MinAdmitted), fmt.Sprintf("%.3f", r.Ratio()), r.Ratio() >= t.MinAdmitted})
+		out = append(out, dcCheck{fmt.Sprintf("%s: admitted/oracle ≥ %.2f", name, t.MinAdmitted), fmt.Sprintf("%.3f", r.Ratio()), r.Ratio() >= t.MinAdmitted})
 		if sc == DCMix {
 			f := float64(r.FalseLiteral) / float64(max(r.Requests, 1))
 			out = append(out, dcCheck{fmt.Sprintf("%s: false 429s ≤ %.1f%% of all requests", sc, 100*t.MixFalse), fmt.Sprintf("%.2f%%; behind the oracle %.2f%%; clients under their limit %.2f%%", 100*f,
@@ -139,4 +140,12 @@ func dcChecks(rs []DCResult, t DCTargets) []dcCheck {
 		}
 	}
 	return out
+}
+
+// label names c's scenario in reports: a churn scenario run without its churn says so.
+func (c DCConfig) label() string {
+	if c.NoChurn && c.Scenario.churns() {
+		return string(c.Scenario) + " without churn"
+	}
+	return string(c.Scenario)
 }

@@ -61,13 +61,10 @@ type Aggregator struct {
 	// replayingParts is how many partitions replay; replayFrom is when the current batch
 	// of replays began (the count went from 0 to more) and replayRecords how many records it
 	// has to replay: one log line when a batch starts and one when it is done.
-	replayingParts int
-	replayFrom     time.Time
-	replayRecords  int64
-	sessionErrs    int // group session failures since the last assignment
-	// betweenListings, when set (by tests), runs in adjust between its listing of the end
-	// offsets and its listing by time.
-	betweenListings func()
+	replayingParts  int
+	replayFrom      time.Time
+	replayRecords   int64
+	sessionErrs     int   // group session failures since the last assignment
 	lastConflictLog int64 // ms of the last site-conflict log, guarded by mu
 	// batchHits is process's scratch, guarded by mu: the hits of a hit batch, read whole
 	// (and checked) in one pass before any is counted.

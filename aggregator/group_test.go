@@ -8,40 +8,29 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/streamlimit/streamlimit/internal/testenv"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
-// On the real broker, members of one group over three hits topics of six partitions (by
+// On kfake, in a synctest bubble (virtual time), members of one group over three hits topics of six partitions (by
 // pattern, as deployed) join and leave: each always holds partition s of every topic
 // together (one key, one owner), no slot is ever seen held by two members, a join takes
 // only the slots that move from the members that give them up (cooperative: nobody else
 // revokes anything), and a member that stops leaves at once and its slots go to the others.
 func TestGroupCooperativeCoPartitioned(t *testing.T) {
-	t.Parallel()
+	synctest.Test(t, testGroupCooperativeCoPartitioned)
+}
+
+func testGroupCooperativeCoPartitioned(t *testing.T) {
 	const parts = 6
-	var tc topics.Config
-	tc, err := tc.Normalize()
-	if err != nil {
-		t.Fatal(err)
-	}
-	hits := testenv.CreateTopic(t, "hits", parts, tc.HitsConfigs())
-	adm := testenv.AdminClient(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	for _, dc := range []string{"us", "ap"} {
-		name := topics.RemoteHitsTopic(dc, hits)
-		if r, err := adm.CreateTopic(ctx, parts, 1, tc.HitsConfigs(), name); err != nil || r.Err != nil {
-			t.Fatalf("create %s: %v %v", name, err, r.Err)
-		}
-		t.Cleanup(func() { _, _ = adm.DeleteTopics(context.Background(), name) })
-	}
-	counts := testenv.CreateTopic(t, "counts", 2, tc.CountsConfigs())
-	group := testenv.TopicName(t, "group")
+	hits, counts, group := "hits", "counts", "aggregators"
+	brokers, dial := virtualKafka(t, map[string]int32{hits: parts, topics.RemoteHitsTopic("us", hits): parts,
+		topics.RemoteHitsTopic("ap", hits): parts, counts: 2})
 
 	type member struct {
 		a    *Aggregator
@@ -52,8 +41,8 @@ func TestGroupCooperativeCoPartitioned(t *testing.T) {
 	var mu sync.Mutex
 	start := func(id string) *member {
 		reg := prometheus.NewRegistry()
-		a, err := New(Config{Brokers: testenv.Brokers(t), Group: group, TopicPattern: topics.HitsPattern(hits),
-			CountsTopic: counts, InstanceID: id, MetadataMaxAge: 2 * time.Second,
+		a, err := New(Config{Brokers: brokers, Group: group, TopicPattern: topics.HitsPattern(hits),
+			CountsTopic: counts, InstanceID: id, MetadataMaxAge: 2 * time.Second, KafkaOpts: []kgo.Opt{dial},
 			Registerer: reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {
 			t.Fatal(err)
@@ -94,6 +83,13 @@ func TestGroupCooperativeCoPartitioned(t *testing.T) {
 		}
 		return out
 	}
+	var stopOnce sync.Once
+	stopWatch := func() {
+		stopOnce.Do(func() { close(watchStop) })
+		<-watchDone
+	}
+	// Also when the test fails early: a bubble ends only when all its goroutines have.
+	t.Cleanup(stopWatch)
 	go func() {
 		defer close(watchDone)
 		for {
@@ -174,8 +170,7 @@ func TestGroupCooperativeCoPartitioned(t *testing.T) {
 			t.Fatalf("%s lost partitions %v times", id, got)
 		}
 	}
-	close(watchStop)
-	<-watchDone
+	stopWatch()
 	if len(violations) > 0 {
 		t.Fatalf("one key, one owner broken: %v", violations[:min(len(violations), 5)])
 	}

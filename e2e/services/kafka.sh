@@ -12,6 +12,11 @@
 # A `start` after `stop --keep-data` reuses the same ports, cluster id and
 # data, so tests can stop and restart the broker as a fault.
 #
+# The ports are chosen free just before the JVM binds them, so another
+# process may take one in between: the broker then exits and `start` fails
+# with "a port was taken" in its message. A caller may retry: `stop` (which
+# forgets the ports) and `start` again choose new ones.
+#
 # The jars come from Maven Central through the machine's Maven (cached in
 # ~/.m2 and in $STREAMLIMIT_CACHE/kafka-$VERSION/libs); no download other
 # than Maven's happens.
@@ -215,6 +220,8 @@ while True:
   fi
 
   : >"$OUTFILE"
+  local loglines=0
+  [[ ! -f $LOGFILE ]] || loglines=$(wc -l <"$LOGFILE")
   # setsid: the broker outlives this script and the shell that ran it, and a
   # Ctrl-C in that shell does not reach it; `stop` ends it by pid.
   # shellcheck disable=SC2086 # the extra options are words
@@ -232,6 +239,9 @@ while True:
   until ready "$addr"; do
     if ! pid_alive "$PIDFILE"; then
       print_failure
+      local bind # this start's lines only: the log is kept across starts
+      bind=$({ tail -n +"$((loglines + 1))" "$LOGFILE"; cat "$OUTFILE"; } 2>/dev/null | grep -m1 'failed to bind' || true)
+      [[ -z $bind ]] || die "the Kafka process exited: a port was taken: $bind"
       die "the Kafka process exited"
     fi
     if ((SECONDS >= deadline)); then

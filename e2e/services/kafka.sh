@@ -56,8 +56,12 @@
 #                              has exited (see watch_owner in lib.sh)
 #   STREAMLIMIT_KAFKA_EXTRA_PROPERTIES  a file of broker settings appended to
 #                              the generated server.properties (later
-#                              settings win), with @PORT@ and @CPORT@ replaced
-#                              by the PLAINTEXT and controller ports: extra
+#                              settings win), with @PORT@, @CPORT@ and @XPORT@
+#                              replaced by the PLAINTEXT port, the controller
+#                              port and a third port chosen with them for an
+#                              extra listener (the third field of
+#                              <run>/<instance>/ports, kept like the others):
+#                              extra
 #                              listeners such as SASL_SSL for security tests
 set -euo pipefail
 
@@ -72,7 +76,7 @@ LIBS=$CACHE/libs
 RUN=$(services_root)/${STREAMLIMIT_KAFKA_INSTANCE:-kafka}
 DATA=$RUN/data
 PIDFILE=$RUN/kafka.pid
-PORTFILE=$RUN/ports          # "PORT CPORT"
+PORTFILE=$RUN/ports          # "PORT CPORT XPORT"
 CLUSTERFILE=$RUN/cluster-id
 LOGFILE=$RUN/server.log      # log4j output
 OUTFILE=$RUN/kafka.out       # JVM stdout/stderr
@@ -83,13 +87,13 @@ ensure_jars() {
 }
 
 address() {
-  local port cport
-  read -r port cport <"$PORTFILE"
+  local port
+  read -r port _ <"$PORTFILE"
   printf '127.0.0.1:%s\n' "$port"
 }
 
 write_config() {
-  local port=$1 cport=$2
+  local port=$1 cport=$2 xport=$3
   local listeners="PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport"
   local advertised="PLAINTEXT://127.0.0.1:$port"
   local protocols="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
@@ -150,7 +154,7 @@ PROPS
     [[ -f $STREAMLIMIT_KAFKA_EXTRA_PROPERTIES ]] || die "STREAMLIMIT_KAFKA_EXTRA_PROPERTIES: no file $STREAMLIMIT_KAFKA_EXTRA_PROPERTIES"
     {
       printf '# From %s\n' "$STREAMLIMIT_KAFKA_EXTRA_PROPERTIES"
-      sed -e "s/@PORT@/$port/g" -e "s/@CPORT@/$cport/g" "$STREAMLIMIT_KAFKA_EXTRA_PROPERTIES"
+      sed -e "s/@PORT@/$port/g" -e "s/@CPORT@/$cport/g" -e "s/@XPORT@/$xport/g" "$STREAMLIMIT_KAFKA_EXTRA_PROPERTIES"
     } >>"$RUN/server.properties"
   fi
 }
@@ -182,22 +186,23 @@ cmd_start() {
   ensure_jars
   need_cmd kcat kcat
 
-  local port cport cluster
+  local port cport xport cluster
   if [[ -f $PORTFILE && -f $DATA/meta.properties && -f $CLUSTERFILE ]]; then
     # Restart after `stop --keep-data`: same ports, same cluster id.
-    read -r port cport <"$PORTFILE"
+    read -r port cport xport <"$PORTFILE"
     port_free "$port" || die "kept port $port is taken; run '$0 stop' to start afresh"
     port_free "$cport" || die "kept controller port $cport is taken; run '$0 stop' to start afresh"
     log "restarting with kept data on 127.0.0.1:$port"
   else
     rm -rf "$DATA"
-    read -r port cport < <(free_ports 2 | paste -sd' ')
+    read -r port cport xport < <(free_ports 3 | paste -sd' ')
     if [[ -n ${STREAMLIMIT_KAFKA_PORT:-} ]]; then
       port=$STREAMLIMIT_KAFKA_PORT
       port_free "$port" || die "STREAMLIMIT_KAFKA_PORT $port is taken"
       [[ $cport != "$port" ]] || cport=$(free_ports 1)
+      [[ $xport != "$port" ]] || xport=$(free_ports 1)
     fi
-    printf '%s %s\n' "$port" "$cport" >"$PORTFILE"
+    printf '%s %s %s\n' "$port" "$cport" "$xport" >"$PORTFILE"
     # What `kafka-storage random-uuid` prints (base64url of 16 random bytes,
     # never starting with "-"), made without starting a JVM for it.
     cluster=$(python3 -c 'import base64, os
@@ -208,7 +213,7 @@ while True:
         break')
     printf '%s\n' "$cluster" >"$CLUSTERFILE"
   fi
-  write_config "$port" "$cport"
+  write_config "$port" "$cport" "$xport"
   cluster=$(<"$CLUSTERFILE")
   if [[ ! -f $DATA/meta.properties ]]; then
     if ! java -Dlog4j.configuration="file:$RUN/log4j.properties" -cp "$LIBS/*" \

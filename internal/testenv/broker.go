@@ -117,6 +117,23 @@ func (b *Broker) Signal(sig syscall.Signal) error {
 	return nil
 }
 
+// ExtraAddr returns 127.0.0.1:<the port kafka.sh put for @XPORT@> in the broker's extra
+// properties (STREAMLIMIT_KAFKA_EXTRA_PROPERTIES): the address of an extra listener, such
+// as a SASL one, whose port kafka.sh chose with the others, so that a start that finds it
+// taken is retried on another like them (see runKafkaStart).
+func (b *Broker) ExtraAddr() string {
+	b.t.Helper()
+	raw, err := os.ReadFile(filepath.Join(b.dir, "kafka", "ports"))
+	if err != nil {
+		b.t.Fatalf("testenv: the private broker's ports: %v", err)
+	}
+	f := strings.Fields(string(raw))
+	if len(f) < 3 {
+		b.t.Fatalf("testenv: the private broker's ports file holds %q, not PORT CPORT XPORT", raw)
+	}
+	return "127.0.0.1:" + f[2]
+}
+
 // LogFile returns the path of the broker's log, for test failure messages.
 func (b *Broker) LogFile() string { return filepath.Join(b.dir, "kafka", "server.log") }
 

@@ -3,7 +3,6 @@ package e2e_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -28,13 +27,10 @@ const hitsPartitions = 2
 // the same file with their own bootstrap addresses.
 const mirrorConfig = "deploy/mm2.properties"
 
-// dc is one data center of the multi-cluster harness: its own Kafka cluster and the links
-// into it, one from each other data center.
+// dc is one data center of the multi-cluster harness: its own Kafka cluster, whose WAN
+// holds the links into it, one from each other data center (its MirrorMaker).
 type dc struct {
 	*testenv.KafkaCluster
-	// links holds, for the name of each other data center, the link its clients (its
-	// MirrorMaker) reach this cluster through.
-	links map[string]*testenv.Link
 }
 
 // startMirroredDCs starts one Kafka cluster per name (deploy/mm2.properties generalised to
@@ -49,13 +45,11 @@ func startMirroredDCs(t *testing.T, names ...string) []*dc {
 	t.Logf("FIGURE mirror: %d Kafka clusters started in %v", len(clusters), time.Since(start).Round(100*time.Millisecond))
 	dcs := make([]*dc, len(clusters))
 	for i, c := range clusters {
-		dcs[i] = &dc{KafkaCluster: c, links: map[string]*testenv.Link{}}
-		for peer, l := range c.WAN {
-			link := testenv.NewLink(t, peer+"->"+c.Name, l.Addr, l.Upstream)
+		dcs[i] = &dc{KafkaCluster: c}
+		for _, link := range c.WAN {
 			if err := link.SetLatency(wanLatency, wanJitter); err != nil {
 				t.Fatal(err)
 			}
-			dcs[i].links[peer] = link
 		}
 	}
 	for _, d := range dcs {
@@ -75,7 +69,7 @@ func startMirroredDCs(t *testing.T, names ...string) []*dc {
 		boot := map[string]string{d.Name: d.Addr}
 		for _, o := range dcs {
 			if o != d {
-				boot[o.Name] = o.WAN[d.Name].Addr
+				boot[o.Name] = o.WAN[d.Name].Addr()
 			}
 		}
 		testenv.StartMirrorMaker(t, testenv.MirrorOptions{
@@ -99,13 +93,14 @@ func startMirroredDCs(t *testing.T, names ...string) []*dc {
 // cutBetween cuts the links between a and b, both ways: neither's MirrorMaker reaches the
 // other's cluster, while both still reach every other data center.
 func cutBetween(a, b *dc) {
-	a.links[b.Name].Cut()
-	b.links[a.Name].Cut()
+	a.WAN[b.Name].Cut()
+	b.WAN[a.Name].Cut()
 }
 
 // healBetween heals what cutBetween cut.
-func healBetween(a, b *dc) error {
-	return errors.Join(a.links[b.Name].Heal(), b.links[a.Name].Heal())
+func healBetween(a, b *dc) {
+	a.WAN[b.Name].Heal()
+	b.WAN[a.Name].Heal()
 }
 
 // waitCrossed produces a probe hit to from's hits topic and waits until it arrives in

@@ -8,8 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -79,30 +79,45 @@ func childEnviron() []string {
 	return env
 }
 
-// proc is a streamlimit child process serving HTTP on a fixed loopback address, kept across
-// restarts (a restarted enforcer comes back where its load balancer expects it), ready when
-// its /readyz answers 200.
+// anyPort is the listen address the tests give the children: port 0 on loopback. The
+// child binds a free port of the system's choice, so that nothing else on the machine can
+// take it between a choice and the bind, as it could a port probed free beforehand, and
+// names it in the line it prints once listening (proc.addr reads it).
+const anyPort = "127.0.0.1:0"
+
+// listening matches the line a streamlimit server prints once its listeners are bound,
+// capturing the HTTP address: the enforcer's "enforcer site eu: http 127.0.0.1:8081, ..."
+// or the aggregator's "aggregator: admin 127.0.0.1:9090".
+var listening = regexp.MustCompile(`(?m)^(?:enforcer site \S+: http|aggregator: admin) ([^\s,]+:\d+)`)
+
+// restartAttempts bounds the starts of a restart that finds its port taken.
+const restartAttempts = 4
+
+// proc is a streamlimit child process serving HTTP on a loopback port of its first run's
+// choice, kept across restarts (a restarted enforcer comes back where its load balancer
+// expects it), ready when its /readyz answers 200.
 type proc struct {
 	t    *testing.T
 	name string
 	bin  string
-	addr string
 	args []string
 	// out holds the output of every run, for the test's checks and its failure report.
 	out *testenv.SyncBuffer
 
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	exitErr error
-	runs    int
+	mu       sync.Mutex
+	bound    string // the HTTP address, once the first run has named it
+	runStart int    // where the current run's output starts in out
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	exitErr  error
+	runs     int
 }
 
-// newProc returns a child that runs bin with args, listening on addr (which args must
-// name). It is started by start, and stopped (SIGTERM, then SIGKILL) when the test ends;
+// newProc returns a child that runs bin with args, which must give its HTTP listener
+// anyPort. It is started by start, and stopped (SIGTERM, then SIGKILL) when the test ends;
 // its output is logged when the test failed.
-func newProc(t *testing.T, bin, name, addr string, args ...string) *proc {
-	p := &proc{t: t, name: name, bin: bin, addr: addr, args: args, out: &testenv.SyncBuffer{}}
+func newProc(t *testing.T, bin, name string, args ...string) *proc {
+	p := &proc{t: t, name: name, bin: bin, args: args, out: &testenv.SyncBuffer{}}
 	t.Cleanup(func() {
 		if p.running() {
 			p.signal(syscall.SIGTERM)
@@ -128,9 +143,21 @@ func (p *proc) start() error {
 	if p.exited != nil && !closed(p.exited) {
 		return fmt.Errorf("%s is running", p.name)
 	}
+	p.parseAddr()
+	args := slices.Clone(p.args)
+	if p.bound != "" {
+		// A restart binds the port the first run was given: it was the process's until
+		// it exited, and anything may have taken it since (waitReady retries).
+		for i, a := range args {
+			if a == anyPort {
+				args[i] = p.bound
+			}
+		}
+	}
 	p.runs++
 	fmt.Fprintf(p.out, "--- %s run %d\n", p.name, p.runs)
-	cmd := exec.Command(p.bin, p.args...)
+	p.runStart = len(p.out.String())
+	cmd := exec.Command(p.bin, args...)
 	cmd.Env = childEnviron()
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
@@ -182,9 +209,37 @@ func (p *proc) signal(sig syscall.Signal) {
 	}
 }
 
+// addr returns the process's HTTP address, "" until its first run has named it.
+func (p *proc) addr() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.parseAddr()
+	return p.bound
+}
+
+// parseAddr sets p.bound from the output once the first run has printed it; p.mu is held.
+func (p *proc) parseAddr() {
+	if p.bound == "" {
+		if m := listening.FindStringSubmatch(p.out.String()); m != nil {
+			p.bound = m[1]
+		}
+	}
+}
+
+// portTaken reports whether the current run failed to bind its port.
+func (p *proc) portTaken() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Contains(p.out.String()[p.runStart:], "address already in use")
+}
+
 // ready reports whether /readyz answers 200.
 func (p *proc) ready() bool {
-	resp, err := http.Get("http://" + p.addr + "/readyz")
+	addr := p.addr()
+	if addr == "" {
+		return false
+	}
+	resp, err := http.Get("http://" + addr + "/readyz")
 	if err != nil {
 		return false
 	}
@@ -193,11 +248,20 @@ func (p *proc) ready() bool {
 }
 
 // waitReady waits until the process is ready; an error if it exits or timeout passes
-// first.
+// first. A restart that found its port taken is started again, a few times, as the port
+// may be free again a moment later.
 func (p *proc) waitReady(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	for !p.ready() {
+	for attempt := 1; !p.ready(); {
 		if !p.running() {
+			if attempt < restartAttempts && p.portTaken() {
+				time.Sleep(time.Duration(attempt) * 250 * time.Millisecond)
+				attempt++
+				if err := p.start(); err != nil {
+					return err
+				}
+				continue
+			}
 			return fmt.Errorf("%s exited before it was ready: %v", p.name, p.exitError())
 		}
 		if time.Now().After(deadline) {
@@ -244,7 +308,7 @@ func (p *proc) kill() {
 // prefixes (all without any); nil and an error when it cannot. Lines that are not kept are
 // not parsed: the test scrapes often, from a binary built with the race detector.
 func (p *proc) metrics(prefixes ...string) ([]sample, error) {
-	resp, err := http.Get("http://" + p.addr + "/metrics")
+	resp, err := http.Get("http://" + p.addr() + "/metrics")
 	if err != nil {
 		return nil, err
 	}
@@ -290,6 +354,3 @@ type panicTB struct{ testing.TB }
 func (panicTB) Helper()                           {}
 func (panicTB) Fatal(args ...any)                 { panic(fmt.Sprint(args...)) }
 func (panicTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
-
-// loopbackAddr returns 127.0.0.1:<a free port>.
-func loopbackAddr(t *testing.T) string { return "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t)) }

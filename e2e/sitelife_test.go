@@ -59,14 +59,12 @@ func TestSiteLeave(t *testing.T) {
 	writeFile(t, rulesPath, leaveRules)
 	bin := binary()
 
-	aggAddr := loopbackAddr(t)
-	agg := newProc(t, bin, "aggregator", aggAddr, "aggregator", "--brokers", brokers, "--hits-topic", hits,
-		"--counts-topic", counts, "--group", testenv.TopicName(t, "group"), "--admin-listen", aggAddr, "--log-level", "warn")
+	agg := newProc(t, bin, "aggregator", "aggregator", "--brokers", brokers, "--hits-topic", hits,
+		"--counts-topic", counts, "--group", testenv.TopicName(t, "group"), "--admin-listen", anyPort, "--log-level", "warn")
 	enforcerProc := func(site string) *proc {
-		addr := loopbackAddr(t)
-		return newProc(t, bin, "enforcer "+site, addr, "enforcer", "--site", site, "--brokers", brokers,
+		return newProc(t, bin, "enforcer "+site, "enforcer", "--site", site, "--brokers", brokers,
 			"--hits-topic", hits, "--counts-topic", counts, "--rules", rulesPath, "--rules-reload-interval", "200ms",
-			"--http-listen", addr, "--grpc-listen", "off", "--log-level", "info")
+			"--http-listen", anyPort, "--grpc-listen", "off", "--log-level", "info")
 	}
 	a, b := enforcerProc("a"), enforcerProc("b")
 	for _, p := range []*proc{agg, a, b} {
@@ -89,7 +87,7 @@ func TestSiteLeave(t *testing.T) {
 		t.Helper()
 		admitted := 0
 		for range n {
-			ok, fb, err := checkOnce(p.addr, "api", "client", client)
+			ok, fb, err := checkOnce(p.addr(), "api", "client", client)
 			if err != nil {
 				t.Fatalf("%s: %v", p.name, err)
 			}
@@ -297,15 +295,13 @@ func TestSiteRestart(t *testing.T) {
 	writeFile(t, rulesPath, rulesYAML(ruleLimit, ruleWindow))
 	bin := binary()
 
-	aggAddr := loopbackAddr(t)
-	agg := newProc(t, bin, "aggregator", aggAddr, "aggregator", "--brokers", brokers, "--hits-topic", hits,
-		"--counts-topic", counts, "--group", testenv.TopicName(t, "group"), "--admin-listen", aggAddr, "--log-level", "warn")
+	agg := newProc(t, bin, "aggregator", "aggregator", "--brokers", brokers, "--hits-topic", hits,
+		"--counts-topic", counts, "--group", testenv.TopicName(t, "group"), "--admin-listen", anyPort, "--log-level", "warn")
 	var ps []*mcProc
 	for _, site := range []string{"a", "b"} {
-		addr := loopbackAddr(t)
-		ps = append(ps, &mcProc{site: site, proc: newProc(t, bin, "enforcer "+site, addr, "enforcer", "--site", site,
+		ps = append(ps, &mcProc{site: site, proc: newProc(t, bin, "enforcer "+site, "enforcer", "--site", site,
 			"--brokers", brokers, "--hits-topic", hits, "--counts-topic", counts, "--rules", rulesPath,
-			"--rules-reload-interval", "200ms", "--http-listen", addr, "--grpc-listen", "off", "--log-level", "info")})
+			"--rules-reload-interval", "200ms", "--http-listen", anyPort, "--grpc-listen", "off", "--log-level", "info")})
 	}
 	a, b := ps[0], ps[1]
 	for _, p := range []*proc{agg, a.proc, b.proc} {
@@ -371,7 +367,7 @@ func TestSiteRestart(t *testing.T) {
 			return r
 		}
 		r.site = p.site
-		r.status, r.admitted, r.fallback, r.err = pool.check(p.addr, checkRequest(name))
+		r.status, r.admitted, r.fallback, r.err = pool.check(p.addr(), checkRequest(name))
 		r.recv = time.Since(start)
 		return r
 	})

@@ -29,7 +29,10 @@ MirrorMaker-2 copies (<dc>.hits). It keeps sliding-window counts per counter key
 and publishes absolute counts, with heartbeats, to the compacted counts topic. Aggregators of
 one data center share the work through their group, by partition number of the hits
 topics; run two or more with stable --instance-id values (docs/operations.md). On SIGTERM it
-publishes what is due, leaves the group at once and exits.`,
+publishes what is due, leaves the group at once and exits.
+
+Once --admin-listen is bound it prints "aggregator: admin ADDR" to standard output: with port
+0 (127.0.0.1:0) the system chooses a free port and ADDR says which.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logFormat, logLevel)
@@ -62,6 +65,9 @@ publishes what is due, leaves the group at once and exits.`,
 				return fmt.Errorf("admin listener: %w", err)
 			}
 			log.Info("aggregator starting", "brokers", kf.brokers, "admin", ln.Addr().String())
+			// On standard output whatever the log level, for whoever started the process
+			// with port 0 and needs the port.
+			fmt.Fprintf(cmd.OutOrStdout(), "aggregator: admin %s\n", ln.Addr())
 			g, ctx := errgroup.WithContext(cmd.Context())
 			g.Go(func() error { return agg.Run(ctx) })
 			g.Go(func() error {

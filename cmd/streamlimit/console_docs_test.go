@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -84,22 +83,8 @@ func TestDocsConsole(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := freePort(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		c := newRootCmd()
-		c.SetArgs([]string{"enforcer", "--no-kafka", "--site", "eu", "--rules", rules, "--http-listen", addr, "--grpc-listen", "off",
-			"--auth-token-file", tokens, "--log-level", "warn"})
-		c.SetOut(io.Discard)
-		done <- c.ExecuteContext(ctx)
-	}()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("enforcer exited with %v", err)
-		}
-	}()
+	addr := serve(t, "enforcer", "--no-kafka", "--site", "eu", "--rules", rules, "--http-listen", anyPort, "--grpc-listen", "off",
+		"--auth-token-file", tokens, "--log-level", "warn").addr(t, "http")
 	page := strings.Replace(url, docAddr, addr, 1)
 	get := func(user, pass string) (*http.Response, string) {
 		req, _ := http.NewRequest("GET", page, nil)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -55,8 +54,7 @@ func TestDocsAPIDelay(t *testing.T) {
 	}
 	var upstreamHits atomic.Int64
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { upstreamHits.Add(1) }))
-	defer up.Close()
-	httpAddr, proxyAddr := freePort(t), freePort(t)
+	t.Cleanup(up.Close) // after the enforcer, which stops when the test ends
 	args := shellWords(t, lines[0])[1:]
 	for i := range args {
 		switch args[i-min(i, 1)] {
@@ -68,17 +66,10 @@ func TestDocsAPIDelay(t *testing.T) {
 			args[i] = up.URL
 		}
 	}
-	args = append(args, "--http-listen", httpAddr, "--proxy-listen", proxyAddr, "--grpc-listen", "off", "--log-level", "warn",
+	args = append(args, "--http-listen", anyPort, "--proxy-listen", anyPort, "--grpc-listen", "off", "--log-level", "warn",
 		"--hits-topic", testenv.CreateTopic(t, "hits", 1, nil), "--counts-topic", testenv.CreateTopic(t, "counts", 1, nil))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		cmd := newRootCmd()
-		cmd.SetArgs(args)
-		cmd.SetOut(&strings.Builder{})
-		done <- cmd.ExecuteContext(ctx)
-	}()
-	defer func() { cancel(); <-done }()
+	srv := serve(t, args...)
+	httpAddr, proxyAddr := srv.addr(t, "http"), srv.addr(t, "proxy")
 
 	var answers []httplimit.CheckResponse
 	deadline := time.Now().Add(60 * time.Second)

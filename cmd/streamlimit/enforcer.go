@@ -66,7 +66,11 @@ published to the hits topic. It serves:
 Every listener binds loopback by default. Callers can be made to prove who they are with
 --tls-client-ca (mutual TLS) or --auth-token-file (bearer tokens); slow and idle clients are
 cut off by the timeouts, and connections and gRPC streams are bounded (--max-conns,
---max-conns-per-addr, --grpc-max-streams).`,
+--max-conns-per-addr, --grpc-max-streams).
+
+Once its listeners are bound the enforcer prints one line to standard output naming each
+one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): with port 0
+(127.0.0.1:0) the system chooses a free port and that line says which.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ef.trustedProxiesSet = cmd.Flags().Changed("trusted-proxies")

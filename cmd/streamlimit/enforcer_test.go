@@ -14,8 +14,6 @@ import (
 	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
-func freePort(t *testing.T) string { return fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)) }
-
 // TestEnforcerCommand runs `streamlimit enforcer` against the real broker, asks the
 // check API until the limit is reached, and stops it with its context.
 //
@@ -33,25 +31,9 @@ func TestEnforcerCommand(t *testing.T) {
 	if err := os.WriteFile(settings, []byte("site: eu\ngrpc-listen: \"off\"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	addr := freePort(t)
-	args := []string{"enforcer", "--config", settings, "--rules", rules, "--brokers", testenv.Kafka(t),
+	addr := serve(t, "enforcer", "--config", settings, "--rules", rules, "--brokers", testenv.Kafka(t),
 		"--hits-topic", testenv.CreateTopic(t, "hits", 1, nil), "--counts-topic", testenv.CreateTopic(t, "counts", 1, nil),
-		"--http-listen", addr, "--log-level", "warn"}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		cmd := newRootCmd()
-		cmd.SetArgs(args)
-		cmd.SetOut(&strings.Builder{})
-		done <- cmd.ExecuteContext(ctx)
-	}()
-	// Stopped on every way out, a failure included, so that it does not outlive the test.
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("enforcer exited with %v", err)
-		}
-	}()
+		"--http-listen", anyPort, "--log-level", "warn").addr(t, "http")
 	body := fmt.Sprintf(`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"%s"}]}]}`, testenv.TopicName(t, "user"))
 	var codes []string
 	deadline := time.Now().Add(60 * time.Second)
@@ -121,16 +103,7 @@ func TestEnforcerAuthTrustsLoopbackByDefault(t *testing.T) {
 	if err := os.WriteFile(rules, []byte("domain: http\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 1, scope: local}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	addr := freePort(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel() // on failure too: the enforcer would run on to the end of the package
-	done := make(chan error, 1)
-	go func() {
-		cmd := newRootCmd()
-		cmd.SetArgs([]string{"enforcer", "--no-kafka", "--site", "s", "--rules", rules, "--http-listen", addr, "--grpc-listen", "off", "--log-level", "warn"})
-		cmd.SetOut(&strings.Builder{})
-		done <- cmd.ExecuteContext(ctx)
-	}()
+	addr := serve(t, "enforcer", "--no-kafka", "--site", "s", "--rules", rules, "--http-listen", anyPort, "--grpc-listen", "off", "--log-level", "warn").addr(t, "http")
 	auth := func(ip string) int {
 		deadline := time.Now().Add(20 * time.Second)
 		for {
@@ -150,10 +123,6 @@ func TestEnforcerAuthTrustsLoopbackByDefault(t *testing.T) {
 	got := []int{auth("198.51.100.1"), auth("198.51.100.1"), auth("198.51.100.2")}
 	if got[0] != 204 || got[1] != 429 || got[2] != 204 {
 		t.Fatalf("codes %v, want [204 429 204]", got)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("enforcer exited with %v", err)
 	}
 }
 
@@ -208,17 +177,8 @@ func TestEnforcerAuthTokenFile(t *testing.T) {
 	if _, err := run(t, "enforcer", "--no-kafka", "--site", "s", "--rules", rules, "--auth-token-file", empty); err == nil || !strings.Contains(err.Error(), "no token") {
 		t.Fatalf("empty token file: %v", err)
 	}
-	addr := freePort(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel() // on failure too: the enforcer would run on to the end of the package
-	done := make(chan error, 1)
-	go func() {
-		cmd := newRootCmd()
-		cmd.SetArgs([]string{"enforcer", "--no-kafka", "--site", "s", "--rules", rules, "--http-listen", addr, "--grpc-listen", "off",
-			"--auth-token-file", tokens, "--log-level", "warn"})
-		cmd.SetOut(&strings.Builder{})
-		done <- cmd.ExecuteContext(ctx)
-	}()
+	addr := serve(t, "enforcer", "--no-kafka", "--site", "s", "--rules", rules, "--http-listen", anyPort, "--grpc-listen", "off",
+		"--auth-token-file", tokens, "--log-level", "warn").addr(t, "http")
 	status := func(method, path, token string) int {
 		deadline := time.Now().Add(20 * time.Second)
 		for {
@@ -239,9 +199,5 @@ func TestEnforcerAuthTokenFile(t *testing.T) {
 	}
 	if got := []int{status("GET", "/healthz", ""), status("POST", "/v1/check", ""), status("POST", "/v1/check", "t0ken")}; got[0] != 200 || got[1] != 401 || got[2] != 200 {
 		t.Fatalf("healthz, check without and with token: %v, want [200 401 200]", got)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("enforcer exited with %v", err)
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -72,31 +71,19 @@ func TestEnvoyCompatDocSettings(t *testing.T) {
 	}
 }
 
-// startEnforcer runs `streamlimit args...` until the test ends and waits until its HTTP
-// address answers.
-func startEnforcer(t *testing.T, httpAddr string, args []string) {
+// startEnforcer runs `streamlimit args...` until the test ends, its HTTP API on a port of
+// its own, and returns the API's address once it answers.
+func startEnforcer(t *testing.T, args []string) string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		cmd := newRootCmd()
-		cmd.SetArgs(args)
-		cmd.SetOut(io.Discard)
-		done <- cmd.ExecuteContext(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("enforcer exited with %v", err)
-		}
-	})
+	addr := serve(t, append(args, "--http-listen", anyPort)...).addr(t, "http")
 	testenv.Eventually(t, 30*time.Second, "the enforcer's HTTP API", func() bool {
-		r, err := http.Get("http://" + httpAddr + "/healthz")
+		r, err := http.Get("http://" + addr + "/healthz")
 		if err == nil {
 			r.Body.Close()
 		}
 		return err == nil
 	})
+	return addr
 }
 
 // postJSON posts body to the enforcer's /json and returns the status, the header and the
@@ -147,8 +134,7 @@ func TestEnvoyCompatDocCommands(t *testing.T) {
 				args[i] = testenv.Redis(t)
 			}
 		}
-		httpAddr := freePort(t)
-		startEnforcer(t, httpAddr, append(args, "--no-kafka", "--http-listen", httpAddr, "--grpc-listen", freePort(t), "--log-level", "warn"))
+		httpAddr := startEnforcer(t, append(args, "--no-kafka", "--grpc-listen", anyPort, "--log-level", "warn"))
 		body := fmt.Sprintf(limited, "k", v)
 		for i, want := range []int{200, 429} {
 			code, h, out := postEnvoyJSON(t, httpAddr, body)
@@ -181,8 +167,7 @@ func TestEnvoyCompatDocCommands(t *testing.T) {
 				args[j] = dir
 			}
 		}
-		httpAddr := freePort(t)
-		startEnforcer(t, httpAddr, append(args, "--no-kafka", "--http-listen", httpAddr, "--grpc-listen", freePort(t)))
+		httpAddr := startEnforcer(t, append(args, "--no-kafka", "--grpc-listen", anyPort))
 		code, _, out := postEnvoyJSON(t, httpAddr, fmt.Sprintf(limited, "b", v))
 		hs, _ := json.Marshal(out["responseHeadersToAdd"])
 		if code != 200 || string(hs) != `[{"key":"RateLimit-Limit","value":"7"},{"key":"RateLimit-Remaining","value":"6"},{"key":"RateLimit-Reset","value":"`+resetOf(out)+`"}]` {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -63,23 +62,22 @@ func TestKafkaACLRecipe(t *testing.T) {
 		t.Skip("starts a private broker")
 	}
 	dir := t.TempDir()
-	saslAddr := freePort(t)
-	_, saslPort, _ := net.SplitHostPort(saslAddr)
 	props := filepath.Join(dir, "acl.properties")
 	// The PLAINTEXT listener is the admin's (and the controller's) and a super user, as an
 	// operator's admin listener would be; clients use the SASL listener.
-	if err := os.WriteFile(props, []byte(fmt.Sprintf(`listeners=PLAINTEXT://127.0.0.1:@PORT@,SASL_PLAINTEXT://127.0.0.1:%s,CONTROLLER://127.0.0.1:@CPORT@
-advertised.listeners=PLAINTEXT://127.0.0.1:@PORT@,SASL_PLAINTEXT://127.0.0.1:%[1]s
+	if err := os.WriteFile(props, []byte(`listeners=PLAINTEXT://127.0.0.1:@PORT@,SASL_PLAINTEXT://127.0.0.1:@XPORT@,CONTROLLER://127.0.0.1:@CPORT@
+advertised.listeners=PLAINTEXT://127.0.0.1:@PORT@,SASL_PLAINTEXT://127.0.0.1:@XPORT@
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
 sasl.enabled.mechanisms=SCRAM-SHA-512
 listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
 super.users=User:ANONYMOUS
 allow.everyone.if.no.acl.found=false
-`, saslPort)), 0o600); err != nil {
+`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	b := testenv.PrivateKafkaEnv(t, "STREAMLIMIT_KAFKA_EXTRA_PROPERTIES="+props)
+	saslAddr := b.ExtraAddr()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
@@ -116,38 +114,17 @@ allow.everyone.if.no.acl.found=false
 	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 2)
-	start := func(args ...string) {
-		go func() {
-			cmd := newRootCmd()
-			cmd.SetArgs(args)
-			cmd.SetOut(&strings.Builder{})
-			cmd.SetErr(&strings.Builder{})
-			done <- cmd.ExecuteContext(runCtx)
-		}()
-	}
 	// The enforcer also believes only its aggregator's records (--aggregator-instances).
 	// Both log at info level (to the process's stderr, which go test shows when the
 	// package fails), so that a failure has what each did on record.
-	aggAdmin := freePort(t)
-	start(append([]string{"aggregator", "--hits-topic", "hits", "--counts-topic", "counts", "--admin-listen", aggAdmin, "--log-level", "info",
-		"--instance-id", "agg-eu-1"}, sec("aggregator")...)...)
-	httpAddr := freePort(t)
+	aggAdmin := serve(t, append([]string{"aggregator", "--hits-topic", "hits", "--counts-topic", "counts", "--admin-listen", anyPort, "--log-level", "info",
+		"--instance-id", "agg-eu-1"}, sec("aggregator")...)...).addr(t, "admin")
 	// A Redis key prefix of its own: with the suite's Redis (STREAMLIMIT_REDIS_ADDR, which
 	// the command reads) the README's user 42 is counted by other tests too.
 	prefix := fmt.Sprintf("kafka-acl-%d:", time.Now().UnixNano())
-	start(append([]string{"enforcer", "--site", "eu", "--rules", rules, "--hits-topic", "hits", "--counts-topic", "counts",
-		"--http-listen", httpAddr, "--grpc-listen", "off", "--log-level", "info", "--aggregator-instances", "agg-eu-1",
-		"--redis-key-prefix", prefix}, sec("enforcer")...)...)
-	defer func() {
-		stop()
-		for range 2 {
-			if err := <-done; err != nil {
-				t.Errorf("command exited with %v", err)
-			}
-		}
-	}()
+	httpAddr := serve(t, append([]string{"enforcer", "--site", "eu", "--rules", rules, "--hits-topic", "hits", "--counts-topic", "counts",
+		"--http-listen", anyPort, "--grpc-listen", "off", "--log-level", "info", "--aggregator-instances", "agg-eu-1",
+		"--redis-key-prefix", prefix}, sec("enforcer")...)...).addr(t, "http")
 	admitted, answerBy := 0, time.Now().Add(60*time.Second)
 	for admitted < 3 {
 		resp, err := http.Post("http://"+httpAddr+"/v1/check", "application/json",

@@ -34,23 +34,22 @@ func TestKafkaSASLSSL(t *testing.T) {
 	}
 	dir := t.TempDir()
 	caFile, storeFile := writeBrokerPKI(t, dir)
-	saslAddr := freePort(t)
-	_, saslPort, _ := net.SplitHostPort(saslAddr)
 	props := filepath.Join(dir, "sasl.properties")
-	if err := os.WriteFile(props, []byte(fmt.Sprintf(`listeners=PLAINTEXT://127.0.0.1:@PORT@,SASL_SSL://127.0.0.1:%[1]s,CONTROLLER://127.0.0.1:@CPORT@
-advertised.listeners=PLAINTEXT://127.0.0.1:@PORT@,SASL_SSL://127.0.0.1:%[1]s
+	if err := os.WriteFile(props, []byte(fmt.Sprintf(`listeners=PLAINTEXT://127.0.0.1:@PORT@,SASL_SSL://127.0.0.1:@XPORT@,CONTROLLER://127.0.0.1:@CPORT@
+advertised.listeners=PLAINTEXT://127.0.0.1:@PORT@,SASL_SSL://127.0.0.1:@XPORT@
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL
 sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-512
 listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_bob="bob-secret";
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 ssl.keystore.type=PEM
-ssl.keystore.location=%[2]s
+ssl.keystore.location=%[1]s
 ssl.truststore.type=PEM
-ssl.truststore.location=%[3]s
-`, saslPort, storeFile, caFile)), 0o600); err != nil {
+ssl.truststore.location=%[2]s
+`, storeFile, caFile)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	b := testenv.PrivateKafkaEnv(t, "STREAMLIMIT_KAFKA_EXTRA_PROPERTIES="+props)
+	saslAddr := b.ExtraAddr()
 
 	// The SCRAM user is made through the broker's plaintext listener, as an operator would
 	// through an admin listener.
@@ -99,34 +98,14 @@ ssl.truststore.location=%[3]s
 	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 2)
-	start := func(args ...string) {
-		go func() {
-			cmd := newRootCmd()
-			cmd.SetArgs(args)
-			cmd.SetOut(&strings.Builder{})
-			cmd.SetErr(&strings.Builder{})
-			done <- cmd.ExecuteContext(runCtx)
-		}()
-	}
 	// The commands log at info level (to the process's stderr, which go test shows when
 	// the package fails): what each did is then on record.
-	start(append([]string{"aggregator", "--hits-topic", "hits", "--counts-topic", "counts", "--admin-listen", freePort(t), "--log-level", "info"}, plain...)...)
-	httpAddr := freePort(t)
+	serve(t, append([]string{"aggregator", "--hits-topic", "hits", "--counts-topic", "counts", "--admin-listen", anyPort, "--log-level", "info"}, plain...)...)
 	// A Redis key prefix of its own: with the suite's Redis (STREAMLIMIT_REDIS_ADDR, which
 	// the command reads) the README's user 42 is counted by other tests too.
 	prefix := fmt.Sprintf("kafka-sasl-%d:", time.Now().UnixNano())
-	start(append([]string{"enforcer", "--site", "eu", "--rules", rules, "--hits-topic", "hits", "--counts-topic", "counts",
-		"--http-listen", httpAddr, "--grpc-listen", "off", "--log-level", "info", "--redis-key-prefix", prefix}, scram...)...)
-	defer func() {
-		stop()
-		for range 2 {
-			if err := <-done; err != nil {
-				t.Errorf("command exited with %v", err)
-			}
-		}
-	}()
+	httpAddr := serve(t, append([]string{"enforcer", "--site", "eu", "--rules", rules, "--hits-topic", "hits", "--counts-topic", "counts",
+		"--http-listen", anyPort, "--grpc-listen", "off", "--log-level", "info", "--redis-key-prefix", prefix}, scram...)...).addr(t, "http")
 
 	admitted, answerBy := 0, time.Now().Add(30*time.Second)
 	for admitted < 3 {

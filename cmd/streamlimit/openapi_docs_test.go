@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,21 +35,7 @@ func TestDocsAPIOpenAPI(t *testing.T) {
 	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	addr := freePort(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		c := newRootCmd()
-		c.SetArgs([]string{"enforcer", "--no-kafka", "--site", "eu", "--rules", rules, "--http-listen", addr, "--grpc-listen", "off", "--log-level", "warn"})
-		c.SetOut(&strings.Builder{})
-		done <- c.ExecuteContext(ctx)
-	}()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("enforcer exited with %v", err)
-		}
-	}()
+	addr := serve(t, "enforcer", "--no-kafka", "--site", "eu", "--rules", rules, "--http-listen", anyPort, "--grpc-listen", "off", "--log-level", "warn").addr(t, "http")
 	args := shellWords(t, strings.ReplaceAll(cmd, docAddr, addr))[1:]
 	var out []byte
 	testenv.Eventually(t, 30*time.Second, "the enforcer serving "+server.OpenAPIPath, func() bool {

@@ -33,16 +33,9 @@ func TestEnforcerLimitOverridesFlag(t *testing.T) {
 		{nil, rlsv3.RateLimitResponse_OK},
 		{[]string{"--limit-overrides", "ignore"}, rlsv3.RateLimitResponse_OVER_LIMIT},
 	} {
-		grpcAddr := freePort(t)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() {
-			cmd := newRootCmd()
-			cmd.SetArgs(append([]string{"enforcer", "--no-kafka", "--site", "eu", "--rules", rules,
-				"--http-listen", freePort(t), "--grpc-listen", grpcAddr, "--log-level", "warn"}, c.flags...))
-			cmd.SetOut(&strings.Builder{})
-			done <- cmd.ExecuteContext(ctx)
-		}()
+		// Each enforcer runs until the test ends, on ports of its own.
+		grpcAddr := serve(t, append([]string{"enforcer", "--no-kafka", "--site", "eu", "--rules", rules,
+			"--http-listen", anyPort, "--grpc-listen", anyPort, "--log-level", "warn"}, c.flags...)...).addr(t, "grpc")
 		conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
@@ -54,7 +47,7 @@ func TestEnforcerLimitOverridesFlag(t *testing.T) {
 		}}}
 		var codes []rlsv3.RateLimitResponse_Code
 		for len(codes) < 2 {
-			cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+			cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
 			resp, err := client.ShouldRateLimit(cctx, req, grpc.WaitForReady(true))
 			ccancel()
 			if err != nil {
@@ -66,10 +59,6 @@ func TestEnforcerLimitOverridesFlag(t *testing.T) {
 			t.Errorf("%v: codes %v, want OK then %v", c.flags, codes, c.second)
 		}
 		conn.Close()
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatalf("enforcer exited with %v", err)
-		}
 	}
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -162,24 +161,11 @@ func TestREADMEAskIt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	addr := freePort(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		c := newRootCmd()
-		// A key prefix of its own: with the suite's Redis (STREAMLIMIT_REDIS_ADDR) the
-		// README's user 42 is counted by other tests too.
-		prefix := fmt.Sprintf("readme-ask-%d:", time.Now().UnixNano())
-		c.SetArgs([]string{"enforcer", "--no-kafka", "--default-share", "1", "--site", "eu", "--rules", dir, "--http-listen", addr, "--grpc-listen", "off", "--log-level", "warn", "--redis-key-prefix", prefix})
-		c.SetOut(&strings.Builder{})
-		done <- c.ExecuteContext(ctx)
-	}()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("enforcer exited with %v", err)
-		}
-	}()
+	// A key prefix of its own: with the suite's Redis (STREAMLIMIT_REDIS_ADDR) the
+	// README's user 42 is counted by other tests too.
+	prefix := fmt.Sprintf("readme-ask-%d:", time.Now().UnixNano())
+	addr := serve(t, "enforcer", "--no-kafka", "--default-share", "1", "--site", "eu", "--rules", dir, "--http-listen", anyPort,
+		"--grpc-listen", "off", "--log-level", "warn", "--redis-key-prefix", prefix).addr(t, "http")
 	testenv.Eventually(t, 30*time.Second, "the enforcer ready", func() bool {
 		r, err := http.Get("http://" + addr + "/readyz")
 		if err != nil {

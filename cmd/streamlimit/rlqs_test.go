@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -68,11 +67,9 @@ func TestEnforcerRLQS(t *testing.T) {
 	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	addr := freePort(t)
-	out := startCommand(t, "enforcer", "--site", "eu", "--rules", rules, "--no-kafka", "--rlqs-addr", addr, "--rlqs-reporting-interval", "1s",
-		"--http-listen", freePort(t), "--grpc-listen", "off", "--log-level", "warn")
-	testenv.Eventually(t, 30*time.Second, "the enforcer serving", func() bool { return strings.Contains(out(), "rlqs "+addr) })
-	assignedOver(t, addr, "api", map[string]string{"user": "42"})
+	srv := serve(t, "enforcer", "--site", "eu", "--rules", rules, "--no-kafka", "--rlqs-addr", anyPort, "--rlqs-reporting-interval", "1s",
+		"--http-listen", anyPort, "--grpc-listen", "off", "--log-level", "warn")
+	assignedOver(t, srv.addr(t, "rlqs"), "api", map[string]string{"user": "42"})
 }
 
 // TestDevRLQS runs `streamlimit dev --rlqs-addr` and has an Envoy model get an assignment

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -250,38 +252,72 @@ func startTheirs(t testing.TB, bin string, o theirOptions) (target, string) {
 	if err := os.CopyFS(dir, os.DirFS(rulesDir(t, o.theirs, o.ours))); err != nil {
 		t.Fatal(err)
 	}
-	grpcPort, httpPort, debugPort := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
-	env := []string{
+	base := []string{
 		"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"),
 		"USE_STATSD=false", "LOG_LEVEL=warn", "LOG_FORMAT=text",
 		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + o.redis, "CACHE_KEY_PREFIX=rlcompat-" + randomHex(6) + ":",
 		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=rl", "RUNTIME_APPDIRECTORY=config", "RUNTIME_WATCH_ROOT=false",
-		"HOST=127.0.0.1", "PORT=" + strconv.Itoa(httpPort),
-		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + strconv.Itoa(grpcPort),
-		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + strconv.Itoa(debugPort),
 		"EXPIRATION_JITTER_MAX_SECONDS=0",
 	}
 	for k, v := range o.env {
-		env = append(env, k+"="+v)
+		base = append(base, k+"="+v)
 	}
+	for attempt := 1; ; attempt++ {
+		grpcAddr, httpAddr, err := runTheirs(t, bin, base)
+		if err == nil {
+			return target{name: "envoyproxy/ratelimit", rls: dial(t, grpcAddr), jsonURL: "http://" + httpAddr + "/json"}, dir
+		}
+		if !errors.Is(err, errTheirPortTaken) || attempt == theirStartAttempts {
+			t.Fatal(err)
+		}
+		t.Logf("%v; trying other ports", err)
+	}
+}
+
+// theirStartAttempts bounds the ports one startTheirs tries.
+const theirStartAttempts = 4
+
+// errTheirPortTaken is a start of envoyproxy/ratelimit that could not bind its port.
+var errTheirPortTaken = errors.New("envoyproxy/ratelimit found a port taken")
+
+// runTheirs starts envoyproxy/ratelimit with env on loopback ports of its own, kills it
+// when the test ends, and returns its gRPC and HTTP addresses once both answer.
+//
+// The ports are probed free just before (testenv.FreePort): envoyproxy/ratelimit cannot
+// be handed a socket, and port 0 would leave the port it bound unknown, as it logs the
+// address it was given. Another process may take one in between: the server then exits
+// and the error is errTheirPortTaken, for another try on other ports. (It binds with
+// SO_REUSEPORT, so a port held by another socket with that option, another
+// envoyproxy/ratelimit of the same user, would be shared rather than refused: two of them
+// probing the same free port at once is the one case left.)
+func runTheirs(t testing.TB, bin string, env []string) (grpcAddr, httpAddr string, err error) {
+	t.Helper()
+	grpcPort, httpPort, debugPort := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
 	cmd := exec.Command(bin)
-	cmd.Env = env
+	cmd.Env = append(slices.Clip(env),
+		"HOST=127.0.0.1", "PORT="+strconv.Itoa(httpPort),
+		"GRPC_HOST=127.0.0.1", "GRPC_PORT="+strconv.Itoa(grpcPort),
+		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+strconv.Itoa(debugPort))
 	var log testenv.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		return "", "", fmt.Errorf("starting envoyproxy/ratelimit: %w", err)
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
+	stop := func() {
 		_ = cmd.Process.Kill()
 		<-exited
-		if t.Failed() {
-			t.Logf("envoyproxy/ratelimit's log:\n%s", log.String())
+	}
+	grpcAddr = "127.0.0.1:" + strconv.Itoa(grpcPort)
+	httpAddr = "127.0.0.1:" + strconv.Itoa(httpPort)
+	// exitedErr is the error of a server that exited at start; its log says why.
+	exitedErr := func() error {
+		if strings.Contains(log.String(), "address already in use") {
+			return fmt.Errorf("%w (gRPC %s, HTTP %s):\n%s", errTheirPortTaken, grpcAddr, httpAddr, log.String())
 		}
-	})
-	grpcAddr := "127.0.0.1:" + strconv.Itoa(grpcPort)
-	httpAddr := "127.0.0.1:" + strconv.Itoa(httpPort)
+		return fmt.Errorf("envoyproxy/ratelimit exited at start:\n%s", log.String())
+	}
 	deadline := time.Now().Add(20 * time.Second)
 	for _, addr := range []string{grpcAddr, httpAddr} {
 		for {
@@ -292,16 +328,30 @@ func startTheirs(t testing.TB, bin string, o theirOptions) (target, string) {
 			}
 			select {
 			case <-exited:
-				t.Fatalf("envoyproxy/ratelimit exited at start:\n%s", log.String())
+				return "", "", exitedErr()
 			default:
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("envoyproxy/ratelimit did not listen on %s:\n%s", addr, log.String())
+				stop()
+				return "", "", fmt.Errorf("envoyproxy/ratelimit did not listen on %s:\n%s", addr, log.String())
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	return target{name: "envoyproxy/ratelimit", rls: dial(t, grpcAddr), jsonURL: "http://" + httpAddr + "/json"}, dir
+	// What answered may have been whatever took a port: the server has exited then, or
+	// is about to, its listener having failed.
+	select {
+	case <-exited:
+		return "", "", exitedErr()
+	case <-time.After(100 * time.Millisecond):
+	}
+	t.Cleanup(func() {
+		stop()
+		if t.Failed() {
+			t.Logf("envoyproxy/ratelimit's log:\n%s", log.String())
+		}
+	})
+	return grpcAddr, httpAddr, nil
 }
 
 // theirEnv is the environment that gives envoyproxy/ratelimit the settings of e.

@@ -12,6 +12,11 @@
 # A `start` after `stop --keep-data` reuses the same ports, cluster id and
 # data, so tests can stop and restart the broker as a fault.
 #
+# The ports are chosen free just before the JVM binds them, so another
+# process may take one in between: the broker then exits and `start` fails
+# with "a port was taken" in its message. A caller may retry: `stop` (which
+# forgets the ports) and `start` again choose new ones.
+#
 # The jars come from Maven Central through the machine's Maven (cached in
 # ~/.m2 and in $STREAMLIMIT_CACHE/kafka-$VERSION/libs); no download other
 # than Maven's happens.
@@ -51,8 +56,12 @@
 #                              has exited (see watch_owner in lib.sh)
 #   STREAMLIMIT_KAFKA_EXTRA_PROPERTIES  a file of broker settings appended to
 #                              the generated server.properties (later
-#                              settings win), with @PORT@ and @CPORT@ replaced
-#                              by the PLAINTEXT and controller ports: extra
+#                              settings win), with @PORT@, @CPORT@ and @XPORT@
+#                              replaced by the PLAINTEXT port, the controller
+#                              port and a third port chosen with them for an
+#                              extra listener (the third field of
+#                              <run>/<instance>/ports, kept like the others):
+#                              extra
 #                              listeners such as SASL_SSL for security tests
 set -euo pipefail
 
@@ -67,7 +76,7 @@ LIBS=$CACHE/libs
 RUN=$(services_root)/${STREAMLIMIT_KAFKA_INSTANCE:-kafka}
 DATA=$RUN/data
 PIDFILE=$RUN/kafka.pid
-PORTFILE=$RUN/ports          # "PORT CPORT"
+PORTFILE=$RUN/ports          # "PORT CPORT XPORT"
 CLUSTERFILE=$RUN/cluster-id
 LOGFILE=$RUN/server.log      # log4j output
 OUTFILE=$RUN/kafka.out       # JVM stdout/stderr
@@ -78,13 +87,13 @@ ensure_jars() {
 }
 
 address() {
-  local port cport
-  read -r port cport <"$PORTFILE"
+  local port
+  read -r port _ <"$PORTFILE"
   printf '127.0.0.1:%s\n' "$port"
 }
 
 write_config() {
-  local port=$1 cport=$2
+  local port=$1 cport=$2 xport=$3
   local listeners="PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport"
   local advertised="PLAINTEXT://127.0.0.1:$port"
   local protocols="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
@@ -145,7 +154,7 @@ PROPS
     [[ -f $STREAMLIMIT_KAFKA_EXTRA_PROPERTIES ]] || die "STREAMLIMIT_KAFKA_EXTRA_PROPERTIES: no file $STREAMLIMIT_KAFKA_EXTRA_PROPERTIES"
     {
       printf '# From %s\n' "$STREAMLIMIT_KAFKA_EXTRA_PROPERTIES"
-      sed -e "s/@PORT@/$port/g" -e "s/@CPORT@/$cport/g" "$STREAMLIMIT_KAFKA_EXTRA_PROPERTIES"
+      sed -e "s/@PORT@/$port/g" -e "s/@CPORT@/$cport/g" -e "s/@XPORT@/$xport/g" "$STREAMLIMIT_KAFKA_EXTRA_PROPERTIES"
     } >>"$RUN/server.properties"
   fi
 }
@@ -177,22 +186,23 @@ cmd_start() {
   ensure_jars
   need_cmd kcat kcat
 
-  local port cport cluster
+  local port cport xport cluster
   if [[ -f $PORTFILE && -f $DATA/meta.properties && -f $CLUSTERFILE ]]; then
     # Restart after `stop --keep-data`: same ports, same cluster id.
-    read -r port cport <"$PORTFILE"
+    read -r port cport xport <"$PORTFILE"
     port_free "$port" || die "kept port $port is taken; run '$0 stop' to start afresh"
     port_free "$cport" || die "kept controller port $cport is taken; run '$0 stop' to start afresh"
     log "restarting with kept data on 127.0.0.1:$port"
   else
     rm -rf "$DATA"
-    read -r port cport < <(free_ports 2 | paste -sd' ')
+    read -r port cport xport < <(free_ports 3 | paste -sd' ')
     if [[ -n ${STREAMLIMIT_KAFKA_PORT:-} ]]; then
       port=$STREAMLIMIT_KAFKA_PORT
       port_free "$port" || die "STREAMLIMIT_KAFKA_PORT $port is taken"
       [[ $cport != "$port" ]] || cport=$(free_ports 1)
+      [[ $xport != "$port" ]] || xport=$(free_ports 1)
     fi
-    printf '%s %s\n' "$port" "$cport" >"$PORTFILE"
+    printf '%s %s %s\n' "$port" "$cport" "$xport" >"$PORTFILE"
     # What `kafka-storage random-uuid` prints (base64url of 16 random bytes,
     # never starting with "-"), made without starting a JVM for it.
     cluster=$(python3 -c 'import base64, os
@@ -203,7 +213,7 @@ while True:
         break')
     printf '%s\n' "$cluster" >"$CLUSTERFILE"
   fi
-  write_config "$port" "$cport"
+  write_config "$port" "$cport" "$xport"
   cluster=$(<"$CLUSTERFILE")
   if [[ ! -f $DATA/meta.properties ]]; then
     if ! java -Dlog4j.configuration="file:$RUN/log4j.properties" -cp "$LIBS/*" \
@@ -215,6 +225,8 @@ while True:
   fi
 
   : >"$OUTFILE"
+  local loglines=0
+  [[ ! -f $LOGFILE ]] || loglines=$(wc -l <"$LOGFILE")
   # setsid: the broker outlives this script and the shell that ran it, and a
   # Ctrl-C in that shell does not reach it; `stop` ends it by pid.
   # shellcheck disable=SC2086 # the extra options are words
@@ -232,6 +244,9 @@ while True:
   until ready "$addr"; do
     if ! pid_alive "$PIDFILE"; then
       print_failure
+      local bind # this start's lines only: the log is kept across starts
+      bind=$({ tail -n +"$((loglines + 1))" "$LOGFILE"; cat "$OUTFILE"; } 2>/dev/null | grep -m1 'failed to bind' || true)
+      [[ -z $bind ]] || die "the Kafka process exited: a port was taken: $bind"
       die "the Kafka process exited"
     fi
     if ((SECONDS >= deadline)); then

@@ -12,7 +12,9 @@
 # Environment:
 #   STREAMLIMIT_RUN_DIR  run root (default $STREAMLIMIT_SERVICES_DIR, else
 #                        /tmp/streamlimit-services)
-#   STREAMLIMIT_REDIS_PORT the port to listen on (default: a free one)
+#   STREAMLIMIT_REDIS_PORT the port to listen on (default: a free one; as it
+#                        is chosen before redis-server binds it, a start
+#                        that finds it taken meanwhile tries other ports)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -41,26 +43,35 @@ cmd_start() {
   need_cmd redis-server redis-server
   need_cmd redis-cli redis-tools
 
-  local port i
-  port=${STREAMLIMIT_REDIS_PORT:-$(free_ports 1)}
-  port_free "$port" || die "port $port is taken"
-  printf '%s\n' "$port" >"$PORTFILE"
-  : >"$LOGFILE"
-  redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
-    --daemonize yes --pidfile "$PIDFILE" --logfile "$LOGFILE" --dir "$RUN" \
-    >/dev/null
-  for ((i = 0; i < 300; i++)); do
-    if ping "$port"; then
-      # The pid file is written by the daemon itself; wait for it too.
-      for ((i = 0; i < 50; i++)); do
-        pid_alive "$PIDFILE" && break
-        sleep 0.1
-      done
-      log "$NAME ready at 127.0.0.1:$port (run dir $RUN)"
-      printf '127.0.0.1:%s\n' "$port"
-      return
-    fi
-    sleep 0.1
+  local port i attempt
+  for attempt in 1 2 3 4; do
+    port=${STREAMLIMIT_REDIS_PORT:-$(free_ports 1)}
+    port_free "$port" || die "port $port is taken"
+    printf '%s\n' "$port" >"$PORTFILE"
+    : >"$LOGFILE"
+    redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
+      --daemonize yes --pidfile "$PIDFILE" --logfile "$LOGFILE" --dir "$RUN" \
+      >/dev/null
+    for ((i = 0; i < 300; i++)); do
+      # Taken between the check and the bind: the server has exited.
+      if grep -q 'Address already in use' "$LOGFILE" 2>/dev/null; then
+        [[ -z ${STREAMLIMIT_REDIS_PORT:-} && $attempt -lt 4 ]] || die "port $port is taken: $(grep -m1 'Address already in use' "$LOGFILE")"
+        log "port $port was taken before redis-server bound it; trying another"
+        continue 2
+      fi
+      if ping "$port"; then
+        # The pid file is written by the daemon itself; wait for it too.
+        for ((i = 0; i < 50; i++)); do
+          pid_alive "$PIDFILE" && break
+          sleep 0.1
+        done
+        log "$NAME ready at 127.0.0.1:$port (run dir $RUN)"
+        printf '127.0.0.1:%s\n' "$port"
+        return
+      fi
+      sleep 0.1
+    done
+    break
   done
   log "redis-server did not answer PING; last lines of $LOGFILE:"
   tail -n 30 "$LOGFILE" >&2 || true

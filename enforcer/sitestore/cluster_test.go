@@ -26,7 +26,8 @@ func startCluster(t *testing.T) []string {
 	var addrs []string
 	for range 3 {
 		// The bus port is chosen too: by default it is the port plus 10 000, which nothing
-		// reserved and which is out of range for ports over 55 535.
+		// reserved and which is out of range for ports over 55 535. Probed, as redis-server
+		// binds it: StartRedisServer calls Args again for each start it retries.
 		n := testenv.StartRedisServer(t, testenv.RedisServerOptions{Args: func(_ int, dir string) []string {
 			return []string{"--cluster-enabled", "yes", "--cluster-config-file", dir + "/nodes.conf",
 				"--cluster-port", strconv.Itoa(testenv.FreePort(t))}

@@ -26,6 +26,7 @@ type Broker struct {
 	dir    string
 	addr   string
 	env    []string // extra environment of kafka.sh
+	kept   bool     // stopped with its data and ports, to come back on them
 }
 
 // PrivateKafka starts a private single-node broker and stops it, removing
@@ -66,7 +67,11 @@ func (b *Broker) Addr() string { return b.addr }
 // on the same address with the same data.
 func (b *Broker) Start() string {
 	b.t.Helper()
-	out, err := b.output("start")
+	attempts := kafkaStartAttempts
+	if b.kept {
+		attempts = 1 // its ports are kept: new ones would be another broker
+	}
+	out, err := runKafkaStart(b.t.Logf, b.output, nil, attempts)
 	if err != nil {
 		b.t.Fatalf("testenv: starting private Kafka: %v", err)
 	}
@@ -86,6 +91,7 @@ func (b *Broker) Stop(keepData bool) {
 	if err := b.run(args...); err != nil {
 		b.t.Fatalf("testenv: stopping private Kafka: %v", err)
 	}
+	b.kept = keepData
 }
 
 // Signal sends sig to the broker's process: SIGSTOP and SIGCONT pause and resume it, as a
@@ -109,6 +115,23 @@ func (b *Broker) Signal(sig syscall.Signal) error {
 		return fmt.Errorf("testenv: signalling the private broker: %w", err)
 	}
 	return nil
+}
+
+// ExtraAddr returns 127.0.0.1:<the port kafka.sh put for @XPORT@> in the broker's extra
+// properties (STREAMLIMIT_KAFKA_EXTRA_PROPERTIES): the address of an extra listener, such
+// as a SASL one, whose port kafka.sh chose with the others, so that a start that finds it
+// taken is retried on another like them (see runKafkaStart).
+func (b *Broker) ExtraAddr() string {
+	b.t.Helper()
+	raw, err := os.ReadFile(filepath.Join(b.dir, "kafka", "ports"))
+	if err != nil {
+		b.t.Fatalf("testenv: the private broker's ports: %v", err)
+	}
+	f := strings.Fields(string(raw))
+	if len(f) < 3 {
+		b.t.Fatalf("testenv: the private broker's ports file holds %q, not PORT CPORT XPORT", raw)
+	}
+	return "127.0.0.1:" + f[2]
 }
 
 // LogFile returns the path of the broker's log, for test failure messages.
@@ -174,4 +197,40 @@ func (b *Broker) ACLs(args ...string) (string, error) {
 	cmd.Env = append(append(os.Environ(), "STREAMLIMIT_RUN_DIR="+b.dir), b.env...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
+}
+
+// kafkaStartAttempts bounds the starts of one broker, each on ports chosen anew.
+const kafkaStartAttempts = 4
+
+// kafkaPortTaken is in the error of a `kafka.sh start` whose broker could not bind a port.
+const kafkaPortTaken = "a port was taken"
+
+// runKafkaStart runs `kafka.sh start` through run, at most attempts times, and returns the
+// broker's address (the script's last line of output).
+//
+// A broker's ports are chosen before its JVM binds them, by kafka.sh for its own
+// listeners and by the caller for those it passes in the environment: a JVM cannot be
+// handed a bound socket. Anything on the machine may take such a port in between, so a
+// start that fails to bind one is stopped (which forgets kafka.sh's ports and data) and
+// retried, calling choose first, when not nil, for the caller to choose its ports again.
+// Any other failure ends it at once.
+func runKafkaStart(logf func(string, ...any), run func(args ...string) (string, error), choose func() error, attempts int) (string, error) {
+	for attempt := 1; ; attempt++ {
+		if choose != nil {
+			if err := choose(); err != nil {
+				return "", err
+			}
+		}
+		addr, err := run("start")
+		if err == nil {
+			return addr, nil
+		}
+		if !strings.Contains(err.Error(), kafkaPortTaken) || attempt >= attempts {
+			return "", err
+		}
+		logf("testenv: Kafka could not bind a port it was given (%d of %d); trying other ports", attempt, attempts)
+		if _, err := run("stop"); err != nil {
+			return "", fmt.Errorf("stopping Kafka after a failed start: %w", err)
+		}
+	}
 }

@@ -25,7 +25,12 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 	}
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago. Anything on the
+// machine may take it before it is bound, so it is only for a process that must be told
+// its port and cannot report one it chose (redis-server, a JVM, envoyproxy/ratelimit),
+// and whose start is retried on another port when the bind fails. A listener of the test
+// process binds 127.0.0.1:0 and keeps the socket; a streamlimit command is given port 0
+// and prints the address it bound.
 func FreePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,26 +35,18 @@ const clusterJVMOpts = "-XX:TieredStopAtLevel=1 -XX:-UseG1GC -XX:+UseSerialGC"
 
 // KafkaCluster is one data center's Kafka cluster, a single KRaft broker on loopback with
 // a listener for the data center's own clients (Addr) and one WAN listener per other data
-// center, whose clients reach the broker through a proxy (a Link) at the listener's
-// advertised address: the metadata they get back keeps them on the proxy. One listener
-// and proxy per pair of data centers lets a test cut the link between two of them while
+// center, whose clients reach the broker through a Link that the broker advertises as the
+// listener's address: the metadata they get back keeps them on the link. One listener
+// and link per pair of data centers lets a test cut the link between two of them while
 // both still reach a third.
 type KafkaCluster struct {
 	// Name is the data center's name, e.g. "eu".
 	Name string
 	// Addr is the bootstrap address for clients in the same data center.
 	Addr string
-	// WAN holds, for the name of each other data center, the listener its clients use.
-	WAN map[string]WANListener
-}
-
-// WANListener is the listener of a KafkaCluster that the clients of one other data center
-// reach it through.
-type WANListener struct {
-	// Addr is where the listener is advertised; a Link must listen there.
-	Addr string
-	// Upstream is the broker's listener, the upstream of that Link.
-	Upstream string
+	// WAN holds, for the name of each other data center, the link its clients reach this
+	// cluster through: their bootstrap address is its Addr.
+	WAN map[string]*Link
 }
 
 // RequireMultiDC ends the test when the multi-cluster harness cannot run: skipped under
@@ -79,8 +72,13 @@ func RequireMultiDC(t testing.TB) {
 }
 
 // StartKafkaClusters starts one independent Kafka cluster per name, in parallel, in a run
-// directory of the test's own, each with a WAN listener for every other name, and stops
-// them when the test ends.
+// directory of the test's own, each with a WAN listener and its Link for every other
+// name, and stops them when the test ends.
+//
+// Each link is bound before its broker starts, and the broker advertises the address
+// bound, so that no other process can take it in between. The broker's own WAN
+// listeners are bound by its JVM, on ports chosen just before: a start that finds one
+// taken is retried on others (runKafkaStart), the links following.
 func StartKafkaClusters(t testing.TB, names ...string) []*KafkaCluster {
 	t.Helper()
 	RequireMultiDC(t)
@@ -89,20 +87,16 @@ func StartKafkaClusters(t testing.TB, names ...string) []*KafkaCluster {
 	errs := make([]error, len(names))
 	var wg sync.WaitGroup
 	for i, name := range names {
-		c := &KafkaCluster{Name: name, WAN: map[string]WANListener{}}
-		var wanPorts, advertised []string
+		c := &KafkaCluster{Name: name, WAN: map[string]*Link{}}
+		var links []*Link
+		var advertised []string
 		for _, peer := range names {
-			if peer == name {
-				continue
+			if peer != name {
+				l := NewLink(t, peer+"->"+name, "")
+				c.WAN[peer] = l
+				links = append(links, l)
+				advertised = append(advertised, l.Addr())
 			}
-			ports, err := freePorts(2)
-			if err != nil {
-				t.Fatal(err)
-			}
-			l := WANListener{Addr: "127.0.0.1:" + strconv.Itoa(ports[1]), Upstream: "127.0.0.1:" + strconv.Itoa(ports[0])}
-			c.WAN[peer] = l
-			wanPorts = append(wanPorts, strconv.Itoa(ports[0]))
-			advertised = append(advertised, l.Addr)
 		}
 		clusters[i] = c
 		env := []string{
@@ -111,27 +105,47 @@ func StartKafkaClusters(t testing.TB, names ...string) []*KafkaCluster {
 			"STREAMLIMIT_KAFKA_HEAP=" + clusterHeap,
 			"STREAMLIMIT_KAFKA_JVM_OPTS=" + clusterJVMOpts,
 		}
-		if len(wanPorts) > 0 {
-			env = append(env, "STREAMLIMIT_KAFKA_WAN_PORT="+strings.Join(wanPorts, ","),
-				"STREAMLIMIT_KAFKA_WAN_ADVERTISE="+strings.Join(advertised, ","))
-		}
 		t.Cleanup(func() {
 			// Stopped even when start failed halfway: a broker may be running.
 			if _, err := runScript(context.Background(), "kafka.sh", env, "stop"); err != nil {
 				t.Errorf("testenv: stopping Kafka %s: %v", name, err)
 			}
 		})
+		var wanEnv []string // this attempt's WAN listeners
+		choose := func() error {
+			wanEnv = nil
+			if len(links) == 0 {
+				return nil
+			}
+			// Probed, not held: the broker's JVM binds them (see runKafkaStart).
+			ports, err := freePorts(len(links))
+			if err != nil {
+				return err
+			}
+			wanPorts := make([]string, len(ports))
+			for j, p := range ports {
+				wanPorts[j] = strconv.Itoa(p)
+				links[j].SetUpstream("127.0.0.1:" + wanPorts[j])
+			}
+			wanEnv = []string{"STREAMLIMIT_KAFKA_WAN_PORT=" + strings.Join(wanPorts, ","),
+				"STREAMLIMIT_KAFKA_WAN_ADVERTISE=" + strings.Join(advertised, ",")}
+			return nil
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
-			out, err := runScript(ctx, "kafka.sh", env, "start")
+			run := func(args ...string) (string, error) {
+				out, err := runScript(ctx, "kafka.sh", append(slices.Clip(env), wanEnv...), args...)
+				return lastLine(out), err
+			}
+			addr, err := runKafkaStart(t.Logf, run, choose, kafkaStartAttempts)
 			if err != nil {
 				errs[i] = fmt.Errorf("starting Kafka %s: %w", name, err)
 				return
 			}
-			c.Addr = lastLine(out)
+			c.Addr = addr
 		}()
 	}
 	wg.Wait()
@@ -401,7 +415,9 @@ func lastLine(s string) string {
 	return strings.TrimSpace(lines[len(lines)-1])
 }
 
-// freePorts returns n distinct loopback ports that were free a moment ago.
+// freePorts returns n distinct loopback ports that were free a moment ago, for a process
+// that binds them itself and cannot be handed a bound socket (a JVM); its start must be
+// retried on others when one was taken in between.
 func freePorts(n int) ([]int, error) {
 	var ports []int
 	for range n {

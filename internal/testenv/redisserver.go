@@ -51,6 +51,8 @@ func StartRedisServer(t testing.TB, o RedisServerOptions) *RedisServer {
 	r := &RedisServer{t: t, opts: o}
 	t.Cleanup(r.Kill)
 	for attempt := 1; ; attempt++ {
+		// Probed, not held: redis-server must be told its port, and reports no port it
+		// chose; a start that finds it taken is retried here.
 		r.port = FreePort(t)
 		err := r.start()
 		if err == nil {

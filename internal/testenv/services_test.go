@@ -1,7 +1,6 @@
 package testenv
 
 import (
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,19 +16,29 @@ func TestServicesFixedPorts(t *testing.T) {
 		t.Skip("starts a redis-server")
 	}
 	Tool(t, "redis-server", "apt-get install redis-server")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	ln.Close()
 	script := filepath.Join("..", "..", "e2e", "services", "redis.sh")
-	env := append(os.Environ(), "STREAMLIMIT_RUN_DIR="+t.TempDir(), "STREAMLIMIT_REDIS_PORT="+port)
-	start := exec.Command("bash", script, "start")
-	start.Env = env
-	out, err := start.Output()
-	if err != nil {
-		t.Fatalf("redis.sh start: %v\n%s", err, out)
+	var (
+		port string
+		env  []string
+		out  []byte
+	)
+	// The test is of a port given in advance, so it is probed free (FreePort), and the
+	// start retried on another when something took it in between.
+	for attempt := 1; ; attempt++ {
+		port = strconv.Itoa(FreePort(t))
+		env = append(os.Environ(), "STREAMLIMIT_RUN_DIR="+t.TempDir(), "STREAMLIMIT_REDIS_PORT="+port)
+		start := exec.Command("bash", script, "start")
+		start.Env = env
+		var stderr strings.Builder
+		start.Stderr = &stderr
+		var err error
+		if out, err = start.Output(); err == nil {
+			break
+		}
+		if !strings.Contains(stderr.String(), "is taken") || attempt == 4 {
+			t.Fatalf("redis.sh start: %v\n%s%s", err, out, stderr.String())
+		}
+		t.Logf("port %s: %s; trying another", port, strings.TrimSpace(stderr.String()))
 	}
 	t.Cleanup(func() {
 		stop := exec.Command("bash", script, "stop")

@@ -49,7 +49,21 @@ start=$SECONDS
 # Start both at once: Redis is ready long before the JVM.
 bash "$HERE/redis.sh" start >"$STREAMLIMIT_RUN_DIR/.redis-addr" &
 redis_pid=$!
-STREAMLIMIT_KAFKA_BROKERS=$(bash "$HERE/kafka.sh" start | tail -n 1)
+# kafka.sh chooses the broker's ports just before the JVM binds them; a start that finds
+# one taken meanwhile fails with "a port was taken", and a fresh start chooses others.
+for attempt in 1 2 3; do
+  if out=$(bash "$HERE/kafka.sh" start 2>"$STREAMLIMIT_RUN_DIR/.kafka-start.err"); then
+    cat "$STREAMLIMIT_RUN_DIR/.kafka-start.err" >&2
+    break
+  fi
+  cat "$STREAMLIMIT_RUN_DIR/.kafka-start.err" >&2
+  if [[ $attempt -eq 3 ]] || ! grep -q "a port was taken" "$STREAMLIMIT_RUN_DIR/.kafka-start.err"; then
+    exit 1
+  fi
+  echo "with-services.sh: a port was taken as Kafka started; starting it again on others" >&2
+  bash "$HERE/kafka.sh" stop || true
+done
+STREAMLIMIT_KAFKA_BROKERS=$(tail -n 1 <<<"$out")
 wait "$redis_pid"
 STREAMLIMIT_REDIS_ADDR=$(tail -n 1 "$STREAMLIMIT_RUN_DIR/.redis-addr")
 export STREAMLIMIT_KAFKA_BROKERS STREAMLIMIT_REDIS_ADDR

@@ -1,7 +1,6 @@
 package aggregator
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -12,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/streamlimit/streamlimit/internal/testenv"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -276,14 +274,11 @@ func TestMisroutedHitsCountedOnce(t *testing.T) {
 	}
 }
 
+// newManualProducer returns a producer that writes each record to the partition it names,
+// as a foreign partitioner would.
 func newManualProducer(t *testing.T, e *env) *kgo.Client {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	return cl
+	return e.client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
 }
 
 // JSON hits written as raw bytes by a plain producer count like binary ones; "w" left out
@@ -343,11 +338,7 @@ func TestBadRecords(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	dlt := e.hits + "-dlt"
-	adm := newAdmin(t, e)
-	if r, err := adm.CreateTopic(t.Context(), 1, 1, nil, dlt); err != nil || r.Err != nil {
-		t.Fatalf("create dlt: %v %v", err, r.Err)
-	}
-	t.Cleanup(func() { _, _ = adm.DeleteTopics(t.Context(), dlt) })
+	e.createTopic(dlt, 1, nil)
 	reg := prometheus.NewRegistry()
 	cfg := e.config(reg)
 	cfg.DeadLetterTopic = dlt
@@ -386,7 +377,7 @@ func TestBadRecords(t *testing.T) {
 		return got["good|1"].Total == 3
 	})
 	// Dead letters carry the reason.
-	dl := testenv.KafkaClient(t, kgo.ConsumeTopics(dlt), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	dl := e.client(kgo.ConsumeTopics(dlt), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	reasons := map[string]bool{}
 	eventually(t, "dead letters", 30*time.Second, func() bool {
 		fs := dl.PollRecords(t.Context(), 100)
@@ -419,15 +410,9 @@ func TestPatternPicksUpNewDataCenter(t *testing.T) {
 	})
 
 	ap := topics.RemoteHitsTopic("ap", e.hits)
-	adm := testenv.AdminClient(t)
 	var tc topics.Config
 	tc, _ = tc.Normalize()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if r, err := adm.CreateTopic(ctx, testPartitions, 1, tc.HitsConfigs(), ap); err != nil || r.Err != nil {
-		t.Fatalf("create %s: %v %v", ap, err, r.Err)
-	}
-	t.Cleanup(func() { _, _ = adm.DeleteTopics(context.Background(), ap) })
+	e.createTopic(ap, testPartitions, tc.HitsConfigs())
 	e.produce(ap, topics.Hit{Key: "dc|k", Site: "ap", BucketStart: time.Now().UnixMilli(), Window: 20000, Count: 5})
 	eventually(t, "the new data center's hits counted", 60*time.Second, func() bool {
 		got, _ := e.countsRecs.latest(t)
@@ -446,11 +431,7 @@ func TestHitBatches(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	dlt := e.hits + "-dlt"
-	adm := newAdmin(t, e)
-	if r, err := adm.CreateTopic(t.Context(), 1, 1, nil, dlt); err != nil || r.Err != nil {
-		t.Fatalf("create dlt: %v %v", err, r.Err)
-	}
-	t.Cleanup(func() { _, _ = adm.DeleteTopics(t.Context(), dlt) })
+	e.createTopic(dlt, 1, nil)
 	// Running before the batches arrive: a too old hit is bad then, not a hit a replay
 	// expects.
 	reg := prometheus.NewRegistry()
@@ -539,7 +520,7 @@ func TestHitBatches(t *testing.T) {
 	if n := metricValue(t, reg, "streamlimit_aggregator_records_in_total"); n < float64(records+len(misrouted)) {
 		t.Errorf("records_in_total = %v, want ≥ %d hit records", n, records+len(misrouted))
 	}
-	dl := testenv.KafkaClient(t, kgo.ConsumeTopics(dlt), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	dl := e.client(kgo.ConsumeTopics(dlt), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	letters := map[string]string{}
 	eventually(t, "dead letters", 30*time.Second, func() bool {
 		dl.PollRecords(t.Context(), 100).EachRecord(func(r *kgo.Record) {

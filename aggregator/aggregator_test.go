@@ -22,7 +22,10 @@ const testWindow = 20 * time.Second
 // heartbeats reach every counts partition.
 func TestExactnessAgainstBruteForce(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKafkas(t, testExactnessAgainstBruteForce)
+}
+
+func testExactnessAgainstBruteForce(t *testing.T, e *env) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	now := time.Now()
 	// Hits of the last 10 s of a 20 s window: a key whose hits all leave the window before the
@@ -101,7 +104,10 @@ func TestExactnessAgainstBruteForce(t *testing.T) {
 // written while none runs are counted, and after the replay every count equals brute force.
 func TestRestartReplaysToSameCounts(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKafkas(t, testRestartReplaysToSameCounts)
+}
+
+func testRestartReplaysToSameCounts(t *testing.T, e *env) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	now := time.Now()
 	l1, r1 := randomHits(rng, "restart", 100, now.Add(-10*time.Second), now, testWindow)
@@ -156,7 +162,10 @@ func TestRestartReplaysToSameCounts(t *testing.T) {
 // replays them, and every count published equals brute force.
 func TestTwoInstancesOneLeaves(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKfake(t, testTwoInstancesOneLeaves)
+}
+
+func testTwoInstancesOneLeaves(t *testing.T, e *env) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	now := time.Now()
 	l1, r1 := randomHits(rng, "two", 200, now.Add(-10*time.Second), now, testWindow)
@@ -217,7 +226,10 @@ func TestTwoInstancesOneLeaves(t *testing.T) {
 // toward the one count, also after a restart replays the misrouted originals again.
 func TestMisroutedHitsCountedOnce(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKafkas(t, testMisroutedHitsCountedOnce)
+}
+
+func testMisroutedHitsCountedOnce(t *testing.T, e *env) {
 	key := "misrouted|user=1"
 	owner := topics.Partition([]byte(key), testPartitions)
 	manual := newManualProducer(t, e)
@@ -285,7 +297,10 @@ func newManualProducer(t *testing.T, e *env) *kgo.Client {
 // means DefaultWindow.
 func TestJSONHits(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKfake(t, testJSONHits)
+}
+
+func testJSONHits(t *testing.T, e *env) {
 	now := time.Now().UnixMilli()
 	raw := []struct {
 		key, json string
@@ -314,7 +329,10 @@ func TestJSONHits(t *testing.T) {
 // A key with no hits for longer than its window ends as a tombstone.
 func TestTombstone(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKfake(t, testTombstone)
+}
+
+func testTombstone(t *testing.T, e *env) {
 	cfg := e.config(prometheus.NewRegistry())
 	a, _ := e.run(cfg)
 	eventually(t, "ready", 60*time.Second, a.Ready)
@@ -336,7 +354,10 @@ func TestTombstone(t *testing.T) {
 // topic); valid hits around them are counted.
 func TestBadRecords(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKfake(t, testBadRecords)
+}
+
+func testBadRecords(t *testing.T, e *env) {
 	dlt := e.hits + "-dlt"
 	e.createTopic(dlt, 1, nil)
 	reg := prometheus.NewRegistry()
@@ -397,7 +418,10 @@ func TestBadRecords(t *testing.T) {
 // hits join the global count.
 func TestPatternPicksUpNewDataCenter(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKfake(t, testPatternPicksUpNewDataCenter)
+}
+
+func testPatternPicksUpNewDataCenter(t *testing.T, e *env) {
 	cfg := e.config(prometheus.NewRegistry())
 	cfg.Topics, cfg.TopicPattern = nil, topics.HitsPattern(e.hits)
 	cfg.MetadataMaxAge = 2 * time.Second
@@ -429,7 +453,10 @@ func TestPatternPicksUpNewDataCenter(t *testing.T) {
 // decode is skipped whole, and records_in_total counts hit records.
 func TestHitBatches(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKfake(t, testHitBatches)
+}
+
+func testHitBatches(t *testing.T, e *env) {
 	dlt := e.hits + "-dlt"
 	e.createTopic(dlt, 1, nil)
 	// Running before the batches arrive: a too old hit is bad then, not a hit a replay

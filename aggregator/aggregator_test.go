@@ -12,14 +12,16 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/streamlimit/streamlimit/topics"
+	"github.com/streamlimit/streamlimit/window"
 )
 
 const testWindow = 20 * time.Second
 
 // Hits from three sites over 500 keys, on the local and the "us." topic, all written before
-// the aggregator starts: every count it publishes (after replay, and then as they decay)
-// equals the brute-force count at its AsOf, total and per site; every key gets a count;
-// heartbeats reach every counts partition.
+// the aggregator starts: every count it publishes (after replay, and then as they decay to
+// nothing) equals the brute-force count at its AsOf, total and per site; every key gets a
+// count, and a tombstone once its hits have left the window; heartbeats reach every counts
+// partition.
 func TestExactnessAgainstBruteForce(t *testing.T) {
 	t.Parallel()
 	onKafkas(t, testExactnessAgainstBruteForce)
@@ -28,12 +30,14 @@ func TestExactnessAgainstBruteForce(t *testing.T) {
 func testExactnessAgainstBruteForce(t *testing.T, e *env) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	now := time.Now()
-	// Hits of the last 10 s of a 20 s window: a key whose hits all leave the window before the
-	// aggregator first publishes it never gets a count, and a loaded machine has taken more
-	// than the 1 s that hits as old as 19 s left it. It has taken more than 10 s too, so
-	// every key is expected a count only when the aggregator was ready in time; otherwise
-	// every key with a hit still in the window a second after it was.
-	local, remote := randomHits(rng, "exact", 500, now.Add(-10*time.Second), now, testWindow)
+	from := now.Add(time.Second - testWindow)
+	// Hits over the whole window but its last second, the oldest about to leave it. A key
+	// whose hits all leave the window before the aggregator first publishes it never gets a
+	// count: every key is expected a count that has a hit still in the window a second
+	// after the aggregator was ready. On kfake, where time is virtual and the aggregator
+	// ready within a fraction of a second, that is nearly all of them; a loaded machine on
+	// the real broker may take longer than the window.
+	local, remote := randomHits(rng, "exact", 500, from, now, testWindow)
 	e.produce(e.hits, local...)
 	e.produce(e.usHits, remote...)
 	reg := prometheus.NewRegistry()
@@ -41,19 +45,18 @@ func testExactnessAgainstBruteForce(t *testing.T, e *env) {
 	a, _ := e.run(cfg)
 	eventually(t, "ready", 60*time.Second, a.Ready)
 	want := keysOf(local, remote)
-	if late := time.Now().Add(time.Second - testWindow).UnixMilli(); late > now.Add(-10*time.Second).UnixMilli() {
-		newest := map[string]int64{}
-		for _, h := range append(append([]topics.Hit(nil), local...), remote...) {
-			newest[h.Key] = max(newest[h.Key], h.BucketStart)
-		}
-		for k, ms := range newest {
-			if ms <= late {
-				delete(want, k)
-			}
-		}
-		t.Logf("ready %v after the hits' newest: %d of %d keys may have left the window before their first count",
-			time.Since(now).Round(time.Millisecond), len(newest)-len(want), len(newest))
+	newest := map[string]int64{}
+	for _, h := range append(append([]topics.Hit(nil), local...), remote...) {
+		newest[h.Key] = max(newest[h.Key], h.BucketStart)
 	}
+	late := time.Now().Add(time.Second - testWindow).UnixMilli()
+	for k, ms := range newest {
+		if ms <= late {
+			delete(want, k)
+		}
+	}
+	t.Logf("ready %v after the hits' newest: %d of %d keys may have left the window before their first count",
+		time.Since(now).Round(time.Millisecond), len(newest)-len(want), len(newest))
 	eventually(t, "a count for every key", 30*time.Second, func() bool {
 		got, _ := e.countsRecs.latest(t)
 		for k := range want {
@@ -63,7 +66,16 @@ func testExactnessAgainstBruteForce(t *testing.T, e *env) {
 		}
 		return true
 	})
-	time.Sleep(2 * time.Second) // let the counts decay a little
+	// The counts decay as their hits leave the window, until each ends as a tombstone.
+	eventually(t, "a tombstone for every key", testWindow+10*time.Second, func() bool {
+		_, dead := e.countsRecs.latest(t)
+		for k := range want {
+			if !dead[k] {
+				return false
+			}
+		}
+		return true
+	})
 	n := e.checkExact(e.countsRecs.counts(t), cfg, nil)
 	if n < len(want) {
 		t.Fatalf("only %d counts checked", n)
@@ -201,6 +213,11 @@ func testTwoInstancesOneLeaves(t *testing.T, e *env) {
 	eventually(t, "B owns everything and is ready", 60*time.Second, func() bool {
 		return b.Ready() && len(b.Assigned()[e.hits]) == testPartitions && len(b.Assigned()[e.usHits]) == testPartitions
 	})
+	// A leaves the group as it stops: B takes its slots over within a rebalance and a
+	// replay, not when A's session would have timed out.
+	if took := time.Since(time.UnixMilli(left)); took > time.Second {
+		t.Errorf("B owned everything %v after A stopped, want ≤ 1s (session timeout %v)", took, DefaultSessionTimeout)
+	}
 	readyAt := time.Now().UnixMilli()
 	eventually(t, "B republished every key", 30*time.Second, func() bool {
 		seen := map[string]bool{}
@@ -326,7 +343,9 @@ func testJSONHits(t *testing.T, e *env) {
 	e.checkExact(e.countsRecs.counts(t), cfg, nil)
 }
 
-// A key with no hits for longer than its window ends as a tombstone.
+// A key with no hits for longer than its window ends as a tombstone once its site's demand
+// has decayed too: published within a decay re-evaluation and an emission interval of that
+// moment, and forgotten as it is.
 func TestTombstone(t *testing.T) {
 	t.Parallel()
 	onKfake(t, testTombstone)
@@ -338,16 +357,54 @@ func testTombstone(t *testing.T, e *env) {
 	eventually(t, "ready", 60*time.Second, a.Ready)
 	h := topics.Hit{Key: "tomb|x", Site: "eu-1", BucketStart: time.Now().UnixMilli(), Window: 2000, Count: 5}
 	e.produce(e.hits, h)
+	// The first moment the brute-force count is 0 (the hit has left the window) and the
+	// site's demand is below the floor at which a site is listed: the counter has nothing
+	// left to say.
+	tau := topics.DemandTimeConstant.Milliseconds()
+	var demand window.Decay
+	demand.Add(h.BucketStart, h.Count, tau)
+	gone := h.BucketStart
+	for total, _ := e.reference(h.Key, h.Window, gone, cfg.SubBuckets, cfg.MaxClockSkew); total != 0 || demand.At(gone, tau) >= window.DemandFloor; {
+		gone++
+		total, _ = e.reference(h.Key, h.Window, gone, cfg.SubBuckets, cfg.MaxClockSkew)
+	}
 	eventually(t, "count", 30*time.Second, func() bool {
 		got, _ := e.countsRecs.latest(t)
 		return got[h.Key].Total == 5
 	})
+	var tomb *kgo.Record
 	eventually(t, "tombstone", 30*time.Second, func() bool {
-		_, dead := e.countsRecs.latest(t)
-		return dead[h.Key]
+		for _, r := range e.countsRecs.all() {
+			if string(r.Key) == h.Key && len(r.Value) == 0 {
+				tomb = r
+				return true
+			}
+		}
+		return false
 	})
-	e.checkExact(e.countsRecs.counts(t), cfg, nil)
-	eventually(t, "forgotten", 10*time.Second, func() bool { return a.Keys() == 0 })
+	// The records' timestamps are the aggregator's clock when it published them: on
+	// virtual time, the moment exactly.
+	width := h.Window / int64(cfg.SubBuckets)
+	latest := gone + max(width, cfg.EmitInterval.Milliseconds()) + cfg.EmitInterval.Milliseconds()
+	at := tomb.Timestamp.UnixMilli()
+	t.Logf("tombstone at %+d ms from the hit, nothing left to say from %+d ms", at-h.BucketStart, gone-h.BucketStart)
+	if at < gone || at > latest {
+		t.Errorf("tombstone at %+d ms from the hit, want from %+d ms (nothing left to say) to %+d ms",
+			at-h.BucketStart, gone-h.BucketStart, latest-h.BucketStart)
+	}
+	if n := a.Keys(); n != 0 {
+		t.Errorf("%d keys held once the tombstone is out, want 0", n)
+	}
+	if n := e.checkExact(e.countsRecs.counts(t), cfg, nil); n == 0 {
+		t.Fatal("no count checked")
+	}
+	// Nothing of the key after its tombstone.
+	time.Sleep(2 * time.Duration(h.Window) * time.Millisecond)
+	for _, r := range e.countsRecs.all() {
+		if string(r.Key) == h.Key && r.Offset > tomb.Offset {
+			t.Fatalf("a record of %s after its tombstone: %q", h.Key, r.Value)
+		}
+	}
 }
 
 // Bad records of each kind are skipped and counted by reason (and copied to the dead-letter
@@ -437,12 +494,18 @@ func testPatternPicksUpNewDataCenter(t *testing.T, e *env) {
 	var tc topics.Config
 	tc, _ = tc.Normalize()
 	e.createTopic(ap, testPartitions, tc.HitsConfigs())
+	created := time.Now()
 	e.produce(ap, topics.Hit{Key: "dc|k", Site: "ap", BucketStart: time.Now().UnixMilli(), Window: 20000, Count: 5})
 	eventually(t, "the new data center's hits counted", 60*time.Second, func() bool {
 		got, _ := e.countsRecs.latest(t)
 		c := got["dc|k"]
 		return c.Total == 7 && c.Site("ap") == 5
 	})
+	// Within MetadataMaxAge, and a second for the rebalance that adds the topic, its
+	// positioning and the next emission: exactly so on virtual time.
+	if took := time.Since(created); took > cfg.MetadataMaxAge+time.Second {
+		t.Errorf("the new data center's hits counted %v after its topic was created, want ≤ %v", took, cfg.MetadataMaxAge+time.Second)
+	}
 }
 
 // Hit batches (several hits of one site in one record, as the producer writes them) count

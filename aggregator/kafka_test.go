@@ -217,7 +217,9 @@ func (e *env) start(a *Aggregator) func() {
 	return stop
 }
 
-// eventually waits for f four times as long as timeout says: the machine may be loaded.
+// eventually waits for f four times as long as timeout says: on the real broker the machine
+// may be loaded. In a synctest bubble the wait is on virtual time, and a failing test
+// reaches its timeout in a fraction of the real time.
 func eventually(t *testing.T, what string, timeout time.Duration, f func() bool) {
 	t.Helper()
 	testenv.Eventually(t, 4*timeout, what, f)

@@ -1,7 +1,6 @@
 package aggregator
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -12,27 +11,33 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/streamlimit/streamlimit/internal/testenv"
 	"github.com/streamlimit/streamlimit/topics"
+	"github.com/streamlimit/streamlimit/window"
 )
 
 const testWindow = 20 * time.Second
 
 // Hits from three sites over 500 keys, on the local and the "us." topic, all written before
-// the aggregator starts: every count it publishes (after replay, and then as they decay)
-// equals the brute-force count at its AsOf, total and per site; every key gets a count;
-// heartbeats reach every counts partition.
+// the aggregator starts: every count it publishes (after replay, and then as they decay to
+// nothing) equals the brute-force count at its AsOf, total and per site; every key gets a
+// count, and a tombstone once its hits have left the window; heartbeats reach every counts
+// partition.
 func TestExactnessAgainstBruteForce(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKafkas(t, testExactnessAgainstBruteForce)
+}
+
+func testExactnessAgainstBruteForce(t *testing.T, e *env) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	now := time.Now()
-	// Hits of the last 10 s of a 20 s window: a key whose hits all leave the window before the
-	// aggregator first publishes it never gets a count, and a loaded machine has taken more
-	// than the 1 s that hits as old as 19 s left it. It has taken more than 10 s too, so
-	// every key is expected a count only when the aggregator was ready in time; otherwise
-	// every key with a hit still in the window a second after it was.
-	local, remote := randomHits(rng, "exact", 500, now.Add(-10*time.Second), now, testWindow)
+	from := now.Add(time.Second - testWindow)
+	// Hits over the whole window but its last second, the oldest about to leave it. A key
+	// whose hits all leave the window before the aggregator first publishes it never gets a
+	// count: every key is expected a count that has a hit still in the window a second
+	// after the aggregator was ready. On kfake, where time is virtual and the aggregator
+	// ready within a fraction of a second, that is nearly all of them; a loaded machine on
+	// the real broker may take longer than the window.
+	local, remote := randomHits(rng, "exact", 500, from, now, testWindow)
 	e.produce(e.hits, local...)
 	e.produce(e.usHits, remote...)
 	reg := prometheus.NewRegistry()
@@ -40,19 +45,18 @@ func TestExactnessAgainstBruteForce(t *testing.T) {
 	a, _ := e.run(cfg)
 	eventually(t, "ready", 60*time.Second, a.Ready)
 	want := keysOf(local, remote)
-	if late := time.Now().Add(time.Second - testWindow).UnixMilli(); late > now.Add(-10*time.Second).UnixMilli() {
-		newest := map[string]int64{}
-		for _, h := range append(append([]topics.Hit(nil), local...), remote...) {
-			newest[h.Key] = max(newest[h.Key], h.BucketStart)
-		}
-		for k, ms := range newest {
-			if ms <= late {
-				delete(want, k)
-			}
-		}
-		t.Logf("ready %v after the hits' newest: %d of %d keys may have left the window before their first count",
-			time.Since(now).Round(time.Millisecond), len(newest)-len(want), len(newest))
+	newest := map[string]int64{}
+	for _, h := range append(append([]topics.Hit(nil), local...), remote...) {
+		newest[h.Key] = max(newest[h.Key], h.BucketStart)
 	}
+	late := time.Now().Add(time.Second - testWindow).UnixMilli()
+	for k, ms := range newest {
+		if ms <= late {
+			delete(want, k)
+		}
+	}
+	t.Logf("ready %v after the hits' newest: %d of %d keys may have left the window before their first count",
+		time.Since(now).Round(time.Millisecond), len(newest)-len(want), len(newest))
 	eventually(t, "a count for every key", 30*time.Second, func() bool {
 		got, _ := e.countsRecs.latest(t)
 		for k := range want {
@@ -62,7 +66,16 @@ func TestExactnessAgainstBruteForce(t *testing.T) {
 		}
 		return true
 	})
-	time.Sleep(2 * time.Second) // let the counts decay a little
+	// The counts decay as their hits leave the window, until each ends as a tombstone.
+	eventually(t, "a tombstone for every key", testWindow+10*time.Second, func() bool {
+		_, dead := e.countsRecs.latest(t)
+		for k := range want {
+			if !dead[k] {
+				return false
+			}
+		}
+		return true
+	})
 	n := e.checkExact(e.countsRecs.counts(t), cfg, nil)
 	if n < len(want) {
 		t.Fatalf("only %d counts checked", n)
@@ -103,7 +116,10 @@ func TestExactnessAgainstBruteForce(t *testing.T) {
 // written while none runs are counted, and after the replay every count equals brute force.
 func TestRestartReplaysToSameCounts(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKafkas(t, testRestartReplaysToSameCounts)
+}
+
+func testRestartReplaysToSameCounts(t *testing.T, e *env) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	now := time.Now()
 	l1, r1 := randomHits(rng, "restart", 100, now.Add(-10*time.Second), now, testWindow)
@@ -158,7 +174,10 @@ func TestRestartReplaysToSameCounts(t *testing.T) {
 // replays them, and every count published equals brute force.
 func TestTwoInstancesOneLeaves(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKfake(t, testTwoInstancesOneLeaves)
+}
+
+func testTwoInstancesOneLeaves(t *testing.T, e *env) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	now := time.Now()
 	l1, r1 := randomHits(rng, "two", 200, now.Add(-10*time.Second), now, testWindow)
@@ -194,6 +213,11 @@ func TestTwoInstancesOneLeaves(t *testing.T) {
 	eventually(t, "B owns everything and is ready", 60*time.Second, func() bool {
 		return b.Ready() && len(b.Assigned()[e.hits]) == testPartitions && len(b.Assigned()[e.usHits]) == testPartitions
 	})
+	// A leaves the group as it stops: B takes its slots over within a rebalance and a
+	// replay, not when A's session would have timed out.
+	if took := time.Since(time.UnixMilli(left)); took > time.Second {
+		t.Errorf("B owned everything %v after A stopped, want ≤ 1s (session timeout %v)", took, DefaultSessionTimeout)
+	}
 	readyAt := time.Now().UnixMilli()
 	eventually(t, "B republished every key", 30*time.Second, func() bool {
 		seen := map[string]bool{}
@@ -219,7 +243,10 @@ func TestTwoInstancesOneLeaves(t *testing.T) {
 // toward the one count, also after a restart replays the misrouted originals again.
 func TestMisroutedHitsCountedOnce(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKafkas(t, testMisroutedHitsCountedOnce)
+}
+
+func testMisroutedHitsCountedOnce(t *testing.T, e *env) {
 	key := "misrouted|user=1"
 	owner := topics.Partition([]byte(key), testPartitions)
 	manual := newManualProducer(t, e)
@@ -276,21 +303,21 @@ func TestMisroutedHitsCountedOnce(t *testing.T) {
 	}
 }
 
+// newManualProducer returns a producer that writes each record to the partition it names,
+// as a foreign partitioner would.
 func newManualProducer(t *testing.T, e *env) *kgo.Client {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	return cl
+	return e.client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
 }
 
 // JSON hits written as raw bytes by a plain producer count like binary ones; "w" left out
 // means DefaultWindow.
 func TestJSONHits(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKfake(t, testJSONHits)
+}
+
+func testJSONHits(t *testing.T, e *env) {
 	now := time.Now().UnixMilli()
 	raw := []struct {
 		key, json string
@@ -316,38 +343,80 @@ func TestJSONHits(t *testing.T) {
 	e.checkExact(e.countsRecs.counts(t), cfg, nil)
 }
 
-// A key with no hits for longer than its window ends as a tombstone.
+// A key with no hits for longer than its window ends as a tombstone once its site's demand
+// has decayed too: published within a decay re-evaluation and an emission interval of that
+// moment, and forgotten as it is.
 func TestTombstone(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKfake(t, testTombstone)
+}
+
+func testTombstone(t *testing.T, e *env) {
 	cfg := e.config(prometheus.NewRegistry())
 	a, _ := e.run(cfg)
 	eventually(t, "ready", 60*time.Second, a.Ready)
 	h := topics.Hit{Key: "tomb|x", Site: "eu-1", BucketStart: time.Now().UnixMilli(), Window: 2000, Count: 5}
 	e.produce(e.hits, h)
+	// The first moment the brute-force count is 0 (the hit has left the window) and the
+	// site's demand is below the floor at which a site is listed: the counter has nothing
+	// left to say.
+	tau := topics.DemandTimeConstant.Milliseconds()
+	var demand window.Decay
+	demand.Add(h.BucketStart, h.Count, tau)
+	gone := h.BucketStart
+	for total, _ := e.reference(h.Key, h.Window, gone, cfg.SubBuckets, cfg.MaxClockSkew); total != 0 || demand.At(gone, tau) >= window.DemandFloor; {
+		gone++
+		total, _ = e.reference(h.Key, h.Window, gone, cfg.SubBuckets, cfg.MaxClockSkew)
+	}
 	eventually(t, "count", 30*time.Second, func() bool {
 		got, _ := e.countsRecs.latest(t)
 		return got[h.Key].Total == 5
 	})
+	var tomb *kgo.Record
 	eventually(t, "tombstone", 30*time.Second, func() bool {
-		_, dead := e.countsRecs.latest(t)
-		return dead[h.Key]
+		for _, r := range e.countsRecs.all() {
+			if string(r.Key) == h.Key && len(r.Value) == 0 {
+				tomb = r
+				return true
+			}
+		}
+		return false
 	})
-	e.checkExact(e.countsRecs.counts(t), cfg, nil)
-	eventually(t, "forgotten", 10*time.Second, func() bool { return a.Keys() == 0 })
+	// The records' timestamps are the aggregator's clock when it published them: on
+	// virtual time, the moment exactly.
+	width := h.Window / int64(cfg.SubBuckets)
+	latest := gone + max(width, cfg.EmitInterval.Milliseconds()) + cfg.EmitInterval.Milliseconds()
+	at := tomb.Timestamp.UnixMilli()
+	t.Logf("tombstone at %+d ms from the hit, nothing left to say from %+d ms", at-h.BucketStart, gone-h.BucketStart)
+	if at < gone || at > latest {
+		t.Errorf("tombstone at %+d ms from the hit, want from %+d ms (nothing left to say) to %+d ms",
+			at-h.BucketStart, gone-h.BucketStart, latest-h.BucketStart)
+	}
+	if n := a.Keys(); n != 0 {
+		t.Errorf("%d keys held once the tombstone is out, want 0", n)
+	}
+	if n := e.checkExact(e.countsRecs.counts(t), cfg, nil); n == 0 {
+		t.Fatal("no count checked")
+	}
+	// Nothing of the key after its tombstone.
+	time.Sleep(2 * time.Duration(h.Window) * time.Millisecond)
+	for _, r := range e.countsRecs.all() {
+		if string(r.Key) == h.Key && r.Offset > tomb.Offset {
+			t.Fatalf("a record of %s after its tombstone: %q", h.Key, r.Value)
+		}
+	}
 }
 
 // Bad records of each kind are skipped and counted by reason (and copied to the dead-letter
 // topic); valid hits around them are counted.
 func TestBadRecords(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKfake(t, testBadRecords)
+}
+
+func testBadRecords(t *testing.T, e *env) {
 	dlt := e.hits + "-dlt"
-	adm := newAdmin(t, e)
-	if r, err := adm.CreateTopic(t.Context(), 1, 1, nil, dlt); err != nil || r.Err != nil {
-		t.Fatalf("create dlt: %v %v", err, r.Err)
-	}
-	t.Cleanup(func() { _, _ = adm.DeleteTopics(t.Context(), dlt) })
+	e.createTopic(dlt, 1, nil)
 	reg := prometheus.NewRegistry()
 	cfg := e.config(reg)
 	cfg.DeadLetterTopic = dlt
@@ -386,7 +455,7 @@ func TestBadRecords(t *testing.T) {
 		return got["good|1"].Total == 3
 	})
 	// Dead letters carry the reason.
-	dl := testenv.KafkaClient(t, kgo.ConsumeTopics(dlt), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	dl := e.client(kgo.ConsumeTopics(dlt), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	reasons := map[string]bool{}
 	eventually(t, "dead letters", 30*time.Second, func() bool {
 		fs := dl.PollRecords(t.Context(), 100)
@@ -406,7 +475,10 @@ func TestBadRecords(t *testing.T) {
 // hits join the global count.
 func TestPatternPicksUpNewDataCenter(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKfake(t, testPatternPicksUpNewDataCenter)
+}
+
+func testPatternPicksUpNewDataCenter(t *testing.T, e *env) {
 	cfg := e.config(prometheus.NewRegistry())
 	cfg.Topics, cfg.TopicPattern = nil, topics.HitsPattern(e.hits)
 	cfg.MetadataMaxAge = 2 * time.Second
@@ -419,21 +491,21 @@ func TestPatternPicksUpNewDataCenter(t *testing.T) {
 	})
 
 	ap := topics.RemoteHitsTopic("ap", e.hits)
-	adm := testenv.AdminClient(t)
 	var tc topics.Config
 	tc, _ = tc.Normalize()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if r, err := adm.CreateTopic(ctx, testPartitions, 1, tc.HitsConfigs(), ap); err != nil || r.Err != nil {
-		t.Fatalf("create %s: %v %v", ap, err, r.Err)
-	}
-	t.Cleanup(func() { _, _ = adm.DeleteTopics(context.Background(), ap) })
+	e.createTopic(ap, testPartitions, tc.HitsConfigs())
+	created := time.Now()
 	e.produce(ap, topics.Hit{Key: "dc|k", Site: "ap", BucketStart: time.Now().UnixMilli(), Window: 20000, Count: 5})
 	eventually(t, "the new data center's hits counted", 60*time.Second, func() bool {
 		got, _ := e.countsRecs.latest(t)
 		c := got["dc|k"]
 		return c.Total == 7 && c.Site("ap") == 5
 	})
+	// Within MetadataMaxAge, and a second for the rebalance that adds the topic, its
+	// positioning and the next emission: exactly so on virtual time.
+	if took := time.Since(created); took > cfg.MetadataMaxAge+time.Second {
+		t.Errorf("the new data center's hits counted %v after its topic was created, want ≤ %v", took, cfg.MetadataMaxAge+time.Second)
+	}
 }
 
 // Hit batches (several hits of one site in one record, as the producer writes them) count
@@ -444,13 +516,12 @@ func TestPatternPicksUpNewDataCenter(t *testing.T) {
 // decode is skipped whole, and records_in_total counts hit records.
 func TestHitBatches(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	onKfake(t, testHitBatches)
+}
+
+func testHitBatches(t *testing.T, e *env) {
 	dlt := e.hits + "-dlt"
-	adm := newAdmin(t, e)
-	if r, err := adm.CreateTopic(t.Context(), 1, 1, nil, dlt); err != nil || r.Err != nil {
-		t.Fatalf("create dlt: %v %v", err, r.Err)
-	}
-	t.Cleanup(func() { _, _ = adm.DeleteTopics(t.Context(), dlt) })
+	e.createTopic(dlt, 1, nil)
 	// Running before the batches arrive: a too old hit is bad then, not a hit a replay
 	// expects.
 	reg := prometheus.NewRegistry()
@@ -539,7 +610,7 @@ func TestHitBatches(t *testing.T) {
 	if n := metricValue(t, reg, "streamlimit_aggregator_records_in_total"); n < float64(records+len(misrouted)) {
 		t.Errorf("records_in_total = %v, want ≥ %d hit records", n, records+len(misrouted))
 	}
-	dl := testenv.KafkaClient(t, kgo.ConsumeTopics(dlt), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	dl := e.client(kgo.ConsumeTopics(dlt), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	letters := map[string]string{}
 	eventually(t, "dead letters", 30*time.Second, func() bool {
 		dl.PollRecords(t.Context(), 100).EachRecord(func(r *kgo.Record) {

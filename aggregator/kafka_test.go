@@ -23,57 +23,101 @@ import (
 
 const testPartitions = 4
 
-// env is one test's topics: a local hits topic, its "us." MirrorMaker copy, and counts.
+// env is one test's Kafka and topics: a local hits topic, its "us." MirrorMaker copy, and
+// counts. It is built on the real broker (newEnv) or on a kfake cluster of its own on an
+// in-memory network (newVirtualEnv, in a synctest bubble); every client of a test, the
+// aggregators' too, comes from the env, so that a test body runs the same on either.
 type env struct {
-	t             *testing.T
-	hits, usHits  string
-	counts        string
-	group         string
-	brokers       []string
+	t            *testing.T
+	hits, usHits string
+	counts       string
+	group        string
+	brokers      []string
+	// opts go to every client of this Kafka after its seed brokers, the aggregators'
+	// through Config.KafkaOpts: on kfake, the dialer of its in-memory network.
+	opts          []kgo.Opt
+	adm           *kadm.Client
 	prod          *kgo.Client
 	countsRecs    *recorder
 	hitsMu        sync.Mutex
 	hitsByCounter map[counterID][]topics.Hit
 }
 
+// newEnv builds an env on the real broker (testenv.Kafka), with topics of names of their
+// own: the broker is shared by every test.
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	brokers := testenv.Brokers(t)
+	return setupEnv(t, testenv.Brokers(t), nil)
+}
+
+// newVirtualEnv builds an env on a kfake cluster of its own (virtualKafka). It must be
+// called in a synctest bubble, which the cluster's goroutines then belong to.
+func newVirtualEnv(t *testing.T) *env {
+	t.Helper()
+	brokers, dial := virtualKafka(t, nil)
+	return setupEnv(t, brokers, []kgo.Opt{dial})
+}
+
+func setupEnv(t *testing.T, brokers []string, opts []kgo.Opt) *env {
+	t.Helper()
+	e := &env{t: t, brokers: brokers, opts: opts, group: testenv.TopicName(t, "group"),
+		hitsByCounter: map[counterID][]topics.Hit{}}
+	e.adm = kadm.NewClient(e.client())
 	var tc topics.Config
 	tc, err := tc.Normalize()
 	if err != nil {
 		t.Fatal(err)
 	}
-	hits := testenv.CreateTopic(t, "hits", testPartitions, tc.HitsConfigs())
-	us := topics.RemoteHitsTopic("us", hits)
-	adm := testenv.AdminClient(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if r, err := adm.CreateTopic(ctx, testPartitions, 1, tc.HitsConfigs(), us); err != nil || r.Err != nil {
-		t.Fatalf("create %s: %v %v", us, err, r.Err)
+	e.hits = testenv.TopicName(t, "hits")
+	e.usHits = topics.RemoteHitsTopic("us", e.hits)
+	e.counts = testenv.TopicName(t, "counts")
+	// The "us." topic must be visible with leaders before anything joins the group:
+	// createTopic waits for that.
+	e.createTopic(e.hits, testPartitions, tc.HitsConfigs())
+	e.createTopic(e.usHits, testPartitions, tc.HitsConfigs())
+	e.createTopic(e.counts, testPartitions, tc.CountsConfigs())
+	e.prod = e.client(kgo.DefaultProduceTopic(e.hits), kgo.ProducerLinger(0))
+	e.countsRecs = startRecorder(t, e, e.counts)
+	return e
+}
+
+// client returns a client of the env's Kafka with opts, closed when the test ends.
+func (e *env) client(opts ...kgo.Opt) *kgo.Client {
+	e.t.Helper()
+	all := append(append([]kgo.Opt{kgo.SeedBrokers(e.brokers...)}, e.opts...), opts...)
+	cl, err := kgo.NewClient(all...)
+	if err != nil {
+		e.t.Fatalf("kgo.NewClient: %v", err)
 	}
-	t.Cleanup(func() {
+	e.t.Cleanup(cl.Close)
+	return cl
+}
+
+// createTopic creates topic with configs (nil for the broker's defaults), waits until it
+// has a leader on every partition, and deletes it when the test ends.
+func (e *env) createTopic(topic string, partitions int32, configs map[string]*string) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if r, err := e.adm.CreateTopic(ctx, partitions, 1, configs, topic); err != nil || r.Err != nil {
+		e.t.Fatalf("create %s: %v %v", topic, err, r.Err)
+	}
+	e.t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, _ = adm.DeleteTopics(ctx, us)
+		// Best effort: a leftover topic only costs the shared broker a little disk.
+		_, _ = e.adm.DeleteTopics(ctx, topic)
 	})
-	counts := testenv.CreateTopic(t, "counts", testPartitions, tc.CountsConfigs())
-	e := &env{t: t, hits: hits, usHits: us, counts: counts, group: testenv.TopicName(t, "group"), brokers: brokers,
-		prod:          testenv.KafkaClient(t, kgo.DefaultProduceTopic(hits), kgo.ProducerLinger(0)),
-		hitsByCounter: map[counterID][]topics.Hit{}}
-	// The "us." topic must be visible with leaders before anything joins the group.
 	for {
-		md, err := adm.Metadata(ctx, us)
-		if err == nil && md.Topics[us].Err == nil && len(md.Topics[us].Partitions) == testPartitions && allLeaders(md.Topics[us].Partitions) {
-			break
+		md, err := e.adm.Metadata(ctx, topic)
+		if err == nil && md.Topics[topic].Err == nil && len(md.Topics[topic].Partitions) == int(partitions) && allLeaders(md.Topics[topic].Partitions) {
+			return
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("topic %s not ready", us)
+			e.t.Fatalf("topic %s not ready", topic)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	e.countsRecs = startRecorder(t, brokers, counts)
-	return e
 }
 
 func allLeaders(ps kadm.PartitionDetails) bool {
@@ -88,6 +132,7 @@ func allLeaders(ps kadm.PartitionDetails) bool {
 func (e *env) config(reg prometheus.Registerer) Config {
 	return Config{
 		Brokers:       e.brokers,
+		KafkaOpts:     e.opts,
 		Group:         e.group,
 		Topics:        []string{e.hits, e.usHits},
 		CountsTopic:   e.counts,
@@ -172,7 +217,9 @@ func (e *env) start(a *Aggregator) func() {
 	return stop
 }
 
-// eventually waits for f four times as long as timeout says: the machine may be loaded.
+// eventually waits for f four times as long as timeout says: on the real broker the machine
+// may be loaded. In a synctest bubble the wait is on virtual time, and a failing test
+// reaches its timeout in a fraction of the real time.
 func eventually(t *testing.T, what string, timeout time.Duration, f func() bool) {
 	t.Helper()
 	testenv.Eventually(t, 4*timeout, what, f)
@@ -184,8 +231,9 @@ type recorder struct {
 	recs []*kgo.Record
 }
 
-func startRecorder(t *testing.T, brokers []string, topic string) *recorder {
-	cl := testenv.KafkaClient(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+// startRecorder records topic of e's Kafka from its start until the test ends.
+func startRecorder(t *testing.T, e *env, topic string) *recorder {
+	cl := e.client(kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxWait(100*time.Millisecond))
 	r := &recorder{}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -351,9 +399,4 @@ func keysOf(hs ...[]topics.Hit) map[string]bool {
 		}
 	}
 	return out
-}
-
-func newAdmin(t *testing.T, e *env) *kadm.Client {
-	t.Helper()
-	return testenv.AdminClient(t)
 }

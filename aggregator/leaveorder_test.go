@@ -18,7 +18,11 @@ import (
 // missing from the counts. Counts are emitted every 2 s and heartbeats every 100 ms here,
 // so a heartbeat round that did not publish the due counts first would come first.
 func TestLeaveFollowsTheLastCounts(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	onKfake(t, testLeaveFollowsTheLastCounts)
+}
+
+func testLeaveFollowsTheLastCounts(t *testing.T, e *env) {
 	cfg := e.config(prometheus.NewRegistry())
 	cfg.EmitInterval, cfg.HeartbeatInterval = 2*time.Second, 100*time.Millisecond
 	a, _ := e.run(cfg)

@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"testing"
+	"testing/synctest"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -26,4 +27,29 @@ func virtualKafka(t *testing.T, partitions map[string]int32) ([]string, kgo.Opt)
 		}
 	}
 	return cluster.ListenAddrs(), kgo.Dialer(network.DialContext)
+}
+
+// onKfake runs test (subtest "kfake") on a kfake cluster of its own in a synctest bubble:
+// time is virtual and advances only when every goroutine of the test waits, so every wait
+// ends when the aggregator has done what it would do and the verdict does not depend on
+// the machine's load. test must not call t.Parallel, and every goroutine it starts must
+// end before it returns or in a Cleanup.
+func onKfake(t *testing.T, test func(*testing.T, *env)) {
+	t.Run("kfake", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) { test(t, newVirtualEnv(t)) })
+	})
+}
+
+// onKafkas runs test on kfake as onKfake does, and then on the real broker (subtest
+// "kafka"): for a test whose contract rests on what kfake only imitates (the broker's
+// offsets, its listings by time, its group protocol) and is worth the real broker's cost.
+// The real broker's run is left out under -short.
+func onKafkas(t *testing.T, test func(*testing.T, *env)) {
+	onKfake(t, test)
+	t.Run("kafka", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("the real broker's run is left out under -short; the kfake run covers the logic")
+		}
+		test(t, newEnv(t))
+	})
 }

@@ -619,14 +619,14 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.rls != nil {
 		gs = s.grpcServer()
 		s.rls.Register(gs)
-		goRun("grpc", func() error { return gs.Serve(s.grpcLn) })
+		goRun("grpc", func() error { return serveGRPC(gs, s.grpcLn) })
 	}
 	var qs *grpc.Server
 	if s.rlqs != nil {
 		// An Envoy reports all its buckets in one message, larger than a check request.
 		qs = s.grpcServer(grpc.MaxRecvMsgSize(max(rlqs.MaxReportBytes, int(s.cfg.Limits.MaxBodyBytes))), rlqs.ServerOption())
 		s.rlqs.Register(qs)
-		goRun("rlqs", func() error { return qs.Serve(s.rlqsLn) })
+		goRun("rlqs", func() error { return serveGRPC(qs, s.rlqsLn) })
 		goRun("rlqs sweeper", func() error { return s.rlqs.Run(ctx) })
 	}
 	s.log.Info("enforcer serving", "site", s.cfg.Site, "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "rlqs", s.RLQSAddr(), "proxy", s.ProxyAddr())
@@ -665,6 +665,16 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.closeAll()
 	return first
+}
+
+// serveGRPC serves gs on ln until gs is stopped. A stop that came before Serve began (a
+// shutdown signalled as the server starts: Run's goroutines may not have been scheduled
+// yet) is a clean stop too, not an error: grpc-go reports it as grpc.ErrServerStopped.
+func serveGRPC(gs *grpc.Server, ln net.Listener) error {
+	if err := gs.Serve(ln); !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
+	return nil
 }
 
 // closeAll releases what New opened; safe on a partly built Server.

@@ -61,7 +61,8 @@ type Limits struct {
 	// ReadTimeout is the HTTP API's bound on reading a request. Default DefaultReadTimeout.
 	ReadTimeout time.Duration
 	// WriteTimeout is the HTTP API's bound on writing a response, lengthened by
-	// Config.AuthMaxDelay. Default DefaultWriteTimeout.
+	// Config.AuthMaxDelay, and for a check request that asks to wait for room by its
+	// max_delay_ms (httplimit.CheckOptions.WriteTimeout). Default DefaultWriteTimeout.
 	WriteTimeout time.Duration
 	// ProxyTimeout is the reverse proxy's read and write bound, its write bound
 	// lengthened by Config.ProxyMaxDelay. Default DefaultProxyTimeout.

@@ -511,7 +511,8 @@ func (s *Server) delaying(maxDelay time.Duration) (*httplimit.Middleware, error)
 // Config.AuthTokens are set, with the console at ConsolePath.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/check", httplimit.NewCheckHandler(s.lim, httplimit.CheckOptions{Logger: s.log, MaxBodyBytes: s.cfg.Limits.MaxBodyBytes}))
+	mux.Handle("POST /v1/check", httplimit.NewCheckHandler(s.lim, httplimit.CheckOptions{Logger: s.log, MaxBodyBytes: s.cfg.Limits.MaxBodyBytes,
+		WriteTimeout: s.cfg.Limits.WriteTimeout}))
 	if s.rls != nil {
 		// envoyproxy/ratelimit's HTTP twin of the gRPC service, for drop-in clients.
 		mux.Handle("POST /json", s.rls.JSONHandler())

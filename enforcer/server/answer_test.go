@@ -1,8 +1,12 @@
 package server_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -60,4 +64,39 @@ func TestCheckWaitOutlastsWriteTimeout(t *testing.T) {
 	if took < writeTimeout {
 		t.Fatalf("answered in %v: the request did not wait past the write timeout, the test shows nothing", took)
 	}
+}
+
+// TestRefusedConnAnswered opens one connection more than --max-conns-per-addr allows from
+// one address, as a client's connection pool does when its requests outnumber the bound,
+// and sends a check request on it: the enforcer refuses the connection, and must say so
+// (503, Retry-After) instead of closing it under the request, which a client sees as a
+// bare EOF. Every such request is answered, not most: none is lost to a reset.
+func TestRefusedConnAnswered(t *testing.T) {
+	srv := startServer(t, server.Config{Limits: server.Limits{MaxConnsPerAddr: 1, ReadHeaderTimeout: time.Minute}})
+	// The connection that fills the address's bound: first in the accept queue, so
+	// accepted before any of the client's.
+	held, err := net.Dial("tcp", srv.HTTPAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	for i := range 20 {
+		resp, err := client.Post("http://"+srv.HTTPAddr()+"/v1/check", "application/json", strings.NewReader(checkBody))
+		if err != nil {
+			t.Fatalf("request %d on a refused connection: %v, want an answer", i, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(body), "--max-conns-per-addr") {
+			t.Fatalf("request %d on a refused connection: %d %q %s, want 503 with Retry-After", i, resp.StatusCode, resp.Header, body)
+		}
+	}
+	// The connection within the bound is served as before.
+	fmt.Fprintf(held, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(checkBody), checkBody)
+	resp, err := http.ReadResponse(bufio.NewReader(held), nil)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the connection within the bound: %v %v", resp, err)
+	}
+	resp.Body.Close()
 }

@@ -33,7 +33,8 @@ const (
 	// wait in the kernel's accept queue until one closes.
 	DefaultMaxConns = 4096
 	// DefaultMaxConnsPerAddr bounds the connections each listener holds from one client
-	// address (IPv6: one /64) at once; a connection past it is closed when accepted. It
+	// address (IPv6: one /64) at once; a connection past it is refused when accepted
+	// (answered 503 on a plaintext HTTP listener, closed on the others). It
 	// leaves room for a proxy's or gateway's connection pool, and lets 32 addresses, no
 	// fewer, fill a listener.
 	DefaultMaxConnsPerAddr = 128

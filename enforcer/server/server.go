@@ -330,7 +330,7 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 	s.registerMetrics(reg)
 
-	if s.httpLn, err = s.listen(cfg.HTTPAddr); err != nil {
+	if s.httpLn, err = s.listen(cfg.HTTPAddr, s.tls == nil); err != nil {
 		return nil, fmt.Errorf("enforcer: http listener: %w", err)
 	}
 	if s.tls != nil {
@@ -338,17 +338,17 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 	if s.rls != nil {
 		// gRPC does its own TLS handshake (credentials), which negotiates HTTP/2.
-		if s.grpcLn, err = s.listen(cfg.GRPCAddr); err != nil {
+		if s.grpcLn, err = s.listen(cfg.GRPCAddr, false); err != nil {
 			return nil, fmt.Errorf("enforcer: grpc listener: %w", err)
 		}
 	}
 	if s.rlqs != nil {
-		if s.rlqsLn, err = s.listen(cfg.RLQSAddr); err != nil {
+		if s.rlqsLn, err = s.listen(cfg.RLQSAddr, false); err != nil {
 			return nil, fmt.Errorf("enforcer: rlqs listener: %w", err)
 		}
 	}
 	if cfg.Upstream != nil {
-		if s.proxyLn, err = s.listen(cfg.ProxyAddr); err != nil {
+		if s.proxyLn, err = s.listen(cfg.ProxyAddr, true); err != nil {
 			return nil, fmt.Errorf("enforcer: proxy listener: %w", err)
 		}
 	}
@@ -356,14 +356,15 @@ func New(cfg Config) (_ *Server, err error) {
 }
 
 // listen binds addr, holding at most Limits.MaxConns connections at once, and
-// Limits.MaxConnsPerAddr from one client address.
-func (s *Server) listen(addr string) (net.Listener, error) {
+// Limits.MaxConnsPerAddr from one client address; plainHTTP says that it serves HTTP/1.1
+// without TLS, so that a connection past the per-address bound can be answered 503.
+func (s *Server) listen(addr string, plainHTTP bool) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	if n := s.cfg.Limits.MaxConnsPerAddr; n > 0 {
-		ln = newPerAddrListener(ln, n, &s.connsRefused)
+		ln = newPerAddrListener(ln, n, &s.connsRefused, plainHTTP)
 	}
 	if n := s.cfg.Limits.MaxConns; n > 0 {
 		ln = netutil.LimitListener(ln, n)
@@ -443,7 +444,7 @@ func (s *Server) grpcServer(extra ...grpc.ServerOption) *grpc.Server {
 
 func (s *Server) registerMetrics(reg prometheus.Registerer) {
 	c := prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: "conns_refused_total",
-		Help: "Connections closed when accepted because their client address held --max-conns-per-addr on that listener."},
+		Help: "Connections refused when accepted (answered 503 on plaintext HTTP listeners, closed on the others) because their client address held --max-conns-per-addr on that listener."},
 		func() float64 { return float64(s.connsRefused.Load()) })
 	if err := reg.Register(c); err != nil {
 		s.log.Warn("metric not registered", "err", err)

@@ -648,9 +648,14 @@ func (s *Server) Run(ctx context.Context) error {
 		s.rlqs.SetServing(false)
 		qs.Stop()
 	}
-	for _, srv := range servers {
+	// Requests still running at the shutdown timeout are cut off (their connections
+	// closed, which ends a wait for room), and that is logged: the stop itself succeeded,
+	// and Run returns nil for it.
+	for i, srv := range servers {
 		if err := srv.Shutdown(sctx); err != nil {
-			s.log.Warn("http shutdown", "err", err)
+			s.log.Warn("shutdown: HTTP requests still in flight at the shutdown timeout were cut off",
+				"listener", lns[i].Addr().String(), "shutdown_timeout", s.cfg.ShutdownTimeout, "err", err)
+			_ = srv.Close()
 		}
 	}
 	if gs != nil {
@@ -659,6 +664,8 @@ func (s *Server) Run(ctx context.Context) error {
 		select {
 		case <-stopped:
 		case <-sctx.Done():
+			s.log.Warn("shutdown: gRPC calls still in flight at the shutdown timeout were cut off",
+				"listener", s.GRPCAddr(), "shutdown_timeout", s.cfg.ShutdownTimeout)
 			gs.Stop()
 		}
 	}

@@ -163,7 +163,7 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 	f.IntVar(&l.MaxHeaderBytes, "max-header-bytes", server.DefaultMaxHeaderBytes, "bound on a request's header block (431 beyond)")
 	f.Int64Var(&l.MaxBodyBytes, "max-body-bytes", httplimit.DefaultMaxBodyBytes, "bound on a check request's body (413 beyond) and a gRPC message")
 	f.IntVar(&l.MaxConns, "max-conns", server.DefaultMaxConns, "connections each listener holds at once; more wait to be accepted (-1: no bound)")
-	f.IntVar(&l.MaxConnsPerAddr, "max-conns-per-addr", server.DefaultMaxConnsPerAddr, "connections each listener holds from one client address (IPv6: one /64); more are closed when accepted (-1: no bound)")
+	f.IntVar(&l.MaxConnsPerAddr, "max-conns-per-addr", server.DefaultMaxConnsPerAddr, "connections each listener holds from one client address (IPv6: one /64); more are refused when accepted: 503 on plaintext HTTP, closed on gRPC and TLS (-1: no bound)")
 	f.IntVar(&l.GRPCMaxStreams, "grpc-max-streams", server.DefaultGRPCMaxStreams, "concurrent calls per gRPC connection")
 	f.DurationVar(&l.GRPCHandshakeTimeout, "grpc-handshake-timeout", server.DefaultGRPCHandshakeTimeout, "bound on a new gRPC connection's handshake (TLS and HTTP/2 preface)")
 	f.DurationVar(&l.GRPCKeepaliveMinTime, "grpc-keepalive-min-time", server.DefaultGRPCKeepaliveMinTime, "shortest keepalive ping interval a gRPC client may use before it is disconnected")

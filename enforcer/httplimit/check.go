@@ -23,6 +23,9 @@ import (
 const (
 	// DefaultMaxBodyBytes is CheckOptions.MaxBodyBytes's default.
 	DefaultMaxBodyBytes = 64 << 10
+	// DefaultCheckWriteTimeout is CheckOptions.WriteTimeout's default, the enforcer's
+	// default write timeout.
+	DefaultCheckWriteTimeout = 10 * time.Second
 	// MaxHits is the largest hits_addend, Envoy's uint32 maximum, as on every front door.
 	MaxHits = rules.MaxHits
 )
@@ -36,6 +39,14 @@ type CheckOptions struct {
 	ProblemType string
 	// Logger defaults to discarding.
 	Logger *slog.Logger
+	// WriteTimeout is how long the server in which the handler runs gives an answer to
+	// be written (http.Server.WriteTimeout, from the end of the request's headers). A
+	// request that asks to wait for room (max_delay_ms) is answered up to that wait
+	// later: its connection's deadlines are moved to the wait plus WriteTimeout, so that
+	// the wait ends in an answer rather than in the connection closed at the server's
+	// write deadline (the client would see only EOF) or the request's context cancelled
+	// at its read deadline. Default DefaultCheckWriteTimeout.
+	WriteTimeout time.Duration
 }
 
 // CheckRequest is the body of POST /v1/check, the JSON shape of Envoy's RateLimitRequest:
@@ -149,6 +160,9 @@ func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = DefaultCheckWriteTimeout
+	}
 	pool := sync.Pool{New: func() any { return new(checkState) }}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
@@ -174,6 +188,9 @@ func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 			}
 			writeProblem(w, status, opts.ProblemType, err.Error())
 			return
+		}
+		if maxDelay > 0 {
+			allowWait(w, r, maxDelay+opts.WriteTimeout, opts.Logger)
 		}
 		res := &s.res
 		var waited time.Duration
@@ -208,6 +225,23 @@ func NewCheckHandler(dec Decider, opts CheckOptions) http.Handler {
 			opts.Logger.LogAttrs(r.Context(), slog.LevelDebug, "writing check response", slog.Any("err", err))
 		}
 	})
+}
+
+// allowWait moves the deadlines of r's connection to d from now, for a request that may
+// wait for room: the server set them for an answer at once, and a wait past its write
+// deadline would end in the connection closed without an answer, a wait past its read
+// deadline in the request's context cancelled (the server's background read fails, and
+// takes that for the client gone). The deadlines are the network's, on the wall clock.
+// The server resets them for the connection's next request. A writer that cannot move
+// them (not a server's connection) keeps its own.
+func allowWait(w http.ResponseWriter, r *http.Request, d time.Duration, log *slog.Logger) {
+	rc := http.NewResponseController(w)
+	at := time.Now().Add(d)
+	for _, set := range []func(time.Time) error{rc.SetWriteDeadline, rc.SetReadDeadline} {
+		if err := set(at); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			log.LogAttrs(r.Context(), slog.LevelDebug, "moving the connection's deadline for a wait", slog.Any("err", err))
+		}
+	}
 }
 
 // decode reads the body and decodes it with fastDecode, or, when the body is not in the

@@ -33,7 +33,8 @@ const (
 	// wait in the kernel's accept queue until one closes.
 	DefaultMaxConns = 4096
 	// DefaultMaxConnsPerAddr bounds the connections each listener holds from one client
-	// address (IPv6: one /64) at once; a connection past it is closed when accepted. It
+	// address (IPv6: one /64) at once; a connection past it is refused when accepted
+	// (answered 503 on a plaintext HTTP listener, closed on the others). It
 	// leaves room for a proxy's or gateway's connection pool, and lets 32 addresses, no
 	// fewer, fill a listener.
 	DefaultMaxConnsPerAddr = 128
@@ -61,7 +62,8 @@ type Limits struct {
 	// ReadTimeout is the HTTP API's bound on reading a request. Default DefaultReadTimeout.
 	ReadTimeout time.Duration
 	// WriteTimeout is the HTTP API's bound on writing a response, lengthened by
-	// Config.AuthMaxDelay. Default DefaultWriteTimeout.
+	// Config.AuthMaxDelay, and for a check request that asks to wait for room by its
+	// max_delay_ms (httplimit.CheckOptions.WriteTimeout). Default DefaultWriteTimeout.
 	WriteTimeout time.Duration
 	// ProxyTimeout is the reverse proxy's read and write bound, its write bound
 	// lengthened by Config.ProxyMaxDelay. Default DefaultProxyTimeout.

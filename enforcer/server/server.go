@@ -330,7 +330,7 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 	s.registerMetrics(reg)
 
-	if s.httpLn, err = s.listen(cfg.HTTPAddr); err != nil {
+	if s.httpLn, err = s.listen(cfg.HTTPAddr, s.tls == nil); err != nil {
 		return nil, fmt.Errorf("enforcer: http listener: %w", err)
 	}
 	if s.tls != nil {
@@ -338,17 +338,17 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 	if s.rls != nil {
 		// gRPC does its own TLS handshake (credentials), which negotiates HTTP/2.
-		if s.grpcLn, err = s.listen(cfg.GRPCAddr); err != nil {
+		if s.grpcLn, err = s.listen(cfg.GRPCAddr, false); err != nil {
 			return nil, fmt.Errorf("enforcer: grpc listener: %w", err)
 		}
 	}
 	if s.rlqs != nil {
-		if s.rlqsLn, err = s.listen(cfg.RLQSAddr); err != nil {
+		if s.rlqsLn, err = s.listen(cfg.RLQSAddr, false); err != nil {
 			return nil, fmt.Errorf("enforcer: rlqs listener: %w", err)
 		}
 	}
 	if cfg.Upstream != nil {
-		if s.proxyLn, err = s.listen(cfg.ProxyAddr); err != nil {
+		if s.proxyLn, err = s.listen(cfg.ProxyAddr, true); err != nil {
 			return nil, fmt.Errorf("enforcer: proxy listener: %w", err)
 		}
 	}
@@ -356,14 +356,15 @@ func New(cfg Config) (_ *Server, err error) {
 }
 
 // listen binds addr, holding at most Limits.MaxConns connections at once, and
-// Limits.MaxConnsPerAddr from one client address.
-func (s *Server) listen(addr string) (net.Listener, error) {
+// Limits.MaxConnsPerAddr from one client address; plainHTTP says that it serves HTTP/1.1
+// without TLS, so that a connection past the per-address bound can be answered 503.
+func (s *Server) listen(addr string, plainHTTP bool) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	if n := s.cfg.Limits.MaxConnsPerAddr; n > 0 {
-		ln = newPerAddrListener(ln, n, &s.connsRefused)
+		ln = newPerAddrListener(ln, n, &s.connsRefused, plainHTTP)
 	}
 	if n := s.cfg.Limits.MaxConns; n > 0 {
 		ln = netutil.LimitListener(ln, n)
@@ -443,7 +444,7 @@ func (s *Server) grpcServer(extra ...grpc.ServerOption) *grpc.Server {
 
 func (s *Server) registerMetrics(reg prometheus.Registerer) {
 	c := prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: "conns_refused_total",
-		Help: "Connections closed when accepted because their client address held --max-conns-per-addr on that listener."},
+		Help: "Connections refused when accepted (answered 503 on plaintext HTTP listeners, closed on the others) because their client address held --max-conns-per-addr on that listener."},
 		func() float64 { return float64(s.connsRefused.Load()) })
 	if err := reg.Register(c); err != nil {
 		s.log.Warn("metric not registered", "err", err)
@@ -511,7 +512,8 @@ func (s *Server) delaying(maxDelay time.Duration) (*httplimit.Middleware, error)
 // Config.AuthTokens are set, with the console at ConsolePath.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/check", httplimit.NewCheckHandler(s.lim, httplimit.CheckOptions{Logger: s.log, MaxBodyBytes: s.cfg.Limits.MaxBodyBytes}))
+	mux.Handle("POST /v1/check", httplimit.NewCheckHandler(s.lim, httplimit.CheckOptions{Logger: s.log, MaxBodyBytes: s.cfg.Limits.MaxBodyBytes,
+		WriteTimeout: s.cfg.Limits.WriteTimeout}))
 	if s.rls != nil {
 		// envoyproxy/ratelimit's HTTP twin of the gRPC service, for drop-in clients.
 		mux.Handle("POST /json", s.rls.JSONHandler())
@@ -566,7 +568,9 @@ func writeTooLarge(w http.ResponseWriter, limit int64) {
 
 // Run serves until ctx ends, then stops accepting requests, drains those in flight,
 // flushes the hits not yet published and releases everything, within ShutdownTimeout.
-// It returns the first error of a part that failed, or nil after a clean shutdown.
+// It returns the first error of a part that failed while serving, or nil once ctx ended
+// it: requests still in flight at the timeout and hits Kafka did not take in time are
+// logged as warnings, not returned (a stop that ran out of time is still a stop).
 func (s *Server) Run(ctx context.Context) error {
 	s.mu.Lock()
 	if s.started {
@@ -619,14 +623,14 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.rls != nil {
 		gs = s.grpcServer()
 		s.rls.Register(gs)
-		goRun("grpc", func() error { return gs.Serve(s.grpcLn) })
+		goRun("grpc", func() error { return serveGRPC(gs, s.grpcLn) })
 	}
 	var qs *grpc.Server
 	if s.rlqs != nil {
 		// An Envoy reports all its buckets in one message, larger than a check request.
 		qs = s.grpcServer(grpc.MaxRecvMsgSize(max(rlqs.MaxReportBytes, int(s.cfg.Limits.MaxBodyBytes))), rlqs.ServerOption())
 		s.rlqs.Register(qs)
-		goRun("rlqs", func() error { return qs.Serve(s.rlqsLn) })
+		goRun("rlqs", func() error { return serveGRPC(qs, s.rlqsLn) })
 		goRun("rlqs sweeper", func() error { return s.rlqs.Run(ctx) })
 	}
 	s.log.Info("enforcer serving", "site", s.cfg.Site, "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "rlqs", s.RLQSAddr(), "proxy", s.ProxyAddr())
@@ -644,9 +648,14 @@ func (s *Server) Run(ctx context.Context) error {
 		s.rlqs.SetServing(false)
 		qs.Stop()
 	}
-	for _, srv := range servers {
+	// Requests still running at the shutdown timeout are cut off (their connections
+	// closed, which ends a wait for room), and that is logged: the stop itself succeeded,
+	// and Run returns nil for it.
+	for i, srv := range servers {
 		if err := srv.Shutdown(sctx); err != nil {
-			s.log.Warn("http shutdown", "err", err)
+			s.log.Warn("shutdown: HTTP requests still in flight at the shutdown timeout were cut off",
+				"listener", lns[i].Addr().String(), "shutdown_timeout", s.cfg.ShutdownTimeout, "err", err)
+			_ = srv.Close()
 		}
 	}
 	if gs != nil {
@@ -655,16 +664,42 @@ func (s *Server) Run(ctx context.Context) error {
 		select {
 		case <-stopped:
 		case <-sctx.Done():
+			s.log.Warn("shutdown: gRPC calls still in flight at the shutdown timeout were cut off",
+				"listener", s.GRPCAddr(), "shutdown_timeout", s.cfg.ShutdownTimeout)
 			gs.Stop()
 		}
 	}
 	wg.Wait()
 	if err := s.core.Close(sctx); err != nil {
-		s.log.Warn("hits not delivered at shutdown", "err", err)
-		fail("producer", err)
+		s.logUndelivered(err)
 	}
 	s.closeAll()
 	return first
+}
+
+// serveGRPC serves gs on ln until gs is stopped. A stop that came before Serve began (a
+// shutdown signalled as the server starts: Run's goroutines may not have been scheduled
+// yet) is a clean stop too, not an error: grpc-go reports it as grpc.ErrServerStopped.
+func serveGRPC(gs *grpc.Server, ln net.Listener) error {
+	if err := gs.Serve(ln); !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
+	return nil
+}
+
+// logUndelivered logs the hits that the producer could not deliver at shutdown (Kafka
+// unreachable or slow, or the shutdown timeout spent draining requests). They are lost to
+// the other sites' counts for the rest of their windows, and without the leave record the
+// other sites find this one silent instead: a shutdown that could not finish its work,
+// which is logged, not a failure of the process. Run still returns nil for it: an
+// orchestrator takes a non-zero exit for a crash, and a restart would not bring them back.
+func (s *Server) logUndelivered(err error) {
+	if ue, ok := errors.AsType[*producer.UndeliveredError](err); ok {
+		s.log.Warn("shutdown: hits not delivered to Kafka; the other sites do not count them",
+			"hits", ue.Hits, "records", ue.Records, "shutdown_timeout", s.cfg.ShutdownTimeout, "err", ue.Err)
+		return
+	}
+	s.log.Warn("shutdown: closing the hit producer", "err", err)
 }
 
 // closeAll releases what New opened; safe on a partly built Server.

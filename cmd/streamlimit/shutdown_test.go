@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestEnforcerStopsCleanWithKafkaUnreachable stops `streamlimit enforcer` with hits of a
+// global limit that no broker can take (the one named does not listen): the shutdown
+// cannot deliver them within --shutdown-timeout, whatever its length, and must still end
+// in a nil error (exit status 0), the hits left being logged.
+func TestEnforcerStopsCleanWithKafkaUnreachable(t *testing.T) {
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // on failure too: the enforcer would run on to the end of the package
+	done := make(chan error, 1)
+	go func() {
+		cmd := newRootCmd()
+		cmd.SetArgs([]string{"enforcer", "--site", "eu", "--rules", rules, "--brokers", freePort(t),
+			"--http-listen", addr, "--grpc-listen", "off", "--shutdown-timeout", "100ms", "--log-level", "warn"})
+		cmd.SetOut(&strings.Builder{})
+		done <- cmd.ExecuteContext(ctx)
+	}()
+	// Admitted hits of a global limit: the producer holds them for Kafka.
+	deadline := time.Now().Add(20 * time.Second)
+	for admitted := 0; admitted < 3; {
+		resp, err := http.Post("http://"+addr+"/v1/check", "application/json",
+			strings.NewReader(`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"1"}]}]}`))
+		if err != nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("enforcer never answered: %v", err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		var out struct {
+			OverallCode string `json:"overall_code"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		if out.OverallCode != "OK" {
+			t.Fatalf("check answered %d %q, want OK", resp.StatusCode, out.OverallCode)
+		}
+		admitted++
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("enforcer stopped with %v, want a clean exit (status 0)", err)
+	}
+}
+
+// TestEnforcerStopsCleanWithRequestInFlight stops `streamlimit enforcer` while a check
+// request waits for room (max_delay_ms) longer than --shutdown-timeout: the drain runs out
+// of time, which is logged, and the command must still return nil (exit status 0). The
+// stop comes once the enforcer reports the request waiting, so the timeout decides,
+// whatever the machine's speed.
+func TestEnforcerStopsCleanWithRequestInFlight(t *testing.T) {
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	// One request a minute: the second waits for room until its max_delay_ms.
+	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1, scope: local, algorithm: token_bucket, burst: 1}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		cmd := newRootCmd()
+		cmd.SetArgs([]string{"enforcer", "--no-kafka", "--site", "eu", "--rules", rules, "--http-listen", addr, "--grpc-listen", "off",
+			"--shutdown-timeout", "50ms", "--log-level", "warn"})
+		cmd.SetOut(&strings.Builder{})
+		done <- cmd.ExecuteContext(ctx)
+	}()
+	check := func(body string) (*http.Response, error) {
+		return http.Post("http://"+addr+"/v1/check", "application/json", strings.NewReader(body))
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := check(`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"1"}]}]}`)
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("enforcer never answered: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	waiting := make(chan struct{})
+	go func() {
+		defer close(waiting)
+		// Cut off by the stop: an error, or whatever answer got out before.
+		if resp, err := check(`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"1"}]}],"max_delay_ms":60000}`); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	for !strings.Contains(metricsText(t, addr), "streamlimit_enforcer_waiting_requests 1") {
+		if time.Now().After(deadline) {
+			t.Fatal("the second request never waited")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("enforcer stopped with %v, want a clean exit (status 0)", err)
+	}
+	select { // cut off by the stop, not left waiting for its minute
+	case <-waiting:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request in flight was still held 10 s after the enforcer stopped")
+	}
+}
+
+// metricsText returns the enforcer's /metrics page.
+func metricsText(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
 // TestEnforcerStopsCleanWithKafkaUnreachable stops `streamlimit enforcer` with hits of a
@@ -22,17 +24,11 @@ func TestEnforcerStopsCleanWithKafkaUnreachable(t *testing.T) {
 	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	addr := freePort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel() // on failure too: the enforcer would run on to the end of the package
-	done := make(chan error, 1)
-	go func() {
-		cmd := newRootCmd()
-		cmd.SetArgs([]string{"enforcer", "--site", "eu", "--rules", rules, "--brokers", freePort(t),
-			"--http-listen", addr, "--grpc-listen", "off", "--shutdown-timeout", "100ms", "--log-level", "warn"})
-		cmd.SetOut(&strings.Builder{})
-		done <- cmd.ExecuteContext(ctx)
-	}()
+	// Port 1 (tcpmux) on loopback: a privileged port nothing here listens on.
+	addr, done := runUntilStopped(ctx, t, "enforcer", "--site", "eu", "--rules", rules, "--brokers", "127.0.0.1:1",
+		"--http-listen", anyPort, "--grpc-listen", "off", "--shutdown-timeout", "100ms", "--log-level", "warn")
 	// Admitted hits of a global limit: the producer holds them for Kafka.
 	deadline := time.Now().Add(20 * time.Second)
 	for admitted := 0; admitted < 3; {
@@ -73,17 +69,10 @@ func TestEnforcerStopsCleanWithRequestInFlight(t *testing.T) {
 	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1, scope: local, algorithm: token_bucket, burst: 1}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	addr := freePort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		cmd := newRootCmd()
-		cmd.SetArgs([]string{"enforcer", "--no-kafka", "--site", "eu", "--rules", rules, "--http-listen", addr, "--grpc-listen", "off",
-			"--shutdown-timeout", "50ms", "--log-level", "warn"})
-		cmd.SetOut(&strings.Builder{})
-		done <- cmd.ExecuteContext(ctx)
-	}()
+	addr, done := runUntilStopped(ctx, t, "enforcer", "--no-kafka", "--site", "eu", "--rules", rules, "--http-listen", anyPort,
+		"--grpc-listen", "off", "--shutdown-timeout", "50ms", "--log-level", "warn")
 	check := func(body string) (*http.Response, error) {
 		return http.Post("http://"+addr+"/v1/check", "application/json", strings.NewReader(body))
 	}
@@ -134,4 +123,30 @@ func metricsText(t *testing.T, addr string) string {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
+}
+
+// runUntilStopped runs the streamlimit command args in process until ctx ends, waits until
+// it has printed the address of its http listener (given anyPort), and returns that address
+// and the channel that receives the command's result: what its exit status would be.
+func runUntilStopped(ctx context.Context, t *testing.T, args ...string) (string, <-chan error) {
+	t.Helper()
+	var out devOutput
+	done := make(chan error, 1)
+	go func() {
+		cmd := newRootCmd()
+		cmd.SetArgs(args)
+		cmd.SetOut(&out)
+		cmd.SetErr(&out)
+		done <- cmd.ExecuteContext(ctx)
+	}()
+	var addr string
+	testenv.Eventually(t, 60*time.Second, args[0]+" printing its addresses", func() bool {
+		for _, m := range listenerAddr.FindAllStringSubmatch(listening.FindString(out.String()), -1) {
+			if m[1] == "http" {
+				addr = m[2]
+			}
+		}
+		return addr != ""
+	})
+	return addr, done
 }

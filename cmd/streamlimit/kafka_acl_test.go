@@ -59,9 +59,7 @@ func aclRecipe(t *testing.T, admin string) [][]string {
 // user without ACLs, cannot write a count (a forged count, total 0, is refused by the
 // broker), nor can the user without ACLs read one.
 func TestKafkaACLRecipe(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a private broker")
-	}
+	testenv.RealParts(t)
 	dir := t.TempDir()
 	saslAddr := freePort(t)
 	_, saslPort, _ := net.SplitHostPort(saslAddr)

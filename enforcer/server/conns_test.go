@@ -68,9 +68,6 @@ func raiseFileLimit(t *testing.T, n uint64) {
 // listeners' 4 096 slots (held 5 s on HTTP, 120 s on gRPC, where grpc-go waits that long
 // for a handshake) and the normal client waited in the accept queue: seconds.
 func TestConnectionFlood(t *testing.T) {
-	if testing.Short() {
-		t.Skip("10 000 connections: not in -short")
-	}
 	raiseFileLimit(t, hostileConns+2*hostileAddrs*server.DefaultMaxConnsPerAddr)
 	// The hostile connections the listeners hold stay held through the measurement: with
 	// the default 5 s bounds on a handshake and on a request's headers, the first of them

@@ -13,9 +13,7 @@ import (
 // redis.sh listens on the port STREAMLIMIT_REDIS_PORT names (what `make services-up
 // REDIS_PORT=…` sets), and the Makefile passes both pinned ports through.
 func TestServicesFixedPorts(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a redis-server")
-	}
+	RealParts(t)
 	Tool(t, "redis-server", "apt-get install redis-server")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -60,6 +60,16 @@ func StartStalls(t testing.TB) *Stalls {
 	return s
 }
 
+// StallsOf returns a stopped meter that measured the given stalls between start and end,
+// for tests of the checks that read one.
+func StallsOf(start, end time.Time, stalls ...Stall) *Stalls {
+	s := newStalls(start, StallTick, StallNoise)
+	s.stopOnce.Do(func() {})
+	s.stalls = append(s.stalls, stalls...)
+	s.end = end
+	return s
+}
+
 func newStalls(start time.Time, tick, noise time.Duration) *Stalls {
 	return &Stalls{tick: tick, noise: noise, start: start, quit: make(chan struct{}), done: make(chan struct{})}
 }

@@ -21,6 +21,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"regexp"
@@ -146,7 +147,15 @@ func follow(r io.Reader, w io.Writer) (outcome, error) {
 			}
 		case "fail":
 			if e.Test == "" {
+				// A test binary that died (a panic, a timeout, a signal) leaves the tests
+				// it was running without an outcome: their output says why.
 				o.failed = true
+				for _, k := range slices.Sorted(maps.Keys(buf)) {
+					if strings.HasPrefix(k, e.Package+" ") {
+						fmt.Fprint(w, buf[k].String())
+						delete(buf, k)
+					}
+				}
 				continue
 			}
 			if b := buf[key]; b != nil {

@@ -38,7 +38,13 @@ const unitRun = `{"Action":"start","Package":"p"}
 {"Action":"skip","Package":"q","Test":"TestOther"}
 {"Action":"output","Package":"p","Output":"FAIL\n"}
 {"Action":"fail","Package":"p"}
-{"Action":"output","Package":"q","Output":"ok  \tq\t0.1s\n"}
+{"Action":"run","Package":"q","Test":"TestHangs"}
+{"Action":"output","Package":"q","Test":"TestHangs","Output":"goroutine 7 [chan receive]:\n"}
+{"Action":"output","Package":"q","Test":"TestHangs","Output":"exit status 2\n"}
+{"Action":"output","Package":"r","Output":"FAIL\tr\t9.9s\n"}
+{"Action":"fail","Package":"r"}
+{"Action":"output","Package":"q","Output":"FAIL\tq\t153.7s\n"}
+{"Action":"fail","Package":"q"}
 {"Action":"pass","Package":"q"}
 `
 
@@ -50,7 +56,7 @@ func TestUnit(t *testing.T) {
 		t.Errorf("error %v: want the failure and, under CI, the other skip", err)
 	}
 	printed := w.String()
-	for _, want := range []string{"loud", "--- FAIL: TestBroken", "FAIL\n", "ok  \tq"} {
+	for _, want := range []string{"loud", "--- FAIL: TestBroken", "FAIL\n", "goroutine 7 [chan receive]", "FAIL\tq\t153.7s"} {
 		if !strings.Contains(printed, want) {
 			t.Errorf("output lacks %q:\n%s", want, printed)
 		}

@@ -13,7 +13,8 @@ SHELL := /bin/bash
 GO ?= go
 SERVICES := e2e/services
 TEST_TIMEOUT ?= 30m
-# Extra flags for go test, e.g. make test TESTFLAGS='-run Foo -v'.
+# Extra flags for go test, e.g. make test TESTFLAGS=-failfast. The tiers choose the
+# tests themselves; to run one test, see docs/testing.md.
 TESTFLAGS ?=
 
 .PHONY: all test test-unit test-e2e test-short lint bench fmt vet services-up services-down

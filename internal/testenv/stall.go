@@ -200,14 +200,20 @@ func (s *Stalls) Summary(from, to time.Time, min time.Duration) StallSummary {
 // Inconclusive fails t as inconclusive, and returns true, when fewer than MinMeasurable of
 // a check's total units (windows of a sliding-window bound, requests of a round-trip
 // bound) were kept once those overlapping a stall longer than min in [from, to] were set
-// aside. The caller still holds the kept units to its bound: a stall makes a check say
-// less, never pass.
+// aside (a zero from or to as for Summary). The caller still holds the kept units to its
+// bound: a stall makes a check say less, never pass.
 func (s *Stalls) Inconclusive(t testing.TB, what string, kept, total int, from, to time.Time, min time.Duration) bool {
 	t.Helper()
 	if total > 0 && float64(kept) >= MinMeasurable*float64(total) {
 		return false
 	}
 	m := s.Summary(from, to, min)
+	if from.IsZero() {
+		from = s.start
+	}
+	if to.IsZero() {
+		to = from.Add(m.Span)
+	}
 	t.Errorf("%s: inconclusive: the machine stalled %.1fs (worst %v) in [%.1fs, %.1fs]: %d of %d measurable, fewer than %.0f%%",
 		what, m.Stalled.Seconds(), m.Worst.Round(time.Millisecond), from.Sub(s.start).Seconds(), to.Sub(s.start).Seconds(),
 		kept, total, 100*MinMeasurable)

@@ -1,7 +1,7 @@
 # streamlimit developer targets. `make test` is what CI runs (.ci/run).
 #
 # Real Apache Kafka (KRaft) and Redis run on loopback for the duration of
-# `test` and `bench`, started and always stopped by
+# `test-e2e` and `bench`, started and always stopped by
 # e2e/services/with-services.sh. The first run fetches Kafka's jars with
 # Maven (cached in ~/.m2 and ~/.cache/streamlimit) and needs java, mvn,
 # kcat, python3 and redis-server (the scripts apt-get what is missing when
@@ -13,22 +13,47 @@ SHELL := /bin/bash
 GO ?= go
 SERVICES := e2e/services
 TEST_TIMEOUT ?= 30m
-# Extra flags for go test, e.g. make test TESTFLAGS='-run Foo -v'.
+# Extra flags for go test, e.g. make test TESTFLAGS=-failfast. The tiers choose the
+# tests themselves; to run one test, see docs/testing.md.
 TESTFLAGS ?=
 
-.PHONY: all test test-short lint bench fmt vet services-up services-down
+.PHONY: all test test-unit test-e2e test-short lint bench fmt vet services-up services-down
 
 all: test
 
-# Lint first (unformatted code, vet and staticcheck findings fail the run), then the
-# allocation tests without -race (under -race, sync.Pool drops items on purpose and
-# allocation counts mean nothing), then everything with -race, the three-cluster test last
-# and alone: its three brokers, MirrorMakers and six enforcers need both cores to keep
-# their lag under the bound at which sites are taken as silent.
-WAN_TEST := TestMultiClusterWAN$$
+# Two tiers, each run once, with one purpose each (docs/testing.md):
+#
+#   test-unit  the deterministic tier: -short, which means no external process. Nothing
+#              here needs Kafka, Redis or a tool; a test that does skips through
+#              testenv.RealParts, and internal/testtier writes its name to REAL_PARTS.
+#   test-e2e   the real-parts tier: exactly the tests the unit tier listed, with real
+#              Kafka and Redis (e2e/services/with-services.sh) and the tools of
+#              examples/install-test-tools.sh, without -short. No unit test runs twice.
+#
+# `make test` (what CI runs, .ci/run) is lint, then test-unit, then test-e2e.
 test: lint
+	$(MAKE) test-unit
+	$(MAKE) test-e2e
+
+# The tests of the real-parts tier, written by test-unit and read by test-e2e.
+REAL_PARTS ?= .tiers/real-parts.txt
+TESTTIER := $(GO) run ./internal/testtier
+
+# The allocation tests first, without -race (under -race, sync.Pool drops items on
+# purpose and allocation counts mean nothing), then everything with -race.
+test-unit:
+	$(GO) test -short -count=1 -run Alloc $(TESTFLAGS) ./...
+	@mkdir -p $(dir $(REAL_PARTS))
+	set -o pipefail; $(GO) test -short -race -count=1 -json -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./... | $(TESTTIER) unit -o $(REAL_PARTS)
+
+# The three-cluster test runs last and alone: its three brokers, MirrorMakers and six
+# enforcers need both cores to keep their lag under the bound at which sites are taken as
+# silent.
+WAN_TEST := TestMultiClusterWAN
+test-e2e:
+	@test -f $(REAL_PARTS) || { echo "$(REAL_PARTS) is missing: make test-unit lists the tests of this tier"; exit 1; }
 	bash examples/install-test-tools.sh
-	bash $(SERVICES)/with-services.sh bash -c '$(GO) test -count=1 -run Alloc $(TESTFLAGS) ./... && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -skip "$(WAN_TEST)" $(TESTFLAGS) ./... && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -run "$(WAN_TEST)" $(TESTFLAGS) ./e2e/'
+	GO=$(GO) bash $(SERVICES)/with-services.sh $(TESTTIER) e2e -list $(REAL_PARTS) -alone $(WAN_TEST) -- -race -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS)
 
 # staticcheck's version, fetched from the Go module proxy by go run (cached afterwards).
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
@@ -38,8 +63,7 @@ lint:
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 
-# Unit tests only: no services. Tests that need Kafka or Redis skip
-# (or fail when CI=true).
+# The unit tier without -race and without the list, for a quick look while editing.
 test-short:
 	$(GO) test -short -count=1 $(TESTFLAGS) ./...
 

@@ -208,9 +208,6 @@ func memoryFigures() (onceOne, oncePerSite, fullOne, fullPerSite float64) {
 // memoryBudgetOnce per further site, to memoryBudget per (key, site) for a key hit in every
 // sub-bucket, with a counter's own bookkeeping in at most memoryBookkeeping more.
 func TestMemoryPerCounter(t *testing.T) {
-	if testing.Short() {
-		t.Skip("memory measurement")
-	}
 	onceOne, oncePerSite, fullOne, fullPerSite := memoryFigures()
 	t.Logf("window 1m / 60 sub-buckets, hit in one sub-bucket: %.0f B per counter with 1 site, %.0f B per extra site; hit in all 60: %.0f B and %.0f B",
 		onceOne, oncePerSite, fullOne, fullPerSite)

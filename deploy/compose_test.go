@@ -28,6 +28,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/internal/testenv"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -298,6 +299,7 @@ type cli struct {
 func (c *cli) help(t *testing.T, sub []string) (usage string, flags map[string]bool) {
 	t.Helper()
 	if c.bin == "" {
+		testenv.RealParts(t) // builds and runs the binary
 		goTool, err := exec.LookPath("go")
 		if err != nil {
 			t.Fatalf("the go tool is needed to build cmd/streamlimit: %v", err)
@@ -918,11 +920,14 @@ func TestLoadGeneratorHitsAGlobalLimitOnEveryEnforcer(t *testing.T) {
 	if script == "" {
 		t.Fatalf("%s: runs no mounted script (%q %q)", loadgenService, lg.Entrypoint, lg.Command)
 	}
-	if sh, err := exec.LookPath("sh"); err == nil {
-		if out, err := exec.Command(sh, "-n", script).CombinedOutput(); err != nil {
-			t.Errorf("%s: sh -n: %v\n%s", script, err, out)
+	t.Run("sh -n", func(t *testing.T) {
+		testenv.RealParts(t) // runs sh
+		if sh, err := exec.LookPath("sh"); err == nil {
+			if out, err := exec.Command(sh, "-n", script).CombinedOutput(); err != nil {
+				t.Errorf("%s: sh -n: %v\n%s", script, err, out)
+			}
 		}
-	}
+	})
 	env := lg.Environment
 	var targets []string
 	for _, u := range strings.Fields(env["ENFORCERS"]) {

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/streamlimit/streamlimit/aggregator"
+	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
 // childEnv, when set in the environment, makes the test binary run one aggregator instead
@@ -115,6 +116,7 @@ type child struct {
 
 func startChild(t *testing.T, name string, cc childConfig) *child {
 	t.Helper()
+	testenv.RealParts(t) // a process of its own
 	b, err := json.Marshal(cc)
 	if err != nil {
 		t.Fatal(err)

@@ -855,7 +855,7 @@ func (p mcPhase) measure(rs []result, oracle []bool) mcFigures {
 	ws := sliding(times, ruleWindow, p.from, p.to)
 	f.maxCount, f.maxAt = ws.max, ws.maxAt
 	f.over = float64(ws.max) / ruleLimit
-	f.sureCount, f.sureAt = surelyInWindow(rs, ruleWindow, p.from, p.to)
+	f.sureCount, f.sureAt = surelyInWindow(rs, ruleWindow, p.from, p.to, nil)
 	f.overSure = float64(f.sureCount) / ruleLimit
 	f.under = 1
 	if f.oracle > 0 {

@@ -21,13 +21,15 @@ const lagAllowance = 2 * time.Second
 // its home enforcer. Once warm, the heavy client's admissions in every sliding window must
 // stay within limit × 1.02 + 1 and above 0.85 × limit (target 0.95, logged when missed;
 // windows in which the machine stalled past the site counter's timeout are left out of the
-// floor, see checkBound), and light clients are never denied.
+// floor, and windows a stall of the test process overlaps out of both, see checkBound), and
+// light clients are never denied.
 func TestMultiDC(t *testing.T) {
 	tp := startTopology(t, topologyOptions{brokers: testenv.Brokers(t), rules: rulesYAML(ruleLimit, ruleWindow)})
 
 	const windows = 8
 	heavyRate := 5 * ruleLimit / ruleWindow.Seconds()
 	g := newLoadGen(tp.nodes, heavyRate, 50, 1)
+	g.measureStalls(t)
 	ctx, cancel := context.WithTimeout(context.Background(), windows*ruleWindow)
 	defer cancel()
 	g.run(ctx)
@@ -40,6 +42,7 @@ func TestMultiDC(t *testing.T) {
 	refused := sumNodes(t, tp.nodes, "streamlimit_enforcer_conns_refused_total")
 	t.Logf("FIGURE multidc: connections refused by the per-address bound: %.0f", refused)
 	checkServed(t, "multidc", all)
+	checkRTT(t, "multidc", rs, 0, end, g.stallClock())
 	if all.lightDenied > 0 {
 		t.Errorf("%d of %d light-client requests were denied", all.lightDenied, all.lightRequests)
 	}
@@ -52,8 +55,8 @@ func TestMultiDC(t *testing.T) {
 	cold := sliding(times, ruleWindow, 0, ruleWindow+lagAllowance+ruleWindow)
 	t.Logf("FIGURE multidc-cold: first window and lag allowance: %s", cold)
 	// A key new to every site: each spends its default share until its counts come back.
-	checkOutage(t, "multidc-cold", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, 0, ruleWindow+lagAllowance+ruleWindow, 1.25)
-	checkBound(t, "multidc", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, ruleWindow+lagAllowance, end, disturbances(rs, redisTimeout))
+	checkOutage(t, "multidc-cold", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, 0, ruleWindow+lagAllowance+ruleWindow, 1.25, g.stallClock())
+	checkBound(t, "multidc", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, ruleWindow+lagAllowance, end, disturbances(rs, redisTimeout), g.stallClock())
 	fb := sumNodes(t, tp.nodes, "streamlimit_redis_counter_fallback_total")
 	t.Logf("FIGURE multidc: site counter calls answered in process because Redis failed or was slow: %.0f", fb)
 	perNode := map[int]int{}

@@ -48,9 +48,7 @@ const (
 // whole limit is logged beside the leave's (a crash is known only once b has been silent
 // for topics.SiteSilentAfter).
 func TestSiteLeave(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts three processes on the real broker; skipped with -short")
-	}
+	testenv.RealParts(t)
 	binary := buildStreamlimitAsync(t)
 	brokers := testenv.Kafka(t)
 	hits := testenv.CreateTopic(t, "hits", 2, nil)
@@ -284,9 +282,7 @@ func checkOnce(addr, domain, key, value string) (admitted, fallback bool, err er
 //     (streamlimit_snapshot_site_conflicts, and the error b logs): the aggregator forgets an
 //     instance at its leave record, not 10 s after its last heartbeat.
 func TestSiteRestart(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts three processes on the real broker; skipped with -short")
-	}
+	testenv.RealParts(t)
 	binary := buildStreamlimitAsync(t)
 	brokers := testenv.Kafka(t)
 	hits := testenv.CreateTopic(t, "hits", 2, nil)

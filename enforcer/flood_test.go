@@ -32,9 +32,6 @@ import (
 // flood holds about 1.5 GiB live. The counters and the snapshot must also be at least half
 // full (the budget is used, not avoided), and the newest key still counted exactly.
 func TestKeyFloodAllocatesWithinBudget(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a million keys: not in -short")
-	}
 	const (
 		target = 256 << 20
 		keys   = 1_000_000

@@ -233,8 +233,11 @@ func TestEnsureTopicsUsableAtOnce(t *testing.T) {
 	const callers = 3
 	errs := make(chan error, callers)
 	for range callers {
+		// The client is made here, not in the goroutine: AdminClient may end the test
+		// (skip it under -short), which only the test's own goroutine may do.
+		adm := testenv.AdminClient(t)
 		go func() {
-			_, err := topicadmin.Ensure(ctx, testenv.AdminClient(t), cfg)
+			_, err := topicadmin.Ensure(ctx, adm, cfg)
 			errs <- err
 		}()
 	}

@@ -105,9 +105,6 @@ func counterMemory(nsites, buckets int) float64 {
 // twice as many), and a whole ring's 4 bytes × Slots plus 128 once they are many (the
 // budget it always had).
 func TestMemoryPerKey(t *testing.T) {
-	if testing.Short() {
-		t.Skip("memory measurement")
-	}
 	s := NewSpec(time.Minute, 60, 30*time.Second)
 	for _, buckets := range []int{1, 4, 60} {
 		one, three := counterMemory(1, buckets), counterMemory(3, buckets)

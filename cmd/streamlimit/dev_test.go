@@ -160,9 +160,7 @@ func TestDevCountsAJSONHit(t *testing.T) {
 	if line == nil {
 		t.Fatal("docs/records.md has no kcat one-liner reading the counts topic")
 	}
-	if _, err := exec.LookPath("kcat"); err != nil {
-		testenv.Unavailable(t, "kcat is missing: apt-get install kcat")
-	}
+	testenv.Tool(t, "kcat", "apt-get install kcat")
 	kctx, kstop := context.WithTimeout(ctx, 60*time.Second)
 	defer kstop()
 	kout, err := exec.CommandContext(kctx, "bash", "-c", strings.Replace(string(line), "localhost:9092", broker, 1)).CombinedOutput()

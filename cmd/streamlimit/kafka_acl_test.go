@@ -58,9 +58,7 @@ func aclRecipe(t *testing.T, admin string) [][]string {
 // user without ACLs, cannot write a count (a forged count, total 0, is refused by the
 // broker), nor can the user without ACLs read one.
 func TestKafkaACLRecipe(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a private broker")
-	}
+	testenv.RealParts(t)
 	dir := t.TempDir()
 	props := filepath.Join(dir, "acl.properties")
 	// The PLAINTEXT listener is the admin's (and the controller's) and a super user, as an

@@ -29,9 +29,7 @@ import (
 // aggregator (PLAIN), an enforcer (SCRAM-SHA-512) and `counts get` through it: the
 // enforcer's admitted hits come back as counts. A wrong password and plaintext are refused.
 func TestKafkaSASLSSL(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a private broker")
-	}
+	testenv.RealParts(t)
 	dir := t.TempDir()
 	caFile, storeFile := writeBrokerPKI(t, dir)
 	props := filepath.Join(dir, "sasl.properties")

@@ -52,6 +52,7 @@ var moduleDir struct {
 // it is not there yet. It ends the test with testenv.Unavailable when that fails.
 func ratelimitSource(t testing.TB) string {
 	t.Helper()
+	testenv.RealParts(t) // runs the go tool, which may fetch from the module proxy
 	moduleDir.once.Do(func() {
 		cmd := exec.Command("go", "mod", "download", "-json", RatelimitModule+"@"+RatelimitVersion)
 		cmd.Dir = os.TempDir() // outside any module: nothing of ours is touched
@@ -197,6 +198,7 @@ func postJSON(t testing.TB, url, body string) jsonAnswer {
 // runs start at once. It ends the test with testenv.Unavailable when it cannot be built.
 func ratelimitBinary(t testing.TB) string {
 	t.Helper()
+	testenv.RealParts(t) // builds and runs envoyproxy/ratelimit
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		testenv.Unavailable(t, "no cache directory for envoyproxy/ratelimit's binary: %v", err)

@@ -33,7 +33,7 @@ const (
 
 // raiseFileLimit lifts the process's open-file limit to its hard limit, and fails (skips
 // outside CI) when that cannot hold n more descriptors.
-func raiseFileLimit(t *testing.T, n uint64) {
+func raiseFileLimit(t testing.TB, n uint64) {
 	t.Helper()
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
@@ -55,46 +55,91 @@ func raiseFileLimit(t *testing.T, n uint64) {
 	}
 }
 
+// normalTimeout bounds each request of the normal client in TestConnectionFlood: far
+// under the 2 minutes for which the flood holds its connections, which a client waiting
+// behind them would take, and far over anything a loaded machine adds outside a stall.
+const normalTimeout = 10 * time.Second
+
 // TestConnectionFlood holds 10 000 hostile connections open against one enforcer, half
 // on the HTTP API (each sends half a request's headers) and half on gRPC (each sends
-// nothing), from 10 loopback addresses, and measures a normal client from another
-// address: 100 check requests, each on a new connection, and 100 gRPC calls, each on a new
+// nothing), from 10 loopback addresses, and sends a normal client from another address:
+// 100 check requests, each on a new connection, and 100 gRPC calls, each on a new
 // connection. Each listener holds at most --max-conns-per-addr (128) connections per
 // address and closes the rest when accepted, so the normal client's connections are
-// accepted at once. The connections held stay held while the normal client is measured
-// (handshake and header bounds of 2 minutes), and the measurement starts once every
-// hostile connection has been accepted. Its p99 must stay below 50 ms, or below 3× its p99
-// with no hostile connection when the machine is that slow. Before, the hostile connections took the
-// listeners' 4 096 slots (held 5 s on HTTP, 120 s on gRPC, where grpc-go waits that long
-// for a handshake) and the normal client waited in the accept queue: seconds.
+// accepted at once. The connections held stay held while the normal client runs
+// (handshake and header bounds of 2 minutes), which starts once every hostile connection
+// has been accepted. Every request of the normal client must be answered within
+// normalTimeout. Before, the hostile connections took the listeners' 4 096 slots and the
+// normal client waited in the accept queue until they were let go: here, 2 minutes.
+// A request that timed out while the machine stalled for a second or more is set aside;
+// the test fails as inconclusive when more than half were. The round trip's percentiles
+// are figures, logged here and measured by BenchmarkConnectionFlood, not bounds.
 func TestConnectionFlood(t *testing.T) {
-	if testing.Short() {
-		t.Skip("10 000 connections: not in -short")
-	}
-	raiseFileLimit(t, hostileConns+2*hostileAddrs*server.DefaultMaxConnsPerAddr)
-	// The hostile connections the listeners hold stay held through the measurement: with
-	// the default 5 s bounds on a handshake and on a request's headers, the first of them
-	// would time out, all at once, while the normal client is measured.
+	stalls := testenv.StartStalls(t)
 	reg := prometheus.NewRegistry()
 	srv := startServer(t, server.Config{GRPCAddr: "127.0.0.1:0", Registry: reg,
 		Limits: server.Limits{GRPCHandshakeTimeout: 2 * time.Minute, ReadHeaderTimeout: 2 * time.Minute}})
-	httpP99, grpcP99 := normalClient(t, srv)
-	t.Logf("no hostile connection: normal client p99 %v (HTTP), %v (gRPC)", httpP99, grpcP99)
+	quiet := normalClient(t, srv)
+	t.Logf("FIGURE connection-flood: no hostile connection: normal client p99 %v (HTTP), %v (gRPC)", quiet.p99(quiet.http), quiet.p99(quiet.grpc))
+	flood(t, srv, reg)
+	got := normalClient(t, srv)
+	t.Logf("FIGURE connection-flood: with %d hostile connections open: normal client p99 %v (HTTP), %v (gRPC)", hostileConns, got.p99(got.http), got.p99(got.grpc))
+	var inStall int
+	for _, f := range append(quiet.failed, got.failed...) {
+		if stalls.Overlaps(f.from, f.to, time.Second) {
+			inStall++
+			t.Logf("%s: set aside, the machine stalled while it was in flight: %v", f.api, f.err)
+			continue
+		}
+		t.Errorf("%s: a normal client's request was not answered within %v with %d hostile connections open: %v", f.api, normalTimeout, hostileConns, f.err)
+	}
+	total := len(quiet.http) + len(quiet.grpc) + len(quiet.failed) + len(got.http) + len(got.grpc) + len(got.failed)
+	stalls.Inconclusive(t, "normal client", total-inStall, total, time.Time{}, time.Time{}, time.Second)
+}
 
+// BenchmarkConnectionFlood measures what TestConnectionFlood holds to a contract: the
+// round trip of a normal client's check request, on a connection of its own, while
+// 10 000 hostile connections are held open. It reports the p50 and p99 (report, not gate).
+func BenchmarkConnectionFlood(b *testing.B) {
+	reg := prometheus.NewRegistry()
+	srv := startServer(b, server.Config{GRPCAddr: "127.0.0.1:0", Registry: reg,
+		Limits: server.Limits{GRPCHandshakeTimeout: 2 * time.Minute, ReadHeaderTimeout: 2 * time.Minute}})
+	flood(b, srv, reg)
+	client := &http.Client{Timeout: normalTimeout, Transport: &http.Transport{DisableKeepAlives: true}}
+	var ds []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		resp, err := client.Post("http://"+srv.HTTPAddr()+"/v1/check", "application/json", strings.NewReader(checkBody))
+		if err != nil {
+			b.Fatal(err)
+		}
+		resp.Body.Close()
+		ds = append(ds, time.Since(t0))
+	}
+	slices.Sort(ds)
+	pct := func(p float64) float64 { return float64(ds[int(p*float64(len(ds)-1))].Microseconds()) / 1000 }
+	b.ReportMetric(pct(0.5), "p50-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
+}
+
+// flood opens hostileConns connections to srv's listeners, closed when tb ends, and
+// returns once the listeners have accepted every one of them.
+func flood(tb testing.TB, srv *server.Server, reg *prometheus.Registry) {
+	tb.Helper()
+	raiseFileLimit(tb, hostileConns+2*hostileAddrs*server.DefaultMaxConnsPerAddr)
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var (
 		mu   sync.Mutex
 		held []net.Conn
 		wg   sync.WaitGroup
 	)
-	defer func() {
+	tb.Cleanup(func() {
 		cancel()
 		wg.Wait()
 		for _, c := range held {
 			c.Close()
 		}
-	}()
+	})
 	start := time.Now()
 	for a := range hostileAddrs {
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 1, byte(10+a))}, Timeout: 10 * time.Second}
@@ -107,7 +152,7 @@ func TestConnectionFlood(t *testing.T) {
 				c, err := d.DialContext(ctx, "tcp", addr)
 				if err != nil {
 					if ctx.Err() == nil {
-						t.Errorf("hostile dial: %v", err)
+						tb.Errorf("hostile dial: %v", err)
 					}
 					return
 				}
@@ -121,45 +166,55 @@ func TestConnectionFlood(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	t.Logf("%d hostile connections open in %v", len(held), time.Since(start).Round(time.Millisecond))
+	tb.Logf("%d hostile connections open in %v", len(held), time.Since(start).Round(time.Millisecond))
 	// A dial returns once the kernel has queued the connection, before the server accepts
 	// it: wait until the listeners have accepted every hostile connection (and closed those
-	// over the per-address bound), so that the normal client is measured beside 10 000 open
+	// over the per-address bound), so that the normal client runs beside 10 000 open
 	// connections and not behind thousands still in the accept queue.
 	wantRefused := float64(hostileConns - 2*hostileAddrs*server.DefaultMaxConnsPerAddr)
-	testenv.Eventually(t, time.Minute, fmt.Sprintf("the listeners to refuse %v hostile connections", wantRefused), func() bool {
-		return testenv.Counter(t, reg, "streamlimit_enforcer_conns_refused_total") >= wantRefused
+	testenv.Eventually(tb, time.Minute, fmt.Sprintf("the listeners to refuse %v hostile connections", wantRefused), func() bool {
+		return testenv.Counter(tb, reg, "streamlimit_enforcer_conns_refused_total") >= wantRefused
 	})
-	t.Logf("accepted every hostile connection in %v", time.Since(start).Round(time.Millisecond))
-	hp, gp := normalClient(t, srv)
-	t.Logf("with them: normal client p99 %v (HTTP), %v (gRPC)", hp, gp)
-	for _, c := range []struct {
-		api        string
-		got, quiet time.Duration
-	}{{"HTTP", hp, httpP99}, {"gRPC", gp, grpcP99}} {
-		if c.got >= max(50*time.Millisecond, 3*c.quiet) {
-			t.Errorf("%s: a normal client's p99 is %v with %d hostile connections open (%v without)", c.api, c.got, hostileConns, c.quiet)
-		}
-	}
+	tb.Logf("accepted every hostile connection in %v", time.Since(start).Round(time.Millisecond))
 }
 
-// normalClient measures a client from 127.0.0.1: the p99 of 100 check requests and of
-// 100 gRPC calls, each on a connection of its own. A hundred of each, so that the p99 is
-// the second slowest, not the slowest: one call delayed by a busy machine (a CI run saw
-// the slowest of 30 gRPC calls take 126 ms while HTTP's p99 was 8 ms) is not the
-// server's doing.
-func normalClient(t *testing.T, srv *server.Server) (httpP99, grpcP99 time.Duration) {
+// normalRun is what the normal client of TestConnectionFlood saw: the round trips of the
+// requests answered, by API, and the requests that were not.
+type normalRun struct {
+	http, grpc []time.Duration
+	failed     []normalFailure
+}
+
+type normalFailure struct {
+	api      string
+	from, to time.Time
+	err      error
+}
+
+func (normalRun) p99(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	ds = slices.Clone(ds)
+	slices.Sort(ds)
+	return ds[(len(ds)*99+99)/100-1]
+}
+
+// normalClient sends 100 check requests and 100 gRPC calls from 127.0.0.1, each on a
+// connection of its own and bounded by normalTimeout.
+func normalClient(t *testing.T, srv *server.Server) normalRun {
 	t.Helper()
-	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	var hs, gs []time.Duration
+	var run normalRun
+	client := &http.Client{Timeout: normalTimeout, Transport: &http.Transport{DisableKeepAlives: true}}
 	for range 100 {
 		t0 := time.Now()
 		resp, err := client.Post("http://"+srv.HTTPAddr()+"/v1/check", "application/json", strings.NewReader(checkBody))
 		if err != nil {
-			t.Fatalf("normal client: %v", err)
+			run.failed = append(run.failed, normalFailure{"HTTP", t0, time.Now(), err})
+			continue
 		}
 		resp.Body.Close()
-		hs = append(hs, time.Since(t0))
+		run.http = append(run.http, time.Since(t0))
 	}
 	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: "n"}}}}}
 	for range 100 {
@@ -168,21 +223,17 @@ func normalClient(t *testing.T, srv *server.Server) (httpP99, grpcP99 time.Durat
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), normalTimeout)
 		_, err = rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, req)
 		cancel()
 		conn.Close()
 		if err != nil {
-			t.Fatalf("normal gRPC client: %v", err)
+			run.failed = append(run.failed, normalFailure{"gRPC", t0, time.Now(), err})
+			continue
 		}
-		gs = append(gs, time.Since(t0))
+		run.grpc = append(run.grpc, time.Since(t0))
 	}
-	return p99(hs), p99(gs)
-}
-
-func p99(ds []time.Duration) time.Duration {
-	slices.Sort(ds)
-	return ds[(len(ds)*99+99)/100-1]
+	return run
 }
 
 // TestPerAddrConnCap: with MaxConnsPerAddr 2, a third connection from one address is

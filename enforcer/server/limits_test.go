@@ -19,7 +19,7 @@ import (
 
 // startServer runs a Kafka-less enforcer with cfg's limits and security on loopback and
 // stops it at the end of the test.
-func startServer(t *testing.T, cfg server.Config) *server.Server {
+func startServer(t testing.TB, cfg server.Config) *server.Server {
 	t.Helper()
 	cfg.Site, cfg.RulesPath = "eu", writeRules(t)
 	if cfg.HTTPAddr == "" {
@@ -33,7 +33,7 @@ func startServer(t *testing.T, cfg server.Config) *server.Server {
 
 // runServer runs a server of cfg until the test ends, and then checks that it stopped
 // cleanly.
-func runServer(t *testing.T, cfg server.Config) *server.Server {
+func runServer(t testing.TB, cfg server.Config) *server.Server {
 	t.Helper()
 	srv, err := server.New(cfg)
 	if err != nil {

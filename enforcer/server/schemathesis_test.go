@@ -80,9 +80,7 @@ checks.positive_data_acceptance.enabled = false
 // list) and a bounded fuzzing phase, with a fixed seed. A finding fails the test with
 // schemathesis's report, which gives a curl command that reproduces it.
 func TestSchemathesis(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs an external fuzzer")
-	}
+	testenv.RealParts(t)
 	st := schemathesisBin(t)
 	dir := t.TempDir()
 	rulesPath, configPath := filepath.Join(dir, "rules.yaml"), filepath.Join(dir, "schemathesis.toml")

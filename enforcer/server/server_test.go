@@ -33,7 +33,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2, scope: local}
 `
 
-func writeRules(t *testing.T) string {
+func writeRules(t testing.TB) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "rules.yaml")
 	if err := os.WriteFile(p, []byte(rulesYAML), 0o644); err != nil {

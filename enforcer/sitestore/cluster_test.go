@@ -19,6 +19,7 @@ import (
 // startCluster starts a 3-master Redis Cluster on loopback and returns its addresses.
 func startCluster(t *testing.T) []string {
 	t.Helper()
+	testenv.RealParts(t)
 	if _, err := exec.LookPath("redis-cli"); err != nil {
 		startPrivateRedis(t) // fails or skips the standard way when redis-server is missing
 		t.Fatalf("redis-cli is not installed: %v", err)

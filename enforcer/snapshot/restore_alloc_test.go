@@ -27,9 +27,6 @@ import (
 // memory stays within the target throughout the restore, and that the snapshot is full
 // (it holds what its budget allows, and refused the rest).
 func TestRestoreAllocatesWithinBudget(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a million records: not in -short")
-	}
 	const (
 		target = 256 << 20
 		keys   = 1_000_000

@@ -43,6 +43,7 @@ func PrivateKafka(t testing.TB) *Broker {
 // "STREAMLIMIT_KAFKA_EXTRA_PROPERTIES=<file>" to add a secured listener.
 func PrivateKafkaEnv(t testing.TB, env ...string) *Broker {
 	t.Helper()
+	RealParts(t)
 	script, err := kafkaScript()
 	if err != nil {
 		missing(t, "kafka.sh", "Kafka (private broker)", err)

@@ -73,9 +73,10 @@ func Unavailable(t testing.TB, format string, args ...any) {
 }
 
 // Tool returns the path of the command name, or ends the test with Unavailable and hint
-// (how to install it).
+// (how to install it). A test looks a tool up to run it, so Tool calls RealParts first.
 func Tool(t testing.TB, name, hint string) string {
 	t.Helper()
+	RealParts(t)
 	p, err := exec.LookPath(name)
 	if err != nil {
 		Unavailable(t, "%s is not installed: %s", name, hint)

@@ -54,9 +54,7 @@ type KafkaCluster struct {
 // that CI never passes by skipping).
 func RequireMultiDC(t testing.TB) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("testenv: the multi-cluster harness starts several Kafka brokers; skipped with -short")
-	}
+	RealParts(t)
 	var missing []string
 	for _, cmd := range []string{"java", "mvn", "kcat", "python3"} {
 		if _, err := exec.LookPath(cmd); err != nil {

@@ -47,6 +47,7 @@ const redisStartAttempts = 4
 // the test ends. Without redis-server the test ends with Unavailable.
 func StartRedisServer(t testing.TB, o RedisServerOptions) *RedisServer {
 	t.Helper()
+	RealParts(t)
 	Tool(t, "redis-server", "apt-get install redis-server (tests kill, pause and cluster their own Redis)")
 	r := &RedisServer{t: t, opts: o}
 	t.Cleanup(r.Kill)

@@ -12,9 +12,7 @@ import (
 // redis.sh listens on the port STREAMLIMIT_REDIS_PORT names (what `make services-up
 // REDIS_PORT=…` sets), and the Makefile passes both pinned ports through.
 func TestServicesFixedPorts(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a redis-server")
-	}
+	RealParts(t)
 	Tool(t, "redis-server", "apt-get install redis-server")
 	script := filepath.Join("..", "..", "e2e", "services", "redis.sh")
 	var (

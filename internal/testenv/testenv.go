@@ -79,9 +79,12 @@ var shared containers
 
 // Kafka returns the bootstrap address(es) of a real Kafka broker, as
 // comma-separated host:port. See the package comment for where the broker
-// comes from. When there is none it calls t.Skip, or t.Fatal under CI=true.
+// comes from. When there is none it calls t.Skip, or t.Fatal under CI=true. Under -short
+// it skips (RealParts), as do Brokers, KafkaClient, AdminClient and CreateTopic, which
+// call it.
 func Kafka(t testing.TB) string {
 	t.Helper()
+	RealParts(t)
 	if v := strings.TrimSpace(os.Getenv(EnvKafkaBrokers)); v != "" {
 		return v
 	}
@@ -100,9 +103,11 @@ func Kafka(t testing.TB) string {
 
 // Redis returns the host:port address of a real Redis server. See the
 // package comment for where it comes from. When there is none it calls
-// t.Skip, or t.Fatal under CI=true.
+// t.Skip, or t.Fatal under CI=true. Under -short it skips (RealParts), as does
+// RedisClient, which calls it.
 func Redis(t testing.TB) string {
 	t.Helper()
+	RealParts(t)
 	if v := strings.TrimSpace(os.Getenv(EnvRedisAddr)); v != "" {
 		return v
 	}

@@ -101,9 +101,7 @@ func TestKafkaRoundTrip(t *testing.T) {
 // TestPrivateKafkaRestart proves a private broker keeps its data across
 // Stop(true) and Start, which fault tests rely on.
 func TestPrivateKafkaRestart(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts two JVMs; skipped with -short")
-	}
+	RealParts(t)
 	// Use the private broker only where the shared one is available, so
 	// the same tests run on a machine with Docker but without a JDK.
 	Kafka(t)

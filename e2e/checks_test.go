@@ -1,0 +1,112 @@
+package e2e_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/streamlimit/streamlimit/internal/testenv"
+)
+
+// reportT records what a check reports instead of failing the test that runs it.
+type reportT struct {
+	testing.TB
+	errs []string
+}
+
+func (r *reportT) Helper() {}
+
+func (r *reportT) Errorf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+
+// heavyRun is 40 s of the heavy client at 100 requests a second, answered in 2 ms, of
+// which admit(sent) says which are admitted.
+func heavyRun(admit func(i int, sent time.Duration) bool) []result {
+	var rs []result
+	for i := range 4000 {
+		sent := time.Duration(i) * 10 * time.Millisecond
+		rs = append(rs, result{client: heavyClient, sent: sent, recv: sent + 2*time.Millisecond, status: 200, admitted: admit(i, sent)})
+	}
+	return rs
+}
+
+// stallsAt is a stall meter of a run started at start that measured the given spans.
+func stallsAt(start time.Time, spans ...span) stallClock {
+	var ss []testenv.Stall
+	for _, s := range spans {
+		ss = append(ss, testenv.Stall{From: start.Add(s.from), To: start.Add(s.to)})
+	}
+	return stallClock{testenv.StallsOf(start, start.Add(40*time.Second), ss...), start}
+}
+
+// TestChecksSeeThroughStalls: a stall sets windows aside, never the verdict. The bound of
+// TestMultiDC (limit 100 per 5 s) holds for a system that admits one request in five; a
+// system that admits twice that (a broken limit) fails it with a stall and without; a
+// stall over most of the run makes the check inconclusive, whatever the system did; and
+// an over-admission inside a stall, where the machine explains it, is set aside.
+func TestChecksSeeThroughStalls(t *testing.T) {
+	start := time.Unix(1000, 0)
+	good := func(i int, _ time.Duration) bool { return i%5 == 0 }
+	broken := func(i int, _ time.Duration) bool { return i%5 == 0 || i%5 == 1 }
+	// burst admits everything in [12 s, 13 s], the second after a stall.
+	burst := func(i int, sent time.Duration) bool {
+		return good(i, sent) || sent >= 12*time.Second && sent < 13*time.Second
+	}
+	stall := span{10 * time.Second, 12 * time.Second}
+	long := span{8 * time.Second, 36 * time.Second}
+	for _, c := range []struct {
+		name   string
+		admit  func(int, time.Duration) bool
+		stalls stallClock
+		want   []string // substrings of the errors, in order; none for a pass
+	}{
+		{"good", good, stallClock{}, nil},
+		{"good, stalled", good, stallsAt(start, stall), nil},
+		{"broken", broken, stallClock{}, []string{"more than limit × 1.02 + 1", "more than 1.10 × the limit"}},
+		{"broken, stalled", broken, stallsAt(start, stall), []string{"more than limit × 1.02 + 1", "more than 1.10 × the limit"}},
+		{"broken, stalled most of the run", broken, stallsAt(start, long), []string{"inconclusive: the machine stalled 28.0s", "more than limit × 1.02 + 1", "inconclusive", "more than 1.10 × the limit"}},
+		{"good, stalled most of the run", good, stallsAt(start, long), []string{"inconclusive", "inconclusive"}},
+		{"burst after a stall", burst, stallsAt(start, stall), nil},
+		{"burst, no stall measured", burst, stallClock{}, []string{"more than limit × 1.02 + 1", "more than 1.10 × the limit"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rs := heavyRun(c.admit)
+			r := &reportT{TB: t}
+			checkBound(r, "bound", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, 2*time.Second, 40*time.Second, nil, c.stalls)
+			checkOutage(r, "outage", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, 2*time.Second, 40*time.Second, 1.1, c.stalls)
+			if len(r.errs) != len(c.want) {
+				t.Fatalf("errors %q, want %d matching %q", r.errs, len(c.want), c.want)
+			}
+			for i, w := range c.want {
+				if !strings.Contains(r.errs[i], w) {
+					t.Errorf("error %d: %q, want it to say %q", i, r.errs[i], w)
+				}
+			}
+		})
+	}
+}
+
+// TestCheckRTTSeesThroughStalls: a slow answer clear of any stall fails the round-trip
+// bound; one in flight during a stall is set aside.
+func TestCheckRTTSeesThroughStalls(t *testing.T) {
+	start := time.Unix(1000, 0)
+	rs := heavyRun(func(int, time.Duration) bool { return true })
+	rs[1500].recv = rs[1500].sent + 8*time.Second // sent at 15 s
+	for _, c := range []struct {
+		name   string
+		stalls stallClock
+		fails  bool
+	}{
+		{"no stall", stallClock{}, true},
+		{"stall elsewhere", stallsAt(start, span{30 * time.Second, 31 * time.Second}), true},
+		{"stall while in flight", stallsAt(start, span{17 * time.Second, 19 * time.Second}), false},
+	} {
+		r := &reportT{TB: t}
+		checkRTT(r, c.name, rs, 0, 40*time.Second, c.stalls)
+		if got := len(r.errs) > 0; got != c.fails {
+			t.Errorf("%s: errors %q, want failing %v", c.name, r.errs, c.fails)
+		}
+	}
+}

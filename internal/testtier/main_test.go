@@ -1,0 +1,89 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/streamlimit/streamlimit/internal/testenv"
+)
+
+func TestSkipMessageIsTestenvs(t *testing.T) {
+	if realPartsSkip != testenv.RealPartsSkip {
+		t.Fatalf("realPartsSkip %q, testenv.RealPartsSkip %q", realPartsSkip, testenv.RealPartsSkip)
+	}
+}
+
+// A -short run as go test -json reports it: a unit test that passes, one that fails, a
+// real-parts test, a test with a real-parts subtest, and one skipped for another reason.
+const unitRun = `{"Action":"start","Package":"p"}
+{"Action":"run","Package":"p","Test":"TestUnit"}
+{"Action":"output","Package":"p","Test":"TestUnit","Output":"=== RUN   TestUnit\n"}
+{"Action":"output","Package":"p","Test":"TestUnit","Output":"    x_test.go:1: quiet\n"}
+{"Action":"pass","Package":"p","Test":"TestUnit"}
+{"Action":"run","Package":"p","Test":"TestBroken"}
+{"Action":"output","Package":"p","Test":"TestBroken","Output":"    x_test.go:2: loud\n"}
+{"Action":"output","Package":"p","Test":"TestBroken","Output":"--- FAIL: TestBroken (0.00s)\n"}
+{"Action":"fail","Package":"p","Test":"TestBroken"}
+{"Action":"run","Package":"p","Test":"TestKafka"}
+{"Action":"output","Package":"p","Test":"TestKafka","Output":"    testenv.go:9: real-parts tier (make test-e2e)\n"}
+{"Action":"skip","Package":"p","Test":"TestKafka"}
+{"Action":"run","Package":"q","Test":"TestMixed/bash"}
+{"Action":"output","Package":"q","Test":"TestMixed/bash","Output":"    tier.go:9: real-parts tier (make test-e2e)\n"}
+{"Action":"skip","Package":"q","Test":"TestMixed/bash"}
+{"Action":"pass","Package":"q","Test":"TestMixed"}
+{"Action":"output","Package":"q","Test":"TestOther","Output":"    x_test.go:3: no tool\n"}
+{"Action":"skip","Package":"q","Test":"TestOther"}
+{"Action":"output","Package":"p","Output":"FAIL\n"}
+{"Action":"fail","Package":"p"}
+{"Action":"run","Package":"q","Test":"TestHangs"}
+{"Action":"output","Package":"q","Test":"TestHangs","Output":"goroutine 7 [chan receive]:\n"}
+{"Action":"output","Package":"q","Test":"TestHangs","Output":"exit status 2\n"}
+{"Action":"output","Package":"r","Output":"FAIL\tr\t9.9s\n"}
+{"Action":"fail","Package":"r"}
+{"Action":"output","Package":"q","Output":"FAIL\tq\t153.7s\n"}
+{"Action":"fail","Package":"q"}
+{"Action":"pass","Package":"q"}
+`
+
+func TestUnit(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "list")
+	var w strings.Builder
+	err := unit(strings.NewReader(unitRun), &w, out, true)
+	if err == nil || !strings.Contains(err.Error(), "unit tier failed") || !strings.Contains(err.Error(), "q TestOther") {
+		t.Errorf("error %v: want the failure and, under CI, the other skip", err)
+	}
+	printed := w.String()
+	for _, want := range []string{"loud", "--- FAIL: TestBroken", "FAIL\n", "goroutine 7 [chan receive]", "FAIL\tq\t153.7s"} {
+		if !strings.Contains(printed, want) {
+			t.Errorf("output lacks %q:\n%s", want, printed)
+		}
+	}
+	if strings.Contains(printed, "quiet") || strings.Contains(printed, "=== RUN") {
+		t.Errorf("output shows a passing test's log:\n%s", printed)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(b), "p TestKafka\nq TestMixed\n"; got != want {
+		t.Errorf("list %q, want %q", got, want)
+	}
+	tests, err := readList(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []test{{"p", "TestKafka"}, {"q", "TestMixed"}}; !reflect.DeepEqual(tests, want) {
+		t.Errorf("readList: %v, want %v", tests, want)
+	}
+}
+
+func TestRunArgs(t *testing.T) {
+	got := runArgs([]test{{"p", "TestA"}, {"q", "TestA"}, {"q", "TestB.x"}}, []string{"TestWAN"})
+	want := []string{"-run", `^(TestA|TestB\.x)$`, "-skip", `^(TestWAN)$`, "p", "q"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("runArgs = %q, want %q", got, want)
+	}
+}

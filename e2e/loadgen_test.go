@@ -73,8 +73,12 @@ func newLoadGen(nodes []*node, heavyRate float64, lightClients int, lightRate fl
 			// ReadHeaderTimeout of being accepted. The transport pools the connections it
 			// dialed but did not need (another came free first); a request written onto one
 			// of those as the enforcer closes it is reset, and a POST is not retried. So the
-			// pool drops a connection well before the enforcer would.
-			Transport: &http.Transport{MaxIdleConnsPerHost: 64, MaxIdleConns: 512, IdleConnTimeout: server.DefaultReadHeaderTimeout / 2},
+			// pool drops a connection well before the enforcer would. And it opens at most
+			// half the connections an enforcer holds from one address (its flood defence
+			// refuses the others): with answers slowed by a loaded machine, an unbounded pool
+			// opened one per request in flight, past the bound, and those requests failed.
+			Transport: &http.Transport{MaxIdleConnsPerHost: 64, MaxIdleConns: 512, IdleConnTimeout: server.DefaultReadHeaderTimeout / 2,
+				MaxConnsPerHost: server.DefaultMaxConnsPerAddr / 2},
 		},
 	}
 }

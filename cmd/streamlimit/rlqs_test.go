@@ -20,6 +20,19 @@ import (
 func startCommand(t *testing.T, args ...string) func() string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
+	out, done := runCommand(ctx, args...)
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("%s exited with %v\n%s", args[0], err, out())
+		}
+	})
+	return out
+}
+
+// runCommand runs the streamlimit command args in process until ctx ends. It returns what
+// the command printed so far, on demand, and the channel that receives its result.
+func runCommand(ctx context.Context, args ...string) (func() string, <-chan error) {
 	var out devOutput
 	done := make(chan error, 1)
 	go func() {
@@ -29,13 +42,7 @@ func startCommand(t *testing.T, args ...string) func() string {
 		cmd.SetErr(&out)
 		done <- cmd.ExecuteContext(ctx)
 	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("%s exited with %v\n%s", args[0], err, out.String())
-		}
-	})
-	return out.String
+	return out.String, done
 }
 
 // assignedOver connects an Envoy model to the RLQS server at addr, decides one request of

@@ -29,17 +29,13 @@ func TestEnforcerStopsCleanWithKafkaUnreachable(t *testing.T) {
 	// Port 1 (tcpmux) on loopback: a privileged port nothing here listens on.
 	addr, done := runUntilStopped(ctx, t, "enforcer", "--site", "eu", "--rules", rules, "--brokers", "127.0.0.1:1",
 		"--http-listen", anyPort, "--grpc-listen", "off", "--shutdown-timeout", "100ms", "--log-level", "warn")
-	// Admitted hits of a global limit: the producer holds them for Kafka.
-	deadline := time.Now().Add(20 * time.Second)
-	for admitted := 0; admitted < 3; {
+	// Admitted hits of a global limit: the producer holds them for Kafka. The enforcer
+	// listens once it has printed its address.
+	for range 3 {
 		resp, err := http.Post("http://"+addr+"/v1/check", "application/json",
 			strings.NewReader(`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"1"}]}]}`))
 		if err != nil {
-			if time.Now().After(deadline) {
-				t.Fatalf("enforcer never answered: %v", err)
-			}
-			time.Sleep(50 * time.Millisecond)
-			continue
+			t.Fatal(err)
 		}
 		var out struct {
 			OverallCode string `json:"overall_code"`
@@ -49,7 +45,6 @@ func TestEnforcerStopsCleanWithKafkaUnreachable(t *testing.T) {
 		if out.OverallCode != "OK" {
 			t.Fatalf("check answered %d %q, want OK", resp.StatusCode, out.OverallCode)
 		}
-		admitted++
 	}
 	cancel()
 	if err := <-done; err != nil {
@@ -76,18 +71,12 @@ func TestEnforcerStopsCleanWithRequestInFlight(t *testing.T) {
 	check := func(body string) (*http.Response, error) {
 		return http.Post("http://"+addr+"/v1/check", "application/json", strings.NewReader(body))
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, err := check(`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"1"}]}]}`)
-		if err == nil {
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("enforcer never answered: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	resp, err := check(`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"1"}]}]}`)
+	if err != nil {
+		t.Fatal(err)
 	}
+	resp.Body.Close()
+	deadline := time.Now().Add(20 * time.Second)
 	waiting := make(chan struct{})
 	go func() {
 		defer close(waiting)
@@ -130,18 +119,10 @@ func metricsText(t *testing.T, addr string) string {
 // and the channel that receives the command's result: what its exit status would be.
 func runUntilStopped(ctx context.Context, t *testing.T, args ...string) (string, <-chan error) {
 	t.Helper()
-	var out devOutput
-	done := make(chan error, 1)
-	go func() {
-		cmd := newRootCmd()
-		cmd.SetArgs(args)
-		cmd.SetOut(&out)
-		cmd.SetErr(&out)
-		done <- cmd.ExecuteContext(ctx)
-	}()
+	out, done := runCommand(ctx, args...)
 	var addr string
 	testenv.Eventually(t, 60*time.Second, args[0]+" printing its addresses", func() bool {
-		for _, m := range listenerAddr.FindAllStringSubmatch(listening.FindString(out.String()), -1) {
+		for _, m := range listenerAddr.FindAllStringSubmatch(listening.FindString(out()), -1) {
 			if m[1] == "http" {
 				addr = m[2]
 			}

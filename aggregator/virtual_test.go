@@ -6,6 +6,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
 // virtualKafka starts a kfake cluster of one broker on kfake's in-memory network, for a
@@ -47,9 +49,7 @@ func onKfake(t *testing.T, test func(*testing.T, *env)) {
 func onKafkas(t *testing.T, test func(*testing.T, *env)) {
 	onKfake(t, test)
 	t.Run("kafka", func(t *testing.T) {
-		if testing.Short() {
-			t.Skip("the real broker's run is left out under -short; the kfake run covers the logic")
-		}
+		testenv.RealParts(t) // the kfake run covers the logic in the unit tier
 		test(t, newEnv(t))
 	})
 }

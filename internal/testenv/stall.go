@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -67,6 +68,38 @@ func StallsOf(start, end time.Time, stalls ...Stall) *Stalls {
 	s.stopOnce.Do(func() {})
 	s.stalls = append(s.stalls, stalls...)
 	s.end = end
+	return s
+}
+
+// StartServiceStalls starts a stall meter of a service the test runs against (Redis, a
+// broker): every StallTick it calls probe, a request the service answers at once when it
+// runs (PING), and records every call that takes more than noise as a stall of the service
+// from the call to its answer. A service stalls on a busy machine where the test process
+// does not: a server process gets its share of the cores, not the share its clients'
+// requests need. noise is above what the test itself makes the service do between two
+// probes. It runs until Stop or the end of the test, and logs a FIGURE line named name.
+func StartServiceStalls(t testing.TB, name string, noise time.Duration, probe func(context.Context) error) *Stalls {
+	t.Helper()
+	s := newStalls(time.Now(), StallTick, noise)
+	go func() {
+		defer close(s.done)
+		for {
+			select {
+			case <-s.quit:
+				return
+			case <-time.After(s.tick):
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			from := time.Now()
+			_ = probe(ctx) // a probe that fails late is as late as one that answers late
+			cancel()
+			s.record(from, time.Now())
+		}
+	}()
+	t.Cleanup(func() {
+		s.Stop()
+		t.Logf("FIGURE stalls of %s: %s", name, s.Summary(time.Time{}, time.Time{}, 0))
+	})
 	return s
 }
 

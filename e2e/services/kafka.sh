@@ -134,6 +134,10 @@ transaction.state.log.replication.factor=1
 transaction.state.log.min.isr=1
 transaction.state.log.num.partitions=4
 group.initial.rebalance.delay.ms=0
+# The broker heartbeats its own controller (one process); a machine busy enough to starve the
+# JVM past the default 9 s session fenced it from itself, and every partition answered
+# NOT_LEADER until it recovered. A test broker rides out such a stall instead.
+broker.session.timeout.ms=30000
 auto.create.topics.enable=${STREAMLIMIT_KAFKA_AUTO_CREATE:-false}
 delete.topic.enable=true
 # Compaction and retention act within seconds, so tests can observe them.

@@ -36,16 +36,25 @@ type served struct {
 // anyPort.
 func serve(t *testing.T, args ...string) served {
 	t.Helper()
-	s := served{out: startCommand(t, args...), addrs: map[string]string{}}
+	s := served{out: startCommand(t, args...)}
+	s.addrs = waitAddrs(t, args[0], s.out)
+	return s
+}
+
+// waitAddrs waits until a command named name has printed the addresses it listens on (out
+// returns what it printed so far), and returns them by listener name.
+func waitAddrs(t *testing.T, name string, out func() string) map[string]string {
+	t.Helper()
 	var line string
-	testenv.Eventually(t, 60*time.Second, args[0]+" printing its addresses", func() bool {
-		line = listening.FindString(s.out())
+	testenv.Eventually(t, 60*time.Second, name+" printing its addresses", func() bool {
+		line = listening.FindString(out())
 		return line != ""
 	})
+	addrs := map[string]string{}
 	for _, m := range listenerAddr.FindAllStringSubmatch(line, -1) {
-		s.addrs[m[1]] = m[2]
+		addrs[m[1]] = m[2]
 	}
-	return s
+	return addrs
 }
 
 // addr returns the address of the listener called name, failing the test when the

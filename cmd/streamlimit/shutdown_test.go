@@ -10,8 +10,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
 // TestEnforcerStopsCleanWithKafkaUnreachable stops `streamlimit enforcer` with hits of a
@@ -120,14 +118,9 @@ func metricsText(t *testing.T, addr string) string {
 func runUntilStopped(ctx context.Context, t *testing.T, args ...string) (string, <-chan error) {
 	t.Helper()
 	out, done := runCommand(ctx, args...)
-	var addr string
-	testenv.Eventually(t, 60*time.Second, args[0]+" printing its addresses", func() bool {
-		for _, m := range listenerAddr.FindAllStringSubmatch(listening.FindString(out()), -1) {
-			if m[1] == "http" {
-				addr = m[2]
-			}
-		}
-		return addr != ""
-	})
+	addr, ok := waitAddrs(t, args[0], out)["http"]
+	if !ok {
+		t.Fatalf("%s named no http listener", args[0])
+	}
 	return addr, done
 }

@@ -136,6 +136,25 @@ func newProc(t *testing.T, bin, name string, args ...string) *proc {
 	return p
 }
 
+// serviceProcAttr starts a child as a service of its own: in a session of its own, as
+// e2e/services starts the brokers, MirrorMakers and Redis (setsid), and killed when the
+// test process dies, so that no child outlives an interrupted run.
+//
+// The session is what Linux's scheduler shares CPU between first (autogroup), before the
+// threads of one session. As plain children, the enforcers and aggregators shared the
+// session of whatever ran `make test` with everything else that session ran, and with three
+// CPU-bound loops beside the run every wake-up of theirs waited behind them: in
+// TestMultiClusterWAN the pipeline's age (a site's snapshot age) went from 0.8 s to a median
+// of 3 s in the warm-up and 20 s later, every site was taken as silent and the aggregators'
+// group sessions expired, while the brokers, in sessions of their own, were not short of
+// CPU. In production each is a service of its own, scheduled as one; so it is here.
+//
+// Pdeathsig is sent when the thread that started the child exits, which the Go runtime
+// does only for a goroutine that exits locked to its thread; none of the tests does that.
+func serviceProcAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+}
+
 // start starts the process; it does not wait for it to be ready.
 func (p *proc) start() error {
 	p.mu.Lock()
@@ -159,6 +178,7 @@ func (p *proc) start() error {
 	p.runStart = len(p.out.String())
 	cmd := exec.Command(p.bin, args...)
 	cmd.Env = childEnviron()
+	cmd.SysProcAttr = serviceProcAttr()
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting %s: %w", p.name, err)

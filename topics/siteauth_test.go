@@ -1,11 +1,14 @@
 package topics
 
 import (
+	"encoding/hex"
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 const (
@@ -81,5 +84,54 @@ func TestParseSiteKeysRefuses(t *testing.T) {
 	}
 	if _, err := LoadSiteKeys(filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("missing file: %v", err)
+	}
+}
+
+// TestDocsSiteSignature checks docs/records.md's site signature section against the code:
+// the header's name, the bound on site records, the keys file example (it parses) and the
+// worked example (the heartbeat decodes, and its MAC under the example key is the one the
+// page gives).
+func TestDocsSiteSignature(t *testing.T) {
+	b, err := os.ReadFile("../docs/records.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	_, sec, ok := strings.Cut(doc, "## Site signatures")
+	if !ok {
+		t.Fatal("docs/records.md has no section on site signatures")
+	}
+	sec, _, _ = strings.Cut(sec, "\n## ")
+	for _, want := range []string{"`" + HeaderSiteMAC + "`", strings.TrimSuffix(siteMACContext, "\x00")} {
+		if !strings.Contains(sec, want) {
+			t.Errorf("the section does not name %q", want)
+		}
+	}
+	if !strings.Contains(doc, "dated more than 500 ms") || MaxSiteRecordAhead != 500*time.Millisecond {
+		t.Errorf("docs/records.md does not give MaxSiteRecordAhead (%v) as 500 ms", MaxSiteRecordAhead)
+	}
+	_, block, _ := strings.Cut(sec, "```text\n")
+	block, _, _ = strings.Cut(block, "```")
+	keys, err := ParseSiteKeys([]byte(block))
+	if err != nil {
+		t.Fatalf("the keys file example: %v", err)
+	}
+	key, ok := keys.Key("eu-1")
+	if !ok {
+		t.Fatal("the keys file example has no key for eu-1")
+	}
+	example := regexp.MustCompile("With that key, the site heartbeat\n`([^`]+)`\ncarries the header `streamlimit-site-mac` =\n`([0-9a-f]{64})`").FindStringSubmatch(sec)
+	if example == nil {
+		t.Fatal("no worked example of a signed heartbeat")
+	}
+	h, err := DecodeHit([]byte(example[1]))
+	if err != nil || !h.IsSiteHeartbeat() || h.Site != "eu-1" {
+		t.Fatalf("the example heartbeat: %+v, %v", h, err)
+	}
+	if got := hex.EncodeToString(SiteMAC(key, []byte(example[1]))); got != example[2] {
+		t.Errorf("the example's MAC is %s, the page says %s", got, example[2])
+	}
+	if err := keys.Verify([]byte("eu-1"), []byte(example[1]), SiteMAC(key, []byte(example[1]))); err != nil {
+		t.Error(err)
 	}
 }

@@ -1,7 +1,11 @@
 package aggregator
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -86,6 +90,8 @@ func testSiteAuthentication(t *testing.T, e *env) {
 	reg := prometheus.NewRegistry()
 	cfg := e.config(reg)
 	cfg.SiteKeys = keys
+	var logs lockedBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	a, _ := e.run(cfg)
 	eventually(t, "ready", 60*time.Second, a.Ready)
 
@@ -164,6 +170,14 @@ func testSiteAuthentication(t *testing.T, e *env) {
 			t.Errorf("bad_records_total{reason=%q} = %v, want %v", reason, got, n)
 		}
 	}
+	// Logged, but not once per record: the forged leaves, refused together, at most
+	// once a second.
+	for reason, most := range map[string]int{"unsigned": 1, "bad_signature": 2, "unknown_site": 1} {
+		n := strings.Count(logs.String(), "reason="+reason)
+		if n < 1 || n > most {
+			t.Errorf("reason %s logged %d times, want 1 to %d:\n%s", reason, n, most, logs.String())
+		}
+	}
 	if n := metricValue(t, reg, "streamlimit_aggregator_rerouted_total"); n != 1 {
 		t.Errorf("rerouted_total = %v, want 1", n)
 	}
@@ -181,4 +195,22 @@ func testSiteAuthentication(t *testing.T, e *env) {
 			t.Fatalf("a forged leave listed us as left: %+v", hb)
 		}
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

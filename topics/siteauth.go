@@ -128,7 +128,7 @@ func (k *SiteKeys) Sites() []string {
 // Verify reports whether mac (the record's HeaderSiteMAC; nil when absent) proves that
 // value was written by site: an error wrapping ErrUnsigned, ErrUnknownSite or
 // ErrBadSignature otherwise. It compares in constant time.
-func (k *SiteKeys) Verify(site []byte, value, mac []byte) error {
+func (k *SiteKeys) Verify(site, value, mac []byte) error {
 	if mac == nil {
 		return errorf(ErrUnsigned, "site %q", printable(site))
 	}

@@ -67,6 +67,9 @@ type Config struct {
 	// Aggregators, when set, are the only aggregator instances whose count records are
 	// believed (snapshot.Config.Aggregators).
 	Aggregators []string
+	// SiteKey, when set, is Site's key: every record the producer writes carries its proof
+	// of Site, which aggregators given the site keys require (producer.Config.SiteKey).
+	SiteKey []byte
 	// MaxStaleness is how old the counts may be before global limits are decided on local
 	// shares (default snapshot.DefaultMaxStaleness).
 	MaxStaleness time.Duration
@@ -181,7 +184,7 @@ func New(cfg Config) (_ *Limiter, err error) {
 		}
 		if l.prod, err = producer.New(producer.Config{
 			Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, Topic: cfg.HitsTopic, Site: cfg.Site,
-			Instance: instance, Counter: counter, SubBuckets: cfg.SubBuckets,
+			Instance: instance, Counter: counter, SubBuckets: cfg.SubBuckets, SiteKey: cfg.SiteKey,
 			Clock: cfg.Clock, Logger: l.log, Registerer: cfg.Registerer,
 		}); err != nil {
 			return nil, fmt.Errorf("streamlimit: producer: %w", err)

@@ -66,6 +66,9 @@ type Aggregator struct {
 	replayRecords   int64
 	sessionErrs     int   // group session failures since the last assignment
 	lastConflictLog int64 // ms of the last site-conflict log, guarded by mu
+	// authLog is, per reason, when records refused by site authentication were last
+	// logged (authFailed), guarded by mu.
+	authLog map[string]*authLogState
 	// batchHits is process's scratch, guarded by mu: the hits of a hit batch, read whole
 	// (and checked) in one pass before any is counted.
 	batchHits []topics.BatchHit

@@ -151,6 +151,12 @@ type Config struct {
 	// (a new data center's "<dc>.hits", created by MirrorMaker 2) goes unconsumed when
 	// consuming by pattern. Default DefaultMetadataMaxAge (franz-go's own default is 5m).
 	MetadataMaxAge time.Duration
+	// SiteKeys, when set, turns site authentication on: a hits-topic record is counted
+	// only if its topics.HeaderSiteMAC header proves the site it names, under that site's
+	// key here; others are skipped and counted by reason ("unsigned", "bad_signature",
+	// "unknown_site") and logged at most once a second per reason. Every site, local or
+	// replicated, needs its key. Default nil: records are taken at their word.
+	SiteKeys *topics.SiteKeys
 	// InstanceID names this instance in heartbeats and, when set, is its static group
 	// membership (Kafka's group.instance.id): a restart with the same InstanceID within
 	// SessionTimeout is given the same slots back without a rebalance (it replays them,
@@ -264,11 +270,15 @@ const (
 // topic but LocalTopic.
 func (c *Config) remote(topic string) bool { return topic != c.LocalTopic }
 
-// checkSiteHeartbeat returns the bad_records_total reason for which a site heartbeat of
-// time ts must be skipped at now (ms), or "": the same clock-skew bound as hits, and no
-// older than SiteForget.
+// checkSiteHeartbeat returns the bad_records_total reason for which a site record (a
+// heartbeat or a leave) of time ts must be skipped at now (ms), or "": dated no more than
+// topics.MaxSiteRecordAhead ahead (or MaxClockSkew, if smaller), and no older than
+// SiteForget. Hits may be stamped up to MaxClockSkew ahead, as their buckets say when
+// they were counted; a site record's time says until when its site is heard from, or
+// since when it is gone, and one dated further ahead than clocks disagree would override
+// what the site itself says until then.
 func (c *Config) checkSiteHeartbeat(now, ts int64, recordTime time.Time) string {
-	skew := c.MaxClockSkew.Milliseconds()
+	skew := min(c.MaxClockSkew, topics.MaxSiteRecordAhead).Milliseconds()
 	switch {
 	case ts > now+skew || (!recordTime.IsZero() && ts > recordTime.UnixMilli()+skew):
 		return ReasonTooFarFuture

@@ -49,7 +49,9 @@ func (c *counting) apply(now int64, it *held) addResult {
 		src := tp{topic: it.topic, part: it.slot}
 		if it.leave {
 			c.m.siteLeaves.Inc()
-			c.st.leftFrom(now, src, string(it.h.site), it.inst, it.h.bucketStart)
+			if !c.st.leftFrom(now, src, string(it.h.site), it.inst, it.h.bucketStart) {
+				c.m.bad.WithLabelValues(ReasonStrangerLeave).Inc()
+			}
 			return added
 		}
 		c.m.siteHeartbeats.Inc()

@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"context"
+	"errors"
 	"strconv"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -60,7 +61,11 @@ func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps 
 		// Several hits of one site, each counted as a record of its own would be; a batch
 		// that does not decode whole is skipped whole.
 		site, hits, err := topics.AppendBatchHits(a.batchHits[:0], r.Value)
+		if err == nil {
+			err = a.authenticate(site, r)
+		}
 		if err != nil {
+			clear(hits)
 			a.bad(ctx, cl, topics.Reason(err), r, err)
 			return 1
 		}
@@ -84,8 +89,15 @@ func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps 
 	var bh topics.BatchHit
 	if site, ok := topics.ReadHit(r.Value, &bh); ok {
 		h = hitRef{key: bh.Key, site: site, bucketStart: bh.BucketStart, window: bh.Window, count: bh.Count}
+		if err := a.authenticate(site, r); err != nil {
+			a.bad(ctx, cl, topics.Reason(err), r, err)
+			return 1
+		}
 	} else {
 		slow, err := topics.DecodeHit(r.Value)
+		if err == nil {
+			err = a.authenticate([]byte(slow.Site), r)
+		}
 		if err != nil {
 			a.bad(ctx, cl, topics.Reason(err), r, err)
 			return 1
@@ -120,6 +132,59 @@ func (a *Aggregator) processHit(ctx context.Context, cl *kgo.Client, now int64, 
 		}
 	}
 	a.take(now, a.cfg.remote(r.Topic), ps.replaying, held{slot: r.Partition, h: h, origin: origin, expiry: h.bucketStart + h.window + late})
+}
+
+// authenticate returns nil when r, a record of site, may be counted: always without
+// site keys (Config.SiteKeys), else only when its HeaderSiteMAC proves the site. A
+// record the aggregator re-routed keeps or gets a signature of its site's key (reroute).
+func (a *Aggregator) authenticate(site []byte, r *kgo.Record) error {
+	if a.cfg.SiteKeys == nil {
+		return nil
+	}
+	var mac []byte
+	for _, h := range r.Headers {
+		if h.Key == topics.HeaderSiteMAC {
+			mac = h.Value
+			if mac == nil {
+				mac = []byte{} // present but empty: wrong, not missing
+			}
+		}
+	}
+	return a.cfg.SiteKeys.Verify(site, r.Value, mac)
+}
+
+// authFailLogEvery is the least time between two logs of records refused for one reason
+// of site authentication: a forger writing thousands a second must not flood the log, and
+// the metric counts every one.
+const authFailLogEvery = 1_000 // ms
+
+// authFailed logs record r, refused by site authentication for reason, at most once per
+// authFailLogEvery per reason, with how many were refused for it since the last log. The
+// caller holds a.mu.
+func (a *Aggregator) authFailed(reason string, r *kgo.Record, err error) {
+	if a.authLog == nil {
+		a.authLog = map[string]*authLogState{}
+	}
+	st := a.authLog[reason]
+	if st == nil {
+		st = &authLogState{at: -1 << 62}
+		a.authLog[reason] = st
+	}
+	st.since++
+	now := a.cfg.Clock.Now().UnixMilli()
+	if now-st.at < authFailLogEvery {
+		return
+	}
+	a.log.Warn("hits record refused: it does not prove the site it names", "reason", reason, "topic", r.Topic,
+		"partition", r.Partition, "offset", r.Offset, "refused_since_last_log", st.since, "err", err)
+	st.at, st.since = now, 0
+}
+
+// authLogState is when records refused for one reason were last logged, and how many
+// since.
+type authLogState struct {
+	at    int64
+	since int64
 }
 
 // siteRecord records that the site of a site heartbeat was heard from on the record's
@@ -164,8 +229,18 @@ func (a *Aggregator) reroute(ctx context.Context, cl *kgo.Client, r *kgo.Record,
 		value = h.record()
 	}
 	hs := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
-	hs = append(hs, r.Headers...)
+	for _, rh := range r.Headers {
+		if i >= 0 && rh.Key == topics.HeaderSiteMAC {
+			continue // signed the batch, not this hit of it: signed again below
+		}
+		hs = append(hs, rh)
+	}
 	hs = append(hs, kgo.RecordHeader{Key: topics.HeaderRerouted, Value: []byte(origin)})
+	if key, ok := a.cfg.SiteKeys.Key(string(h.site)); ok && i >= 0 {
+		// The hit was authenticated as part of its batch; its record of its own is signed
+		// with its site's key, which the aggregator holds, so that it is counted again.
+		hs = append(hs, kgo.RecordHeader{Key: topics.HeaderSiteMAC, Value: topics.SiteMAC(key, value)})
+	}
 	rec := &kgo.Record{Topic: r.Topic, Key: h.key, Value: value, Timestamp: r.Timestamp, Headers: hs}
 	cl.Produce(context.WithoutCancel(ctx), rec, func(_ *kgo.Record, err error) {
 		if err != nil {
@@ -195,7 +270,11 @@ func (a *Aggregator) badHit(ctx context.Context, cl *kgo.Client, reason string, 
 
 func (a *Aggregator) bad(ctx context.Context, cl *kgo.Client, reason string, r *kgo.Record, err error) {
 	a.m.bad.WithLabelValues(reason).Inc()
-	a.log.Debug("bad hit record", "reason", reason, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+	if errors.Is(err, topics.ErrUnsigned) || errors.Is(err, topics.ErrBadSignature) || errors.Is(err, topics.ErrUnknownSite) {
+		a.authFailed(reason, r, err)
+	} else {
+		a.log.Debug("bad hit record", "reason", reason, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+	}
 	if a.cfg.DeadLetterTopic == "" {
 		return
 	}

@@ -41,11 +41,17 @@ func testLeaveFollowsTheLastCounts(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The instance heartbeats before it leaves: a leave counts only from an instance heard.
+	beat, err := topics.Hit{Key: topics.SiteHeartbeatKey, Site: "gone", BucketStart: now.UnixMilli() - 1, Instance: "gone-1"}.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
 	leave, err := topics.Hit{Key: topics.SiteLeaveKey, Site: "gone", BucketStart: now.UnixMilli(), Instance: "gone-1"}.MarshalBinary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.produceRecords(&kgo.Record{Topic: e.hits, Key: []byte(key), Value: hit, Timestamp: now},
+	e.produceRecords(&kgo.Record{Topic: e.hits, Key: []byte(topics.SiteLeaveKey), Value: beat, Timestamp: now},
+		&kgo.Record{Topic: e.hits, Key: []byte(key), Value: hit, Timestamp: now},
 		&kgo.Record{Topic: e.hits, Key: []byte(topics.SiteLeaveKey), Value: leave, Timestamp: now})
 
 	countPart := topics.Partition([]byte(key), testPartitions)

@@ -18,6 +18,10 @@ const (
 	// ReasonWindowTooLong: the hit's window exceeds MaxWindow, which recovery could not
 	// replay in full.
 	ReasonWindowTooLong = "window_too_long"
+	// ReasonStrangerLeave: a site leave record from an instance not heard heartbeating
+	// under its site on that partition (a forgery, or a leave replayed after its instance
+	// was forgotten); it changes nothing.
+	ReasonStrangerLeave = "stranger_leave"
 )
 
 type metrics struct {
@@ -110,7 +114,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, e := range []string{eventAssigned, eventRevoked, eventLost} {
 		m.groupPartitions.WithLabelValues(e)
 	}
-	for _, r := range append(topics.Reasons(), ReasonTooFarFuture, ReasonTooOld, ReasonWindowTooLong) {
+	for _, r := range append(topics.Reasons(), ReasonTooFarFuture, ReasonTooOld, ReasonWindowTooLong, ReasonStrangerLeave) {
 		m.bad.WithLabelValues(r)
 	}
 	if reg != nil {

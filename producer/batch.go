@@ -103,7 +103,7 @@ func (p *Producer) sendAll(batch []record, room int64) {
 			continue
 		}
 		o.buf = buf
-		o.kr = kgo.Record{Topic: p.cfg.Topic, Key: []byte(topics.HitBatchKey), Value: buf, Partition: q}
+		o.kr = kgo.Record{Topic: p.cfg.Topic, Key: []byte(topics.HitBatchKey), Value: buf, Partition: q, Headers: p.proof(buf)}
 		p.inflightRecs.Add(int64(len(o.recs)))
 		for _, r := range o.recs {
 			p.inflightHits.add(r.n)

@@ -62,6 +62,11 @@ type Config struct {
 	// multiples of BucketWidth since the Unix epoch on the Producer's clock. It must be a
 	// whole number of milliseconds. Default DefaultBucketWidth (100 ms).
 	BucketWidth time.Duration
+	// SiteKey, when set, is this site's key (topics.SiteKeys, at least
+	// topics.MinSiteKeyLen bytes): every record the Producer writes (hits, hit batches,
+	// site heartbeats and leaves) carries topics.HeaderSiteMAC, its proof of Site, which
+	// aggregators given the site keys require. Default nil: records are not signed.
+	SiteKey []byte
 	// Instance names this producer in its site heartbeats. Default
 	// "<hostname>-<pid>-<random>".
 	Instance string
@@ -183,6 +188,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if len(c.Instance) > topics.MaxSiteLen || len(c.Counter) > topics.MaxSiteLen || !utf8.ValidString(c.Instance) || !utf8.ValidString(c.Counter) {
 		return c, fmt.Errorf("%w: Instance and Counter must be at most %d bytes of UTF-8", ErrBadConfig, topics.MaxSiteLen)
+	}
+	if c.SiteKey != nil && len(c.SiteKey) < topics.MinSiteKeyLen {
+		return c, fmt.Errorf("%w: SiteKey of %d bytes, at least %d", ErrBadConfig, len(c.SiteKey), topics.MinSiteKeyLen)
 	}
 	if c.MaxBufferedKeys == 0 {
 		c.MaxBufferedKeys = DefaultMaxBufferedKeys

@@ -222,7 +222,7 @@ func (p *Producer) send(r record) {
 	}
 	o.buf, o.rec = buf, r
 	k := len(r.ck.key)
-	o.kr = kgo.Record{Topic: p.cfg.Topic, Key: buf[:k:k], Value: buf[k:]}
+	o.kr = kgo.Record{Topic: p.cfg.Topic, Key: buf[:k:k], Value: buf[k:], Headers: p.proof(buf[k:])}
 	p.inflightRecs.Add(1)
 	p.inflightHits.add(r.n)
 	p.cl.TryProduce(context.Background(), &o.kr, p.produced)

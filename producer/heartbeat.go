@@ -62,7 +62,7 @@ func (p *Producer) siteHeartbeat(nowMs, watermark int64) {
 	}
 	n := max(p.parts.n.Load(), 1)
 	for i := range n {
-		r := &kgo.Record{Topic: p.cfg.Topic, Key: []byte(topics.SiteHeartbeatKey), Value: v, Partition: i}
+		r := &kgo.Record{Topic: p.cfg.Topic, Key: []byte(topics.SiteHeartbeatKey), Value: v, Partition: i, Headers: p.proof(v)}
 		p.cl.TryProduce(context.Background(), r, func(_ *kgo.Record, err error) {
 			if err == nil {
 				p.heartbeatsOut.Add(1)
@@ -89,11 +89,20 @@ func (p *Producer) leave(ctx context.Context) {
 	n := max(p.parts.n.Load(), 1)
 	recs := make([]*kgo.Record, n)
 	for i := range n {
-		recs[i] = &kgo.Record{Topic: p.cfg.Topic, Key: []byte(topics.SiteLeaveKey), Value: v, Partition: i}
+		recs[i] = &kgo.Record{Topic: p.cfg.Topic, Key: []byte(topics.SiteLeaveKey), Value: v, Partition: i, Headers: p.proof(v)}
 	}
 	if err := p.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		p.cfg.Logger.Warn("producer: the site leave records were not delivered; the other sites will find this one silent instead", "err", err)
 		return
 	}
 	p.cfg.Logger.Info("producer: left", "site", p.cfg.Site, "instance", p.cfg.Instance, "partitions", n)
+}
+
+// proof returns the headers that prove the site of record value v: its
+// topics.HeaderSiteMAC under Config.SiteKey, or none without a key.
+func (p *Producer) proof(v []byte) []kgo.RecordHeader {
+	if p.cfg.SiteKey == nil {
+		return nil
+	}
+	return []kgo.RecordHeader{{Key: topics.HeaderSiteMAC, Value: topics.SiteMAC(p.cfg.SiteKey, v)}}
 }

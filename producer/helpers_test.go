@@ -35,6 +35,8 @@ type consumed struct {
 	// nparts the topic's partition count.
 	batches int
 	nparts  int32
+	// raw is every record read, headers included.
+	raw []*kgo.Record
 }
 
 // readTopic reads every record of topic from the start up to its end offsets as of the
@@ -81,6 +83,7 @@ func readTopic(t testing.TB, brokers []string, topic string, opts ...kgo.Opt) co
 			if end, ok := want[r.Partition]; ok && r.Offset+1 >= end {
 				delete(want, r.Partition)
 			}
+			out.raw = append(out.raw, r)
 			hs, err := topics.DecodeHits(r.Value)
 			if err != nil {
 				t.Fatalf("record %s/%d@%d: %v", r.Topic, r.Partition, r.Offset, err)

@@ -71,6 +71,21 @@
 // When every instance of the site heard from on a partition has left, the aggregators list
 // the site as left (Heartbeat.Left) instead of heard, and enforcers stop reserving anything
 // for it; a heartbeat of the site (a restart under the same name) makes it live again.
+// A leave counts only from an instance heard heartbeating under its site on that
+// partition, and a site record dated more than MaxSiteRecordAhead ahead of the
+// aggregator's clock is refused: neither a stranger's leave nor one dated ahead can
+// override the site's own heartbeats.
+//
+// # Site signatures (a header of any hits-topic record)
+//
+// Whoever may write a hits topic may write any site's name in a record. With site keys
+// configured, every record a producer writes (hit, hit batch, heartbeat, leave) carries the
+// header HeaderSiteMAC, the HMAC-SHA256 of the record's value under its site's key
+// (SiteMAC), and an aggregator given the keys (SiteKeys) skips and counts a record without
+// it ("unsigned"), with one that does not match ("bad_signature") or naming a site it has
+// no key for ("unknown_site"). The value's format does not change: readers without keys
+// ignore the header, so signing producers and verifying aggregators are upgraded apart
+// (producers first, then aggregators turn verification on).
 //
 // # Count records (topic "counts", compacted)
 //

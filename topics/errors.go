@@ -23,6 +23,12 @@ var (
 	ErrBadWindow      = errors.New("window out of range")
 	ErrBadTime        = errors.New("timestamp missing or out of range")
 	ErrBadSites       = errors.New("site breakdown invalid")
+	// ErrUnsigned, ErrBadSignature and ErrUnknownSite are a hits-topic record's failures
+	// of site authentication (SiteKeys.Verify): no HeaderSiteMAC, one that does not match
+	// the record, and a site no key is configured for.
+	ErrUnsigned     = errors.New("record carries no site signature")
+	ErrBadSignature = errors.New("site signature does not match the record")
+	ErrUnknownSite  = errors.New("no key for the record's site")
 )
 
 var reasons = []struct {
@@ -43,6 +49,9 @@ var reasons = []struct {
 	{ErrBadWindow, "bad_window"},
 	{ErrBadTime, "bad_time"},
 	{ErrBadSites, "bad_sites"},
+	{ErrUnsigned, "unsigned"},
+	{ErrBadSignature, "bad_signature"},
+	{ErrUnknownSite, "unknown_site"},
 }
 
 // Reason returns a short, stable label for a validation error, suitable for a metric label

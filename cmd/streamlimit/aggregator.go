@@ -15,11 +15,11 @@ import (
 
 func newAggregatorCmd() *cobra.Command {
 	var (
-		kf                   kafkaFlags
-		cfg                  aggregator.Config
-		hits, pattern, admin string
-		topicsList           []string
-		logFormat, logLevel  string
+		kf                             kafkaFlags
+		cfg                            aggregator.Config
+		hits, pattern, admin, siteKeys string
+		topicsList                     []string
+		logFormat, logLevel            string
 	)
 	cmd := &cobra.Command{
 		Use:   "aggregator",
@@ -53,6 +53,12 @@ Once --admin-listen is bound it prints "aggregator: admin ADDR" to standard outp
 			}
 			if len(topicsList) == 0 || cmd.Flags().Changed("hits-topic") {
 				cfg.LocalTopic = hits
+			}
+			if siteKeys != "" {
+				if cfg.SiteKeys, err = topics.LoadSiteKeys(siteKeys); err != nil {
+					return fmt.Errorf("--site-keys: %w", err)
+				}
+				log.Info("site authentication on: records not signed by the site they name are skipped", "sites", len(cfg.SiteKeys.Sites()))
 			}
 			reg := newRegistry()
 			cfg.Registerer = reg
@@ -101,6 +107,7 @@ Once --admin-listen is bound it prints "aggregator: admin ADDR" to standard outp
 	f.DurationVar(&cfg.DefaultWindow, "default-window", aggregator.DefaultDefaultWindow, "window of JSON hits without \"w\"")
 	f.DurationVar(&cfg.MaxWindow, "max-window", topics.DefaultMaxWindow, "longest window accepted; recovery replays this much")
 	f.DurationVar(&cfg.MetadataMaxAge, "metadata-max-age", aggregator.DefaultMetadataMaxAge, "how soon a new <dc>.hits topic matching the pattern is consumed")
+	f.StringVar(&siteKeys, "site-keys", "", "file of every site's key (a site name and a hex key per line; docs/hardening.md): a hits record counts only when signed by the site it names; others are skipped and counted (default: records are taken at their word)")
 	f.StringVar(&cfg.InstanceID, "instance-id", "", "stable, unique name of this aggregator: in heartbeats and on every record it writes to the counts topic (which enforcers started with --aggregator-instances check), and its static group membership (a restart under it within --session-timeout keeps its slots without a rebalance); default host-pid-random, dynamic membership")
 	f.StringVar(&admin, "admin-listen", "127.0.0.1:9090", "address of /metrics, /healthz and /readyz")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")

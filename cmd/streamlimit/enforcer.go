@@ -40,6 +40,7 @@ type enforcerFlags struct {
 	trustedProxies      []string
 	trustedProxiesSet   bool // --trusted-proxies given (flag, environment or --config)
 	authTokenFile       string
+	siteKeys            string
 	limitOverrides      string
 	compat              string
 	maxMemory           byteSize
@@ -109,6 +110,7 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 	f.StringVar(&c.HitsTopic, "hits-topic", topics.DefaultHitsTopic, "topic this site's hits are published to")
 	f.StringVar(&c.CountsTopic, "counts-topic", topics.DefaultCountsTopic, "compacted counts topic to follow")
 	f.StringSliceVar(&c.Aggregators, "aggregator-instances", nil, "instance IDs (the aggregators' --instance-id) whose records of the counts topic are believed; records of any other writer are skipped (default: every record)")
+	f.StringVar(&ef.siteKeys, "site-keys", "", "file of site keys (a site name and a hex key per line; docs/hardening.md): every record published to the hits topic is signed with --site's key, which aggregators given the keys require (default: unsigned)")
 	f.DurationVar(&c.MaxStaleness, "max-staleness", snapshot.DefaultMaxStaleness, "age of the aggregator's heartbeats past which global limits use local shares")
 	f.Float64Var(&c.DefaultShare, "default-share", 0, "this site's share of a global limit for keys new to the counts (0: 1/the number of sites that may spend them: live, or cut off from here)")
 	f.DurationVar(&c.SiteStaleAfter, "site-stale-after", enforcer.Defaults().SiteStaleAfter, "how long a site may go unheard before it is taken as silent and reserved its share of the keys it served")
@@ -290,6 +292,20 @@ func (ef *enforcerFlags) serverConfig() (server.Config, error) {
 	}
 	if cfg.RulesPath == "" {
 		errs = append(errs, errors.New("--rules is required"))
+	}
+	if ef.siteKeys != "" {
+		keys, err := topics.LoadSiteKeys(ef.siteKeys)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("--site-keys: %w", err))
+		case ef.noKafka:
+			errs = append(errs, errors.New("--site-keys signs what is published to Kafka: not with --no-kafka"))
+		default:
+			var ok bool
+			if cfg.SiteKey, ok = keys.Key(cfg.Site); !ok {
+				errs = append(errs, fmt.Errorf("--site-keys %s: no key for site %q", ef.siteKeys, cfg.Site))
+			}
+		}
 	}
 	log, err := newLogger(ef.logFormat, ef.logLevel)
 	if err != nil {

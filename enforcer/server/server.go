@@ -72,6 +72,9 @@ type Config struct {
 	// CountsTopic; records of any other writer are skipped (snapshot.Config.Aggregators).
 	// Default none: every record is believed.
 	Aggregators []string
+	// SiteKey, when set, is Site's key, with which every record published to HitsTopic is
+	// signed (producer.Config.SiteKey). Default none: records are not signed.
+	SiteKey []byte
 	// MaxStaleness is how old the aggregator's heartbeats may be before global limits
 	// fall back to local shares. Default snapshot.DefaultMaxStaleness.
 	MaxStaleness time.Duration
@@ -285,7 +288,7 @@ func New(cfg Config) (_ *Server, err error) {
 		Site: cfg.Site, Rules: cfg.RulesPath, ReloadInterval: cfg.ReloadInterval,
 		Load:    rules.LoadOptions{Compat: cfg.Compat, MergeDomains: cfg.MergeDomains},
 		Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, HitsTopic: cfg.HitsTopic, CountsTopic: cfg.CountsTopic,
-		Aggregators: cfg.Aggregators, MaxStaleness: cfg.MaxStaleness,
+		Aggregators: cfg.Aggregators, MaxStaleness: cfg.MaxStaleness, SiteKey: cfg.SiteKey,
 		Redis: sitestore.Config{Addrs: cfg.RedisAddrs, MasterName: cfg.RedisMasterName, Username: cfg.RedisUsername,
 			Password: cfg.RedisPassword, TLS: cfg.RedisTLS, KeyPrefix: cfg.RedisKeyPrefix, Timeout: cfg.RedisTimeout},
 		SiteEnforcers: cfg.SiteEnforcers,

@@ -72,6 +72,10 @@ type DCConfig struct {
 	// heartbeatsCrossCuts lets site heartbeats through cut links while hits stay cut: a
 	// broken replicator that the sites cannot notice, for the tests' control runs.
 	heartbeatsCrossCuts bool
+	// forge, when set, returns the records an attacker allowed to write the hits topics
+	// writes at t (ms since the start) into data center dc's, which reach every aggregator
+	// at once: forged site records, for the tests of site records no site wrote.
+	forge func(t int64, dc int) []topics.Hit
 }
 
 // dcRulesYAML is a run's one rule: every client gets Limit per Window, global scope, by
@@ -405,6 +409,12 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 		// 2. Every aggregator counts what has reached it.
 		for j, s := range sites {
 			for i := range sites {
+				if cfg.forge != nil {
+					for _, h := range cfg.forge(t, i) {
+						// Refused or not, a forgery is not the run's error.
+						_ = s.agg.AddFrom(now, topicFrom(i, j), h)
+					}
+				}
 				st := &hits[i][j]
 				if cfg.heartbeatsCrossCuts {
 					// Heartbeats first: they arrive as if nothing were cut.

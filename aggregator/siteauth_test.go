@@ -1,0 +1,216 @@
+package aggregator
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/streamlimit/streamlimit/topics"
+)
+
+// Leave records in a live site's name, written by whoever may write the hits topic, do
+// not take the site for gone: a leave from an instance the site never heartbeated with,
+// and one from the site's own instance dated 25 s ahead (beyond MaxSiteRecordAhead), are
+// both refused and counted, every 100 ms for 10 s, while the site heartbeats every 500 ms.
+// Before, the aggregator listed the site as left in most of its heartbeats.
+func TestMemoryRefusesForgedLeaves(t *testing.T) {
+	m, err := NewMemory(Config{HeartbeatInterval: time.Millisecond, MaxClockSkew: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	add := func(at time.Duration, key, inst string, ts time.Time) {
+		t.Helper()
+		h := topics.Hit{Key: key, Site: "us", BucketStart: ts.UnixMilli(), Instance: inst}
+		// A refused record is an error of AddFrom: the forger's, counted below.
+		_ = m.AddFrom(t0.Add(at), "hits", h)
+	}
+	left := 0
+	for at := time.Duration(0); at < 10*time.Second; at += 100 * time.Millisecond {
+		now := t0.Add(at)
+		if at%(500*time.Millisecond) == 0 {
+			add(at, topics.SiteHeartbeatKey, "us-1", now)
+		}
+		add(at, topics.SiteLeaveKey, "forger", now.Add(25*time.Second))
+		add(at, topics.SiteLeaveKey, "forger", now)
+		add(at, topics.SiteLeaveKey, "us-1", now.Add(25*time.Second))
+		hb := heartbeats(t, m.Emit(now.Add(50*time.Millisecond)))["hits"]
+		if _, ok := hb.Left["us"]; ok {
+			left++
+		} else if _, ok := hb.Sites["us"]; !ok && at > 0 {
+			t.Fatalf("at %v us is neither live nor left: %+v", at, hb)
+		}
+	}
+	if left != 0 {
+		t.Fatalf("us listed as left in %d of 100 heartbeats, want 0", left)
+	}
+	if got := testutil.ToFloat64(m.m.bad.WithLabelValues(ReasonStrangerLeave)); got != 100 {
+		t.Errorf("bad_records_total{reason=%q} = %v, want 100", ReasonStrangerLeave, got)
+	}
+	if got := testutil.ToFloat64(m.m.bad.WithLabelValues(ReasonTooFarFuture)); got != 200 {
+		t.Errorf("bad_records_total{reason=%q} = %v, want 200", ReasonTooFarFuture, got)
+	}
+	// The site's own leave, dated now, still counts.
+	add(10*time.Second, topics.SiteLeaveKey, "us-1", t0.Add(10*time.Second))
+	if hb := heartbeats(t, m.Emit(t0.Add(10200*time.Millisecond)))["hits"]; hb.Left["us"] == 0 {
+		t.Fatalf("us's own leave: heartbeat %+v, want us left", hb)
+	}
+}
+
+const (
+	testKeyEU = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+	testKeyUS = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100"
+)
+
+// With site keys, a hits-topic record counts only when its header proves the site it
+// names: a hit in us's name without a signature, one signed with eu's key, one of a site
+// without a key and a forged leave are skipped and counted by reason, while signed hits,
+// a signed batch whose hits are re-routed (and signed again by the aggregator) and a
+// signed heartbeat count.
+func TestSiteAuthentication(t *testing.T) {
+	t.Parallel()
+	onKfake(t, testSiteAuthentication)
+}
+
+func testSiteAuthentication(t *testing.T, e *env) {
+	keys, err := topics.ParseSiteKeys([]byte("eu " + testKeyEU + "\nus " + testKeyUS + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eu, _ := keys.Key("eu")
+	us, _ := keys.Key("us")
+	reg := prometheus.NewRegistry()
+	cfg := e.config(reg)
+	cfg.SiteKeys = keys
+	var logs lockedBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	a, _ := e.run(cfg)
+	eventually(t, "ready", 60*time.Second, a.Ready)
+
+	now := time.Now()
+	w := testWindow.Milliseconds()
+	rec := func(key string, part int32, value, mac []byte) *kgo.Record {
+		r := &kgo.Record{Topic: e.hits, Partition: part, Key: []byte(key), Value: value, Timestamp: now}
+		if mac != nil {
+			r.Headers = []kgo.RecordHeader{{Key: topics.HeaderSiteMAC, Value: mac}}
+		}
+		return r
+	}
+	hit := func(key, site string, n int64) []byte {
+		v, err := topics.Hit{Key: key, Site: site, BucketStart: now.UnixMilli(), Window: w, Count: n}.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	const key = "auth|user=5"
+	part := topics.Partition([]byte(key), testPartitions)
+	// A key owned by another partition than key's, for a batch written to key's.
+	other := ""
+	for i := 0; other == ""; i++ {
+		if k := fmt.Sprintf("auth|user=moved-%d", i); topics.Partition([]byte(k), testPartitions) != part {
+			other = k
+		}
+	}
+	batch, err := topics.AppendHitBatch(nil, "us")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []topics.Hit{{Key: key, BucketStart: now.UnixMilli(), Window: w, Count: 2}, {Key: other, BucketStart: now.UnixMilli(), Window: w, Count: 4}} {
+		if batch, err = h.AppendToBatch(batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	beat, err := topics.Hit{Key: topics.SiteHeartbeatKey, Site: "us", BucketStart: now.UnixMilli(), Instance: "us-1"}.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	leave, err := topics.Hit{Key: topics.SiteLeaveKey, Site: "us", BucketStart: now.UnixMilli(), Instance: "us-1"}.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := hit(key, "us", 5)
+	ghost := hit(key, "ghost", 11)
+	recs := []*kgo.Record{
+		rec(key, part, hit(key, "eu", 3), topics.SiteMAC(eu, hit(key, "eu", 3))),
+		rec(key, part, v, nil),                           // unsigned
+		rec(key, part, v, topics.SiteMAC(eu, v)),         // signed by another site
+		rec(key, part, ghost, topics.SiteMAC(eu, ghost)), // a site without a key
+		rec(topics.HitBatchKey, part, batch, topics.SiteMAC(us, batch)),
+	}
+	for q := range int32(testPartitions) {
+		recs = append(recs, rec(topics.SiteHeartbeatKey, q, beat, topics.SiteMAC(us, beat)))
+		recs = append(recs, rec(topics.SiteLeaveKey, q, leave, topics.SiteMAC(eu, leave))) // forged
+	}
+	if err := newManualProducer(t, e).ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the signed hits counted", 60*time.Second, func() bool {
+		got, _ := e.countsRecs.latest(t)
+		return got[key].Total == 5 && got[other].Total == 4
+	})
+	got, _ := e.countsRecs.latest(t)
+	sites := map[string]float64{}
+	for _, sc := range got[key].Sites {
+		sites[sc.Site] = sc.Count
+	}
+	if c := got[key]; sites["eu"] != 3 || sites["us"] != 2 || len(sites) != 2 {
+		t.Fatalf("count of %s: %+v, want eu 3 and us 2 (the signed hits only)", key, c)
+	}
+	for reason, n := range map[string]float64{"unsigned": 1, "bad_signature": 1 + testPartitions, "unknown_site": 1} {
+		if got := metricValue(t, reg, "streamlimit_aggregator_bad_records_total", "reason", reason); got != n {
+			t.Errorf("bad_records_total{reason=%q} = %v, want %v", reason, got, n)
+		}
+	}
+	// Logged, but not once per record: the forged leaves, refused together, at most
+	// once a second.
+	for reason, most := range map[string]int{"unsigned": 1, "bad_signature": 2, "unknown_site": 1} {
+		n := strings.Count(logs.String(), "reason="+reason)
+		if n < 1 || n > most {
+			t.Errorf("reason %s logged %d times, want 1 to %d:\n%s", reason, n, most, logs.String())
+		}
+	}
+	if n := metricValue(t, reg, "streamlimit_aggregator_rerouted_total"); n != 1 {
+		t.Errorf("rerouted_total = %v, want 1", n)
+	}
+	// The signed heartbeat counts, the forged leave does not: us is live.
+	eventually(t, "us live in the heartbeats", 30*time.Second, func() bool {
+		for _, r := range e.countsRecs.all() {
+			if hb, err := topics.DecodeHeartbeat(r.Value); err == nil && topics.IsHeartbeatKey(r.Key) && hb.Sites["us"] != 0 {
+				return true
+			}
+		}
+		return false
+	})
+	for _, r := range e.countsRecs.all() {
+		if hb, err := topics.DecodeHeartbeat(r.Value); err == nil && topics.IsHeartbeatKey(r.Key) && hb.Left["us"] != 0 {
+			t.Fatalf("a forged leave listed us as left: %+v", hb)
+		}
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -95,6 +95,9 @@ func (ss *session) handle(ctx context.Context, now time.Time, domain string, us 
 			s.metrics.invalid.WithLabelValues("no_bucket_id").Inc()
 			continue
 		}
+		// Counts are capped as at the other front doors: no client admits 2^32 requests
+		// between two reports, and a larger number would swamp the counts.
+		u.allowed, u.denied = min(u.allowed, math.MaxUint32), min(u.denied, math.MaxUint32)
 		reports++
 		allowed += u.allowed
 		denied += u.denied

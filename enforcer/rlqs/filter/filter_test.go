@@ -53,8 +53,8 @@ func TestNewBucket(t *testing.T) {
 		initial.GetBucketQuotaUsages()[0].GetNumRequestsAllowed() != 1 || initial.GetBucketQuotaUsages()[0].GetTimeElapsed().AsDuration() != 0 {
 		t.Fatalf("first request: admitted %v, report %v", ok, initial)
 	}
-	if f.Interval() != time.Second {
-		t.Errorf("timer interval %v, want the first bucket's reporting_interval", f.Interval())
+	if f.Interval() != ReportInterval || set.ReportingInterval == ReportInterval {
+		t.Errorf("timer interval %v with a reporting_interval of %v, want Envoy's fixed %v", f.Interval(), set.ReportingInterval, ReportInterval)
 	}
 	if _, again := f.Decide(t0, id, set); again != nil {
 		t.Error("a cached bucket's request was reported at once")

@@ -3,6 +3,7 @@ package rlqs
 import (
 	"context"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -29,10 +30,13 @@ type request struct {
 	tableEntry // name: domain and canonical(bucket id); holders: the streams' buckets
 	id         map[string]string
 
-	mu     sync.Mutex
-	cfg    *rules.Config
-	rep    *enforcer.Reporter
-	quotas []enforcer.Quota // the last Report's, shadow limits left out
+	mu  sync.Mutex
+	cfg *rules.Config
+	// orphans are the holders of this bucket id on closed streams whose reservations
+	// stand until their assignments expire or a new stream takes them over (lookup).
+	orphans []*holder
+	rep     *enforcer.Reporter
+	quotas  []enforcer.Quota // the last Report's, shadow limits left out
 }
 
 // session is the server's side of one stream: its domain and its buckets.
@@ -59,6 +63,7 @@ type holder struct {
 	period  float64 // seconds between reports, measured; 0 until measured
 	sentAt  float64
 	idle    float64 // since when it reported no request; -1 while active
+	taken   bool    // an orphan released early, by a new stream's holder (req.mu)
 }
 
 func (s *Server) newSession() *session {
@@ -153,6 +158,7 @@ func (ss *session) lookup(u *usage) (*holder, error) {
 		}
 		ss.byReq[req] = h
 		ss.srv.metrics.buckets.Inc()
+		ss.takeOver(req)
 	}
 	if u.raw != nil {
 		if raw := unsafeString(u.raw); raw == h.raw {
@@ -164,6 +170,31 @@ func (ss *session) lookup(u *usage) (*holder, error) {
 		}
 	}
 	return h, nil
+}
+
+// takeOver releases the reservation of one holder of req on a closed stream, the most
+// recently closed, when this stream reports req for the first time. An Envoy whose stream
+// ends starts another at its next report, with the same buckets and the same token
+// buckets, and reports on it what it admitted meanwhile: its old holder's reservation
+// would count the same tokens twice, and deny other clients, until its TTL. The protocol
+// names no Envoy (a report carries a domain and buckets only; Envoy adds no node id to
+// the stream), so the orphan taken is one of the same bucket id, not necessarily the same
+// Envoy's: when another Envoy's, that one is reporting elsewhere or about to come back,
+// and the difference is one holder's burst and refill for under a reporting period.
+func (ss *session) takeOver(req *request) {
+	req.mu.Lock()
+	n := len(req.orphans)
+	if n == 0 {
+		req.mu.Unlock()
+		return
+	}
+	o := req.orphans[n-1]
+	req.orphans[n-1] = nil
+	req.orphans = req.orphans[:n-1]
+	o.taken = true
+	req.mu.Unlock()
+	ss.release(o)
+	ss.srv.metrics.drainingBkts.Dec()
 }
 
 // forget drops an abandoned bucket from the session.
@@ -257,7 +288,7 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 		}
 		a = next(h.m, atOnce, allotted, hz, s.opts.Strategy == RequestsPerTimeUnit, ss.unit())
 	}
-	send = ss.due(h, a, allotted, t, hz)
+	a, send = ss.due(h, a, allotted, t, hz)
 	if send && a.kind == kindAllow && h.m.a.kind == kindNone {
 		s.metrics.unmatchedBkts.Inc()
 	}
@@ -270,29 +301,41 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 	return a, send, false
 }
 
-// due reports whether a, the assignment computed for h, is to be sent: always when h
-// has none or another strategy, or its current one could admit more than allotted in the
-// next hz seconds; when a would admit noticeably more than the current one; and when
-// half the TTL has passed since the last one, which the client would otherwise let expire.
-func (ss *session) due(h *holder, a assignment, allotted, t, hz float64) bool {
+// due returns the assignment to send for h, and whether to send one, given a, the one
+// computed for it: a when h has none or another strategy, when its current one could
+// admit more than allotted in the next hz seconds, or when a would admit noticeably
+// more; the current one again when it would expire before the report after next could
+// renew it (Envoy reports at a fixed cadence, and a renewal must reach it before the
+// TTL's whole seconds run out, whatever reporting_interval says). An equal token bucket
+// keeps its tokens at the client, so a renewal costs it nothing.
+func (ss *session) due(h *holder, a assignment, allotted, t, hz float64) (assignment, bool) {
 	cur := h.m.a
-	switch {
-	case cur.kind == kindNone || cur.kind != a.kind:
-		return true
-	case t-h.sentAt >= ss.srv.ttl.Seconds()/2:
-		return true
-	case a.kind != kindTokens && a.kind != kindPerUnit:
-		return false
+	if cur.kind == kindNone || cur.kind != a.kind {
+		return a, true
+	}
+	renew := t-h.sentAt+renewMargin*hz+1 > ss.srv.ttl.Seconds()
+	if a.kind != kindTokens && a.kind != kindPerUnit {
+		return cur, renew
+	}
+	if a == cur {
+		return a, renew
 	}
 	u := ss.unit()
 	have := h.m.potential(hz, u)
 	if have > allotted+1e-9 {
-		return true
+		return a, true
 	}
 	probe := h.m
 	probe.adopt(a)
-	return probe.potential(hz, u) > 1.05*have+1
+	if probe.potential(hz, u) > 1.05*have+1 {
+		return a, true
+	}
+	return cur, renew
 }
+
+// renewMargin is how many reporting periods before its expiry an assignment is renewed:
+// one for the next report, and half of one for a report that comes late.
+const renewMargin = 1.5
 
 // rekey makes h contribute to the keys of qs, in their order, taking its contribution
 // from keys it no longer holds (the rules changed).
@@ -351,6 +394,9 @@ func (ss *session) close(now time.Time) {
 		if h.m.a.kind != kindNone {
 			ss.until = max(ss.until, h.sentAt+s.ttl.Seconds())
 		}
+		h.req.mu.Lock()
+		h.req.orphans = append(h.req.orphans, h)
+		h.req.mu.Unlock()
 		s.metrics.buckets.Dec()
 		s.metrics.drainingBkts.Inc()
 	}
@@ -362,9 +408,21 @@ func (ss *session) close(now time.Time) {
 // drain releases a closed session's buckets once their assignments have expired.
 func (ss *session) drain() {
 	for _, h := range ss.byReq {
-		ss.srv.metrics.drainingBkts.Dec()
-		ss.release(h)
-		ss.srv.requests.release(h.req)
+		req := h.req
+		req.mu.Lock()
+		taken := h.taken
+		if !taken {
+			h.taken = true
+			if i := slices.Index(req.orphans, h); i >= 0 {
+				req.orphans = slices.Delete(req.orphans, i, i+1)
+			}
+		}
+		req.mu.Unlock()
+		if !taken {
+			ss.srv.metrics.drainingBkts.Dec()
+			ss.release(h)
+		}
+		ss.srv.requests.release(req)
 	}
 }
 

@@ -64,6 +64,8 @@ type holder struct {
 	sentAt  float64
 	idle    float64 // since when it reported no request; -1 while active
 	taken   bool    // an orphan released early, by a new stream's holder (req.mu)
+	// measured: a report came after the first, so the next interval is a period.
+	measured bool
 }
 
 func (s *Server) newSession() *session {
@@ -91,7 +93,7 @@ func (ss *session) handle(ctx context.Context, now time.Time, domain string, us 
 	var reports, allowed, denied uint64
 	for i := range us {
 		u := &us[i]
-		h, err := ss.lookup(u)
+		h, err := ss.lookup(u, now)
 		if err != nil {
 			s.metrics.invalid.WithLabelValues("malformed").Inc()
 			return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d].bucket_id: %v", i, err)
@@ -130,7 +132,7 @@ func (ss *session) handle(ctx context.Context, now time.Time, domain string, us 
 // for an empty bucket id. A bucket id in wire form is looked up by its bytes first, and
 // decoded only when they are new (the same id may come encoded in another order: it is
 // then found by its entries, and its new bytes remembered too).
-func (ss *session) lookup(u *usage) (*holder, error) {
+func (ss *session) lookup(u *usage, now time.Time) (*holder, error) {
 	if u.raw != nil {
 		if h := ss.byRaw[string(u.raw)]; h != nil {
 			return h, nil
@@ -158,7 +160,7 @@ func (ss *session) lookup(u *usage) (*holder, error) {
 		}
 		ss.byReq[req] = h
 		ss.srv.metrics.buckets.Inc()
-		ss.takeOver(req)
+		ss.takeOver(req, ss.srv.since(now))
 	}
 	if u.raw != nil {
 		if raw := unsafeString(u.raw); raw == h.raw {
@@ -172,25 +174,35 @@ func (ss *session) lookup(u *usage) (*holder, error) {
 	return h, nil
 }
 
-// takeOver releases the reservation of one holder of req on a closed stream, the most
-// recently closed, when this stream reports req for the first time. An Envoy whose stream
-// ends starts another at its next report, with the same buckets and the same token
-// buckets, and reports on it what it admitted meanwhile: its old holder's reservation
-// would count the same tokens twice, and deny other clients, until its TTL. The protocol
-// names no Envoy (a report carries a domain and buckets only; Envoy adds no node id to
-// the stream), so the orphan taken is one of the same bucket id, not necessarily the same
-// Envoy's: when another Envoy's, that one is reporting elsewhere or about to come back,
-// and the difference is one holder's burst and refill for under a reporting period.
-func (ss *session) takeOver(req *request) {
+// takeOver releases the reservation of one holder of req on a closed stream when this
+// stream reports req for the first time, at t. An Envoy whose stream ends starts another
+// at its next report, with the same buckets and the same token buckets, and reports on it
+// what it admitted meanwhile: its old holder's reservation would count the same tokens
+// twice, and deny other clients, until its TTL. The protocol names no Envoy (a report
+// carries a domain and buckets; Envoy adds no node id to the stream), but its report
+// timer does: it ticks at a fixed period from a phase of its own, so the orphan taken is
+// the one whose last report is closest to a whole number of periods before t. When
+// another Envoy's is taken after all, the difference is one holder's burst and refill
+// for under a period.
+func (ss *session) takeOver(req *request, t float64) {
 	req.mu.Lock()
-	n := len(req.orphans)
-	if n == 0 {
+	best, bestD := -1, math.Inf(1)
+	for i, o := range req.orphans {
+		p := o.period
+		if p <= 0 {
+			p = ss.srv.opts.ReportingInterval.Seconds()
+		}
+		d := math.Mod(t-o.m.last, p)
+		if d = min(d, p-d); d < bestD {
+			best, bestD = i, d
+		}
+	}
+	if best < 0 {
 		req.mu.Unlock()
 		return
 	}
-	o := req.orphans[n-1]
-	req.orphans[n-1] = nil
-	req.orphans = req.orphans[:n-1]
+	o := req.orphans[best]
+	req.orphans = slices.Delete(req.orphans, best, best+1)
 	o.taken = true
 	req.mu.Unlock()
 	ss.release(o)
@@ -220,7 +232,11 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 	span := hz
 	if h.started {
 		dt := t - h.m.last
-		if dt >= minInterval {
+		// The first interval is not a period: a new bucket is reported at once, and then
+		// by the report timer at whatever phase it runs (Envoy: global_client_impl.cc,
+		// createBucketImpl). Taken as one, it would shorten the horizon for many reports
+		// and keep the hits of the last report in the room's count.
+		if dt >= minInterval && h.measured {
 			if h.period == 0 {
 				h.period = dt
 			} else {
@@ -228,6 +244,7 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 			}
 		}
 		span = max(dt, minInterval)
+		h.measured = true
 	}
 	if h.period > 0 {
 		hz = h.period
@@ -313,7 +330,7 @@ func (ss *session) due(h *holder, a assignment, allotted, t, hz float64) (assign
 	if cur.kind == kindNone || cur.kind != a.kind {
 		return a, true
 	}
-	renew := t-h.sentAt+renewMargin*hz+1 > ss.srv.ttl.Seconds()
+	renew := t-h.sentAt+renewMargin*max(hz, ss.srv.opts.ReportingInterval.Seconds())+1 > ss.srv.ttl.Seconds()
 	if a.kind != kindTokens && a.kind != kindPerUnit {
 		return cur, renew
 	}
@@ -381,16 +398,18 @@ func (ss *session) release(h *holder) {
 	h.contrib = contribution{}
 }
 
-// close ends the session at now: its buckets stop taking part in shares, but their
-// clients may go on admitting on their last assignments until these expire, so their
-// tokens and rates stay reserved until then (Sweep).
+// close ends the session at now: its clients may go on admitting on their last
+// assignments until these expire, so their buckets stay reserved, shares included, until
+// then (Sweep) or until a new stream takes them over (takeOver).
 func (ss *session) close(now time.Time) {
 	s := ss.srv
 	s.metrics.streams.Dec()
 	t := s.since(now)
 	ss.until = t
 	for _, h := range ss.byReq {
-		ss.contribute(h, contribution{})
+		// Its contribution stays whole, its share of the room included: the client goes
+		// on admitting at its assigned rate until it reports again on another stream or
+		// its assignment expires, and the open holders must not hand out that share too.
 		if h.m.a.kind != kindNone {
 			ss.until = max(ss.until, h.sentAt+s.ttl.Seconds())
 		}

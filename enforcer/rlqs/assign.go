@@ -177,6 +177,9 @@ func allot(q *enforcer.Quota, others contribution, t, h, own float64, open int, 
 // a client's fair rate.
 const BurstSeconds = 1.0
 
+// MinBurst is the least max_tokens of a holder allotted three times as much or more.
+const MinBurst = 5
+
 // next returns the assignment that lets a holder admit at most over requests over the
 // next h seconds: DENY_ALL below one request; otherwise a token bucket filled at the
 // fair rate over ÷ (h + BurstSeconds), rounded down to a coarse grid (quantize), holding
@@ -198,12 +201,14 @@ func next(m model, now, over, h float64, perUnit bool, unit time.Duration) assig
 	}
 	fi := FillInterval.Seconds()
 	r := over / (h + BurstSeconds)
-	burst := max(math.Floor(r*BurstSeconds), 1)
+	// A slow holder's burst is a few requests rather than a second of its rate, which
+	// would be one: random arrivals bunch, and a bucket of one denies the second of two
+	// close requests however slow the client.
+	low := min(MinBurst, math.Floor(over/3))
+	burst := max(math.Floor(r*BurstSeconds), low, 1)
 	fill := quantize(math.Floor(min(r, (over-burst)/h) * fi))
-	if burst > 1 {
-		// The burst follows the rate on the grid, so that equal rates make equal buckets.
-		burst = max(math.Floor(fill/fi*BurstSeconds), 1)
-	}
+	// The burst follows the rate on the grid, so that equal rates make equal buckets.
+	burst = max(math.Floor(fill/fi*BurstSeconds), low, 1)
 	// A rate below the grid's least (a token a minute) still gets one: the bucket's
 	// validation refuses zero; it overshoots over by at most h/60 of a request.
 	fill = max(fill, 1)

@@ -264,7 +264,12 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 		req.cfg = cfg
 		req.rep = s.lim.Reporter(enforcer.Request{Domain: ss.domain, Descriptors: s.mapperOf(cfg).Descriptors(ss.domain, req.id)})
 	}
-	qs, other := req.rep.Report(ctx, now, int64(allowed), int64(denied), time.Duration(hz*float64(time.Second)), req.quotas[:0])
+	// The room is the count left when the holder reports next: the hits it reported a
+	// period ago leave the window about then, and are looked at a little after it so that
+	// they do count as gone (reports are counted in lumps, at their arrival, and two
+	// reports a period apart arrive a few milliseconds more or less than a period apart).
+	ahead := time.Duration((hz + aheadSlack) * float64(time.Second))
+	qs, other := req.rep.Report(ctx, now, int64(allowed), int64(denied), ahead, req.quotas[:0])
 	if other > 0 {
 		s.metrics.ignoredLimits.Add(float64(other))
 	}
@@ -354,6 +359,13 @@ func (ss *session) due(h *holder, a assignment, allotted, t, hz float64) (assign
 // one for the next report, and half of one for a report that comes late.
 const renewMargin = 1.5
 
+// aheadSlack is how long after a holder's next report, in seconds, the room is looked at.
+const aheadSlack = 0.1
+
+// demandMargin is how far above its demand a holder's unreported admissions are taken
+// to go (contribute).
+const demandMargin = 1.5
+
 // rekey makes h contribute to the keys of qs, in their order, taking its contribution
 // from keys it no longer holds (the rules changed).
 func (ss *session) rekey(h *holder, qs []enforcer.Quota) {
@@ -373,6 +385,14 @@ func (ss *session) rekey(h *holder, qs []enforcer.Quota) {
 // contribute replaces h's contribution to its keys with c plus its model's tokens and rate.
 func (ss *session) contribute(h *holder, c contribution) {
 	r := h.m.a.rate(ss.unit())
+	if h.m.a.kind == kindTokens && h.demand > 0 {
+		// What a holder admits between reports is bounded by its refill, and in
+		// practice by its demand: one that asks for far less than its rate is counted
+		// at its demand with a margin. It errs low only while a holder's demand jumps,
+		// by at most its rate for a reporting period; a holder at its rate is counted
+		// at its rate.
+		r = min(r, demandMargin*h.demand)
+	}
 	c.tok, c.rate, c.rateAt = h.m.tok, r, r*h.m.last
 	if h.m.a.kind == kindPerUnit {
 		c.tok = h.m.potential(0, ss.unit())

@@ -178,7 +178,7 @@ func allot(q *enforcer.Quota, others contribution, t, h, own float64, open int, 
 const BurstSeconds = 1.0
 
 // MinBurst is the least max_tokens of a holder allotted three times as much or more.
-const MinBurst = 5
+const MinBurst = 8
 
 // next returns the assignment that lets a holder admit at most over requests over the
 // next h seconds: DENY_ALL below one request; otherwise a token bucket filled at the

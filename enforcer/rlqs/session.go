@@ -364,7 +364,7 @@ const aheadSlack = 0.1
 
 // demandMargin is how far above its demand a holder's unreported admissions are taken
 // to go (contribute).
-const demandMargin = 1.5
+const demandMargin = 1.25
 
 // rekey makes h contribute to the keys of qs, in their order, taking its contribution
 // from keys it no longer holds (the rules changed).

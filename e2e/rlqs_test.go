@@ -32,8 +32,7 @@ const (
 // filter model over real gRPC streams, split over the data center's enforcers) that decide
 // every request locally on their assignments and report every 5 s, as Envoy does. One
 // heavy client sends 5× its global limit spread over all 60 Envoys; 30 light clients stay
-// far under
-// theirs, each at its home Envoy. The heavy client's admissions in every sliding window
+// far under theirs, each at its home Envoy. The heavy client's admissions in every sliding window
 // after the first must stay within 1.05 × the limit (and above 0.4 ×, a floor that an
 // RLQS server assigning nothing would fail); light clients are never denied.
 func TestRLQSMultiDC(t *testing.T) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # rlqs.sh — the RLQS serving benchmark: `streamlimit enforcer --rlqs-addr` pinned to core 0
 # (taskset, GOMAXPROCS 1), bench/cmd/rlqsload pinned to core 1, as many Envoys as
-# RLQS_STREAMS each reporting RLQS_BUCKETS buckets every second (phases spread evenly,
+# RLQS_STREAMS each reporting RLQS_BUCKETS buckets every RLQS_INTERVAL — 5 s, the fixed
+# cadence of Envoy's filter, whatever reporting_interval says (phases spread evenly,
 # messages encoded once, streams over RLQS_CONNS connections). Each round prints one
 # `go test -bench` style line ("BenchmarkRLQS/streams=…/buckets=…/server=… 1 … reports/s
 # … offered-reports/s … server-cpu-µs/report … server-cores … server-rss-MiB"), which
@@ -11,7 +12,8 @@
 #
 # Environment (defaults): RLQS_ROUNDS (3), RLQS_STREAMS (10000), RLQS_BUCKETS (100),
 # RLQS_CONNS (100), RLQS_KEYS (10000: distinct bucket ids, so each is held by
-# STREAMS × BUCKETS / KEYS streams), RLQS_WARMUP (15s), RLQS_DURATION (10s),
+# STREAMS × BUCKETS / KEYS streams), RLQS_INTERVAL (5s; 1s for the extra row of a filter
+# reporting faster than Envoy does), RLQS_WARMUP (15s), RLQS_DURATION (20s),
 # RLQS_SERVERS ("streamlimit": no Kafka; "streamlimit-kafka" also publishes every report's
 # hits to STREAMLIMIT_KAFKA_BROKERS), GO (go).
 set -euo pipefail
@@ -23,7 +25,10 @@ buckets=${RLQS_BUCKETS:-100}
 conns=${RLQS_CONNS:-100}
 keys=${RLQS_KEYS:-10000}
 warmup=${RLQS_WARMUP:-15s}
-duration=${RLQS_DURATION:-10s}
+duration=${RLQS_DURATION:-20s}
+interval=${RLQS_INTERVAL:-5s}
+variant="" # Envoy's cadence keeps the name bench/summarize reads
+[ "$interval" = 5s ] || variant="/interval=$interval"
 servers=${RLQS_SERVERS:-streamlimit}
 
 work=$(mktemp -d)
@@ -41,7 +46,7 @@ pin_server="" pin_load=""
 if [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
   pin_server="taskset -c 0" pin_load="taskset -c 1"
 fi
-echo "# rlqs: rounds $rounds, streams $streams, buckets $buckets, conns $conns, keys $keys, warmup $warmup, duration $duration, pinned $([ -n "$pin_server" ] && echo yes || echo no)"
+echo "# rlqs: rounds $rounds, streams $streams, buckets $buckets, interval $interval, conns $conns, keys $keys, warmup $warmup, duration $duration, pinned $([ -n "$pin_server" ] && echo yes || echo no)"
 cat >"$work/rules.yaml" <<'YAML'
 domain: api
 descriptors:
@@ -62,7 +67,7 @@ for round in $(seq "$rounds"); do
     # A clean environment: every flag also reads STREAMLIMIT_<FLAG>. Long HTTP timeouts:
     # an overloaded server reaches the metrics request late, and must still answer it.
     env -i PATH="$PATH" HOME="$HOME" GOMAXPROCS=1 $pin_server "$work/streamlimit" enforcer --site bench --rules "$work/rules.yaml" \
-      --http-listen 127.0.0.1:0 --grpc-listen off --rlqs-addr 127.0.0.1:0 --rlqs-reporting-interval 1s \
+      --http-listen 127.0.0.1:0 --grpc-listen off --rlqs-addr 127.0.0.1:0 --rlqs-reporting-interval "$interval" \
       --max-conns $((conns + 100)) --read-header-timeout 2m --read-timeout 2m --write-timeout 2m \
       --log-level warn "${kafka[@]}" >"$out" 2>&1 &
     spid=$!
@@ -83,8 +88,8 @@ for round in $(seq "$rounds"); do
       continue
     fi
     GOMAXPROCS=1 $pin_load "$work/rlqsload" -addr "$q" -metrics "http://$h/metrics" -server-pid "$spid" \
-      -streams "$streams" -conns "$conns" -buckets "$buckets" -keys "$keys" -warmup "$warmup" -duration "$duration" \
-      -bench "RLQS/streams=$streams/buckets=$buckets/server=$name" || echo "--- FAIL: BenchmarkRLQS/server=$name: load generator failed"
+      -streams "$streams" -conns "$conns" -buckets "$buckets" -keys "$keys" -interval "$interval" -warmup "$warmup" -duration "$duration" \
+      -bench "RLQS/streams=$streams/buckets=$buckets$variant/server=$name" || echo "--- FAIL: BenchmarkRLQS/server=$name: load generator failed"
     kill "$spid" 2>/dev/null || true
     wait "$spid" 2>/dev/null || true
     spid=""

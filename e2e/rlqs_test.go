@@ -24,16 +24,16 @@ const (
 	rlqsWindow   = 10 * time.Second
 	rlqsWindows  = 5 // measured after the first
 	rlqsEnvoys   = 20
-	rlqsInterval = time.Second
+	rlqsInterval = filter.ReportInterval // Envoy's fixed report timer
 )
 
 // TestRLQSMultiDC runs the three data centers of TestMultiDC on the real broker, each
 // enforcer serving Envoy's Rate Limit Quota Service, and 20 Envoys per data center (the
 // filter model over real gRPC streams, split over the data center's enforcers) that decide
-// every request locally on their assignments and report every second. One heavy client
-// sends 5× its global limit spread over all 60 Envoys; 30 light clients stay far under
-// theirs, each at its home Envoy. The heavy client's admissions in every sliding window
-// after the first must stay within 1.05 × the limit (and above 0.6 ×, a floor that an
+// every request locally on their assignments and report every 5 s, as Envoy does. One
+// heavy client sends 5× its global limit spread over all 60 Envoys; 30 light clients stay
+// far under theirs, each at its home Envoy. The heavy client's admissions in every sliding window
+// after the first must stay within 1.05 × the limit (and above 0.4 ×, a floor that an
 // RLQS server assigning nothing would fail); light clients are never denied.
 func TestRLQSMultiDC(t *testing.T) {
 	tp := startTopology(t, topologyOptions{brokers: testenv.Brokers(t), rules: rulesYAML(rlqsLimit, rlqsWindow),
@@ -138,8 +138,8 @@ func TestRLQSMultiDC(t *testing.T) {
 	if float64(all.max) > 1.05*rlqsLimit {
 		t.Errorf("heavy client admitted %d in a window, above 1.05 × %d", all.max, rlqsLimit)
 	}
-	if float64(all.min) < 0.6*rlqsLimit {
-		t.Errorf("heavy client admitted only %d in a window, below 0.6 × %d", all.min, rlqsLimit)
+	if float64(all.min) < 0.4*rlqsLimit {
+		t.Errorf("heavy client admitted only %d in a window, below 0.4 × %d", all.min, rlqsLimit)
 	}
 	if lightDenied > 0 {
 		t.Errorf("%d of %d light-client requests denied", lightDenied, lightReqs)

@@ -2,6 +2,7 @@ package rlqs
 
 import (
 	"math"
+	"math/bits"
 	"sync"
 	"time"
 
@@ -98,14 +99,15 @@ type model struct {
 	last float64 // time of the last report, seconds since the epoch
 }
 
-// afterReport updates m for a report at t of admitted requests: the bucket refilled since
-// the last report, capped at its burst, less what was admitted. The result bounds the
-// client's real tokens from above whatever the order of its refills and admissions.
+// afterReport updates m for a report at t of admitted requests. A token bucket's
+// tokens are taken to be its whole max_tokens: the server cannot tell what the client
+// holds — refill that arrived after the bucket ran dry, fractions of a token, a bucket
+// that started full or empty — and max_tokens bounds them all. Assignments keep
+// max_tokens small (next), so the bound costs little.
 func (m *model) afterReport(t float64, admitted uint64, unit time.Duration) {
 	switch m.a.kind {
 	case kindTokens:
-		m.tok = min(float64(m.a.burst), m.tok+m.a.rate(unit)*max(t-m.last, 0)) - float64(admitted)
-		m.tok = min(max(m.tok, 0), float64(m.a.burst))
+		m.tok = float64(m.a.burst)
 	case kindPerUnit:
 		// A fixed window may start again at any instant: its whole allowance is always
 		// available as far as the server knows.
@@ -116,23 +118,13 @@ func (m *model) afterReport(t float64, admitted uint64, unit time.Duration) {
 	m.last = t
 }
 
-// adopt switches m to assignment a, as Envoy applies it (global_client_impl.cc,
-// onQuotaResponseImpl and createTokenBucketFromAction): a token bucket equal to the one
-// held is kept with its tokens; any other is made anew, full when the old one's fraction
-// of its max_tokens times the new max_tokens, rounded down, is at least one token, empty
-// otherwise (that count is passed where AtomicTokenBucketImpl takes a flag to fill), and
-// full when there was none.
+// adopt switches m to assignment a. Envoy keeps the tokens of a token bucket equal to the
+// one it holds and makes any other anew, full or empty by rules that changed between
+// releases (global_client_impl.cc, createTokenBucketFromAction; token_bucket_impl.cc,
+// AtomicTokenBucketImpl): the server assumes the worst, a full bucket.
 func (m *model) adopt(a assignment) {
-	switch {
-	case a.kind == kindTokens && m.a.kind == kindTokens:
-		if a != m.a {
-			if m.a.burst > 0 && math.Floor(float64(a.burst)*(m.tok/float64(m.a.burst))) >= 1 {
-				m.tok = float64(a.burst)
-			} else {
-				m.tok = 0
-			}
-		}
-	case a.kind == kindTokens, a.kind == kindPerUnit:
+	switch a.kind {
+	case kindTokens, kindPerUnit:
 		m.tok = float64(a.burst)
 	default:
 		m.tok = 0
@@ -176,13 +168,26 @@ func allot(q *enforcer.Quota, others contribution, t, h, own float64, open int, 
 	return now, over
 }
 
+// BurstSeconds is how many seconds of its fill rate an assigned token bucket holds
+// (max_tokens). A small bucket makes the assignment safe whatever the client's bucket
+// does: full or empty at its start, with fractions of a token or without, it admits at
+// most max_tokens plus its refill; and the revision of Envoy's token bucket that starts a
+// bucket empty unless the host has been up longer than max_tokens ÷ fill rate starts it
+// full after the first second. Large enough to absorb the bunching of random arrivals at
+// a client's fair rate.
+const BurstSeconds = 1.0
+
+// MinBurst is the least max_tokens of a holder allotted three times as much or more.
+const MinBurst = 8
+
 // next returns the assignment that lets a holder admit at most over requests over the
-// next h seconds, given its model m: DENY_ALL below one request; otherwise a token bucket
-// of burst over rounded down, filled at what the tokens the holder would start it with
-// (adopt) leave of over in h; or requests_per_time_unit such that a fixed window of it,
-// which may start at once, stays within now and, over h, within over. (A token bucket's
-// burst bounded by now instead admitted less and no more in the simulation: Envoy's
-// bucket then loses the refill that arrives while it is full.)
+// next h seconds: DENY_ALL below one request; otherwise a token bucket filled at the
+// fair rate over ÷ (h + BurstSeconds), rounded down to a coarse grid (quantize), holding
+// BurstSeconds of it (at least one token), so that max_tokens plus h of refill stays
+// within over whether it starts full or empty; or requests_per_time_unit such that a
+// fixed window of it, which may start at once, stays within now and, over h, within over.
+// The grid keeps an assignment equal from report to report while the room moves a
+// little, and Envoy keeps the tokens of an equal token bucket.
 func next(m model, now, over, h float64, perUnit bool, unit time.Duration) assignment {
 	if over < 1 {
 		return assignment{kind: kindDeny}
@@ -194,10 +199,29 @@ func next(m model, now, over, h float64, perUnit bool, unit time.Duration) assig
 		}
 		return assignment{kind: kindPerUnit, burst: uint32(min(n, math.MaxUint32))}
 	}
-	burst := uint32(min(max(math.Floor(over), 1), math.MaxUint32))
-	probe := m
-	probe.adopt(assignment{kind: kindTokens, burst: burst, fill: m.a.fill})
-	r := max(over-probe.tok, 0) / h
-	fill := max(math.Floor(r*FillInterval.Seconds()), 1)
-	return assignment{kind: kindTokens, burst: burst, fill: uint32(min(fill, math.MaxUint32))}
+	fi := FillInterval.Seconds()
+	r := over / (h + BurstSeconds)
+	// A slow holder's burst is a few requests rather than a second of its rate, which
+	// would be one: random arrivals bunch, and a bucket of one denies the second of two
+	// close requests however slow the client.
+	low := min(MinBurst, math.Floor(over/3))
+	burst := max(math.Floor(r*BurstSeconds), low, 1)
+	fill := quantize(math.Floor(min(r, (over-burst)/h) * fi))
+	// The burst follows the rate on the grid, so that equal rates make equal buckets.
+	burst = max(math.Floor(fill/fi*BurstSeconds), low, 1)
+	// A rate below the grid's least (a token a minute) still gets one: the bucket's
+	// validation refuses zero; it overshoots over by at most h/60 of a request.
+	fill = max(fill, 1)
+	return assignment{kind: kindTokens, burst: uint32(min(burst, math.MaxUint32)), fill: uint32(min(fill, math.MaxUint32))}
+}
+
+// quantize rounds a fill count down to 5 significant bits (steps of at most 1/16), so
+// that assignments move in steps rather than with every report.
+func quantize(f float64) float64 {
+	if f < 32 {
+		return max(f, 0)
+	}
+	n := uint64(min(f, math.MaxUint32))
+	shift := bits.Len64(n) - 5
+	return float64(n >> shift << shift)
 }

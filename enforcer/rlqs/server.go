@@ -277,6 +277,12 @@ func (s *Server) streamRaw(stream grpc.ServerStream) error {
 		if err := stream.RecvMsg(&r); err != nil {
 			return "", nil, err
 		}
+		if !r.decoded {
+			if err := r.decode(); err != nil {
+				return "", nil, fmt.Errorf("decoding: %w", err) // InvalidArgument (serve)
+			}
+			r.decoded = true
+		}
 		// The domain is compared, and kept, only when it is set: no allocation.
 		return unsafeString(r.domain), r.usages, nil
 	}

@@ -119,6 +119,13 @@ func (l *live) envoy(opts filter.Options) *filter.Conn {
 		l.t.Fatal(err)
 	}
 	l.t.Cleanup(func() { _ = cc.Close() })
+	if opts.Interval == 0 {
+		// These tests check the protocol over real gRPC on the wall clock, not accuracy:
+		// the Envoy reports at the server's assumed interval, shorter than Envoy's 5 s,
+		// so that they run in a second or two. Accuracy is the simulator's (sim_test.go),
+		// at Envoy's cadence.
+		opts.Interval = l.srv.opts.ReportingInterval
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := filter.NewConn(ctx, filter.New(opts), cc, nil)
 	done := make(chan struct{})

@@ -3,6 +3,7 @@ package rlqs
 import (
 	"context"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -29,10 +30,13 @@ type request struct {
 	tableEntry // name: domain and canonical(bucket id); holders: the streams' buckets
 	id         map[string]string
 
-	mu     sync.Mutex
-	cfg    *rules.Config
-	rep    *enforcer.Reporter
-	quotas []enforcer.Quota // the last Report's, shadow limits left out
+	mu  sync.Mutex
+	cfg *rules.Config
+	// orphans are the holders of this bucket id on closed streams whose reservations
+	// stand until their assignments expire or a new stream takes them over (lookup).
+	orphans []*holder
+	rep     *enforcer.Reporter
+	quotas  []enforcer.Quota // the last Report's, shadow limits left out
 }
 
 // session is the server's side of one stream: its domain and its buckets.
@@ -59,6 +63,9 @@ type holder struct {
 	period  float64 // seconds between reports, measured; 0 until measured
 	sentAt  float64
 	idle    float64 // since when it reported no request; -1 while active
+	taken   bool    // an orphan released early, by a new stream's holder (req.mu)
+	// measured: a report came after the first, so the next interval is a period.
+	measured bool
 }
 
 func (s *Server) newSession() *session {
@@ -86,7 +93,7 @@ func (ss *session) handle(ctx context.Context, now time.Time, domain string, us 
 	var reports, allowed, denied uint64
 	for i := range us {
 		u := &us[i]
-		h, err := ss.lookup(u)
+		h, err := ss.lookup(u, now)
 		if err != nil {
 			s.metrics.invalid.WithLabelValues("malformed").Inc()
 			return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d].bucket_id: %v", i, err)
@@ -95,6 +102,9 @@ func (ss *session) handle(ctx context.Context, now time.Time, domain string, us 
 			s.metrics.invalid.WithLabelValues("no_bucket_id").Inc()
 			continue
 		}
+		// Counts are capped as at the other front doors: no client admits 2^32 requests
+		// between two reports, and a larger number would swamp the counts.
+		u.allowed, u.denied = min(u.allowed, math.MaxUint32), min(u.denied, math.MaxUint32)
 		reports++
 		allowed += u.allowed
 		denied += u.denied
@@ -122,7 +132,7 @@ func (ss *session) handle(ctx context.Context, now time.Time, domain string, us 
 // for an empty bucket id. A bucket id in wire form is looked up by its bytes first, and
 // decoded only when they are new (the same id may come encoded in another order: it is
 // then found by its entries, and its new bytes remembered too).
-func (ss *session) lookup(u *usage) (*holder, error) {
+func (ss *session) lookup(u *usage, now time.Time) (*holder, error) {
 	if u.raw != nil {
 		if h := ss.byRaw[string(u.raw)]; h != nil {
 			return h, nil
@@ -150,6 +160,7 @@ func (ss *session) lookup(u *usage) (*holder, error) {
 		}
 		ss.byReq[req] = h
 		ss.srv.metrics.buckets.Inc()
+		ss.takeOver(req, ss.srv.since(now))
 	}
 	if u.raw != nil {
 		if raw := unsafeString(u.raw); raw == h.raw {
@@ -161,6 +172,41 @@ func (ss *session) lookup(u *usage) (*holder, error) {
 		}
 	}
 	return h, nil
+}
+
+// takeOver releases the reservation of one holder of req on a closed stream when this
+// stream reports req for the first time, at t. An Envoy whose stream ends starts another
+// at its next report, with the same buckets and the same token buckets, and reports on it
+// what it admitted meanwhile: its old holder's reservation would count the same tokens
+// twice, and deny other clients, until its TTL. The protocol names no Envoy (a report
+// carries a domain and buckets; Envoy adds no node id to the stream), but its report
+// timer does: it ticks at a fixed period from a phase of its own, so the orphan taken is
+// the one whose last report is closest to a whole number of periods before t. When
+// another Envoy's is taken after all, the difference is one holder's burst and refill
+// for under a period.
+func (ss *session) takeOver(req *request, t float64) {
+	req.mu.Lock()
+	best, bestD := -1, math.Inf(1)
+	for i, o := range req.orphans {
+		p := o.period
+		if p <= 0 {
+			p = ss.srv.opts.ReportingInterval.Seconds()
+		}
+		d := math.Mod(t-o.m.last, p)
+		if d = min(d, p-d); d < bestD {
+			best, bestD = i, d
+		}
+	}
+	if best < 0 {
+		req.mu.Unlock()
+		return
+	}
+	o := req.orphans[best]
+	req.orphans = slices.Delete(req.orphans, best, best+1)
+	o.taken = true
+	req.mu.Unlock()
+	ss.release(o)
+	ss.srv.metrics.drainingBkts.Dec()
 }
 
 // forget drops an abandoned bucket from the session.
@@ -186,7 +232,11 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 	span := hz
 	if h.started {
 		dt := t - h.m.last
-		if dt >= minInterval {
+		// The first interval is not a period: a new bucket is reported at once, and then
+		// by the report timer at whatever phase it runs (Envoy: global_client_impl.cc,
+		// createBucketImpl). Taken as one, it would shorten the horizon for many reports
+		// and keep the hits of the last report in the room's count.
+		if dt >= minInterval && h.measured {
 			if h.period == 0 {
 				h.period = dt
 			} else {
@@ -194,6 +244,7 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 			}
 		}
 		span = max(dt, minInterval)
+		h.measured = true
 	}
 	if h.period > 0 {
 		hz = h.period
@@ -213,7 +264,12 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 		req.cfg = cfg
 		req.rep = s.lim.Reporter(enforcer.Request{Domain: ss.domain, Descriptors: s.mapperOf(cfg).Descriptors(ss.domain, req.id)})
 	}
-	qs, other := req.rep.Report(ctx, now, int64(allowed), int64(denied), time.Duration(hz*float64(time.Second)), req.quotas[:0])
+	// The room is the count left when the holder reports next: the hits it reported a
+	// period ago leave the window about then, and are looked at a little after it so that
+	// they do count as gone (reports are counted in lumps, at their arrival, and two
+	// reports a period apart arrive a few milliseconds more or less than a period apart).
+	ahead := time.Duration((hz + aheadSlack) * float64(time.Second))
+	qs, other := req.rep.Report(ctx, now, int64(allowed), int64(denied), ahead, req.quotas[:0])
 	if other > 0 {
 		s.metrics.ignoredLimits.Add(float64(other))
 	}
@@ -254,7 +310,7 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 		}
 		a = next(h.m, atOnce, allotted, hz, s.opts.Strategy == RequestsPerTimeUnit, ss.unit())
 	}
-	send = ss.due(h, a, allotted, t, hz)
+	a, send = ss.due(h, a, allotted, t, hz)
 	if send && a.kind == kindAllow && h.m.a.kind == kindNone {
 		s.metrics.unmatchedBkts.Inc()
 	}
@@ -267,29 +323,48 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 	return a, send, false
 }
 
-// due reports whether a, the assignment computed for h, is to be sent: always when h
-// has none or another strategy, or its current one could admit more than allotted in the
-// next hz seconds; when a would admit noticeably more than the current one; and when
-// half the TTL has passed since the last one, which the client would otherwise let expire.
-func (ss *session) due(h *holder, a assignment, allotted, t, hz float64) bool {
+// due returns the assignment to send for h, and whether to send one, given a, the one
+// computed for it: a when h has none or another strategy, when its current one could
+// admit more than allotted in the next hz seconds, or when a would admit noticeably
+// more; the current one again when it would expire before the report after next could
+// renew it (Envoy reports at a fixed cadence, and a renewal must reach it before the
+// TTL's whole seconds run out, whatever reporting_interval says). An equal token bucket
+// keeps its tokens at the client, so a renewal costs it nothing.
+func (ss *session) due(h *holder, a assignment, allotted, t, hz float64) (assignment, bool) {
 	cur := h.m.a
-	switch {
-	case cur.kind == kindNone || cur.kind != a.kind:
-		return true
-	case t-h.sentAt >= ss.srv.ttl.Seconds()/2:
-		return true
-	case a.kind != kindTokens && a.kind != kindPerUnit:
-		return false
+	if cur.kind == kindNone || cur.kind != a.kind {
+		return a, true
+	}
+	renew := t-h.sentAt+renewMargin*max(hz, ss.srv.opts.ReportingInterval.Seconds())+1 > ss.srv.ttl.Seconds()
+	if a.kind != kindTokens && a.kind != kindPerUnit {
+		return cur, renew
+	}
+	if a == cur {
+		return a, renew
 	}
 	u := ss.unit()
 	have := h.m.potential(hz, u)
 	if have > allotted+1e-9 {
-		return true
+		return a, true
 	}
 	probe := h.m
 	probe.adopt(a)
-	return probe.potential(hz, u) > 1.05*have+1
+	if probe.potential(hz, u) > 1.05*have+1 {
+		return a, true
+	}
+	return cur, renew
 }
+
+// renewMargin is how many reporting periods before its expiry an assignment is renewed:
+// one for the next report, and half of one for a report that comes late.
+const renewMargin = 1.5
+
+// aheadSlack is how long after a holder's next report, in seconds, the room is looked at.
+const aheadSlack = 0.1
+
+// demandMargin is how far above its demand a holder's unreported admissions are taken
+// to go (contribute).
+const demandMargin = 1.25
 
 // rekey makes h contribute to the keys of qs, in their order, taking its contribution
 // from keys it no longer holds (the rules changed).
@@ -310,6 +385,14 @@ func (ss *session) rekey(h *holder, qs []enforcer.Quota) {
 // contribute replaces h's contribution to its keys with c plus its model's tokens and rate.
 func (ss *session) contribute(h *holder, c contribution) {
 	r := h.m.a.rate(ss.unit())
+	if h.m.a.kind == kindTokens && h.demand > 0 {
+		// What a holder admits between reports is bounded by its refill, and in
+		// practice by its demand: one that asks for far less than its rate is counted
+		// at its demand with a margin. It errs low only while a holder's demand jumps,
+		// by at most its rate for a reporting period; a holder at its rate is counted
+		// at its rate.
+		r = min(r, demandMargin*h.demand)
+	}
 	c.tok, c.rate, c.rateAt = h.m.tok, r, r*h.m.last
 	if h.m.a.kind == kindPerUnit {
 		c.tok = h.m.potential(0, ss.unit())
@@ -335,19 +418,24 @@ func (ss *session) release(h *holder) {
 	h.contrib = contribution{}
 }
 
-// close ends the session at now: its buckets stop taking part in shares, but their
-// clients may go on admitting on their last assignments until these expire, so their
-// tokens and rates stay reserved until then (Sweep).
+// close ends the session at now: its clients may go on admitting on their last
+// assignments until these expire, so their buckets stay reserved, shares included, until
+// then (Sweep) or until a new stream takes them over (takeOver).
 func (ss *session) close(now time.Time) {
 	s := ss.srv
 	s.metrics.streams.Dec()
 	t := s.since(now)
 	ss.until = t
 	for _, h := range ss.byReq {
-		ss.contribute(h, contribution{})
+		// Its contribution stays whole, its share of the room included: the client goes
+		// on admitting at its assigned rate until it reports again on another stream or
+		// its assignment expires, and the open holders must not hand out that share too.
 		if h.m.a.kind != kindNone {
 			ss.until = max(ss.until, h.sentAt+s.ttl.Seconds())
 		}
+		h.req.mu.Lock()
+		h.req.orphans = append(h.req.orphans, h)
+		h.req.mu.Unlock()
 		s.metrics.buckets.Dec()
 		s.metrics.drainingBkts.Inc()
 	}
@@ -359,9 +447,21 @@ func (ss *session) close(now time.Time) {
 // drain releases a closed session's buckets once their assignments have expired.
 func (ss *session) drain() {
 	for _, h := range ss.byReq {
-		ss.srv.metrics.drainingBkts.Dec()
-		ss.release(h)
-		ss.srv.requests.release(h.req)
+		req := h.req
+		req.mu.Lock()
+		taken := h.taken
+		if !taken {
+			h.taken = true
+			if i := slices.Index(req.orphans, h); i >= 0 {
+				req.orphans = slices.Delete(req.orphans, i, i+1)
+			}
+		}
+		req.mu.Unlock()
+		if !taken {
+			ss.srv.metrics.drainingBkts.Dec()
+			ss.release(h)
+		}
+		ss.srv.requests.release(req)
 	}
 }
 

@@ -38,9 +38,11 @@ type usage struct {
 // wireReports is a usage report message decoded by decodeReports. Its slices alias buf,
 // which it reuses from message to message.
 type wireReports struct {
-	buf    []byte
-	domain []byte
-	usages []usage
+	// decoded says that domain and usages are buf's; the codec only fills buf.
+	decoded bool
+	buf     []byte
+	domain  []byte
+	usages  []usage
 }
 
 // decodeReports decodes a RateLimitQuotaUsageReports message held in r.buf.
@@ -276,7 +278,10 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	for _, d := range data {
 		r.buf = append(r.buf, d.ReadOnlyData()...)
 	}
-	return r.decode()
+	// Decoded by the stream's receive (streamRaw), not here: gRPC turns a codec's error
+	// into Internal, and an undecodable report is the client's fault (InvalidArgument).
+	r.decoded = false
+	return nil
 }
 
 func (codec) Name() string { return "proto" }

@@ -29,8 +29,8 @@
 //     counters reset — before the stream is (re)started, so that the usage of a tick whose
 //     stream cannot start is lost ("Dropping the collected usage reports"). Envoy's
 //     interval is fixed at 5 s at the commit read (filter_persistence.cc: "Currently this is
-//     not supported and all usage is reported on a hardcoded interval"); Options.Interval
-//     stands for it, the bucket settings' reporting_interval by default.
+//     not supported and all usage is reported on a hardcoded interval"): ReportInterval,
+//     unless Options.Interval asks for another.
 //   - A response (onQuotaResponseImpl) is applied action by action: without a bucket id, or
 //     for a bucket not cached, skipped; abandon erases the bucket (its next request makes
 //     it anew, reported at once); a quota assignment replaces the bucket's action and
@@ -117,9 +117,19 @@ func SettingsFrom(bs *ratelimitquotav3.RateLimitQuotaBucketSettings) (Settings, 
 type Options struct {
 	// Domain is the filter's domain, sent in every report.
 	Domain string
-	// Interval is the report timer's interval. Default: the first bucket's
-	// ReportingInterval.
+	// Interval is the report timer's interval. Default ReportInterval, whatever the
+	// buckets' reporting_interval says, as in Envoy; another value is for runs that ask
+	// what a filter reporting more often would do.
 	Interval time.Duration
+	// Boot is when the host started, for PrefillNeedsUptime.
+	Boot time.Time
+	// PrefillNeedsUptime models a revision of Envoy's token bucket
+	// (source/common/common/token_bucket_impl.cc, AtomicTokenBucketImpl's constructor)
+	// that fills a new bucket at its start only when max_tokens ÷ fill rate is shorter
+	// than the host's uptime (its monotonic clock, here the time since Boot), and starts
+	// it empty otherwise. A Boot in the future makes every new bucket start empty, the
+	// worst case. Default false: the release read, which fills by the count passed.
+	PrefillNeedsUptime bool
 	// EnforceRequestsPerTimeUnit enforces requests_per_time_unit assignments as fixed
 	// windows; Envoy's filter skips them (see the package documentation). Default false.
 	EnforceRequestsPerTimeUnit bool
@@ -132,6 +142,20 @@ type Filter struct {
 	opts    Options
 	buckets map[string]*bucket
 	started bool
+	expired int // assignments that expired (their TTL ran out before a new one came)
+}
+
+// ReportInterval is the interval of Envoy's report timer: fixed at 5 s, whatever the
+// buckets' reporting_interval says (Envoy: source/extensions/filters/http/
+// rate_limit_quota/filter_persistence.cc, "all usage is reported on a hardcoded
+// interval"; global_client_impl.cc, startSendReportsTimerImpl).
+const ReportInterval = 5 * time.Second
+
+// Expired returns how many assignments expired before another replaced them.
+func (f *Filter) Expired() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.expired
 }
 
 // New returns a Filter with no bucket.
@@ -158,12 +182,14 @@ type bucket struct {
 	inWindow uint64
 }
 
-// Interval returns the report timer's interval: Options.Interval, else the first bucket's
-// ReportingInterval, 0 before any bucket.
+// Interval returns the report timer's interval: Options.Interval, else ReportInterval.
 func (f *Filter) Interval() time.Duration {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.opts.Interval
+	if f.opts.Interval > 0 {
+		return f.opts.Interval
+	}
+	return ReportInterval
 }
 
 // Started reports whether a bucket was ever created (Envoy starts its stream and report
@@ -191,16 +217,11 @@ func (f *Filter) Decide(now time.Time, id map[string]string, s Settings) (allowe
 			b.denied = 1
 		}
 		f.buckets[key] = b
-		if !f.started {
-			f.started = true
-			if f.opts.Interval <= 0 {
-				f.opts.Interval = s.ReportingInterval
-			}
-		}
+		f.started = true
 		return allowed, &rlqsv3.RateLimitQuotaUsageReports{Domain: f.opts.Domain,
 			BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{b.usage(now)}}
 	}
-	b.expire(now)
+	b.expire(now, &f.opts, &f.expired)
 	allowed = f.allow(b, now)
 	if allowed {
 		b.allowed++
@@ -248,7 +269,7 @@ func (f *Filter) Reports(now time.Time) *rlqsv3.RateLimitQuotaUsageReports {
 	}
 	r := &rlqsv3.RateLimitQuotaUsageReports{Domain: f.opts.Domain}
 	for _, b := range f.buckets {
-		b.expire(now)
+		b.expire(now, &f.opts, &f.expired)
 		r.BucketQuotaUsages = append(r.BucketQuotaUsages, b.usage(now))
 	}
 	return r
@@ -276,7 +297,7 @@ func (f *Filter) Apply(now time.Time, resp *rlqsv3.RateLimitQuotaResponse) {
 		if b == nil {
 			continue
 		}
-		b.expire(now)
+		b.expire(now, &f.opts, &f.expired)
 		if a.GetAbandonAction() != nil {
 			delete(f.buckets, key)
 			continue
@@ -291,7 +312,7 @@ func (f *Filter) Apply(now time.Time, resp *rlqsv3.RateLimitQuotaResponse) {
 			b.tb = nil
 		case *typev3.RateLimitStrategy_TokenBucket:
 			if old := b.action.GetTokenBucket(); old == nil || !tokenBucketsEqual(s.TokenBucket, old) {
-				b.tb = newTokenBucket(s.TokenBucket, now, b.tb)
+				b.tb = newTokenBucket(s.TokenBucket, now, b.tb, &f.opts)
 			}
 		case *typev3.RateLimitStrategy_RequestsPerTimeUnit_:
 			if !f.opts.EnforceRequestsPerTimeUnit {
@@ -309,9 +330,12 @@ func (f *Filter) Apply(now time.Time, resp *rlqsv3.RateLimitQuotaResponse) {
 }
 
 // expire applies what the expiration timers would have done by now.
-func (b *bucket) expire(now time.Time) {
+func (b *bucket) expire(now time.Time, o *Options, expired *int) {
 	for b.action != nil && !b.expires.IsZero() && !now.Before(b.expires) {
 		at := b.expires
+		if !b.inFallback {
+			*expired++
+		}
 		if b.inFallback || b.settings.Expired == nil {
 			b.action, b.tb, b.expires, b.inFallback = nil, nil, time.Time{}, false
 			return
@@ -319,7 +343,7 @@ func (b *bucket) expire(now time.Time) {
 		fb := b.settings.Expired
 		if t := fb.GetTokenBucket(); t != nil {
 			if old := b.action.GetTokenBucket(); old == nil || !tokenBucketsEqual(t, old) {
-				b.tb = newTokenBucket(t, at, b.tb)
+				b.tb = newTokenBucket(t, at, b.tb, o)
 			}
 		} else {
 			b.tb = nil
@@ -338,7 +362,7 @@ func (f *Filter) Strategy(now time.Time, id map[string]string) (*typev3.RateLimi
 	if b == nil {
 		return nil, false
 	}
-	b.expire(now)
+	b.expire(now, &f.opts, &f.expired)
 	if b.action != nil {
 		return b.action, true
 	}
@@ -360,8 +384,9 @@ type tokenBucket struct {
 
 // newTokenBucket is createTokenBucketFromAction: rate tokens_per_fill over fill_interval's
 // whole seconds (infinite below a second), full when old is nil or old's fraction of its
-// max times the new max, rounded down, is at least one.
-func newTokenBucket(tb *typev3.TokenBucket, now time.Time, old *tokenBucket) *tokenBucket {
+// max times the new max, rounded down, is at least one — and, under
+// Options.PrefillNeedsUptime, only when max ÷ rate is shorter than the host's uptime.
+func newTokenBucket(tb *typev3.TokenBucket, now time.Time, old *tokenBucket, o *Options) *tokenBucket {
 	secs := tb.GetFillInterval().AsDuration() / time.Second
 	rate := math.Inf(1)
 	if secs > 0 {
@@ -373,7 +398,11 @@ func newTokenBucket(tb *typev3.TokenBucket, now time.Time, old *tokenBucket) *to
 	if old != nil && old.max > 0 {
 		initial = math.Floor(b.max * (old.remaining(now) / old.max))
 	}
-	if initial >= 1 && !math.IsInf(rate, 1) {
+	fill := initial >= 1
+	if fill && o.PrefillNeedsUptime && b.max/rate >= now.Sub(o.Boot).Seconds() {
+		fill = false
+	}
+	if fill && !math.IsInf(rate, 1) {
 		b.t0 = now.Add(-time.Duration(b.max / rate * float64(time.Second)))
 	}
 	return b

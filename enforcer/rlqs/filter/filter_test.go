@@ -53,8 +53,8 @@ func TestNewBucket(t *testing.T) {
 		initial.GetBucketQuotaUsages()[0].GetNumRequestsAllowed() != 1 || initial.GetBucketQuotaUsages()[0].GetTimeElapsed().AsDuration() != 0 {
 		t.Fatalf("first request: admitted %v, report %v", ok, initial)
 	}
-	if f.Interval() != time.Second {
-		t.Errorf("timer interval %v, want the first bucket's reporting_interval", f.Interval())
+	if f.Interval() != ReportInterval || set.ReportingInterval == ReportInterval {
+		t.Errorf("timer interval %v with a reporting_interval of %v, want Envoy's fixed %v", f.Interval(), set.ReportingInterval, ReportInterval)
 	}
 	if _, again := f.Decide(t0, id, set); again != nil {
 		t.Error("a cached bucket's request was reported at once")
@@ -184,5 +184,51 @@ func TestAbandon(t *testing.T) {
 	}
 	if _, r := f.Decide(t0, id, set); r == nil {
 		t.Error("no immediate report after the abandon")
+	}
+}
+
+// TestPrefillNeedsUptime: under the revision of Envoy's token bucket, a new bucket that
+// would start full starts empty while the host has been up no longer than max_tokens ÷
+// fill rate, and full after; the release read fills it either way. The report timer
+// stays Envoy's 5 s whatever the revision.
+func TestPrefillNeedsUptime(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts Options
+		want int
+	}{
+		{"release", Options{Domain: "api"}, 10},
+		{"revision, host just up", Options{Domain: "api", PrefillNeedsUptime: true, Boot: t0.Add(-5 * time.Second)}, 0},
+		{"revision, host up an hour", Options{Domain: "api", PrefillNeedsUptime: true, Boot: t0.Add(-time.Hour)}, 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := New(tc.opts)
+			f.Decide(t0, id, set)
+			f.Apply(t0, assign(tokens(10, 1, time.Second), 10*time.Second)) // 10 s to fill: a first bucket
+			at := t0.Add(time.Millisecond)
+			if got := admitted(f, at, 20); got != tc.want {
+				t.Errorf("a new bucket of 10 tokens admitted %d at once, want %d", got, tc.want)
+			}
+			if f.Interval() != ReportInterval {
+				t.Errorf("timer %v, want %v", f.Interval(), ReportInterval)
+			}
+		})
+	}
+}
+
+// TestExpiredCounts: an assignment whose TTL runs out is counted once, a renewed one not.
+func TestExpiredCounts(t *testing.T) {
+	f := New(Options{Domain: "api"})
+	f.Decide(t0, id, set)
+	f.Apply(t0, assign(tokens(10, 1, time.Second), 2*time.Second))
+	f.Apply(t0.Add(time.Second), assign(tokens(10, 1, time.Second), 2*time.Second))
+	f.Decide(t0.Add(2500*time.Millisecond), id, set)
+	if n := f.Expired(); n != 0 {
+		t.Errorf("%d expired before the renewed TTL, want 0", n)
+	}
+	f.Decide(t0.Add(3*time.Second), id, set)
+	f.Decide(t0.Add(4*time.Second), id, set)
+	if n := f.Expired(); n != 1 {
+		t.Errorf("%d expired, want 1", n)
 	}
 }

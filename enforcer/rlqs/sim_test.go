@@ -475,16 +475,18 @@ func simCases() (simConfig, []simCase) {
 			}
 		}
 	}
-	// The under-limit bounds at three data centers are where the runs are, far above the
-	// 1% aimed at (see docs/rlqs.md): they hold what was reached against regressions.
+	// The under-limit bounds at three data centers are where seed 1's runs are, a little
+	// above, far above the 1% aimed at for the spread client (see docs/rlqs.md, and
+	// TestSimUnderLimitCauses for why): they hold what was reached against regressions.
+	// Seed 1 is a lucky one for the client behind one Envoy (0%; seeds 2–5: 4.9–19.6%).
 	return base, []simCase{
 		{"1x20", func(*simConfig) {}, 1.05, 0.5, 0, 0.01, 0},
-		{"3x20", three, 1.05, 0.45, 0.3, 0.3, 0},
+		{"3x20", three, 1.05, 0.45, 0.01, 0.21, 0},
 		{"1x20-cut-7s", cut, 1.05, 0.5, 0, 0.01, 0},
-		{"3x20-cut-7s", both(three, cut), 1.05, 0.45, 0.3, 0.3, 0},
+		{"3x20-cut-7s", both(three, cut), 1.05, 0.45, 0.025, 0.19, 0},
 		// Envoy's revision of its token bucket on hosts up 10 s when the traffic starts.
 		{"1x20-empty-start", empty, 1.05, 0.5, 0, 0.01, 0},
-		{"3x20-empty-start", both(three, empty), 1.05, 0.45, 0.3, 0.3, 0},
+		{"3x20-empty-start", both(three, empty), 1.05, 0.45, 0.01, 0.21, 0},
 		// Every new token bucket empty, as on a host up for less than max_tokens ÷
 		// fill rate: not what a host that has been up a second sees.
 		{"1x20-always-empty", func(c *simConfig) { c.EmptyStart, c.Boot = true, time.Hour }, 1.05, 0.5, 0.01, 0.1, 5},
@@ -560,5 +562,60 @@ func (t *sharedTable[V, P]) each(f func(P)) {
 			f(v)
 		}
 		t.shards[i].mu.Unlock()
+	}
+}
+
+// TestSimUnderLimitCauses runs the smallest scenarios that show why a client under its
+// limit is denied at three data centers (docs/rlqs.md, "Why under-limit clients are
+// denied"), each beside a control that differs in one thing, with one client and no
+// other traffic. The bounds hold the misses where they are, against regressions; the
+// controls hold what is met.
+//
+//   - A client at 0.5× spread over 60 Envoys of one data center is denied as the one
+//     spread over 3 × 20 is, with no share between data centers at all: each holder's
+//     allotment, a token bucket a little above its rate of about one request a second
+//     with a burst of two to four, denies random arrivals. Over 20 Envoys it is not.
+//   - A client at 0.8× behind the one Envoy of one of three data centers is denied while
+//     its data center's share of the room falls to an even third at its reports: the
+//     snapshot's demand decays with τ = 1 s and a report comes every 5 s, so the share
+//     computed when a report arrives is that of a demand decayed for up to 5 s, which the
+//     prior spread over the other data centers outweighs. At one data center it is not.
+func TestSimUnderLimitCauses(t *testing.T) {
+	base, _ := simCases()
+	base.HeavyLoad, base.Lights, base.Under1, base.Under2 = 0, 0, 0, 0
+	for _, tc := range []struct {
+		name       string
+		dcs, envoy int
+		under1     float64 // the load behind one Envoy (else spread)
+		seed       uint64
+		bound      float64 // the denied part after the first window, at most
+	}{
+		{"spread-1x20", 1, 20, 0, 1, 0.01},
+		{"spread-1x60", 1, 60, 0, 1, 0.15},
+		{"one-envoy-1x1", 1, 1, 0.8, 2, 0},
+		{"one-envoy-3x1", 3, 1, 0.8, 2, 0.07},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base
+			c.DCs, c.EnvoysPerDC, c.Seed = tc.dcs, tc.envoy, tc.seed
+			i := 1
+			if tc.under1 > 0 {
+				c.Under1, i = tc.under1, 0
+			} else {
+				c.Under2 = 0.5
+			}
+			r := runSim(t, c)
+			u := r.under[i]
+			t.Logf("FIGURE rlqs-sim-cause %s: %d of %d denied after the first window (%.2f%%), exact log %d", tc.name, u.denied, u.reqs, 100*u.rate(), u.exact)
+			if u.reqs == 0 {
+				t.Fatal("no request")
+			}
+			if u.exact > 0 {
+				t.Errorf("the exact log denied %d: the load is not under the limit", u.exact)
+			}
+			if u.rate() > tc.bound {
+				t.Errorf("denied %d of %d requests after the first window (%.2f%%), above %.2f%%", u.denied, u.reqs, 100*u.rate(), 100*tc.bound)
+			}
+		})
 	}
 }

@@ -107,9 +107,18 @@ func kafkaOutage(t *testing.T, label string, outage time.Duration, halt, resume 
 		return true
 	})
 	fresh := time.Since(g.start)
-	// The bound holds again once every snapshot is fresh (a broker slow to start on a
-	// loaded machine keeps them stale after the restart): measure three windows after that.
-	time.Sleep(max(fresh+4*ruleWindow-time.Since(g.start), 0))
+	// The bound holds again once the pipeline has settled: every snapshot fresh (a broker
+	// slow to start on a loaded machine keeps them stale after the restart) and the
+	// aggregator counting every partition. Measure three windows after that. A machine
+	// loaded enough can still cost the aggregator its group session after the restart
+	// (seen under three CPU burners, 15 s after the broker was back): its partitions are
+	// replayed, counts published meanwhile are partial, and the enforcers decide on their
+	// shares, below the limit by design. Such a loss starts the wait again, and is reported.
+	settled, losses := settle(t, tp, fresh, ruleWindow, g.start)
+	time.Sleep(max(settled+4*ruleWindow-time.Since(g.start), 0))
+	if n := lostPartitions(t, tp); n > losses {
+		t.Logf("FIGURE %s: the aggregator lost its partitions again while the bound was measured", label)
+	}
 	stop()
 	end := time.Since(g.start)
 	rs := g.snapshot()
@@ -133,7 +142,8 @@ func kafkaOutage(t *testing.T, label string, outage time.Duration, halt, resume 
 	times := admissions(rs, heavyClient)
 	t.Logf("FIGURE %s: during the outage: heavy admitted per sliding window %s", label, sliding(times, ruleWindow, stoppedAt, restartAt))
 	checkOutage(t, label+"-outage", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, stoppedAt, fresh, 1.2, g.stallClock())
-	checkBound(t, label+"-after-restart", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, fresh+ruleWindow, end, nil, g.stallClock())
+	t.Logf("FIGURE %s: the pipeline settled at %.1fs (the aggregator lost its group session %.0f times in all)", label, settled.Seconds(), losses)
+	checkBound(t, label+"-after-restart", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, settled+ruleWindow, end, nil, g.stallClock())
 
 	var dropped, in int64
 	for _, n := range tp.nodes {
@@ -165,6 +175,41 @@ func kafkaOutage(t *testing.T, label string, outage time.Duration, halt, resume 
 	if math.Abs(e.Total-float64(seen)) > 0.1*ruleLimit {
 		t.Errorf("counts did not converge: snapshot %.1f (known %v) as of %.2fs, generator %d in the window ending then", e.Total, ok, asOf.Seconds(), seen)
 	}
+}
+
+// settle waits from fresh (since start) until the aggregator of tp has counted every
+// partition, with no group loss, for three windows of w, or 90 s have passed, and returns
+// when the last loss was over (fresh when there was none) and how many group losses the
+// aggregator has had in all.
+func settle(t *testing.T, tp *topology, fresh, w time.Duration, start time.Time) (time.Duration, float64) {
+	t.Helper()
+	settled, losses := fresh, lostPartitions(t, tp)
+	for deadline := fresh + 90*time.Second; time.Since(start) < deadline; {
+		time.Sleep(200 * time.Millisecond)
+		n := lostPartitions(t, tp)
+		if n == losses && replaying(t, tp) == 0 {
+			if time.Since(start) >= settled+3*w {
+				break
+			}
+			continue
+		}
+		if n > losses {
+			losses = n
+		}
+		settled = time.Since(start)
+	}
+	return settled, losses
+}
+
+// lostPartitions returns how many times tp's aggregator lost its partitions to a group
+// session that expired.
+func lostPartitions(t *testing.T, tp *topology) float64 {
+	return metric(gather(t, tp.aggReg), "streamlimit_aggregator_group_events_total", "event", "lost")
+}
+
+// replaying returns how many of its partitions tp's aggregator is replaying.
+func replaying(t *testing.T, tp *topology) float64 {
+	return metric(gather(t, tp.aggReg), "streamlimit_aggregator_replaying_partitions")
 }
 
 // TestFaultRedisDown kills the Redis of site us under load: its two enforcers keep deciding

@@ -49,7 +49,7 @@ func (c *counting) apply(now int64, it *held) addResult {
 		src := tp{topic: it.topic, part: it.slot}
 		if it.leave {
 			c.m.siteLeaves.Inc()
-			if !c.st.leftFrom(now, src, string(it.h.site), it.inst, it.h.bucketStart) {
+			if _, stranger := c.st.leftFrom(now, src, string(it.h.site), it.inst, it.h.bucketStart); stranger {
 				c.m.bad.WithLabelValues(ReasonStrangerLeave).Inc()
 			}
 			return added

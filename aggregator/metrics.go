@@ -19,8 +19,10 @@ const (
 	// replay in full.
 	ReasonWindowTooLong = "window_too_long"
 	// ReasonStrangerLeave: a site leave record from an instance not heard heartbeating
-	// under its site on that partition (a forgery, or a leave replayed after its instance
-	// was forgotten); it changes nothing.
+	// under its site on that partition, where other instances of the site were (a forgery,
+	// or a leave replayed after its instance was forgotten); it changes nothing. A leave
+	// for a site not heard on the partition at all changes nothing either and is not
+	// counted: a producer stopped before its heartbeats reached every partition writes it.
 	ReasonStrangerLeave = "stranger_leave"
 )
 

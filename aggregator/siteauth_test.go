@@ -214,3 +214,23 @@ func (l *lockedBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// TestLeaveWhereTheSiteWasNeverHeard: a producer stopped before its heartbeats reached every
+// partition writes its leave to partitions where its site was never heard. Such a leave
+// changes nothing and is not a stranger's; one where other instances of the site were heard
+// is, and one from the instance heard is taken.
+func TestLeaveWhereTheSiteWasNeverHeard(t *testing.T) {
+	s := testState(16)
+	p0, p1 := tp{topic: "hits", part: 0}, tp{topic: "hits", part: 1}
+	const now = 1_000_000
+	s.heardFrom(p0, "us", "us-1", now)
+	if taken, stranger := s.leftFrom(now, p1, "us", "us-1", now); taken || stranger {
+		t.Errorf("leave on a partition where us was never heard: taken %v, stranger %v; want neither", taken, stranger)
+	}
+	if taken, stranger := s.leftFrom(now, p0, "us", "forger", now); taken || !stranger {
+		t.Errorf("leave of an unheard instance where us-1 was heard: taken %v, stranger %v; want a stranger's", taken, stranger)
+	}
+	if taken, stranger := s.leftFrom(now, p0, "us", "us-1", now); !taken || stranger {
+		t.Errorf("leave of us-1 where it was heard: taken %v, stranger %v; want taken", taken, stranger)
+	}
+}

@@ -65,18 +65,20 @@ func (s *state) heardFrom(src tp, site, instance string, ts int64) {
 }
 
 // leftFrom records a site leave record of site and instance, stamped ts (ms), read at now
-// (ms) on src, and reports whether it was taken. A leave counts only from an instance
-// heard heartbeating under the site on src and not gone since: anyone who may write the
-// hits topic may write a leave in any site's name, and one from a stranger would take a
-// live site for gone. The site is left there once no other instance of it heard from
-// there has spoken within instanceLive before ts.
-func (s *state) leftFrom(now int64, src tp, site, instance string, ts int64) bool {
+// (ms) on src, and reports whether it was taken, and whether it came from a stranger. A
+// leave counts only from an instance heard heartbeating under the site on src and not gone
+// since: anyone who may write the hits topic may write a leave in any site's name, and one
+// from a stranger would take a live site for gone. A leave for a site not heard on src at
+// all has nothing to act on and is neither taken nor a stranger's: a producer that stops
+// before its heartbeats reached every partition writes such leaves. The site is left there
+// once no other instance of it heard from there has spoken within instanceLive before ts.
+func (s *state) leftFrom(now int64, src tp, site, instance string, ts int64) (taken, stranger bool) {
 	e := s.siteSeenOn(src, site, false)
 	if e == nil {
-		return false
+		return false, false
 	}
 	if _, ok := e.insts[instance]; !ok {
-		return false
+		return false, true
 	}
 	// An instance that left counts nothing any more: the site restarted under its name by
 	// a new instance is not two instances counting apart.
@@ -84,7 +86,7 @@ func (s *state) leftFrom(now int64, src tp, site, instance string, ts int64) boo
 	delete(e.insts, instance)
 	for _, t := range e.insts {
 		if t >= ts-instanceLive {
-			return true // another instance still speaks for the site
+			return true, false // another instance still speaks for the site
 		}
 	}
 	e.insts = nil
@@ -92,7 +94,7 @@ func (s *state) leftFrom(now int64, src tp, site, instance string, ts int64) boo
 		e.leftRead = now
 	}
 	e.left, e.at = true, max(e.at, ts)
-	return true
+	return true, false
 }
 
 // saw records instance's record at ts, dropping the instance heard from longest ago when

@@ -99,14 +99,6 @@
 //     own, most likely without the chance to leave. Its reservation fades to nothing over
 //     Config.CrashHold, and it gets no share of new keys.
 //
-// Only sites that have served a key count in any of these states (snapshot.SiteTime.Served:
-// some count showed the site with hits or demand), besides this site. A heartbeat proves
-// that someone writes the hits topic in a site's name, not that the site admits anything:
-// anyone allowed to write the topic can write heartbeats for made-up sites, and each, given
-// a share, would take it from the sites that serve clients. A real site counts from its
-// first hit's count on, about a pipeline lag after it starts serving; until then the others
-// reserve nothing for it, and it spends its own share of what it serves, as any site does.
-//
 // Room reserved for a silent site is not a fallback (Status.Fallback is only for the
 // degraded path below); such caps are counted in
 // streamlimit_enforcer_silent_site_reservations_total. A Limiter younger than a key's

@@ -349,8 +349,8 @@ func (g *sharing) allot(sites []siteView, allowance, u float64, heavy bool) (a a
 }
 
 // view lists the sites a decision considers, sorted by name: those of the entry's
-// breakdown, those the site times list (alive, silent but not forgotten, or left) that
-// have served a key (sharing.counts), and this site, which is always fresh to itself.
+// breakdown, those the site times list (alive, silent but not forgotten, or left), and this
+// site, which is always fresh to itself.
 func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known bool, st *snapshot.SiteTimes) []siteView {
 	var es []topics.SiteCount
 	if known {
@@ -364,11 +364,6 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 			dst = append(dst, siteView{site: es[i].Site, count: es[i].Count, demand: es[i].Demand})
 			i++
 		case i >= len(es) || ts[j].Site < es[i].Site:
-			if !ts[j].Served && ts[j].Site != g.site {
-				// Never served a key: reserved nothing (sharing.counts).
-				j++
-				continue
-			}
 			v := siteView{site: ts[j].Site, topic: ts[j].Topic}
 			v.state, v.silent = g.classify(ms, &ts[j])
 			dst = append(dst, v)
@@ -409,15 +404,6 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 	return dst
 }
 
-// counts reports whether the site st is one a global decision takes into account: one
-// that has served a key (snapshot.SiteTime.Served), or this site. A site known only from
-// its heartbeats may be no site at all: anyone allowed to write the hits topic can write
-// heartbeats in made-up names, and each such name given a share would take it from the
-// sites that serve clients. A real site is counted from its first hit's count on (about a
-// pipeline lag after it starts serving); until then the others do not reserve room for it,
-// and it spends its own share of keys new to it, as at any site.
-func (g *sharing) counts(st *snapshot.SiteTime) bool { return st.Served || st.Site == g.site }
-
 // othersHeard returns the oldest time up to which a fresh remote site — one of another data
 // center: not heard on this site's hits topic — has been heard from: the other data
 // centers' counts in the snapshot are complete up to then. It reports false when no remote
@@ -428,7 +414,7 @@ func (g *sharing) othersHeard(now time.Time, st *snapshot.SiteTimes) (int64, boo
 	t0, ok := int64(0), false
 	mine, _ := st.Get(g.site)
 	for _, s := range st.Sites() {
-		if s.Site == g.site || s.Left || !g.counts(&s) || s.Heard < limit || (mine.Topic != "" && s.Topic == mine.Topic) {
+		if s.Site == g.site || s.Left || s.Heard < limit || (mine.Topic != "" && s.Topic == mine.Topic) {
 			continue
 		}
 		if !ok || s.Heard < t0 {
@@ -438,22 +424,16 @@ func (g *sharing) othersHeard(now time.Time, st *snapshot.SiteTimes) (int64, boo
 	return t0, ok
 }
 
-// stateSig returns the states of st's sites that count (sharing.counts) at now, two bits
-// per site in their order, for the cap cache, and whether no site is silent in a way that reserves room (cut,
+// stateSig returns the states of st's sites at now, two bits per site (Sites()[i] at bits
+// 2i), for the cap cache, and whether no site is silent in a way that reserves room (cut,
 // or crashed within CrashHold). cacheable is false when the cap may change without the
 // signature changing: too many sites for the bits, or a crashed site whose reservation is
 // fading.
 func (g *sharing) stateSig(now time.Time, st *snapshot.SiteTimes) (sig uint64, allFresh, cacheable bool) {
 	sites := st.Sites()
 	ms := now.UnixMilli()
-	allFresh, cacheable = true, true
-	n := 0 // the sites counted (sharing.counts): those that never served a key change no cap
+	allFresh, cacheable = true, len(sites) <= 32
 	for i := range sites {
-		if !g.counts(&sites[i]) {
-			continue
-		}
-		bit := n
-		n++
 		state, silent := g.classify(ms, &sites[i])
 		sigState := state
 		if sites[i].Site == g.site && g.unseen(ms, &sites[i]) {
@@ -467,11 +447,11 @@ func (g *sharing) stateSig(now time.Time, st *snapshot.SiteTimes) (sig uint64, a
 				allFresh, cacheable = false, false
 			}
 		}
-		if bit < 32 {
-			sig |= uint64(sigState) << (2 * uint(bit))
+		if i < 32 {
+			sig |= uint64(sigState) << (2 * uint(i))
 		}
 	}
-	return sig, allFresh, cacheable && n <= 32
+	return sig, allFresh, cacheable
 }
 
 // staleShare is this site's share of a global limit when the snapshot cannot be trusted
@@ -493,7 +473,7 @@ func (g *sharing) staleShare(e *snapshot.Entry, known bool, st *snapshot.SiteTim
 	}
 	n := 1 // this site
 	for _, s := range st.Sites() {
-		if s.Site == g.site || !g.counts(&s) {
+		if s.Site == g.site {
 			continue
 		}
 		if state, _ := g.classify(latest, &s); state == siteFresh || state == siteCut {

@@ -2,9 +2,7 @@ package enforcer
 
 import (
 	"context"
-	"maps"
 	"math/rand/v2"
-	"slices"
 	"testing"
 	"time"
 
@@ -66,41 +64,9 @@ func heartbeat(t testing.TB, sn *snapshot.Snapshot, clk clock.Clock, sites ...ma
 	hb := topics.Heartbeat{Instance: "agg", Topic: "hits", Partition: 0, AsOf: clk.Now().UnixMilli()}
 	if len(sites) > 0 {
 		hb.Sites = sites[0]
-		served(t, sn, clk, hb.Sites)
 	}
 	v, _ := hb.MarshalBinary()
 	if err := sn.Apply([]byte(topics.HeartbeatKey("hits", 0)), v); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// servedKey is the key of served's counts, which no test decides.
-const servedKey = "test|served#60s"
-
-// served applies a count, as of now, of a key no test decides that shows every site of
-// each of sites as serving it: the sites a test's heartbeats list are real sites, which
-// have served keys (snapshot.SiteTime.Served), unless a test says otherwise.
-func served(t testing.TB, sn *snapshot.Snapshot, clk clock.Clock, sites ...map[string]int64) {
-	t.Helper()
-	c := topics.Count{Key: servedKey, Window: 60000, AsOf: clk.Now().UnixMilli()}
-	seen := map[string]bool{}
-	for _, m := range sites {
-		for s := range m {
-			seen[s] = true
-		}
-	}
-	if len(seen) == 0 {
-		return
-	}
-	for _, s := range slices.Sorted(maps.Keys(seen)) {
-		c.Sites = append(c.Sites, topics.SiteCount{Site: s, Count: 1, Demand: 1})
-		c.Total++
-	}
-	v, err := c.MarshalBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sn.Apply([]byte(servedKey), v); err != nil {
 		t.Fatal(err)
 	}
 }

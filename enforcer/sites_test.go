@@ -20,7 +20,6 @@ import (
 func sourceHeartbeat(t testing.TB, sn *snapshot.Snapshot, clk clock.Clock, topic string, heard, left map[string]int64) {
 	t.Helper()
 	hb := topics.Heartbeat{Instance: "agg", Topic: topic, Partition: 0, AsOf: clk.Now().UnixMilli(), Sites: heard, Left: left}
-	served(t, sn, clk, heard, left)
 	v, err := hb.MarshalBinary()
 	if err != nil {
 		t.Fatal(err)

@@ -101,12 +101,6 @@ type SiteTime struct {
 	// list it): the sites of one topic are one data center's, fed to every enforcer through
 	// the same pipeline.
 	Topic string
-	// Served reports that some count this snapshot applied showed the site with hits or
-	// demand, as of the latest heartbeat: the site has served a key. Heartbeats alone
-	// prove that someone writes the hits topic in the site's name, not that the site
-	// admits anything, so a site that never served a key is reserved nothing (package
-	// enforcer).
-	Served bool
 }
 
 // Sites returns every site with a time, sorted by name. Read only.
@@ -220,13 +214,13 @@ func (s *Snapshot) recomputeLocked() {
 	if len(heard)+len(left) > 0 {
 		st = &SiteTimes{sites: make([]SiteTime, 0, len(heard)+len(left))}
 		for site, ms := range heard {
-			st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Peer: peer[site], Topic: s.internSite(topic[site]), Served: s.hasServed(site)})
+			st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Peer: peer[site], Topic: s.internSite(topic[site])})
 		}
 		for site, ms := range left {
 			// A site some source still hears from is live there: its leave has not reached
 			// every partition yet, or it restarted.
 			if _, live := heard[site]; !live {
-				st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Left: true, Peer: peer[site], Topic: s.internSite(topic[site]), Served: s.hasServed(site)})
+				st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Left: true, Peer: peer[site], Topic: s.internSite(topic[site])})
 			}
 		}
 		slices.SortFunc(st.sites, func(a, b SiteTime) int { return strings.Compare(a.Site, b.Site) })

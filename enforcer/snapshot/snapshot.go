@@ -281,11 +281,6 @@ type Snapshot struct {
 
 	internMu sync.Mutex
 	intern   map[string]string
-	// served holds the sites some count applied since the Snapshot was made showed with
-	// hits or demand (SiteTime.Served), as an immutable set replaced on each addition:
-	// every count checks its sites against it without a lock, and sites are few. At most
-	// maxInternedSites; past that, new sites are not marked.
-	served atomic.Pointer[map[string]struct{}]
 
 	running   atomic.Bool
 	ready     atomic.Bool
@@ -421,11 +416,7 @@ func (s *Snapshot) Apply(key, value []byte) error {
 		return fmt.Errorf("snapshot: count for key %q: %w", truncate(key), err)
 	}
 	for i := range c.Sites {
-		sc := &c.Sites[i]
-		sc.Site = s.internSite(sc.Site)
-		if sc.Count > 0 || sc.Demand > 0 {
-			s.markServed(sc.Site)
-		}
+		c.Sites[i].Site = s.internSite(c.Sites[i].Site)
 	}
 	e := &Entry{Total: c.Total, Mine: c.Site(s.cfg.Site), Window: c.WindowDuration(), AsOf: c.AsOf, Sites: c.Sites}
 
@@ -530,46 +521,6 @@ func (s *Snapshot) delete(key []byte) {
 
 // internSite returns a string equal to site that is shared by every entry naming the site,
 // so that a million entries over three sites hold three site strings, not three million.
-// markServed records that site has served a key (served).
-func (s *Snapshot) markServed(site string) {
-	if m := s.served.Load(); m != nil {
-		if _, ok := (*m)[site]; ok {
-			return
-		}
-	}
-	s.internMu.Lock()
-	defer s.internMu.Unlock()
-	old := s.served.Load()
-	n := 0
-	if old != nil {
-		if _, ok := (*old)[site]; ok {
-			return
-		}
-		n = len(*old)
-	}
-	if n >= maxInternedSites {
-		return
-	}
-	m := make(map[string]struct{}, n+1)
-	if old != nil {
-		for k := range *old {
-			m[k] = struct{}{}
-		}
-	}
-	m[site] = struct{}{}
-	s.served.Store(&m)
-}
-
-// hasServed reports whether some count applied showed site with hits or demand.
-func (s *Snapshot) hasServed(site string) bool {
-	m := s.served.Load()
-	if m == nil {
-		return false
-	}
-	_, ok := (*m)[site]
-	return ok
-}
-
 func (s *Snapshot) internSite(site string) string {
 	s.internMu.Lock()
 	defer s.internMu.Unlock()

@@ -8,14 +8,13 @@ import (
 	"github.com/streamlimit/streamlimit/topics"
 )
 
-// Site records written in other sites' names, as anyone allowed to write the hits topics
+// Leave records written in other sites' names, as anyone allowed to write the hits topics
 // can, change nothing, through the real aggregator and enforcer code: leave records for
-// every real site every 100 ms (from a stranger instance, dated now and 25 s ahead, and
-// from the site's own instance dated 25 s ahead), and heartbeats of 50 made-up sites every
-// 400 ms. Before, the forged leaves made each data center take the other as gone (the
-// worst client at 1.090× its limit, 1.010 without them), and the ghosts split shares among
-// sites that serve nothing (658 of 3 905 requests of clients under their limit denied,
-// none without them).
+// every real site every 100 ms, from a stranger instance, dated now and 25 s ahead, and
+// from the site's own instance dated 25 s ahead. Before, they made each data center take
+// the other as gone (the worst client at 1.090× its limit, 1.010 without them).
+// Heartbeats of made-up sites are refused only with site keys (the aggregator's
+// TestSiteAuthentication): the simulator's aggregator does not sign or verify.
 func TestForgedSiteRecordsChangeNothing(t *testing.T) {
 	ctx := context.Background()
 	base := DCConfig{Scenario: DCMix, DCs: 2, Clients: 300, Windows: 3}
@@ -47,21 +46,11 @@ func TestForgedSiteRecordsChangeNothing(t *testing.T) {
 			{Key: topics.SiteLeaveKey, Site: site, BucketStart: startMs + t + 25_000, Instance: fmt.Sprintf("%s#%d", site, dc+1)},
 		}
 	}
-	ghosts := func(t int64, dc int) []topics.Hit {
-		if t%400 != 0 || dc != 0 {
-			return nil
-		}
-		out := make([]topics.Hit, 0, 50)
-		for i := range 50 {
-			out = append(out, topics.Hit{Key: topics.SiteHeartbeatKey, Site: fmt.Sprintf("ghost-%02d", i), BucketStart: startMs + t, Instance: "ghost"})
-		}
-		return out
-	}
 	clean := run("no forgery", nil)
 	for _, c := range []struct {
 		name  string
 		forge func(int64, int) []topics.Hit
-	}{{"forged leaves", leaves}, {"50 ghost sites", ghosts}} {
+	}{{"forged leaves", leaves}} {
 		r := run(c.name, c.forge)
 		if r.MaxRatio > 1.02 || r.MaxRatio > clean.MaxRatio+0.005 {
 			t.Errorf("%s: max/limit %.3f, want ≤ 1.02 (%.3f without forgery)", c.name, r.MaxRatio, clean.MaxRatio)

@@ -1,11 +1,9 @@
 package aggregator
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/streamlimit/streamlimit/internal/testenv"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -90,7 +89,7 @@ func testSiteAuthentication(t *testing.T, e *env) {
 	reg := prometheus.NewRegistry()
 	cfg := e.config(reg)
 	cfg.SiteKeys = keys
-	var logs lockedBuffer
+	var logs testenv.SyncBuffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	a, _ := e.run(cfg)
 	eventually(t, "ready", 60*time.Second, a.Ready)
@@ -195,24 +194,6 @@ func testSiteAuthentication(t *testing.T, e *env) {
 			t.Fatalf("a forged leave listed us as left: %+v", hb)
 		}
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestLeaveWhereTheSiteWasNeverHeard: a producer stopped before its heartbeats reached every

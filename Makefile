@@ -23,7 +23,8 @@ all: test
 
 # Two tiers, each run once, with one purpose each (docs/testing.md):
 #
-#   test-unit  the deterministic tier: -short, which means no external process. Nothing
+#   test-unit  the deterministic tier: -short, which means no external process (the
+#              race-free tests without -race, the rest with it). Nothing
 #              here needs Kafka, Redis or a tool; a test that does skips through
 #              testenv.RealParts, and internal/testtier writes its name to REAL_PARTS.
 #   test-e2e   the real-parts tier: exactly the tests the unit tier listed, with real
@@ -35,15 +36,19 @@ test: lint
 	$(MAKE) test-unit
 	$(MAKE) test-e2e
 
-# The tests of the real-parts tier, written by test-unit and read by test-e2e.
+# The tests of the real-parts tier, written by test-unit and read by test-e2e: those of
+# the -race pass, and those of the race-free pass (run without -race there too).
 REAL_PARTS ?= .tiers/real-parts.txt
+REAL_PARTS_RACE_FREE ?= .tiers/real-parts-race-free.txt
 TESTTIER := $(GO) run ./internal/testtier
 
-# The allocation tests first, without -race (under -race, sync.Pool drops items on
-# purpose and allocation counts mean nothing), then everything with -race.
+# First the tests of the files that compile only without -race (//go:build !race),
+# without it: allocation counts (under -race, sync.Pool drops items on purpose and the
+# counts mean nothing) and the simulator's runs (one goroutine computing, where -race
+# finds nothing and costs ten times the time). Then everything else, with -race.
 test-unit:
-	$(GO) test -short -count=1 -run Alloc $(TESTFLAGS) ./...
-	@mkdir -p $(dir $(REAL_PARTS))
+	@mkdir -p $(dir $(REAL_PARTS)) $(dir $(REAL_PARTS_RACE_FREE))
+	$(TESTTIER) racefree -o $(REAL_PARTS_RACE_FREE) -- -short -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS)
 	set -o pipefail; $(GO) test -short -race -count=1 -json -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./... | $(TESTTIER) unit -o $(REAL_PARTS)
 
 # The three-cluster test runs last and alone: its three brokers, MirrorMakers and six
@@ -51,9 +56,9 @@ test-unit:
 # silent.
 WAN_TEST := TestMultiClusterWAN
 test-e2e:
-	@test -f $(REAL_PARTS) || { echo "$(REAL_PARTS) is missing: make test-unit lists the tests of this tier"; exit 1; }
+	@test -f $(REAL_PARTS) -a -f $(REAL_PARTS_RACE_FREE) || { echo "$(REAL_PARTS) or $(REAL_PARTS_RACE_FREE) is missing: make test-unit lists the tests of this tier"; exit 1; }
 	bash examples/install-test-tools.sh
-	GO=$(GO) bash $(SERVICES)/with-services.sh $(TESTTIER) e2e -list $(REAL_PARTS) -alone $(WAN_TEST) -- -race -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS)
+	GO=$(GO) bash $(SERVICES)/with-services.sh $(TESTTIER) e2e -list $(REAL_PARTS) -racefree-list $(REAL_PARTS_RACE_FREE) -alone $(WAN_TEST) -- -race -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS)
 
 # staticcheck's version, fetched from the Go module proxy by go run (cached afterwards).
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2

@@ -1,7 +1,7 @@
 //go:build !race
 
 // Allocation counts are meaningless under -race, where sync.Pool drops items on purpose;
-// make test runs this file in a second, race-free pass.
+// make test runs this file in its first, race-free pass.
 
 package enforcer
 

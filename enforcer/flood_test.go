@@ -1,7 +1,7 @@
 //go:build !race
 
 // A million keys through the race detector would take minutes and measure its shadow
-// memory; make test runs this file in its race-free pass (tests named *Alloc*).
+// memory; make test runs this file in its race-free pass.
 
 package enforcer
 

@@ -1,7 +1,7 @@
 //go:build !race
 
-// Allocation counts are meaningless under -race; make test runs the tests named *Alloc*
-// in a race-free pass first.
+// Allocation counts are meaningless under -race; make test runs the tests of the files
+// that compile only without it in a race-free pass first.
 
 package algo
 

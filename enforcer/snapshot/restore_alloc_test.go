@@ -1,7 +1,8 @@
 //go:build !race
 
 // A million records through the race detector would take minutes and measure its shadow
-// memory; make test runs this file in its race-free pass (tests named *Alloc*).
+// memory; make test runs this file in its race-free pass (the real-parts tier also runs
+// it without -race).
 
 package snapshot
 

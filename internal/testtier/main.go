@@ -1,6 +1,11 @@
 // Command testtier runs the two test tiers of `make test` so that each test runs in
 // exactly one of them and none is left out.
 //
+// The unit tier has a first, race-free pass, `testtier racefree -- FLAGS...`: the tests
+// of the files that compile only without -race (//go:build !race), found by reading the
+// files, run without -race; the -race pass after it cannot compile them, so none runs
+// twice (raceFreeTests says which tests belong there).
+//
 // The unit tier is `go test -short -race -json ./...` piped through `testtier unit -o
 // FILE`: it prints the run as go test does without -v (the output of failed tests, the
 // package lines) and writes to FILE the top-level tests that skipped with the real-parts
@@ -51,12 +56,21 @@ func main() {
 	case "e2e":
 		fs := flag.NewFlagSet("e2e", flag.ExitOnError)
 		list := fs.String("list", "", "file written by testtier unit")
+		raceFreeList := fs.String("racefree-list", "", "file written by testtier racefree: tests to run without -race")
 		alone := fs.String("alone", "", "comma-separated tests to run after the others, on their own")
 		_ = fs.Parse(os.Args[2:])
 		if *list == "" {
 			usage()
 		}
-		err = e2e(*list, splitList(*alone), fs.Args(), ci)
+		err = e2e(*list, *raceFreeList, splitList(*alone), fs.Args(), ci)
+	case "racefree":
+		fs := flag.NewFlagSet("racefree", flag.ExitOnError)
+		out := fs.String("o", "", "file to write the race-free real-parts tests to")
+		_ = fs.Parse(os.Args[2:])
+		if *out == "" {
+			usage()
+		}
+		err = raceFree(".", *out, fs.Args(), ci)
 	default:
 		usage()
 	}
@@ -67,7 +81,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: go test -json -short ... | testtier unit -o FILE\n       testtier e2e -list FILE [-alone Test1,Test2] [-- go test flags]")
+	fmt.Fprintln(os.Stderr, "usage: testtier racefree -o FILE [-- go test flags]\n       go test -json -short ... | testtier unit -o FILE\n       testtier e2e -list FILE [-racefree-list FILE] [-alone Test1,Test2] [-- go test flags]")
 	os.Exit(2)
 }
 
@@ -188,15 +202,10 @@ func unit(r io.Reader, w io.Writer, out string, ci bool) error {
 	if err != nil {
 		return err
 	}
-	var lines []string
-	for t := range o.realParts {
-		lines = append(lines, t.pkg+" "+t.name)
-	}
-	slices.Sort(lines)
-	if err := os.WriteFile(out, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+	if err := writeList(out, slices.Collect(maps.Keys(o.realParts))); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "testtier: %d tests left to the real-parts tier, listed in %s\n", len(lines), out)
+	fmt.Fprintf(w, "testtier: %d tests left to the real-parts tier, listed in %s\n", len(o.realParts), out)
 	var errs []error
 	if o.failed {
 		errs = append(errs, errors.New("unit tier failed"))
@@ -211,6 +220,16 @@ func unit(r io.Reader, w io.Writer, out string, ci bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// writeList writes tests to path, one "package test" a line, sorted; readList reads it.
+func writeList(path string, tests []test) error {
+	lines := make([]string, 0, len(tests))
+	for _, t := range tests {
+		lines = append(lines, t.pkg+" "+t.name)
+	}
+	slices.Sort(lines)
+	return os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
 }
 
 // readList reads the file unit wrote.
@@ -261,13 +280,19 @@ func runArgs(tests []test, skip []string) []string {
 
 // e2e runs the listed tests, those named in alone last and on their own, and checks that
 // every one of them ran and passed.
-func e2e(list string, alone []string, flags []string, ci bool) error {
+func e2e(list, raceFreeList string, alone []string, flags []string, ci bool) error {
 	tests, err := readList(list)
 	if err != nil {
 		return err
 	}
 	if len(tests) == 0 {
 		return fmt.Errorf("%s lists no test: the unit tier skipped nothing as real-parts", list)
+	}
+	var raceFree []test
+	if raceFreeList != "" {
+		if raceFree, err = readList(raceFreeList); err != nil {
+			return err
+		}
 	}
 	var first, last []test
 	for _, t := range tests {
@@ -277,17 +302,20 @@ func e2e(list string, alone []string, flags []string, ci bool) error {
 			first = append(first, t)
 		}
 	}
-	fmt.Printf("testtier: running %d real-parts tests (%d of them on their own, last)\n", len(tests), len(last))
+	noRace := slices.DeleteFunc(slices.Clone(flags), func(f string) bool { return f == "-race" })
+	fmt.Printf("testtier: running %d real-parts tests (%d of them without -race, %d on their own, last)\n",
+		len(tests)+len(raceFree), len(raceFree), len(last))
 	var o outcome
 	o.passed, o.realParts = map[test]bool{}, map[test]bool{}
 	for _, group := range []struct {
 		tests []test
 		skip  []string
-	}{{first, alone}, {last, nil}} {
+		flags []string
+	}{{first, alone, flags}, {raceFree, nil, noRace}, {last, nil, flags}} {
 		if len(group.tests) == 0 {
 			continue
 		}
-		args := append(append([]string{"test", "-json"}, flags...), runArgs(group.tests, group.skip)...)
+		args := append(append([]string{"test", "-json"}, group.flags...), runArgs(group.tests, group.skip)...)
 		g, err := goTest(args)
 		if err != nil {
 			return err
@@ -301,9 +329,16 @@ func e2e(list string, alone []string, flags []string, ci bool) error {
 			o.otherSkips = append(o.otherSkips, t.pkg+" "+t.name+" (real-parts skip without -short?)")
 		}
 	}
+	tests = append(tests, raceFree...)
+	return checkRan("e2e tier", tests, o, ci)
+}
+
+// checkRan checks the outcome of a run of tests: none failed, every one ran and passed,
+// and none was skipped (a failure under CI=true, a warning otherwise).
+func checkRan(what string, tests []test, o outcome, ci bool) error {
 	var errs []error
 	if o.failed {
-		errs = append(errs, errors.New("e2e tier failed"))
+		errs = append(errs, errors.New(what+" failed"))
 	}
 	var missing []string
 	for _, t := range tests {
@@ -315,7 +350,7 @@ func e2e(list string, alone []string, flags []string, ci bool) error {
 		errs = append(errs, fmt.Errorf("listed but not run and passed:\n  %s", strings.Join(missing, "\n  ")))
 	}
 	if len(o.otherSkips) > 0 {
-		msg := "skipped in the e2e tier (a tool or service is missing):\n  " + strings.Join(o.otherSkips, "\n  ")
+		msg := "skipped in the " + what + " (a tool or service is missing):\n  " + strings.Join(o.otherSkips, "\n  ")
 		if ci {
 			errs = append(errs, errors.New(msg))
 		} else {

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -85,5 +86,39 @@ func TestRunArgs(t *testing.T) {
 	want := []string{"-run", `^(TestA|TestB\.x)$`, "-skip", `^(TestWAN)$`, "p", "q"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("runArgs = %q, want %q", got, want)
+	}
+}
+
+// The race-free pass finds exactly the tests of files that compile without -race and not
+// with it, in the package of their directory, and nothing in testdata or hidden folders.
+func TestRaceFreeTests(t *testing.T) {
+	root := t.TempDir()
+	files := map[string]string{
+		"go.mod":                  "module example.com/m\n\ngo 1.26\n",
+		"a/alloc_test.go":         "//go:build !race\n\npackage a\n\nimport \"testing\"\n\nfunc TestAllocs(t *testing.T) {}\nfunc helper(t *testing.T) {}\nfunc Testlower(t *testing.T) {}\n",
+		"a/plain_test.go":         "package a\n\nimport \"testing\"\n\nfunc TestPlain(t *testing.T) {}\n",
+		"a/race_test.go":          "//go:build race\n\npackage a\n\nimport \"testing\"\n\nfunc TestOnlyRace(t *testing.T) {}\n",
+		"a/b/sim_test.go":         "// A comment first.\n\n//go:build !race && (linux || darwin || windows || " + runtime.GOOS + ")\n\npackage b_test\n\nimport \"testing\"\n\nfunc TestSim(t *testing.T) {}\n",
+		"a/other_test.go":         "//go:build ignore\n\npackage a\n\nimport \"testing\"\n\nfunc TestIgnored(t *testing.T) {}\n",
+		"a/testdata/x_test.go":    "//go:build !race\n\npackage x\n\nimport \"testing\"\n\nfunc TestData(t *testing.T) {}\n",
+		"a/.hidden/h_test.go":     "//go:build !race\n\npackage h\n\nimport \"testing\"\n\nfunc TestHidden(t *testing.T) {}\n",
+		"a/comment_after_test.go": "package a\n\n//go:build !race\n\nimport \"testing\"\n\nfunc TestLateLine(t *testing.T) {}\n",
+	}
+	for name, body := range files {
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := raceFreeTests(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []test{{"example.com/m/a", "TestAllocs"}, {"example.com/m/a/b", "TestSim"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
 	}
 }

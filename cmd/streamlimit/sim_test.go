@@ -1,3 +1,9 @@
+//go:build !race
+
+// The simulator's commands run the simulator, one goroutine's computation at scale: -race
+// finds nothing there and makes it ten times slower, so make test runs these tests in its
+// first, race-free pass (their names contain "Sim").
+
 package main
 
 import (

@@ -122,3 +122,21 @@ func TestRaceFreeTests(t *testing.T) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
 }
+
+// The module's own race-free tests include the allocation counts and the simulator's runs
+// (a tag lost from their files would move them back into the -race pass, ten times slower).
+func TestModuleRaceFreeTests(t *testing.T) {
+	got, err := raceFreeTests("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, tt := range got {
+		names[tt.name] = true
+	}
+	for _, want := range []string{"TestNoAllocation", "TestDCSimulationManySitesAndChurn", "TestSimAccuracy", "TestSimDCCommand"} {
+		if !names[want] {
+			t.Errorf("%s is not race-free; found %v", want, got)
+		}
+	}
+}

@@ -1,3 +1,9 @@
+//go:build !race
+
+// A simulation is one goroutine's computation at scale: -race finds nothing in it and
+// makes it ten times slower, so make test runs these tests in its first, race-free pass
+// (their names contain "Sim"). sim_test.go keeps the parallel runs under -race.
+
 package sim
 
 import (
@@ -62,9 +68,9 @@ func TestDCSimulationManySitesAndChurn(t *testing.T) {
 	}
 }
 
-// TestNoChurnIsTheControl: NoChurn runs a churn scenario's own requests on its data
+// TestSimNoChurnIsTheControl: NoChurn runs a churn scenario's own requests on its data
 // centers of six processes with no process started or stopped, and the report says so.
-func TestNoChurnIsTheControl(t *testing.T) {
+func TestSimNoChurnIsTheControl(t *testing.T) {
 	cfg := DCConfig{Scenario: DCRename, Clients: 100, Windows: 2, Seed: 1}
 	n, err := cfg.normalize()
 	if err != nil {

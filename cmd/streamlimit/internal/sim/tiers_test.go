@@ -1,3 +1,9 @@
+//go:build !race
+
+// A simulation is one goroutine's computation at scale: -race finds nothing in it and
+// makes it ten times slower, so make test runs these tests in its first, race-free pass
+// (their names contain "Sim"). sim_test.go keeps the parallel runs under -race.
+
 package sim
 
 import (

@@ -8,11 +8,17 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/demo"
 )
 
-func newDemoCmd() *cobra.Command {
+func newDemoCmd() *cobra.Command { return newDemoCmdOn(nil) }
+
+// newDemoCmdOn is newDemoCmd with the embedded broker's connections carried over network
+// when it is not nil, in memory (demo.Options.Network): a test runs the command in a
+// testing/synctest bubble, on virtual time.
+func newDemoCmdOn(network *kfake.VirtualNetwork) *cobra.Command {
 	var (
 		opts             demo.Options
 		plain, showRules bool
@@ -50,6 +56,7 @@ run, and 0 after an interrupt.`,
 				return err
 			}
 			opts.Logger = log
+			opts.Network = network
 			opts.Live = !plain && isTerminal(out)
 			sum, err := demo.Run(cmd.Context(), opts, out)
 			if errors.Is(err, context.Canceled) && cmd.Context().Err() != nil {

@@ -90,6 +90,20 @@ type Options struct {
 	ReadyTimeout time.Duration
 	// Logger receives the components' logs. Default: discard.
 	Logger *slog.Logger
+	// Network, when set, carries every connection to the embedded broker in memory
+	// instead of over loopback sockets. With it the demo can run inside a
+	// testing/synctest bubble, on virtual time, so that a test of its verdict does not
+	// depend on how busy the machine is. Default nil: loopback.
+	Network *kfake.VirtualNetwork
+}
+
+// kafkaOpts returns the client options every component of the demo uses to reach the
+// embedded broker: the in-memory dialer of o.Network, if any.
+func (o Options) kafkaOpts() []kgo.Opt {
+	if o.Network == nil {
+		return nil
+	}
+	return []kgo.Opt{kgo.Dialer(o.Network.DialContext)}
 }
 
 func (o Options) normalize() (Options, error) {
@@ -168,8 +182,12 @@ func Run(ctx context.Context, opts Options, w io.Writer) (Summary, error) {
 	log := opts.Logger
 
 	// The embedded broker, compacting the counts topic every compactEvery.
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1),
-		kfake.BrokerConfigs(map[string]string{"log.cleaner.backoff.ms": fmt.Sprint(compactEvery.Milliseconds())}))
+	kopts := []kfake.Opt{kfake.NumBrokers(1),
+		kfake.BrokerConfigs(map[string]string{"log.cleaner.backoff.ms": fmt.Sprint(compactEvery.Milliseconds())})}
+	if opts.Network != nil {
+		kopts = append(kopts, kfake.ListenFn(opts.Network.Listen), kfake.Ports(9092))
+	}
+	cluster, err := kfake.NewCluster(kopts...)
 	if err != nil {
 		return Summary{}, fmt.Errorf("demo: embedded kafka: %w", err)
 	}
@@ -186,7 +204,7 @@ func Run(ctx context.Context, opts Options, w io.Writer) (Summary, error) {
 		CountsDeleteRetention:  30 * time.Second,
 		CountsMaxCompactionLag: 30 * time.Second,
 	}
-	if err := ensureTopics(ctx, brokers, tcfg); err != nil {
+	if err := ensureTopics(ctx, brokers, opts.kafkaOpts(), tcfg); err != nil {
 		return Summary{}, err
 	}
 
@@ -205,6 +223,7 @@ func Run(ctx context.Context, opts Options, w io.Writer) (Summary, error) {
 		HeartbeatInterval: heartbeatEvery,
 		MaxWindow:         time.Minute,
 		InstanceID:        "demo-aggregator",
+		KafkaOpts:         opts.kafkaOpts(),
 		Logger:            log,
 	})
 	if err != nil {
@@ -286,8 +305,8 @@ func Run(ctx context.Context, opts Options, w io.Writer) (Summary, error) {
 	return sum, nil
 }
 
-func ensureTopics(ctx context.Context, brokers []string, cfg topics.Config) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+func ensureTopics(ctx context.Context, brokers []string, kopts []kgo.Opt, cfg topics.Config) error {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, kopts...)...)
 	if err != nil {
 		return fmt.Errorf("demo: kafka client: %w", err)
 	}
@@ -306,6 +325,7 @@ func newSite(name string, brokers []string, rcfg *rules.Config, opts Options, lo
 		Site:         name,
 		MaxStaleness: maxStaleness,
 		SubBuckets:   subBuckets,
+		KafkaOpts:    opts.kafkaOpts(),
 		Logger:       log,
 	})
 	if err != nil {
@@ -318,6 +338,7 @@ func newSite(name string, brokers []string, rcfg *rules.Config, opts Options, lo
 		BucketWidth:   bucketWidth,
 		FlushInterval: flushInterval,
 		SubBuckets:    subBuckets,
+		KafkaOpts:     opts.kafkaOpts(),
 		Logger:        log,
 	})
 	if err != nil {

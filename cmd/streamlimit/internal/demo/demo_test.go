@@ -1,20 +1,32 @@
 package demo
 
 import (
-	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
 // TestDemoGlobalLimitHolds runs the whole demo for 10 s on the embedded broker and checks
 // the product's point: the abusive client, spread over three sites, gets about its global
 // limit per window (not starved, not 3×), and light clients are never denied.
+//
+// It runs in a testing/synctest bubble, the broker's connections in memory: time moves
+// only when every goroutine of the demo waits, so the verdict is the same on a busy
+// machine as on an idle one.
 func TestDemoGlobalLimitHolds(t *testing.T) {
-	var out bytes.Buffer
-	sum, err := Run(context.Background(), Options{Duration: 10 * time.Second, Seed: 1}, &out)
+	synctest.Test(t, testDemoGlobalLimitHolds)
+}
+
+func testDemoGlobalLimitHolds(t *testing.T) {
+	var out testenv.SyncBuffer
+	var network kfake.VirtualNetwork
+	sum, err := Run(context.Background(), Options{Duration: 10 * time.Second, Seed: 1, Network: &network}, &out)
 	t.Logf("output:\n%s", out.String())
 	if err != nil {
 		t.Fatalf("Run: %v", err)
@@ -43,9 +55,14 @@ func TestDemoGlobalLimitHolds(t *testing.T) {
 // TestDemoInterrupted cancels the run during the traffic, as Ctrl-C does: the demo shuts
 // down cleanly and summarises what ran, without claiming a verdict it could not measure.
 func TestDemoInterrupted(t *testing.T) {
+	synctest.Test(t, testDemoInterrupted)
+}
+
+func testDemoInterrupted(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out lockedBuffer
+	var out testenv.SyncBuffer
+	var network kfake.VirtualNetwork
 	done := make(chan struct{})
 	var (
 		sum Summary
@@ -53,7 +70,7 @@ func TestDemoInterrupted(t *testing.T) {
 	)
 	go func() {
 		defer close(done)
-		sum, err = Run(ctx, Options{Duration: time.Minute, Sites: 2}, &out)
+		sum, err = Run(ctx, Options{Duration: time.Minute, Sites: 2, Network: &network}, &out)
 	}()
 	// Cancel once traffic has produced decisions (the first status line is at 2 s).
 	for deadline := time.Now().Add(60 * time.Second); ; {
@@ -85,22 +102,4 @@ func TestDemoInterrupted(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
 	}
-}
-
-// lockedBuffer is a bytes.Buffer that one goroutine may write while another reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -152,19 +152,24 @@ func share(own, total float64, open int) float64 {
 }
 
 // allot returns how many requests a holder may admit over the next h seconds, its tokens
-// included (over), and how many of them at once (now), for one quota q: its share of the
-// room that the site's cap leaves once what the other holders hold is taken, and this
-// site's count h from now (the hits leaving the window by then) for over, its count now
-// for now. others is the key's sums less this holder's contribution; t is now, in seconds
-// since the epoch.
+// included (over), and how many of them at once (now), for one quota q. The room is what
+// the site's cap leaves: its count h from now (the hits leaving the window by then) for
+// over, its count now for now. A holder gets the lesser of its share of the room and the
+// room less all that the other holders may admit before their next reports: the tokens
+// they hold, their refill since their reports, and h more of it (they report every h,
+// and each report is allotted afresh). The second term keeps the limit: at every
+// allotment, what all holders can admit until they report again fits in the room. The
+// first keeps them fair. others is the key's sums less this holder's contribution; t is
+// now, in seconds since the epoch.
 func allot(q *enforcer.Quota, others contribution, t, h, own float64, open int, part float64) (now, over float64) {
 	k := keyState{tok: others.tok, rate: others.rate, rateAt: others.rateAt}
 	held := k.held(t)
 	f := share(own, others.demand+own, open)
-	room := part*(q.Cap-q.Later) - held
-	over = max(f*room, 0)
-	room = part*(q.Cap-q.Count) - held
-	now = max(min(f*room, over), 0)
+	ahead := held + others.rate*h
+	room := part * (q.Cap - q.Later)
+	over = max(min(f*room, room-ahead), 0)
+	room = part * (q.Cap - q.Count)
+	now = max(min(f*room, room-held, over), 0)
 	return now, over
 }
 

@@ -72,10 +72,11 @@ func (r simResult) figure(c simConfig, most, fewest int) string {
 // other traffic. The bounds hold the misses where they are, against regressions; the
 // controls hold what is met.
 //
-//   - A client at 0.5× spread over 60 Envoys of one data center is denied as the one
-//     spread over 3 × 20 is, with no share between data centers at all: each holder's
-//     allotment, a token bucket a little above its rate of about one request a second
-//     with a burst of two to four, denies random arrivals. Over 20 Envoys it is not.
+//   - A client at 0.5× spread over 60 Envoys of one data center is denied some of its
+//     requests with no share between data centers at all: each holder's allotment, at
+//     about one request a second, is a small token bucket that random arrivals overrun
+//     now and then (2.9%; 13.4% before the other holders' refill to their next reports
+//     was reserved in place of a share of what they left). Over 20 Envoys it is not.
 //   - A client at 0.8× behind the one Envoy of one of three data centers is denied while
 //     its data center's share of the room falls to an even third at its reports: the
 //     snapshot's demand decays with τ = 1 s and a report comes every 5 s, so the share
@@ -92,7 +93,7 @@ func TestSimUnderLimitCauses(t *testing.T) {
 		bound      float64 // the denied part after the first window, at most
 	}{
 		{"spread-1x20", 1, 20, 0, 1, 0.01},
-		{"spread-1x60", 1, 60, 0, 1, 0.15},
+		{"spread-1x60", 1, 60, 0, 1, 0.04},
 		{"one-envoy-1x1", 1, 1, 0.8, 2, 0},
 		{"one-envoy-3x1", 3, 1, 0.8, 2, 0.07},
 	} {

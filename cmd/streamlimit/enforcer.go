@@ -162,7 +162,7 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 	f.DurationVar(&l.WriteTimeout, "write-timeout", server.DefaultWriteTimeout, "bound on writing a response (HTTP API)")
 	f.DurationVar(&l.ProxyTimeout, "proxy-timeout", server.DefaultProxyTimeout, "bound on reading a request and writing its response (reverse proxy)")
 	f.DurationVar(&l.IdleTimeout, "idle-timeout", server.DefaultIdleTimeout, "how long a keep-alive connection may wait for its next request")
-	f.IntVar(&l.MaxHeaderBytes, "max-header-bytes", server.DefaultMaxHeaderBytes, "bound on a request's header block (431 beyond)")
+	f.IntVar(&l.MaxHeaderBytes, "max-header-bytes", server.DefaultMaxHeaderBytes, "bound on a request's header block (431 beyond) and on a gRPC call's metadata (stream reset beyond)")
 	f.Int64Var(&l.MaxBodyBytes, "max-body-bytes", httplimit.DefaultMaxBodyBytes, "bound on a check request's body (413 beyond) and a gRPC message")
 	f.IntVar(&l.MaxConns, "max-conns", server.DefaultMaxConns, "connections each listener holds at once; more wait to be accepted (-1: no bound)")
 	f.IntVar(&l.MaxConnsPerAddr, "max-conns-per-addr", server.DefaultMaxConnsPerAddr, "connections each listener holds from one client address (IPv6: one /64); more are refused when accepted: 503 on plaintext HTTP, closed on gRPC and TLS (-1: no bound)")

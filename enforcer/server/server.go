@@ -439,6 +439,12 @@ func (s *Server) grpcServer(extra ...grpc.ServerOption) *grpc.Server {
 	if l.GRPCMaxStreams > 0 {
 		opts = append(opts, grpc.MaxConcurrentStreams(uint32(l.GRPCMaxStreams)))
 	}
+	if l.MaxHeaderBytes > 0 {
+		// The bound of HTTP's header block, for gRPC's metadata: grpc-go's own is 16 MiB a
+		// call. The server announces it in its HTTP/2 settings and resets a stream whose
+		// headers exceed it.
+		opts = append(opts, grpc.MaxHeaderListSize(uint32(l.MaxHeaderBytes)))
+	}
 	if s.tls != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls)))
 	}

@@ -174,6 +174,7 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 	f.StringVar(&c.TLS.KeyFile, "tls-key", "", "PEM key of --tls-cert")
 	f.StringVar(&c.TLS.ClientCAFile, "tls-client-ca", "", "PEM CAs whose client certificates the HTTP API and gRPC require (mutual TLS)")
 	f.StringVar(&ef.authTokenFile, "auth-token-file", "", "file of bearer tokens, one per line, that callers of the HTTP API and gRPC must present (/healthz, /readyz and gRPC health stay open; the console at /ui/ also takes one as a basic-authentication password)")
+	f.StringSliceVar(&c.AllowedHosts, "allowed-hosts", nil, "host names (or addresses; no port) the HTTP API and console answer as Host, against DNS rebinding; others get 421 (/healthz, /readyz, /openapi.yaml and /v1/auth answer any). Empty: any Host")
 	f.DurationVar(&c.AuthMaxDelay, "auth-max-delay", 0, "hold a /v1/auth request that its limits will admit within this long until they do (nginx's proxy_read_timeout must be longer)")
 	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "bound on draining requests and flushing hits at shutdown")
 	f.StringVar(&ef.logFormat, "log-format", "text", "log format: text or json")

@@ -267,11 +267,15 @@ func (s *checkState) decode(body io.Reader, maxDelay *time.Duration, costs *[]in
 // decodeCheckText is decodeCheck of a whole body, which it first refuses when
 // encoding/json would read it otherwise than it was written: text that is not valid
 // UTF-8, or escapes a lone UTF-16 surrogate, which encoding/json turns into U+FFFD (so
-// that "u1\xff" and "u1\xfe" would share one counter), and a null where the schema
-// wants a value, which it reads as the field's absence. The fast decoder takes none of
+// that "u1\xff" and "u1\xfe" would share one counter), a member given twice, of which
+// it keeps the last, and a null where the schema wants a value, which it reads as the
+// field's absence. The fast decoder takes none of
 // these, so only this path checks them.
 func decodeCheckText(body string, maxDelay *time.Duration, costs *[]int64) (enforcer.Request, error) {
 	if err := checkText(body); err != nil {
+		return enforcer.Request{}, err
+	}
+	if err := checkNoDuplicates(body); err != nil {
 		return enforcer.Request{}, err
 	}
 	if err := checkNoNull(body); err != nil {

@@ -122,10 +122,10 @@ func TestCheckDecodeMatchesEncodingJSON(t *testing.T) {
 		`{"domain":"api","descriptors":[{"entries":[{"key":"u","value":"1"}],"hits_addend":2}],"hits_addend":1}`,
 		`{"domain":"api",` + d + `,"max_delay_ms":60001}`,
 		`{"domain":"",` + d + `}`,
-		`{"domain":"api","domain":"other",` + d + `,"hits":1,"hits":2}`,
-		`{"domain":"api","descriptors":[{"entries":[{"key":"a","key":"b","value":"1","value":"2"}]}]}`,
 	}
 	others := []string{
+		`{"domain":"api","domain":"other",` + d + `,"hits":1,"hits":2}`,
+		`{"domain":"api","descriptors":[{"entries":[{"key":"a","key":"b","value":"1","value":"2"}]}]}`,
 		``,
 		`   `,
 		`[]`,

@@ -39,7 +39,7 @@ const maxFastInts = 16
 
 // fastDecode decodes body into s.cr when it is in the plain shape clients send: the
 // fields of CheckRequest spelled exactly, strings without escapes, integers without
-// fraction or exponent, no nulls, no descriptor limit, descriptors and entries once. It reports false
+// fraction or exponent, no nulls, no descriptor limit, every member once. It reports false
 // for anything else, valid or not, which the caller then decodes with encoding/json, so
 // that every request gets encoding/json's answer and every error its message. str is
 // body as a string, whose substrings become the request's strings.
@@ -50,24 +50,24 @@ func (s *checkState) fastDecode(body []byte, str string) bool {
 	s.rents = s.rents[:0]
 	s.nints = 0
 	p := fastParser{b: body, s: str}
-	// A field given twice is decoded twice, the last value staying, as encoding/json does;
-	// descriptors twice is left to encoding/json.
+	// A field given twice is left to the slow path, which refuses it (checkNoDuplicates).
+	var seen fields
 	if !p.object(func(key string) bool {
 		switch key {
 		case "domain":
 			var ok bool
 			s.cr.Domain, ok = p.str()
-			return ok
+			return seen.once(0) && ok
 		case "descriptors":
-			return s.fastDescriptors(&p)
+			return seen.once(5) && s.fastDescriptors(&p)
 		case "hits_addend":
-			return s.fastInt(&p, &s.cr.HitsAddend)
+			return seen.once(1) && s.fastInt(&p, &s.cr.HitsAddend)
 		case "hitsAddend":
-			return s.fastInt(&p, &s.cr.HitsAddendCamel)
+			return seen.once(2) && s.fastInt(&p, &s.cr.HitsAddendCamel)
 		case "hits":
-			return s.fastInt(&p, &s.cr.Hits)
+			return seen.once(3) && s.fastInt(&p, &s.cr.Hits)
 		case "max_delay_ms":
-			return s.fastInt(&p, &s.cr.MaxDelayMs)
+			return seen.once(4) && s.fastInt(&p, &s.cr.MaxDelayMs)
 		}
 		return false
 	}) {
@@ -83,23 +83,19 @@ func (s *checkState) fastDecode(body []byte, str string) bool {
 
 // fastDescriptors decodes the descriptors array.
 func (s *checkState) fastDescriptors(p *fastParser) bool {
-	if s.cr.Descriptors != nil {
-		return false
-	}
-	s.cr.Descriptors = s.descs[:0] // non-nil: an empty array decodes as such
+	s.cr.Descriptors = s.descs[:0] // non-nil once s.descs has grown: [] decodes as such
 	return p.array(func() bool {
 		d := CheckDescriptor{}
-		seenEntries := false
+		var seen fields
 		start := len(s.rents)
 		if !p.object(func(key string) bool {
-			switch {
-			case key == "entries" && !seenEntries:
-				seenEntries = true
-				return s.fastEntries(p)
-			case key == "hits_addend":
-				return s.fastInt(p, &d.HitsAddend)
-			case key == "hitsAddend":
-				return s.fastInt(p, &d.HitsAddendCamel)
+			switch key {
+			case "entries":
+				return seen.once(0) && s.fastEntries(p)
+			case "hits_addend":
+				return seen.once(1) && s.fastInt(p, &d.HitsAddend)
+			case "hitsAddend":
+				return seen.once(2) && s.fastInt(p, &d.HitsAddendCamel)
 			}
 			return false
 		}) {
@@ -117,13 +113,16 @@ func (s *checkState) fastDescriptors(p *fastParser) bool {
 func (s *checkState) fastEntries(p *fastParser) bool {
 	return p.array(func() bool {
 		var e rules.Entry
+		var seen fields
 		if !p.object(func(key string) bool {
 			var ok bool
 			switch key {
 			case "key":
 				e.Key, ok = p.str()
+				ok = ok && seen.once(0)
 			case "value":
 				e.Value, ok = p.str()
+				ok = ok && seen.once(1)
 			}
 			return ok
 		}) {
@@ -132,6 +131,20 @@ func (s *checkState) fastEntries(p *fastParser) bool {
 		s.rents = append(s.rents, e)
 		return true
 	})
+}
+
+// fields records which of an object's members (numbered by the decoder) were read, so
+// that a member given twice fails the fast decoder: encoding/json would keep the last
+// value, and the slow path refuses the body instead (checkNoDuplicates).
+type fields uint8
+
+// once marks member i read and reports whether it was not before.
+func (f *fields) once(i uint) bool {
+	if *f&(1<<i) != 0 {
+		return false
+	}
+	*f |= 1 << i
+	return true
 }
 
 // fastInt decodes an integer into one of s.ints and points *dst at it.

@@ -48,6 +48,41 @@ func TestCheckRefusesTextThatWouldMerge(t *testing.T) {
 	}
 }
 
+// TestCheckRefusesDuplicateFields: an object that gives a member twice is 400 naming the
+// member, wherever it is (before: 200, the last value decided, so that a filter in front
+// that read the first saw another request). Names that encoding/json takes for one field
+// ("domain", "Domain") are one member.
+func TestCheckRefusesDuplicateFields(t *testing.T) {
+	l, _ := newLimiter(t)
+	srv := httptest.NewServer(NewCheckHandler(l, CheckOptions{}))
+	defer srv.Close()
+	const d = `"descriptors":[{"entries":[{"key":"user","value":"dup"}]}]`
+	for _, c := range []struct{ body, field string }{
+		{`{"domain":"api","descriptors":[{"entries":[{"key":"user","key":"other","value":"dup"}]}]}`, "descriptors[0].entries[0].key"},
+		{`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"a","value":"b"}]}]}`, "descriptors[0].entries[0].value"},
+		{`{"domain":"api","domain":"other",` + d + `}`, "domain"},
+		{`{"domain":"api","Domain":"other",` + d + `}`, "Domain"},
+		{`{"domain":"api",` + d + `,"hits_addend":1,"hits_addend":100}`, "hits_addend"},
+		{`{"domain":"api",` + d + `,"max_delay_ms":0,"max_delay_ms":10}`, "max_delay_ms"},
+		{`{"domain":"api",` + d + `,` + d + `}`, "descriptors"},
+		{`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"dup"}],"hits_addend":1,"hits_addend":2}]}`, "descriptors[0].hits_addend"},
+		{`{"domain":"api","descriptors":[{"entries":[],"entries":[{"key":"user","value":"dup"}]}]}`, "descriptors[0].entries"},
+		{`{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"dup"}],"limit":{"unit":"SECOND","unit":"DAY"}}]}`, "descriptors[0].limit.unit"},
+	} {
+		resp, b := postJSON(t, srv.Client(), srv.URL, c.body)
+		var p map[string]any
+		_ = json.Unmarshal(b, &p)
+		want := c.field + ": the field is given more than once"
+		if detail, _ := p["detail"].(string); resp.StatusCode != 400 || !strings.Contains(detail, want) {
+			t.Errorf("%s: %d %s, want 400 with %q", c.body, resp.StatusCode, b, want)
+		}
+	}
+	// The same member in two objects is no duplicate.
+	if resp, b := postJSON(t, srv.Client(), srv.URL, `{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"a"},{"key":"user","value":"b"}]}]}`); resp.StatusCode != 200 {
+		t.Errorf("one key per entry: %d %s", resp.StatusCode, b)
+	}
+}
+
 // TestCheckRefusesNullAndTwoSpellings: a null where the schema wants a value, and a cost
 // given under two of its names, are 400 (before: 200, the null read as no cost, and two
 // equal spellings taken).

@@ -2,9 +2,11 @@ package httplimit
 
 import (
 	"encoding/json"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -107,4 +109,82 @@ func findNull(v any, path string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// checkNoDuplicates refuses an object, anywhere in the body, that gives a member twice:
+// encoding/json keeps the last value, so that a proxy or filter in front of the enforcer
+// that reads the first ({"key":"a","key":"b"}) would see another request than the one
+// decided. Names are compared as encoding/json matches them to fields, case-insensitively
+// ("domain" and "Domain" are one field). Text that is not well-formed JSON is left to
+// decodeCheck, which says why.
+func checkNoDuplicates(s string) error {
+	d := json.NewDecoder(strings.NewReader(s))
+	d.UseNumber()
+	err := walkDuplicates(d, "")
+	if ce, ok := errors.AsType[*checkError](err); ok {
+		return ce
+	}
+	return nil
+}
+
+// walkDuplicates reads one value from d, failing with a checkError at the first member
+// given twice; path is the value's place in the form of rules.RequestError's fields.
+func walkDuplicates(d *json.Decoder, path string) error {
+	tok, err := d.Token()
+	if err != nil {
+		return err
+	}
+	switch tok {
+	case json.Delim('{'):
+		seen := make(map[string]bool)
+		for d.More() {
+			tok, err := d.Token()
+			if err != nil {
+				return err
+			}
+			key, _ := tok.(string)
+			p := key
+			if path != "" {
+				p = path + "." + key
+			}
+			folded := foldName(key)
+			if seen[folded] {
+				return &checkError{"malformed JSON: " + p + ": the field is given more than once"}
+			}
+			seen[folded] = true
+			if err := walkDuplicates(d, p); err != nil {
+				return err
+			}
+		}
+	case json.Delim('['):
+		for i := 0; d.More(); i++ {
+			if err := walkDuplicates(d, path+"["+strconv.Itoa(i)+"]"); err != nil {
+				return err
+			}
+		}
+	default:
+		return nil
+	}
+	_, err = d.Token() // the closing delimiter
+	return err
+}
+
+// foldName folds a member's name as encoding/json does to match it to a field: each
+// rune becomes the smallest of its case-folding orbit ("K", "k" and the Kelvin sign are
+// one).
+func foldName(name string) string {
+	var b strings.Builder
+	b.Grow(len(name))
+	for _, r := range name {
+		for {
+			next := unicode.SimpleFold(r)
+			if next <= r {
+				r = next
+				break
+			}
+			r = next
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }

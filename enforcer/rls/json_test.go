@@ -133,6 +133,26 @@ func TestJSONEndpoint(t *testing.T) {
 	}
 }
 
+// TestJSONRefusesDuplicateFields: /json refuses an object that gives a member twice,
+// under either of its names, 400 naming it, as /v1/check does: protobuf's JSON parser
+// keeps no last value. It guards that parser's behaviour, which the check API matches.
+func TestJSONRefusesDuplicateFields(t *testing.T) {
+	f := start(t, edgeRules, Options{})
+	srv := httptest.NewServer(f.srv.JSONHandler())
+	defer srv.Close()
+	const d = `"descriptors":[{"entries":[{"key":"user","value":"dup"}]}]`
+	for _, c := range []struct{ body, field string }{
+		{`{"domain":"api","descriptors":[{"entries":[{"key":"user","key":"other","value":"dup"}]}]}`, "key"},
+		{`{"domain":"api","domain":"other",` + d + `}`, "domain"},
+		{`{"domain":"api",` + d + `,"hitsAddend":1,"hits_addend":5}`, "hits_addend"},
+	} {
+		resp, b := post(t, srv.URL, []byte(c.body))
+		if resp.StatusCode != 400 || !strings.Contains(string(b), "duplicate field") || !strings.Contains(string(b), c.field) {
+			t.Errorf("%s: %d %s, want 400 naming %s as a duplicate", c.body, resp.StatusCode, b, c.field)
+		}
+	}
+}
+
 func post(t *testing.T, url string, body []byte) (*http.Response, []byte) {
 	t.Helper()
 	resp, err := http.Post(url, "application/json", bytes.NewReader(body))

@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
@@ -27,7 +28,9 @@ const (
 	DefaultProxyTimeout = 60 * time.Second
 	// DefaultIdleTimeout is how long a keep-alive connection may wait for its next request.
 	DefaultIdleTimeout = 60 * time.Second
-	// DefaultMaxHeaderBytes bounds a request's header block.
+	// DefaultMaxHeaderBytes bounds a request's header block: an HTTP request's, and a gRPC
+	// call's metadata (its HTTP/2 header list), which grpc-go would otherwise take up to
+	// 16 MiB of per call.
 	DefaultMaxHeaderBytes = 32 << 10
 	// DefaultMaxConns bounds the connections each listener holds at once; further clients
 	// wait in the kernel's accept queue until one closes.
@@ -70,7 +73,8 @@ type Limits struct {
 	ProxyTimeout time.Duration
 	// IdleTimeout applies to every HTTP listener. Default DefaultIdleTimeout.
 	IdleTimeout time.Duration
-	// MaxHeaderBytes applies to every HTTP listener. Default DefaultMaxHeaderBytes.
+	// MaxHeaderBytes applies to every HTTP listener, and to every gRPC server as the
+	// largest header list (metadata) a call may send. Default DefaultMaxHeaderBytes.
 	MaxHeaderBytes int
 	// MaxBodyBytes bounds a check request's body (413 beyond) and a gRPC request message.
 	// Default httplimit.DefaultMaxBodyBytes.
@@ -136,6 +140,9 @@ func (l Limits) normalize() (Limits, error) {
 	var errs []error
 	if l.MaxBodyBytes < 0 {
 		errs = append(errs, fmt.Errorf("max body bytes %d: a check request needs a body", l.MaxBodyBytes))
+	}
+	if l.MaxHeaderBytes > math.MaxUint32 {
+		errs = append(errs, fmt.Errorf("max header bytes %d is too large", l.MaxHeaderBytes))
 	}
 	if l.GRPCMaxStreams > 1<<31-1 {
 		errs = append(errs, fmt.Errorf("gRPC max streams %d is too large", l.GRPCMaxStreams))

@@ -165,6 +165,13 @@ func TestOpenAPIDescribesTheServer(t *testing.T) {
 		{name: "readyz", method: "GET", path: "/readyz", status: 200},
 		{name: "metrics", method: "GET", path: "/metrics", status: 200},
 		{name: "openapi", method: "GET", path: server.OpenAPIPath, status: 200},
+		{name: "check cross-origin", method: "POST", path: "/v1/check", body: user("x"), header: http.Header{"Origin": {"http://evil.example"}}, status: 403},
+		{name: "check from a page, not JSON", method: "POST", path: "/v1/check", body: user("x"), status: 415, badBody: true,
+			header: http.Header{"Origin": {base}, "Content-Type": {"text/plain"}}},
+		{name: "json cross-origin", method: "POST", path: "/json", body: jsonUser("x", ""), header: http.Header{"Origin": {"http://evil.example"}}, status: 403},
+		{name: "json from a page, not JSON", method: "POST", path: "/json", body: jsonUser("x", ""), status: 415, badBody: true,
+			header: http.Header{"Origin": {base}, "Content-Type": {"text/plain"}}},
+		{name: "metrics cross-origin", method: "GET", path: "/metrics", header: http.Header{"Origin": {"http://evil.example"}}, status: 403},
 	} {
 		req, resp := x.do(t, base)
 		if ok, errs := v.ValidateHttpRequest(req()); ok == x.badBody {

@@ -178,6 +178,14 @@ type Config struct {
 	// metrics) and of gRPC must present ("Authorization: Bearer <token>"); /healthz,
 	// /readyz and the gRPC health service stay open. Default none: no token is asked.
 	AuthTokens []string
+	// AllowedHosts, when set, are the host names (or addresses; no port) that requests to
+	// the HTTP API and the console may give as their Host; any other is answered 421, so
+	// that a name an attacker points at the enforcer's address (DNS rebinding) does not
+	// make a web page of the API's origin. The health probes, /openapi.yaml and /v1/auth
+	// (whose Host is the original request's) answer any host. A request carrying an
+	// Origin that is neither its own host nor an allowed one is answered 403, with these
+	// or without (see browserGuard). Default none: any Host.
+	AllowedHosts []string
 
 	// ShutdownTimeout bounds the graceful shutdown (draining requests, flushing hits).
 	// Default DefaultShutdownTimeout.
@@ -256,6 +264,7 @@ type Server struct {
 	rlqsLn                  net.Listener
 	tls                     *tls.Config // nil: plaintext
 	tokens                  tokens
+	guard                   browserGuard
 	// connsRefused counts connections closed at accept for their address's bound.
 	connsRefused atomic.Uint64
 
@@ -281,6 +290,9 @@ func New(cfg Config) (_ *Server, err error) {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
 	if s.tokens, err = newTokens(cfg.AuthTokens); err != nil {
+		return nil, fmt.Errorf("enforcer: %w", err)
+	}
+	if s.guard, err = newBrowserGuard(cfg.AllowedHosts); err != nil {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
 
@@ -439,6 +451,12 @@ func (s *Server) grpcServer(extra ...grpc.ServerOption) *grpc.Server {
 	if l.GRPCMaxStreams > 0 {
 		opts = append(opts, grpc.MaxConcurrentStreams(uint32(l.GRPCMaxStreams)))
 	}
+	if l.MaxHeaderBytes > 0 {
+		// The bound of HTTP's header block, for gRPC's metadata: grpc-go's own is 16 MiB a
+		// call. The server announces it in its HTTP/2 settings and resets a stream whose
+		// headers exceed it.
+		opts = append(opts, grpc.MaxHeaderListSize(uint32(l.MaxHeaderBytes)))
+	}
 	if s.tls != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls)))
 	}
@@ -512,7 +530,8 @@ func (s *Server) delaying(maxDelay time.Duration) (*httplimit.Middleware, error)
 }
 
 // Handler returns the HTTP handler of HTTPAddr, asking for a bearer token when
-// Config.AuthTokens are set, with the console at ConsolePath.
+// Config.AuthTokens are set, with the console at ConsolePath, behind the checks that keep
+// web pages out (Config.AllowedHosts, browserGuard).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/check", httplimit.NewCheckHandler(s.lim, httplimit.CheckOptions{Logger: s.log, MaxBodyBytes: s.cfg.Limits.MaxBodyBytes,
@@ -538,7 +557,7 @@ func (s *Server) Handler() http.Handler {
 		}
 		_, _ = w.Write([]byte(why + "\n"))
 	})
-	return s.withConsole(s.tokens.requireToken(tooLarge(mux, max(s.cfg.Limits.MaxBodyBytes, rls.DefaultMaxJSONBytes))))
+	return s.guard.wrap(s.withConsole(s.tokens.requireToken(tooLarge(mux, max(s.cfg.Limits.MaxBodyBytes, rls.DefaultMaxJSONBytes)))))
 }
 
 // tooLarge answers 413 at once, and closes the connection, when a request declares a

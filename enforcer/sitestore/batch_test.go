@@ -10,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
-	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
 // TestSecondLaneOnlyForAFullBatch: while one batch is in flight (held in a paused Redis),
@@ -20,7 +19,8 @@ import (
 // free, sent the second request alone and made four) and every one is decided in Redis.
 func TestSecondLaneOnlyForAFullBatch(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	s := newStore(t, testenv.RedisClient(t), testenv.KeyPrefix(t), func(c *Config) {
+	rd := pausableRedis(t)
+	s := newStore(t, rd, "lanes:", func(c *Config) {
 		c.Registerer, c.Lanes, c.MaxBatch = reg, 2, 4
 	})
 	ctx := context.Background()
@@ -42,7 +42,7 @@ func TestSecondLaneOnlyForAFullBatch(t *testing.T) {
 			}
 		}
 	}
-	if err := testenv.RedisClient(t).Do(ctx, "CLIENT", "PAUSE", "300").Err(); err != nil {
+	if err := rd.Do(ctx, "CLIENT", "PAUSE", "300").Err(); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/internal/testenv"
@@ -22,15 +23,16 @@ import (
 // Each burst starts while Redis is paused for 30 ms (CLIENT PAUSE), as a loaded machine or
 // a snapshot's fork stalls it: the calls queue, and the defaults must ride that out.
 func TestDefaultsUnderConcurrency(t *testing.T) {
-	addr := testenv.Redis(t)
+	// It pauses Redis before every burst: a redis-server of its own (pausableRedis).
+	pauser := pausableRedis(t)
+	addr := pauser.Options().Addr
 	reg := prometheus.NewRegistry()
-	s, err := New(Config{Addrs: []string{addr}, KeyPrefix: testenv.KeyPrefix(t), Registerer: reg})
+	s, err := New(Config{Addrs: []string{addr}, KeyPrefix: "defaults:", Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	ctx := context.Background()
-	pauser := testenv.RedisClient(t)
 	lim := algo.Limit{Requests: 100, Window: time.Second}
 	const perCaller = 4
 	// A burst that a stall of this process or of Redis overlaps may time out in part,
@@ -44,7 +46,8 @@ func TestDefaultsUnderConcurrency(t *testing.T) {
 	const pauseMs = 30
 	const stalled = DefaultTimeout / 5
 	stalls := testenv.StartStalls(t)
-	prober := testenv.RedisClient(t)
+	prober := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = prober.Close() })
 	redisStalls := testenv.StartServiceStalls(t, "redis", pauseMs*time.Millisecond+stalled, func(ctx context.Context) error {
 		return prober.Ping(ctx).Err()
 	})
@@ -153,14 +156,15 @@ func TestLateRequestsKeepTheWindow(t *testing.T) {
 // a failure for the breaker.
 func TestCallerGivesUp(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	s := newStore(t, nil, testenv.KeyPrefix(t), func(c *Config) {
-		c.Addrs = []string{testenv.Redis(t)} // its own client, which honours contexts
+	pauser := pausableRedis(t)
+	s := newStore(t, nil, "gaveup:", func(c *Config) {
+		c.Addrs = []string{pauser.Options().Addr} // its own client, which honours contexts
 		c.Registerer = reg
 		c.Breaker.MinFailures = 1
 	})
 	op := algo.Op{Key: "d|gaveup#1m", Algorithm: algo.FixedWindow, Limit: algo.Limit{Requests: 5, Window: time.Minute}, N: 1}
 	out := make([]algo.Decision, 1)
-	if err := testenv.RedisClient(t).Do(context.Background(), "CLIENT", "PAUSE", "300").Err(); err != nil {
+	if err := pauser.Do(context.Background(), "CLIENT", "PAUSE", "300").Err(); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)

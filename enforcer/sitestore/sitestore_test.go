@@ -259,6 +259,17 @@ func startPrivateRedis(t *testing.T, extra ...string) *testenv.RedisServer {
 	})
 }
 
+// pausableRedis starts a redis-server of the test's own and returns a client of it, for a
+// test that pauses Redis (CLIENT PAUSE): paused, the suite's shared Redis would stall
+// every other package's tests that run meanwhile.
+func pausableRedis(t *testing.T) *redis.Client {
+	t.Helper()
+	rd := startPrivateRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: rd.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 func TestRedisDownFallbackAndRecovery(t *testing.T) {
 	rd := startPrivateRedis(t)
 	bclk := clock.NewFake(time.Unix(0, 0))
@@ -368,11 +379,12 @@ func TestWriteBackIsIdempotent(t *testing.T) {
 // callers into fallback decisions. The write back is held up by pausing Redis.
 func TestWriteBackWaitedFor(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	s := newStore(t, testenv.RedisClient(t), testenv.KeyPrefix(t), func(c *Config) { c.Registerer = reg })
+	rd := pausableRedis(t)
+	s := newStore(t, rd, "wait:", func(c *Config) { c.Registerer = reg })
 	ctx := context.Background()
 	op := algo.Op{Key: "d|wait#1m", Algorithm: algo.SlidingWindow, Limit: algo.Limit{Requests: 1000, Window: time.Minute}, N: 1}
 	s.pendAll(t0, []algo.Op{op}) // one hit admitted in process, pending
-	if err := testenv.RedisClient(t).Do(ctx, "CLIENT", "PAUSE", "200").Err(); err != nil {
+	if err := rd.Do(ctx, "CLIENT", "PAUSE", "200").Err(); err != nil {
 		t.Fatal(err)
 	}
 	first := make(chan bool)

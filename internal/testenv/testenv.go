@@ -335,12 +335,32 @@ func allLed(td kadm.TopicDetail) bool {
 	return true
 }
 
-// RedisClient returns a go-redis client for Redis(t), closed by t.Cleanup.
-// Nothing is flushed: the server is shared by every test package running at
-// once, so tests keep their keys apart with KeyPrefix.
+// RedisClient returns a go-redis client for Redis(t), closed by t.Cleanup, that may
+// touch only this test's keys: it logs in as an ACL user of its own, created here and
+// deleted by t.Cleanup, allowed the keys of KeyPrefix(t) (any key starting "test:" and
+// the test's name) and every command but the dangerous ones (CLIENT PAUSE, FLUSHALL,
+// CONFIG, DEBUG, KEYS …), INFO excepted. The server is shared by every test package
+// running at once: a key outside the test's space, or a command that stalls or wipes the
+// server, fails with NOPERM instead of meeting another test. A test that must pause or
+// kill Redis starts a redis-server of its own (StartRedisServer).
 func RedisClient(t testing.TB) *redis.Client {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: Redis(t)})
+	addr := Redis(t)
+	ctx := context.Background()
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	user, pass := "test-"+randHex(t), randHex(t)
+	pattern := "~" + keySpace(t) + "*"
+	if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">"+pass, "resetkeys", pattern, "resetchannels",
+		"+@all", "-@dangerous", "+info").Err(); err != nil {
+		t.Fatalf("testenv: create the Redis user of %s: %v", t.Name(), err)
+	}
+	t.Cleanup(func() {
+		a := redis.NewClient(&redis.Options{Addr: addr})
+		defer a.Close()
+		_ = a.Do(context.Background(), "ACL", "DELUSER", user).Err()
+	})
+	c := redis.NewClient(&redis.Options{Addr: addr, Username: user, Password: pass})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -380,11 +400,16 @@ func TopicName(t testing.TB, base string) string {
 // e.g. "test:TestFoo-sub:1a2b3c4d5e6f7a8b:".
 func KeyPrefix(t testing.TB) string {
 	t.Helper()
+	return keySpace(t) + ":" + randHex(t) + ":"
+}
+
+// keySpace is the start of every KeyPrefix of t: "test:" and t's sanitized name.
+func keySpace(t testing.TB) string {
 	name := sanitize(t.Name(), false)
 	if len(name) > 100 {
 		name = name[:100]
 	}
-	return "test:" + name + ":" + randHex(t) + ":"
+	return "test:" + name
 }
 
 // sanitize maps s onto Kafka's topic alphabet. Test names contain "/" and

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -57,6 +58,44 @@ func TestRedisRoundTrip(t *testing.T) {
 	got, err := c.Get(ctx, key).Result()
 	if err != nil || got != want {
 		t.Fatalf("GET = %q, %v; want %q", got, err, want)
+	}
+}
+
+// RedisClient keeps a test to its own keys and off the commands that would stall or wipe
+// the shared server: a key of another space and CLIENT PAUSE fail with NOPERM; its own
+// keys, a subtest's, and INFO work; the user is gone after the test.
+func TestRedisClientIsolated(t *testing.T) {
+	ctx := context.Background()
+	var user string
+	t.Run("inner", func(t *testing.T) {
+		c := RedisClient(t)
+		if err := c.Set(ctx, KeyPrefix(t)+"k", "v", time.Minute).Err(); err != nil {
+			t.Fatalf("own key: %v", err)
+		}
+		t.Run("sub", func(t *testing.T) {
+			if err := c.Set(ctx, KeyPrefix(t)+"k", "v", time.Minute).Err(); err != nil {
+				t.Fatalf("a subtest's key: %v", err)
+			}
+		})
+		for _, key := range []string{"other", "test:TestSomethingElse:k", "sl:x"} {
+			if err := c.Set(ctx, key, "v", time.Minute).Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+				t.Errorf("SET %s: %v, want NOPERM", key, err)
+			}
+		}
+		for _, cmd := range [][]any{{"CLIENT", "PAUSE", "10"}, {"FLUSHALL"}, {"CONFIG", "GET", "maxmemory"}, {"KEYS", "*"}} {
+			if err := c.Do(ctx, cmd...).Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+				t.Errorf("%v: %v, want NOPERM", cmd, err)
+			}
+		}
+		if err := c.Info(ctx, "commandstats").Err(); err != nil {
+			t.Errorf("INFO: %v", err)
+		}
+		user = c.Options().Username
+	})
+	admin := redis.NewClient(&redis.Options{Addr: Redis(t)})
+	defer admin.Close()
+	if err := admin.Do(ctx, "ACL", "GETUSER", user).Err(); err != redis.Nil {
+		t.Errorf("ACL GETUSER %s after the test: %v, want none", user, err)
 	}
 }
 

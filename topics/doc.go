@@ -21,7 +21,7 @@
 //     The producer writes version 1 whenever denied is 0, so older aggregators keep
 //     reading the hits that count.
 //   - JSON, first byte '{', for any producer in any language:
-//     {"key":"api:POST /articles|user=42","site":"eu-1","ts":1763740000123,"w":60000,"n":1}
+//     {"key":"api|user=42#60s","site":"eu-1","ts":1763740000123,"w":60000,"n":1}
 //     key, site and ts are required; w (window in ms) may be left out and the aggregator's
 //     default window applies; n defaults to 1 (0 when only "d" is given); "d" is the
 //     optional denied count. Unknown fields are ignored so that newer producers can add

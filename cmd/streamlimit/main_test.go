@@ -26,6 +26,10 @@ func TestVersion(t *testing.T) {
 	if err != nil || !strings.HasPrefix(out, "streamlimit ") {
 		t.Fatalf("version: %q, %v", out, err)
 	}
+	flag, err := run(t, "--version")
+	if err != nil || flag != out {
+		t.Fatalf("--version: %q, %v; want what version prints, %q", flag, err, out)
+	}
 }
 
 func TestTopicsEnsure(t *testing.T) {

@@ -21,7 +21,10 @@ sliding-window counts across all sites, and enforcers decide locally from that s
 plus their own exact counts.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// --version prints what the version command prints, as most tools answer it.
+		Version: buildVersion(),
 	}
+	root.SetVersionTemplate("streamlimit {{.Version}}\n")
 	root.AddCommand(newVersionCmd(), newTopicsCmd(), newAggregatorCmd(), newEnforcerCmd(),
 		newCountsCmd(), newRulesCmd(), newDemoCmd(), newDevCmd(), newSimCmd())
 	return root

@@ -31,6 +31,9 @@ type Limiter struct {
 	// lastStale is the unix-nanosecond time of the latest decision that found the snapshot
 	// stale (0: never), for Config.RecoveryHold.
 	lastStale atomic.Int64
+	// lastUnknown is the unix-nanosecond time of the last log line about a request of
+	// an unknown domain.
+	lastUnknown atomic.Int64
 	// waiters counts the requests Await keeps waiting.
 	waiters atomic.Int64
 	// born is when the Limiter was made: its site counter has seen no hit before.
@@ -233,13 +236,38 @@ func (l *Limiter) DecideAt(ctx context.Context, now time.Time, req Request, res 
 	s := l.scratch.Get().(*scratch)
 	defer l.scratch.Put(s)
 	s.reset()
+	unknown := l.unknownDomain(now, req)
 	l.match(req, res, s, n)
+	if unknown && l.cfg.UnknownDomain == UnknownDomainDeny {
+		res.Code = CodeOverLimit
+		for i := range res.Statuses {
+			res.Statuses[i].Code = CodeOverLimit
+		}
+		return
+	}
 	admitted, fused := l.check(ctx, now, s, n)
 	admitted, siteFellBack := l.commit(ctx, now, s, n, admitted, fused)
 	l.finish(req, res, s, admitted, siteFellBack)
 	if res.Code == CodeOverLimit {
 		l.denials.record(now, req.Domain, res)
 	}
+}
+
+// unknownDomain reports whether req is of a domain that the rules in force do not
+// configure, with no limit override of its own; such a request is counted, and its domain
+// logged at most once a second (a client sending a wrong domain sends it with every
+// request).
+func (l *Limiter) unknownDomain(now time.Time, req Request) bool {
+	cfg := l.cfg.Rules()
+	if cfg == nil || len(req.Overrides) > 0 || cfg.HasDomain(req.Domain) {
+		return false
+	}
+	l.metrics.unknownDomain.Inc()
+	if ns, last := now.UnixNano(), l.lastUnknown.Load(); ns-last >= int64(time.Second) && l.lastUnknown.CompareAndSwap(last, ns) {
+		l.cfg.Logger.Warn("request of a domain no rule configures", "domain", req.Domain,
+			"decision", l.cfg.UnknownDomain.String())
+	}
+	return true
 }
 
 // match finds each descriptor's rule and collects the operations of the limits in force,

@@ -28,6 +28,8 @@ type metrics struct {
 	fallback     *prometheus.CounterVec
 	// reserved counts global caps computed with room reserved for a silent site.
 	reserved prometheus.Counter
+	// unknownDomain counts requests of a domain no rule configures.
+	unknownDomain prometheus.Counter
 	// waiting, waited and awaited measure Limiter.Await: requests waiting now, how long
 	// they waited, and how their waits ended.
 	waiting prometheus.Gauge
@@ -103,6 +105,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m.reserved = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: "silent_site_reservations_total",
 		Help: "Global caps computed with room reserved for a silent site (cut off, or crashed within --crash-hold): not fallbacks, but less room here."})
+	m.unknownDomain = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: "unknown_domain_requests_total",
+		Help: "Requests of a domain that no rule configures, admitted with no limit or denied as --unknown-domain says (the domain is logged, at most once a second)."})
 	m.waiting = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: "waiting_requests",
 		Help: "Requests waiting for room instead of being refused (Await)."})
 	m.waited = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "streamlimit", Subsystem: "enforcer", Name: "wait_seconds",
@@ -112,7 +116,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		[]string{"outcome"})
 	m.cache.Store(&map[decisionKey]*ruleCounters{})
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.decisions, m.detailed, m.shadow, m.fallback, m.reserved, m.waiting, m.waited, m.awaited} {
+		for _, c := range []prometheus.Collector{m.decisions, m.detailed, m.shadow, m.fallback, m.reserved, m.unknownDomain, m.waiting, m.waited, m.awaited} {
 			if err := reg.Register(c); err != nil {
 				var are prometheus.AlreadyRegisteredError
 				if !errors.As(err, &are) {

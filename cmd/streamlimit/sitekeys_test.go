@@ -20,7 +20,7 @@ func TestSiteKeysFlag(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("eu 0011\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ef := enforcerFlags{siteKeys: good, logFormat: "text", logLevel: "info", limitOverrides: "honour", compat: "none"}
+	ef := enforcerFlags{siteKeys: good, logFormat: "text", logLevel: "info", limitOverrides: "honour", compat: "none", unknownDomain: "allow"}
 	ef.cfg.Site, ef.cfg.RulesPath = "eu", "r.yaml"
 	cfg, err := ef.serverConfig()
 	if err != nil {
@@ -38,7 +38,7 @@ func TestSiteKeysFlag(t *testing.T) {
 		{"eu", bad, false, "at least 32"},
 		{"eu", good, true, "not with --no-kafka"},
 	} {
-		ef := enforcerFlags{siteKeys: c.file, noKafka: c.noKafka, logFormat: "text", logLevel: "info", limitOverrides: "honour", compat: "none"}
+		ef := enforcerFlags{siteKeys: c.file, noKafka: c.noKafka, logFormat: "text", logLevel: "info", limitOverrides: "honour", compat: "none", unknownDomain: "allow"}
 		ef.cfg.Site, ef.cfg.RulesPath = c.site, "r.yaml"
 		if _, err := ef.serverConfig(); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("site %s, file %s, no-kafka %v: %v, want %q", c.site, filepath.Base(c.file), c.noKafka, err, c.want)

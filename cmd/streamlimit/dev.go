@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -17,6 +20,7 @@ import (
 	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/demo"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/rlqs"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/topicadmin"
 	"github.com/streamlimit/streamlimit/topics"
@@ -159,7 +163,6 @@ func (df *devFlags) run(cmd *cobra.Command) error {
 	if len(res.Created) > 0 {
 		created = "created"
 	}
-	key := `demo|client=alice#5s`
 	fmt.Fprintf(out, `streamlimit dev: embedded Kafka, aggregator and enforcer (Ctrl-C to stop)
 
   kafka       %s
@@ -170,17 +173,24 @@ func (df *devFlags) run(cmd *cobra.Command) error {
   console     http://%s%s/ (live: sites, top keys, decisions per second, recent 429s, rules)
   rules       %s
 
-Publish a hit as JSON with kcat (murmur2_random places keys as the Go producer does):
-  echo '%s@{"key":"%s","site":"eu","ts":'$(date +%%s%%3N)',"w":5000,"n":1}' | kcat -P -b %s -t %s -K@ -X topic.partitioner=murmur2_random
+`,
+		broker, tcfg.HitsTopic, tcfg.HitsPartitions, tcfg.CountsTopic, tcfg.CountsPartitions, created, data,
+		tcfg.HitsTopic, tcfg.CountsTopic, df.site, srv.HTTPAddr(), orNone(srv.GRPCAddr()), orNone(srv.RLQSAddr()), srv.HTTPAddr(), server.ConsolePath, rulesPath)
+	if ex, ok := devExample(srv.Limiter().Config().Rules()); ok {
+		fmt.Fprintf(out, `Publish a hit as JSON with kcat (murmur2_random places keys as the Go producer does):
+  echo '%s@{"key":"%s","site":"eu","ts":'$(date +%%s%%3N)',"w":%d,"n":1}' | kcat -P -b %s -t %s -K@ -X topic.partitioner=murmur2_random
 Read its count:
   streamlimit counts get '%s' --brokers %s
 Ask the enforcer:
-  curl -s %s/v1/check -d '{"domain":"demo","descriptors":[{"entries":[{"key":"client","value":"alice"}]}]}'
-  curl -i -H 'X-Client-Id: alice' %s/v1/auth
-`,
-		broker, tcfg.HitsTopic, tcfg.HitsPartitions, tcfg.CountsTopic, tcfg.CountsPartitions, created, data,
-		tcfg.HitsTopic, tcfg.CountsTopic, df.site, srv.HTTPAddr(), orNone(srv.GRPCAddr()), orNone(srv.RLQSAddr()), srv.HTTPAddr(), server.ConsolePath, rulesPath,
-		key, key, broker, tcfg.HitsTopic, key, broker, srv.HTTPAddr(), srv.HTTPAddr())
+  curl -s %s/v1/check -d '%s'
+`, ex.key, ex.key, ex.window.Milliseconds(), broker, tcfg.HitsTopic, ex.key, broker, srv.HTTPAddr(), ex.check)
+	} else {
+		fmt.Fprintln(out, "The rules limit nothing yet: no request to try.")
+	}
+	if df.rulesPath == "" {
+		// The demo's rules come with an HTTP descriptor reading the client from a header.
+		fmt.Fprintf(out, "  curl -i -H 'X-Client-Id: alice' %s/v1/auth\n", srv.HTTPAddr())
+	}
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return agg.Run(gctx) })
@@ -199,4 +209,69 @@ func ensureDevTopics(ctx context.Context, brokers []string, cfg topics.Config) (
 		return res, fmt.Errorf("topics: %w", err)
 	}
 	return res, nil
+}
+
+// devExampleValue stands for a descriptor value that a rule leaves open (any value), or
+// for the runs of characters a wildcard matches.
+const devExampleValue = "alice"
+
+// example is a request that one limit of the rules in force decides, as dev prints it.
+type example struct {
+	key    string        // the limit's counter key for the request
+	window time.Duration // the limit's window
+	check  string        // the request as a body of POST /v1/check
+}
+
+// devExample finds, in the rules in force, the first limit of a rule that limits (a
+// global one if any: those are what dev's pipeline counts), and a request it decides:
+// each level's value, devExampleValue for an open one and in place of each wildcard's
+// '*'. It reports false when no rule limits anything.
+func devExample(cfg *rules.Config) (example, bool) {
+	var pick *rules.Rule
+	pickAt := 0
+	for _, r := range cfg.Rules() {
+		if r.Unlimited || len(r.Limits) == 0 {
+			continue
+		}
+		if pick == nil {
+			pick = r // the first rule that limits, unless a global limit comes
+		}
+		if i := slices.IndexFunc(r.Limits, func(l rules.Limit) bool { return l.Scope == rules.Global }); i >= 0 {
+			pick, pickAt = r, i
+			break
+		}
+	}
+	if pick == nil {
+		return example{}, false
+	}
+	entries := make([]rules.Entry, len(pick.Levels))
+	type jsonEntry struct {
+		Key   string `json:"key"`
+		Value string `json:"value"`
+	}
+	body := struct {
+		Domain      string `json:"domain"`
+		Descriptors []struct {
+			Entries []jsonEntry `json:"entries"`
+		} `json:"descriptors"`
+	}{Domain: pick.Domain}
+	body.Descriptors = make([]struct {
+		Entries []jsonEntry `json:"entries"`
+	}, 1)
+	for i, lv := range pick.Levels {
+		v := lv.Value
+		switch {
+		case v == "":
+			v = devExampleValue
+		case lv.Wildcard:
+			v = strings.ReplaceAll(v, "*", devExampleValue)
+		}
+		entries[i] = rules.Entry{Key: lv.Key, Value: v}
+		body.Descriptors[0].Entries = append(body.Descriptors[0].Entries, jsonEntry{lv.Key, v})
+	}
+	check, err := json.Marshal(body)
+	if err != nil {
+		return example{}, false
+	}
+	return example{key: string(pick.AppendKey(nil, entries, pickAt)), window: pick.Limits[pickAt].Window, check: string(check)}, true
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/demo"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 	"github.com/streamlimit/streamlimit/topics"
 )
@@ -200,5 +203,73 @@ func TestDevHelpFlags(t *testing.T) {
 	}
 	if strings.Contains(out, "--rules streamlimit") {
 		t.Errorf("dev --help names the rules flag's value after its usage:\n%s", out)
+	}
+}
+
+// dev prints commands that the rules in force decide: with the demo's rules the ones it
+// always printed, with a user's rules a request one of their global limits counts (the
+// first rule that limits when none is global), open values and wildcards filled in, and
+// no example at all for rules that limit nothing.
+func TestDevExample(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml string
+		key, check string
+		window     time.Duration
+		ok         bool
+	}{
+		{"demo", demo.RulesYAML, "demo|client=alice#5s",
+			`{"domain":"demo","descriptors":[{"entries":[{"key":"client","value":"alice"}]}]}`, 5 * time.Second, true},
+		{"global after a local", `
+domain: shop
+descriptors:
+  - key: ip
+    rate_limit: {unit: second, requests_per_unit: 5, scope: local}
+  - key: plan
+    value: gold
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 100}
+`, "shop|plan=gold|user=alice#60s",
+			`{"domain":"shop","descriptors":[{"entries":[{"key":"plan","value":"gold"},{"key":"user","value":"alice"}]}]}`, time.Minute, true},
+		{"wildcard, site scope only", `
+domain: api
+descriptors:
+  - key: api_key
+    value: partner-*
+    rate_limit: {unit: hour, requests_per_unit: 10, scope: site}
+`, "api|api_key=partner-alice#3600s",
+			`{"domain":"api","descriptors":[{"entries":[{"key":"api_key","value":"partner-alice"}]}]}`, time.Hour, true},
+		{"nothing limited", `
+domain: open
+descriptors:
+  - key: user
+    rate_limit: {unlimited: true}
+`, "", "", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := rules.Parse("r.yaml", []byte(tc.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ex, ok := devExample(cfg)
+			if ok != tc.ok || ex.key != tc.key || ex.check != tc.check || ex.window != tc.window {
+				t.Fatalf("devExample = %+v, %v; want key %q, check %s, window %v, %v", ex, ok, tc.key, tc.check, tc.window, tc.ok)
+			}
+			if !ok {
+				return
+			}
+			// The key is the one the enforcer counts for the request.
+			var body struct {
+				Domain      string
+				Descriptors []struct{ Entries []rules.Entry }
+			}
+			if err := json.Unmarshal([]byte(ex.check), &body); err != nil {
+				t.Fatal(err)
+			}
+			r := cfg.Match(body.Domain, body.Descriptors[0].Entries)
+			if r == nil {
+				t.Fatalf("%s matches no rule", ex.check)
+			}
+		})
 	}
 }

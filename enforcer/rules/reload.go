@@ -77,7 +77,7 @@ func NewReloader(path string, opts ReloaderOptions) (*Reloader, error) {
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
-	srcs, err := read(path)
+	srcs, err := read(path, r.opts.Load)
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +112,7 @@ func (r *Reloader) Current() *Config { return r.cur.Load() }
 func (r *Reloader) Check() (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	srcs, err := read(r.path)
+	srcs, err := read(r.path, r.opts.Load)
 	if err != nil {
 		r.failures++
 		r.lastErr = err

@@ -24,6 +24,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
+	"github.com/streamlimit/streamlimit/internal/safefile"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
 )
@@ -368,12 +369,17 @@ func (ef *enforcerFlags) serverConfig() (server.Config, error) {
 	return cfg, errors.Join(errs...)
 }
 
+// maxTokenFileBytes bounds --auth-token-file: some thousands of tokens.
+const maxTokenFileBytes = 1 << 20
+
 // readTokens reads bearer tokens, one per line; blank lines and lines starting with # are
-// skipped. A file without a token is an error: it would leave the API open unnoticed.
+// skipped. A file without a token is an error: it would leave the API open unnoticed. The
+// file is read as the rules are (safefile): a FIFO, a device or a huge file is refused
+// instead of hanging or exhausting the enforcer at start.
 func readTokens(path string) ([]string, error) {
-	b, err := os.ReadFile(path)
+	b, _, err := safefile.Read(path, maxTokenFileBytes)
 	if err != nil {
-		return nil, fmt.Errorf("--auth-token-file: %w", err)
+		return nil, fmt.Errorf("--auth-token-file %s: %w", path, err)
 	}
 	var out []string
 	for line := range strings.Lines(string(b)) {

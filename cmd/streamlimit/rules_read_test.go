@@ -67,6 +67,8 @@ func TestRulesPathRefused(t *testing.T) {
 		{append(enforcer, "--rules", fifo), fifo + ": not a regular file (named pipe)"},
 		{append(enforcer, "--rules", big), big + ": 286.1MiB exceeds the limit of 16MiB (--rules-max-bytes)"},
 		{append(enforcer, "--rules", good, "--rules-max-bytes", "64B"), good + ": 92 bytes exceeds the limit of 64 bytes (--rules-max-bytes)"},
+		// The token file is read the same way.
+		{append(enforcer, "--rules", good, "--auth-token-file", fifo), "--auth-token-file " + fifo + ": not a regular file (named pipe)"},
 	} {
 		out, err := runBounded(t, c.args...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -50,11 +50,15 @@ type Config struct {
 	// whose enforcers share it (docs/sites.md).
 	Site string
 	// Rules is the rules file or directory, checked for changes every ReloadInterval
-	// (default rules.DefaultReloadInterval); a broken edit keeps the last good rules.
+	// (default rules.DefaultReloadInterval); a broken edit keeps the last good rules. A
+	// change is loaded once it has stayed as it is for ReloadSettle (default
+	// rules.DefaultReloadSettle), so that a file rewritten in place is not loaded
+	// half-written.
 	Rules          string
 	ReloadInterval time.Duration
+	ReloadSettle   time.Duration
 	// Load says how the rules files are read (envoyproxy/ratelimit compatibility, domain
-	// merge).
+	// merge, the bound on a file's size).
 	Load rules.LoadOptions
 
 	// Brokers are the Kafka bootstrap servers, with KafkaOpts (TLS, SASL, ...). Without
@@ -147,7 +151,7 @@ func New(cfg Config) (_ *Limiter, err error) {
 			l.release(context.Background())
 		}
 	}()
-	if l.reloader, err = rules.NewReloader(cfg.Rules, rules.ReloaderOptions{Interval: cfg.ReloadInterval, Logger: l.log, Clock: cfg.Clock, Load: cfg.Load}); err != nil {
+	if l.reloader, err = rules.NewReloader(cfg.Rules, rules.ReloaderOptions{Interval: cfg.ReloadInterval, Settle: cfg.ReloadSettle, Logger: l.log, Clock: cfg.Clock, Load: cfg.Load}); err != nil {
 		return nil, err
 	}
 	mem := memsize.Split(cfg.MaxMemory)

@@ -24,6 +24,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
+	"github.com/streamlimit/streamlimit/internal/safefile"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
 )
@@ -45,6 +46,7 @@ type enforcerFlags struct {
 	compat              string
 	unknownDomain       string
 	maxMemory           byteSize
+	rulesMaxBytes       byteSize
 	logFormat, logLevel string
 }
 
@@ -107,6 +109,9 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 	f.StringVar(&c.Site, "site", "", "this enforcer's site: the process, or the data center sharing --redis-addr (required)")
 	f.StringVar(&c.RulesPath, "rules", "", "rules file or directory (required)")
 	f.DurationVar(&c.ReloadInterval, "rules-reload-interval", rules.DefaultReloadInterval, "how often the rules are checked for changes")
+	f.DurationVar(&c.ReloadSettle, "rules-reload-settle", rules.DefaultReloadSettle, "how long a changed rules file must stay unchanged (content, size, modification time) before it is loaded, so that one rewritten in place is not loaded half-written")
+	ef.rulesMaxBytes = rules.DefaultMaxFileBytes
+	f.Var(&ef.rulesMaxBytes, "rules-max-bytes", rulesMaxBytesUsage)
 	f.BoolVar(&ef.noKafka, "no-kafka", false, "run without Kafka: global limits are decided on --default-share of the limit")
 	f.StringVar(&c.HitsTopic, "hits-topic", topics.DefaultHitsTopic, "topic this site's hits are published to")
 	f.StringVar(&c.CountsTopic, "counts-topic", topics.DefaultCountsTopic, "compacted counts topic to follow")
@@ -221,6 +226,9 @@ const (
 	gcPercentMax = 400
 )
 
+// rulesMaxBytesUsage is the usage of --rules-max-bytes, shared by enforcer and rules check.
+const rulesMaxBytesUsage = "bound on each rules file (64MiB, 1GiB; none: no bound): a larger one is refused, at start and at reload, before it is read"
+
 // memoryUsage is the usage of --max-memory, shared by enforcer and dev.
 const memoryUsage = "memory target: the per-key structures keep at most half of it alive, idle keys evicted first (256MiB, 2GiB; none: bound by --max-keys only)"
 
@@ -290,6 +298,7 @@ func orNone(s string) string {
 func (ef *enforcerFlags) serverConfig() (server.Config, error) {
 	cfg := ef.cfg
 	cfg.MaxMemory = int64(ef.maxMemory)
+	cfg.RulesMaxBytes = int64(ef.rulesMaxBytes)
 	var errs []error
 	if cfg.Site == "" {
 		errs = append(errs, errors.New("--site is required"))
@@ -367,12 +376,17 @@ func (ef *enforcerFlags) serverConfig() (server.Config, error) {
 	return cfg, errors.Join(errs...)
 }
 
+// maxTokenFileBytes bounds --auth-token-file: some thousands of tokens.
+const maxTokenFileBytes = 1 << 20
+
 // readTokens reads bearer tokens, one per line; blank lines and lines starting with # are
-// skipped. A file without a token is an error: it would leave the API open unnoticed.
+// skipped. A file without a token is an error: it would leave the API open unnoticed. The
+// file is read as the rules are (safefile): a FIFO, a device or a huge file is refused
+// instead of hanging or exhausting the enforcer at start.
 func readTokens(path string) ([]string, error) {
-	b, err := os.ReadFile(path)
+	b, _, err := safefile.Read(path, maxTokenFileBytes)
 	if err != nil {
-		return nil, fmt.Errorf("--auth-token-file: %w", err)
+		return nil, fmt.Errorf("--auth-token-file %s: %w", path, err)
 	}
 	var out []string
 	for line := range strings.Lines(string(b)) {

@@ -36,9 +36,12 @@ func findCmd(t *testing.T, path string) *cobra.Command {
 // drift from it.
 func TestFlagDefaultsAreTheLibraries(t *testing.T) {
 	d := func(v time.Duration) string { return v.String() }
+	bytes := func(v int64) string { b := byteSize(v); return b.String() }
 	for cmd, flags := range map[string]map[string]string{
 		"enforcer": {
 			"rules-reload-interval":   d(rules.DefaultReloadInterval),
+			"rules-reload-settle":     d(rules.DefaultReloadSettle),
+			"rules-max-bytes":         bytes(rules.DefaultMaxFileBytes),
 			"hits-topic":              topics.DefaultHitsTopic,
 			"counts-topic":            topics.DefaultCountsTopic,
 			"max-staleness":           d(snapshot.DefaultMaxStaleness),
@@ -98,6 +101,9 @@ func TestFlagDefaultsAreTheLibraries(t *testing.T) {
 		"topics describe": {
 			"hits-partitions":   fmt.Sprint(topics.DefaultPartitions),
 			"counts-partitions": fmt.Sprint(topics.DefaultPartitions),
+		},
+		"rules check": {
+			"rules-max-bytes": bytes(rules.DefaultMaxFileBytes),
 		},
 		"counts get": {
 			"max-keys": fmt.Sprint(countsview.DefaultMaxKeys),

@@ -26,6 +26,7 @@ func newRulesCmd() *cobra.Command {
 func newRulesCheckCmd() *cobra.Command {
 	var asJSON, merge bool
 	var compat string
+	maxBytes := byteSize(rules.DefaultMaxFileBytes)
 	cmd := &cobra.Command{
 		Use:   "check PATH",
 		Short: "Load a rules file or directory as the enforcer does; list every limit or every error",
@@ -33,14 +34,16 @@ func newRulesCheckCmd() *cobra.Command {
 as the enforcer does. On error it prints every problem as file:line:column: field: reason and
 exits 1, for operators' CI. Otherwise it lists every limit: domain, descriptor path, limit
 (requests per window, and the unit when given), algorithm, scope and flags. Give it the
-enforcer's --compat and --merge-domains to load as that enforcer loads.`,
+enforcer's --compat, --merge-domains and --rules-max-bytes to load as that enforcer loads.
+Like the enforcer, it refuses a path that is not a regular file (a named pipe, a device)
+and a file over --rules-max-bytes, without reading it.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := rules.ParseCompat(compat)
 			if err != nil {
 				return fmt.Errorf("--compat: %w", err)
 			}
-			cfg, err := rules.LoadWith(args[0], rules.LoadOptions{Compat: c, MergeDomains: merge})
+			cfg, err := rules.LoadWith(args[0], rules.LoadOptions{Compat: c, MergeDomains: merge, MaxFileBytes: int64(maxBytes)})
 			if err != nil {
 				var n int
 				if j, ok := err.(interface{ Unwrap() []error }); ok {
@@ -67,6 +70,7 @@ enforcer's --compat and --merge-domains to load as that enforcer loads.`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the limits as a JSON array")
 	cmd.Flags().StringVar(&compat, "compat", rules.DefaultCompat.String(), "whose answers a domain gets when its file does not say (compat:), as the enforcer's --compat: none or envoy")
 	cmd.Flags().BoolVar(&merge, "merge-domains", false, "let several files configure one domain, as the enforcer's --merge-domains")
+	cmd.Flags().Var(&maxBytes, "rules-max-bytes", rulesMaxBytesUsage+", as the enforcer's --rules-max-bytes")
 	return cmd
 }
 

@@ -65,11 +65,26 @@ type LoadOptions struct {
 	// later file. Each file is parsed on its own, so a limit names a pool of its own file.
 	// Default false: a domain in two files is an error.
 	MergeDomains bool
+	// MaxFileBytes bounds each rules file: a larger one is refused before it is read, and
+	// none is read past it, so that a path swapped to a huge or endless file cannot take
+	// the enforcer's memory. Default (0): DefaultMaxFileBytes; negative: no bound.
+	MaxFileBytes int64
+}
+
+// DefaultMaxFileBytes is LoadOptions.MaxFileBytes when zero: far more than any rules file
+// needs (a descriptor is some tens of bytes), far less than what would strain a process.
+const DefaultMaxFileBytes = 16 << 20
+
+func (o LoadOptions) maxFileBytes() int64 {
+	if o.MaxFileBytes == 0 {
+		return DefaultMaxFileBytes
+	}
+	return o.MaxFileBytes
 }
 
 // LoadWith loads path (a file, or a directory as LoadDir) with opts.
 func LoadWith(path string, opts LoadOptions) (*Config, error) {
-	srcs, err := read(path)
+	srcs, err := read(path, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -78,7 +93,7 @@ func LoadWith(path string, opts LoadOptions) (*Config, error) {
 
 // ParseWith is Parse with opts.
 func ParseWith(name string, data []byte, opts LoadOptions) (*Config, error) {
-	return build([]source{{name, data}}, opts)
+	return build([]source{{name: name, data: data}}, opts)
 }
 
 // Compat returns domain's Compat, and false when c does not configure domain.

@@ -114,6 +114,10 @@ func TestReloaderLoadOptions(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "c.yaml"), []byte("domain: d\ndescriptors:\n  - key: c\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// The first Check sees the change, the second finds it settled and loads it.
+	if ok, err := r.Check(); ok || err != nil {
+		t.Fatalf("a change loaded before it settled: %v, %v", ok, err)
+	}
 	if ok, err := r.Check(); !ok || err != nil || r.Current().Match("d", []Entry{{Key: "c"}}) == nil {
 		t.Fatalf("reload of a third file of the domain: %v, %v", ok, err)
 	}

@@ -9,8 +9,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/streamlimit/streamlimit/internal/safefile"
 )
 
 // Error is a problem in a rules file, with its position.
@@ -24,7 +27,13 @@ type Error struct {
 	Field string
 	// Reason says what is wrong.
 	Reason string
+	// Err is the error underneath Reason, when there is one (a file that could not be
+	// read: fs.ErrNotExist, safefile.ErrNotRegular, safefile.ErrTooLarge), for errors.Is.
+	Err error
 }
+
+// Unwrap returns e.Err.
+func (e *Error) Unwrap() error { return e.Err }
 
 // Error formats e as "file.yaml:12:5: rate_limit.unit: unknown unit "minutes" (want …)".
 func (e *Error) Error() string {
@@ -48,25 +57,25 @@ const maxErrors = 20
 // LoadFile loads one rules file. The error, if any, joins one *Error per problem found
 // (errors.As finds the first).
 func LoadFile(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	src, err := readFile(path, LoadOptions{})
 	if err != nil {
-		return nil, &Error{File: path, Reason: err.Error()}
+		return nil, err
 	}
-	return build([]source{{path, data}}, LoadOptions{})
+	return build([]source{src}, LoadOptions{})
 }
 
 // Parse loads one rules file's contents; name stands for the file in errors (e.g.
 // "demo.yaml:4:5: ..."). It is LoadFile for rules that do not live on disk: embedded
 // defaults, tests, configuration from elsewhere.
 func Parse(name string, data []byte) (*Config, error) {
-	return build([]source{{name, data}}, LoadOptions{})
+	return build([]source{{name: name, data: data}}, LoadOptions{})
 }
 
 // LoadDir loads every *.yaml and *.yml file directly in dir (not in subdirectories, and not
 // dot files), one domain per file, as envoyproxy/ratelimit loads its runtime directory. Two
 // files with the same domain are an error. An empty directory gives an empty Config.
 func LoadDir(dir string) (*Config, error) {
-	srcs, err := readDir(dir)
+	srcs, err := readDir(dir, LoadOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -81,27 +90,48 @@ func Load(path string) (*Config, error) {
 type source struct {
 	name string
 	data []byte
+	// size and mtime are the file's as it was opened (zero for rules not read from a
+	// file), which tell the reloader whether a file is still being written.
+	size  int64
+	mtime time.Time
 }
 
-func read(path string) ([]source, error) {
+// read reads path: every rules file of it if it is a directory, else the file.
+func read(path string, opts LoadOptions) ([]source, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
-		return nil, &Error{File: path, Reason: err.Error()}
+		return nil, &Error{File: path, Reason: err.Error(), Err: err}
 	}
 	if fi.IsDir() {
-		return readDir(path)
+		return readDir(path, opts)
 	}
-	data, err := os.ReadFile(path)
+	src, err := readFile(path, opts)
 	if err != nil {
-		return nil, &Error{File: path, Reason: err.Error()}
+		return nil, err
 	}
-	return []source{{path, data}}, nil
+	return []source{src}, nil
 }
 
-func readDir(dir string) ([]source, error) {
+// readFile reads one rules file, as every load and reload does: it refuses, without
+// blocking or reading, a path that is not a regular file (a named pipe, /dev/zero) or a
+// file larger than opts.MaxFileBytes, and never reads more than that (safefile.Read).
+func readFile(path string, opts LoadOptions) (source, error) {
+	limit := opts.maxFileBytes()
+	data, fi, err := safefile.Read(path, limit)
+	if err != nil {
+		reason := err.Error()
+		if errors.Is(err, safefile.ErrTooLarge) {
+			reason += " (--rules-max-bytes)"
+		}
+		return source{}, &Error{File: path, Reason: reason, Err: err}
+	}
+	return source{name: path, data: data, size: fi.Size(), mtime: fi.ModTime()}, nil
+}
+
+func readDir(dir string, opts LoadOptions) ([]source, error) {
 	des, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, &Error{File: dir, Reason: err.Error()}
+		return nil, &Error{File: dir, Reason: err.Error(), Err: err}
 	}
 	var srcs []source
 	for _, de := range des {
@@ -109,12 +139,11 @@ func readDir(dir string) ([]source, error) {
 		if de.IsDir() || strings.HasPrefix(name, ".") || !(strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
 			continue
 		}
-		p := filepath.Join(dir, name)
-		data, err := os.ReadFile(p)
+		src, err := readFile(filepath.Join(dir, name), opts)
 		if err != nil {
-			return nil, &Error{File: p, Reason: err.Error()}
+			return nil, err
 		}
-		srcs = append(srcs, source{p, data})
+		srcs = append(srcs, src)
 	}
 	return srcs, nil
 }

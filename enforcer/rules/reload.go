@@ -3,6 +3,7 @@ package rules
 import (
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,13 @@ import (
 type ReloaderOptions struct {
 	// Interval is how often Run checks the files. Default (0): DefaultReloadInterval.
 	Interval time.Duration
+	// Settle is how long a change must stay as it is before it is loaded: Run reads a
+	// changed path again Settle after it first saw the change, and loads it only if every
+	// file's content, size and modification time are still what they were, else waits
+	// again. A file rewritten in place (not written aside and renamed) is thus not loaded
+	// half-written. Default (0): DefaultReloadSettle; negative: a change is loaded as soon
+	// as it is seen.
+	Settle time.Duration
 	// Logger receives one record per reload and per rejected edit. Default (nil): discard.
 	Logger *slog.Logger
 	// Clock stamps Stats.LastReload. Default (nil): clock.Real{}.
@@ -42,12 +50,19 @@ type ReloadStats struct {
 // DefaultReloadInterval is ReloaderOptions.Interval when zero.
 const DefaultReloadInterval = time.Second
 
+// DefaultReloadSettle is ReloaderOptions.Settle when zero: longer than an editor or a
+// deployment tool takes to write a rules file, short enough that an edit still applies
+// within about a second.
+const DefaultReloadSettle = 250 * time.Millisecond
+
 // Reloader keeps the rules of a file or directory current. It polls: every Interval it
 // reads the path (all *.yaml/*.yml files for a directory) and, when the content has
-// changed, loads it. A broken edit is rejected: it is logged with its file:line error and
+// changed and then stayed as it is for Settle, loads it. A broken edit is rejected: it is logged with its file:line error and
 // counted, and the last good Config stays in force until an edit loads. Polling content
 // (not mtimes or inotify) sees every kind of update, including symlink swaps and editors
-// that replace files.
+// that replace files. Every read is bounded (LoadOptions.MaxFileBytes) and refuses what is
+// not a regular file, so a path swapped to a named pipe or a device is a counted, logged
+// failure that leaves the last good rules in force, never a hang or a crash.
 //
 // A Reloader is safe for simultaneous use; Current is a single atomic load.
 type Reloader struct {
@@ -61,6 +76,8 @@ type Reloader struct {
 	good     [sha256.Size]byte
 	bad      [sha256.Size]byte
 	hasBad   bool
+	pending  [sha256.Size]byte // the stamp of a change seen but not settled
+	settling bool              // pending is set
 	reloads  uint64
 	failures uint64
 	lastErr  error
@@ -73,11 +90,14 @@ func NewReloader(path string, opts ReloaderOptions) (*Reloader, error) {
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultReloadInterval
 	}
+	if opts.Settle == 0 {
+		opts.Settle = DefaultReloadSettle
+	}
 	r := &Reloader{path: path, opts: opts, clk: clock.Or(opts.Clock), log: opts.Logger}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
-	srcs, err := read(path)
+	srcs, err := read(path, r.opts.Load)
 	if err != nil {
 		return nil, err
 	}
@@ -104,32 +124,64 @@ func fingerprint(srcs []source) [sha256.Size]byte {
 	return sum
 }
 
+// stamp is fingerprint with every file's size and modification time: what must not
+// change while a change settles.
+func stamp(srcs []source) [sha256.Size]byte {
+	h := sha256.New()
+	sum := fingerprint(srcs)
+	h.Write(sum[:])
+	for _, s := range srcs {
+		fmt.Fprintf(h, "%d %d\x00", s.size, s.mtime.UnixNano())
+	}
+	h.Sum(sum[:0])
+	return sum
+}
+
 // Current returns the Config in force. It never returns nil.
 func (r *Reloader) Current() *Config { return r.cur.Load() }
 
-// Check reads the path once and loads it if it changed. It reports whether a new Config is
-// now in force, and the error that rejected the change, if any.
+// Check reads the path once and loads it if it changed and the change has settled: if
+// the previous Check saw the same change (the same content, sizes and modification
+// times), or at once when Settle is negative. It reports whether a new Config is now in
+// force, and the error that rejected the change, if any. Run spaces the two checks of a
+// change Settle apart.
 func (r *Reloader) Check() (bool, error) {
+	ok, _, err := r.check()
+	return ok, err
+}
+
+// check is Check, and reports whether a change waits to settle.
+func (r *Reloader) check() (loaded, settling bool, _ error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	srcs, err := read(r.path)
+	srcs, err := read(r.path, r.opts.Load)
 	if err != nil {
+		r.settling = false
 		r.failures++
 		r.lastErr = err
 		r.log.Error("rules: cannot read, keeping the last good rules", "path", r.path, "err", err)
-		return false, err
+		return false, false, err
 	}
 	sum := fingerprint(srcs)
 	if sum == r.good || (r.hasBad && sum == r.bad) {
-		return false, nil
+		r.settling = false
+		return false, false, nil
 	}
+	if r.opts.Settle > 0 {
+		if st := stamp(srcs); !r.settling || st != r.pending {
+			r.pending, r.settling = st, true
+			r.log.Debug("rules: change seen, loading it once it has settled", "path", r.path, "settle", r.opts.Settle)
+			return false, true, nil
+		}
+	}
+	r.settling = false
 	c, err := build(srcs, r.opts.Load)
 	if err != nil {
 		r.bad, r.hasBad = sum, true
 		r.failures++
 		r.lastErr = err
 		r.log.Error("rules: edit rejected, keeping the last good rules", "path", r.path, "err", err)
-		return false, err
+		return false, false, err
 	}
 	r.good, r.hasBad = sum, false
 	r.cur.Store(c)
@@ -140,19 +192,30 @@ func (r *Reloader) Check() (bool, error) {
 	if r.opts.OnReload != nil {
 		r.opts.OnReload(c)
 	}
-	return true, nil
+	return true, false, nil
 }
 
-// Run calls Check every Interval until ctx is done, then returns nil.
+// Run calls Check every Interval until ctx is done, then returns nil. When a Check sees a
+// change, the next Check is Settle later, whatever Interval says, so that a change is
+// loaded only once it has stayed as it is for Settle.
 func (r *Reloader) Run(ctx context.Context) error {
 	t := time.NewTicker(r.opts.Interval)
 	defer t.Stop()
+	var settled <-chan time.Time // set while a change settles
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			_, _ = r.Check() // logged and counted by Check
+			if settled != nil {
+				continue // the change's own check comes Settle after it was seen
+			}
+		case <-settled:
+		}
+		settled = nil
+		// Failures are logged and counted by check.
+		if _, settling, _ := r.check(); settling {
+			settled = time.After(r.opts.Settle)
 		}
 	}
 }

@@ -58,6 +58,12 @@ type Config struct {
 	// ReloadInterval is how often the rules are checked for changes. Default
 	// rules.DefaultReloadInterval.
 	ReloadInterval time.Duration
+	// ReloadSettle is how long a changed rules file must stay as it is before it is
+	// loaded (rules.ReloaderOptions.Settle). Default rules.DefaultReloadSettle.
+	ReloadSettle time.Duration
+	// RulesMaxBytes bounds each rules file (rules.LoadOptions.MaxFileBytes): a larger one
+	// is refused at start and at reload. Default rules.DefaultMaxFileBytes; negative: none.
+	RulesMaxBytes int64
 
 	// Brokers are the Kafka bootstrap brokers. Default none: no hits are published and no
 	// snapshot is followed, so global limits are decided on DefaultShare of the limit.
@@ -300,8 +306,8 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 
 	s.core, err = streamlimit.New(streamlimit.Config{
-		Site: cfg.Site, Rules: cfg.RulesPath, ReloadInterval: cfg.ReloadInterval,
-		Load:    rules.LoadOptions{Compat: cfg.Compat, MergeDomains: cfg.MergeDomains},
+		Site: cfg.Site, Rules: cfg.RulesPath, ReloadInterval: cfg.ReloadInterval, ReloadSettle: cfg.ReloadSettle,
+		Load:    rules.LoadOptions{Compat: cfg.Compat, MergeDomains: cfg.MergeDomains, MaxFileBytes: cfg.RulesMaxBytes},
 		Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, HitsTopic: cfg.HitsTopic, CountsTopic: cfg.CountsTopic,
 		Aggregators: cfg.Aggregators, MaxStaleness: cfg.MaxStaleness, SiteKey: cfg.SiteKey,
 		Redis: sitestore.Config{Addrs: cfg.RedisAddrs, MasterName: cfg.RedisMasterName, Username: cfg.RedisUsername,

@@ -10,9 +10,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/streamlimit/streamlimit/enforcer/rls"
 	"github.com/streamlimit/streamlimit/enforcer/server"
@@ -46,7 +48,7 @@ func TestGRPCHealthFollowsReadiness(t *testing.T) {
 	defer cancel()
 	rlsHealth := healthpb.NewHealthClient(dialGRPC(t, srv.GRPCAddr()))
 	rlqsHealth := healthpb.NewHealthClient(dialGRPC(t, srv.RLQSAddr()))
-	status := func(c healthpb.HealthClient, service string) healthpb.HealthCheckResponse_ServingStatus {
+	healthOf := func(c healthpb.HealthClient, service string) healthpb.HealthCheckResponse_ServingStatus {
 		t.Helper()
 		r, err := c.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
 		if err != nil {
@@ -65,11 +67,11 @@ func TestGRPCHealthFollowsReadiness(t *testing.T) {
 		t.Fatalf("ready without a counts topic: %s", why)
 	}
 	for _, c := range []healthpb.HealthClient{rlsHealth, rlqsHealth} {
-		if st := status(c, ""); st != healthpb.HealthCheckResponse_NOT_SERVING {
+		if st := healthOf(c, ""); st != healthpb.HealthCheckResponse_NOT_SERVING {
 			t.Fatalf("before ready: %v", st)
 		}
 	}
-	if st := status(rlsHealth, rls.ServiceName); st != healthpb.HealthCheckResponse_NOT_SERVING {
+	if st := healthOf(rlsHealth, rls.ServiceName); st != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("%s before ready: %v", rls.ServiceName, st)
 	}
 
@@ -89,15 +91,15 @@ func TestGRPCHealthFollowsReadiness(t *testing.T) {
 		t.Fatalf("SERVING while not ready: %s", why)
 	}
 	for _, c := range []healthpb.HealthClient{rlsHealth, rlqsHealth} {
-		if st := status(c, ""); st != healthpb.HealthCheckResponse_SERVING {
+		if st := healthOf(c, ""); st != healthpb.HealthCheckResponse_SERVING {
 			t.Fatalf("after ready: %v", st)
 		}
 	}
 }
 
-// listServices asks the reflection service at addr for the services it serves; nil when
-// reflection is not served.
-func listServices(t *testing.T, addr string) []string {
+// listServices asks the reflection service at addr for the services it serves; nil and
+// the call's code when it is refused.
+func listServices(t *testing.T, addr string) ([]string, codes.Code) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -111,31 +113,47 @@ func listServices(t *testing.T, addr string) []string {
 	}
 	r, err := stream.Recv()
 	if err != nil {
-		return nil // Unimplemented: no reflection
+		return nil, status.Code(err)
 	}
 	var names []string
 	for _, s := range r.GetListServicesResponse().GetService() {
 		names = append(names, s.GetName())
 	}
-	return names
+	return names, codes.OK
 }
 
 // TestGRPCReflection: reflection is on by default and lists the rate-limit service and
 // the health service, as grpcurl's `list` shows them; NoGRPCReflection takes it away.
 func TestGRPCReflection(t *testing.T) {
 	srv := startServer(t, server.Config{GRPCAddr: "127.0.0.1:0", RLQSAddr: "127.0.0.1:0"})
-	names := listServices(t, srv.GRPCAddr())
+	names, _ := listServices(t, srv.GRPCAddr())
 	for _, want := range []string{rls.ServiceName, "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("reflection lists %v, without %s", names, want)
 		}
 	}
-	if names := listServices(t, srv.RLQSAddr()); !slices.Contains(names, "envoy.service.rate_limit_quota.v3.RateLimitQuotaService") {
+	if names, _ := listServices(t, srv.RLQSAddr()); !slices.Contains(names, "envoy.service.rate_limit_quota.v3.RateLimitQuotaService") {
 		t.Errorf("RLQS reflection lists %v", names)
 	}
 
 	off := startServer(t, server.Config{GRPCAddr: "127.0.0.1:0", NoGRPCReflection: true})
-	if names := listServices(t, off.GRPCAddr()); names != nil {
-		t.Errorf("NoGRPCReflection: reflection lists %v", names)
+	if names, code := listServices(t, off.GRPCAddr()); code != codes.Unimplemented {
+		t.Errorf("NoGRPCReflection: reflection answers %v, %v", names, code)
+	}
+}
+
+// With bearer tokens the health service stays open, as /readyz does, and reflection asks
+// for a token like the services it describes.
+func TestGRPCReflectionAsksForAToken(t *testing.T) {
+	srv := startServer(t, server.Config{GRPCAddr: "127.0.0.1:0", AuthTokens: []string{"s3cret"}})
+	conn := dialGRPC(t, srv.GRPCAddr())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health without a token: %v, %v", r.GetStatus(), err)
+	}
+	if names, code := listServices(t, srv.GRPCAddr()); code != codes.Unauthenticated {
+		t.Errorf("reflection without a token answers %v, %v", names, code)
 	}
 }

@@ -47,6 +47,7 @@ type enforcerFlags struct {
 	unknownDomain       string
 	maxMemory           byteSize
 	rulesMaxBytes       byteSize
+	grpcReflection      bool // server.Config.NoGRPCReflection, inverted: on unless told
 	logFormat, logLevel string
 }
 
@@ -135,6 +136,7 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 	f.StringVar(&c.RedisKeyPrefix, "redis-key-prefix", sitestore.DefaultKeyPrefix, "start of every Redis key of this site's counters (no '{' or '}')")
 	f.StringVar(&c.HTTPAddr, "http-listen", server.DefaultHTTPAddr, "address of the check API, auth endpoint and admin endpoints")
 	f.StringVar(&c.GRPCAddr, "grpc-listen", server.DefaultGRPCAddr, `address of the Envoy rate-limit gRPC service ("off" to disable)`)
+	f.BoolVar(&ef.grpcReflection, "grpc-reflection", true, "serve gRPC server reflection on the gRPC listeners, for grpcurl and the like (--grpc-reflection=false: off)")
 	registerRLQSFlags(f, &c.RLQSAddr, &c.RLQS.ReportingInterval)
 	f.StringVar(&ef.limitOverrides, "limit-overrides", rls.HonourOverrides.String(),
 		"what the gRPC service and /json do with a descriptor's own limit (Envoy's override): honour (a caller can raise its own quota) or ignore (the rules decide)")
@@ -299,6 +301,7 @@ func (ef *enforcerFlags) serverConfig() (server.Config, error) {
 	cfg := ef.cfg
 	cfg.MaxMemory = int64(ef.maxMemory)
 	cfg.RulesMaxBytes = int64(ef.rulesMaxBytes)
+	cfg.NoGRPCReflection = !ef.grpcReflection
 	var errs []error
 	if cfg.Site == "" {
 		errs = append(errs, errors.New("--site is required"))

@@ -152,3 +152,156 @@ func TestCompatWildcards(t *testing.T) {
 		}
 	}
 }
+
+// The wildcard expectations envoyproxy/ratelimit's configuration tests hold, on a file of
+// the same shape: in a CompatEnvoy domain a value ending in '*' matches every value with
+// its prefix, at the top level and nested alike, all such values reach the one rule, a
+// value without '*' matches only itself, and a '*' inside a value is no wildcard.
+func TestCompatWildcardExpectations(t *testing.T) {
+	const file = `domain: w
+descriptors:
+  - key: wild
+    value: foo*
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: noWild
+    value: foo
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: noVal
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: midWild
+    value: bar*b
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: nestedWild
+    value: val1
+    descriptors:
+      - key: wild
+        value: goo*
+        rate_limit: {unit: minute, requests_per_unit: 20}
+`
+	c, err := ParseWith("w.yaml", []byte(file), LoadOptions{Compat: CompatEnvoy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	match := func(kv ...string) *Rule {
+		var es []Entry
+		for i := 0; i+1 < len(kv); i += 2 {
+			es = append(es, Entry{Key: kv[i], Value: kv[i+1]})
+		}
+		return c.Match("w", es)
+	}
+	same := func(what string, a, b *Rule) {
+		t.Helper()
+		if a == nil || a != b {
+			t.Errorf("%s: rules %v and %v, want one rule", what, a, b)
+		}
+	}
+	same("no value", match("noVal", "foo1"), match("noVal", "foo2"))
+	same("wildcard", match("wild", "foo1"), match("wild", "foo2"))
+	same("wildcard, empty rest", match("wild", "foo"), match("wild", "foo1"))
+	if r := match("nestedWild", "val1", "wild", "goo2"); r == nil || r == match("wild", "foo1") {
+		t.Errorf("nested wildcard: rule %v, want the nested one", r)
+	}
+	for _, kv := range [][]string{
+		{"wild", "bar"},                      // not the prefix
+		{"wild", "fo"},                       // shorter than the prefix
+		{"noWild", "foo1"},                   // no '*': the value alone
+		{"midWild", "barab"},                 // '*' inside a value is itself
+		{"nestedWild", "val1", "wild", "fo"}, // nested, not the prefix
+		{"nestedWild", "val2", "wild", "goo"},
+	} {
+		if r := match(kv...); r != nil {
+			t.Errorf("%v matched %v, want nothing", kv, r)
+		}
+	}
+	if match("midWild", "bar*b") == nil || match("noWild", "foo") == nil {
+		t.Error("a value does not match itself")
+	}
+}
+
+// At one level an exact value comes first, then the wildcards in the order the file gives
+// them (the first that matches wins, a longer prefix later in the file notwithstanding),
+// then the key alone, as envoyproxy/ratelimit looks them up; the same in both compat
+// modes.
+func TestWildcardPrecedence(t *testing.T) {
+	const file = `domain: p
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: k
+    value: ab*
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: k
+    value: abc*
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: k
+    value: abcd
+    rate_limit: {unit: minute, requests_per_unit: 4}
+  - key: k
+    value: "*"
+    rate_limit: {unit: minute, requests_per_unit: 5}
+`
+	for _, compat := range []Compat{CompatNone, CompatEnvoy} {
+		c, err := ParseWith("p.yaml", []byte(file), LoadOptions{Compat: compat})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for v, want := range map[string]int64{"abcd": 4, "abcde": 2, "abc": 2, "ab": 2, "a": 5, "": 5, "zz": 5} {
+			r := c.Match("p", []Entry{{Key: "k", Value: v}})
+			if r == nil || r.Limits[0].Requests != want {
+				t.Errorf("compat %v: k=%q matched %v, want the limit of %d", compat, v, r, want)
+			}
+		}
+	}
+}
+
+// share_threshold on a wildcard makes every value it matches one counter, for the rule at
+// that level and for the rules nested below it; without it each value counts apart. A
+// share_threshold on a value that is no wildcard (in a CompatEnvoy domain: one whose '*'
+// is not at its end) is an error at its line.
+func TestShareThresholdNested(t *testing.T) {
+	const file = `domain: s
+descriptors:
+  - key: path
+    value: "files/*"
+    share_threshold: true
+    descriptors:
+      - key: user
+        rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: path
+    value: "docs/*"
+    descriptors:
+      - key: user
+        rate_limit: {unit: hour, requests_per_unit: 10}
+`
+	for _, compat := range []Compat{CompatNone, CompatEnvoy} {
+		c, err := ParseWith("s.yaml", []byte(file), LoadOptions{Compat: compat})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := func(path, user string) string {
+			es := []Entry{{Key: "path", Value: path}, {Key: "user", Value: user}}
+			r := c.Match("s", es)
+			if r == nil {
+				t.Fatalf("compat %v: %v matches nothing", compat, es)
+			}
+			return r.Key(es, 0)
+		}
+		if a, b := key("files/a", "1"), key("files/b", "1"); a != b || a != "s|path=files/*|user=1#3600s" {
+			t.Errorf("compat %v: shared wildcard keys %q, %q", compat, a, b)
+		}
+		if key("files/a", "1") == key("files/a", "2") {
+			t.Errorf("compat %v: two users share a counter", compat)
+		}
+		if key("docs/a", "1") == key("docs/b", "1") {
+			t.Errorf("compat %v: values of a wildcard without share_threshold share a counter", compat)
+		}
+	}
+
+	const bad = "domain: s\ndescriptors:\n  - key: path\n    value: \"a*b\"\n    share_threshold: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
+	if _, err := ParseWith("bad.yaml", []byte(bad), LoadOptions{Compat: CompatEnvoy}); err == nil || !strings.Contains(err.Error(), "bad.yaml:5:") {
+		t.Errorf("share_threshold on a value whose '*' is inside it: %v", err)
+	}
+	if _, err := ParseWith("ok.yaml", []byte(bad), LoadOptions{Compat: CompatNone}); err != nil {
+		t.Errorf("share_threshold on a*b in a native domain: %v", err)
+	}
+}

@@ -419,7 +419,12 @@ func (c *Config) Match(domainName string, entries []Entry) *Rule {
 	}
 	n := d.root
 	for i, e := range entries {
-		next := n.exact[e]
+		// An empty value would find the key-only descriptor among the exact ones, before
+		// the wildcards; a "*" matches it first, as envoyproxy/ratelimit has it.
+		var next *node
+		if e.Value != "" {
+			next = n.exact[e]
+		}
 		if next == nil {
 			for j := range n.wild {
 				if w := &n.wild[j]; w.key == e.Key && wildcardMatch(w.parts, e.Value) {

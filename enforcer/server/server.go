@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
 
 	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer"
@@ -135,6 +136,11 @@ type Config struct {
 	HTTPAddr string
 	// GRPCAddr serves Envoy's RateLimitService. Default DefaultGRPCAddr; "off" disables.
 	GRPCAddr string
+	// NoGRPCReflection leaves gRPC server reflection off the gRPC listeners. Reflection
+	// lets grpcurl and similar tools list and call the services without their protos;
+	// it tells a caller only what the services are, and asks for a token like they do.
+	// Default false: reflection is served.
+	NoGRPCReflection bool
 	// LimitOverrides says what the gRPC service and /json do with a descriptor's own
 	// limit. Default rls.HonourOverrides, as envoyproxy/ratelimit.
 	LimitOverrides rls.OverrideMode
@@ -354,6 +360,10 @@ func New(cfg Config) (_ *Server, err error) {
 		}
 	}
 	s.registerMetrics(reg)
+	// Until Run sees the Server ready, the gRPC health services say it is not.
+	if ok, _ := s.Ready(); !ok {
+		s.setServing(false)
+	}
 
 	if s.httpLn, err = s.listen(cfg.HTTPAddr, s.tls == nil); err != nil {
 		return nil, fmt.Errorf("enforcer: http listener: %w", err)
@@ -530,6 +540,38 @@ func (s *Server) ProxyAddr() string {
 // topic is restored (always true without Kafka). The reason says what it waits for.
 func (s *Server) Ready() (bool, string) { return s.core.Ready() }
 
+// setServing sets the gRPC health status of every gRPC service the Server has.
+func (s *Server) setServing(serving bool) {
+	if s.rls != nil {
+		s.rls.SetServing(serving)
+	}
+	if s.rlqs != nil {
+		s.rlqs.SetServing(serving)
+	}
+}
+
+// followReadiness keeps the gRPC health services in step with Ready, so that a gRPC
+// probe (Kubernetes' grpc probe, a load balancer's health check) and /readyz agree: an
+// enforcer still restoring the counts topic is NOT_SERVING and takes no traffic from
+// them. Ready only ever turns from false to true (the snapshot, once restored, stays
+// so), hence one wait suffices. It returns when that is done or ctx ends.
+func (s *Server) followReadiness(ctx context.Context) {
+	if ok, _ := s.Ready(); ok {
+		s.setServing(true)
+		return
+	}
+	if s.core.WaitReady(ctx) == nil && ctx.Err() == nil {
+		s.setServing(true)
+	}
+}
+
+// registerReflection registers gRPC server reflection on gs unless NoGRPCReflection.
+func (s *Server) registerReflection(gs *grpc.Server) {
+	if !s.cfg.NoGRPCReflection {
+		reflection.Register(gs)
+	}
+}
+
 // delaying returns s.mw, or, when maxDelay > 0, a middleware like it that waits up to
 // maxDelay for room instead of refusing.
 func (s *Server) delaying(maxDelay time.Duration) (*httplimit.Middleware, error) {
@@ -651,10 +693,15 @@ func (s *Server) Run(ctx context.Context) error {
 			return nil
 		})
 	}
+	// The gRPC health service reports what /readyz does; followReadiness is done before
+	// the shutdown sets it NOT_SERVING, so that it cannot set it back.
+	healthDone := make(chan struct{})
+	go func() { defer close(healthDone); s.followReadiness(ctx) }()
 	var gs *grpc.Server
 	if s.rls != nil {
 		gs = s.grpcServer()
 		s.rls.Register(gs)
+		s.registerReflection(gs)
 		goRun("grpc", func() error { return serveGRPC(gs, s.grpcLn) })
 	}
 	var qs *grpc.Server
@@ -662,22 +709,21 @@ func (s *Server) Run(ctx context.Context) error {
 		// An Envoy reports all its buckets in one message, larger than a check request.
 		qs = s.grpcServer(grpc.MaxRecvMsgSize(max(rlqs.MaxReportBytes, int(s.cfg.Limits.MaxBodyBytes))), rlqs.ServerOption())
 		s.rlqs.Register(qs)
+		s.registerReflection(qs)
 		goRun("rlqs", func() error { return serveGRPC(qs, s.rlqsLn) })
 		goRun("rlqs sweeper", func() error { return s.rlqs.Run(ctx) })
 	}
 	s.log.Info("enforcer serving", "site", s.cfg.Site, "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "rlqs", s.RLQSAddr(), "proxy", s.ProxyAddr())
 
 	<-ctx.Done()
+	<-healthDone
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
 	defer scancel()
-	if s.rls != nil {
-		s.rls.SetServing(false)
-	}
+	s.setServing(false)
 	if qs != nil {
 		// RLQS streams last as long as their Envoys: cut them, and each Envoy starts its
 		// stream again at its next report, on another server, deciding meanwhile on its
 		// last assignments.
-		s.rlqs.SetServing(false)
 		qs.Stop()
 	}
 	// Requests still running at the shutdown timeout are cut off (their connections

@@ -302,24 +302,31 @@ func checkPodSecurity(t *testing.T, what string, spec *corev1.PodSpec) {
 		t.Errorf("%s: mounts a service account token it has no use for", what)
 	}
 	for _, c := range append(spec.InitContainers, spec.Containers...) {
-		sc := c.SecurityContext
-		if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
-			sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
-			sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
-			t.Errorf("%s: container %s: want a read-only root file system, no privilege escalation, every capability dropped: %+v", what, c.Name, sc)
+		checkContainerSecurity(t, what, &c)
+	}
+}
+
+// checkContainerSecurity: a streamlimit container runs the image's entrypoint with a
+// locked-down security context and no secret in args or plain env.
+func checkContainerSecurity(t *testing.T, what string, c *corev1.Container) {
+	t.Helper()
+	sc := c.SecurityContext
+	if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
+		t.Errorf("%s: container %s: want a read-only root file system, no privilege escalation, every capability dropped: %+v", what, c.Name, sc)
+	}
+	if c.Image == "" || len(c.Args) == 0 || len(c.Command) != 0 {
+		t.Errorf("%s: container %s: want the image's entrypoint with args: image %q command %q", what, c.Name, c.Image, c.Command)
+	}
+	for _, e := range c.Env {
+		if strings.Contains(strings.ToLower(e.Name), "password") && e.Value != "" {
+			t.Errorf("%s: container %s: %s in plain text; take it from a Secret", what, c.Name, e.Name)
 		}
-		if c.Image == "" || len(c.Args) == 0 || len(c.Command) != 0 {
-			t.Errorf("%s: container %s: want the image's entrypoint with args: image %q command %q", what, c.Name, c.Image, c.Command)
-		}
-		for _, e := range c.Env {
-			if strings.Contains(strings.ToLower(e.Name), "password") && e.Value != "" {
-				t.Errorf("%s: container %s: %s in plain text; take it from a Secret", what, c.Name, e.Name)
-			}
-		}
-		for _, a := range c.Args {
-			if strings.Contains(a, "password") {
-				t.Errorf("%s: container %s: a password in args: %s", what, c.Name, a)
-			}
+	}
+	for _, a := range c.Args {
+		if strings.Contains(a, "password") {
+			t.Errorf("%s: container %s: a password in args: %s", what, c.Name, a)
 		}
 	}
 }

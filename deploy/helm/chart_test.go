@@ -69,6 +69,9 @@ func TestChartDefaultsNeedADataCenter(t *testing.T) {
 		{[]string{"--set=site=EU", "--set=kafka.brokers={k:9092}"}, "site must be lower-case"},
 		{[]string{"--set=site=eu", "--set=kafka.brokers={k:9092}", "--set=redis.addrs={r:6379}", "--set=aggregator.replicas=13"}, "must not exceed topics.hitsPartitions"},
 		{[]string{"--set=site=eu", "--set=kafka.brokers={k:9092}", "--set=redis.addrs={r:6379}", "--set=rules.x\\.json=x"}, "a rules file's name ends in .yaml"},
+		// values.schema.json: a misspelt or mistyped value fails instead of being ignored.
+		{[]string{"--set=site=eu", "--set=kafka.brokers={k:9092}", "--set=redis.addrs={r:6379}", "--set=enforcer.replica=2"}, "replica"},
+		{[]string{"--set=site=eu", "--set=kafka.brokers={k:9092}", "--set=redis.addrs={r:6379}", "--set=aggregator.sessionTimeout=6"}, "sessionTimeout"},
 	} {
 		_, err := render(t, install{release: "streamlimit", sets: tc.sets})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

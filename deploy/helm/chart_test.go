@@ -97,6 +97,11 @@ func TestChartVariants(t *testing.T) {
 			}
 			check(t, ms)
 			got := stream(ms)
+			for i, line := range strings.Split(string(got), "\n") {
+				if line != "" && strings.TrimSpace(line) == "" {
+					t.Errorf("line %d of what renders is blanks only: a template's whitespace control leaks", i+1)
+				}
+			}
 			golden := filepath.Join("testdata", v.name+".yaml")
 			if *update {
 				if err := os.WriteFile(golden, got, 0o644); err != nil {

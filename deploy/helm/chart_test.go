@@ -594,6 +594,11 @@ func TestChartRulesReloadOnConfigMapSwap(t *testing.T) {
 		edited[name] = strings.Replace(body, "requests_per_unit: 120", "requests_per_unit: 60", 1)
 	}
 	swapData(t, dir, "..2026_01_01_00_01_00.000000002", edited)
+	// The Reloader loads a change that two checks in a row saw the same (it settled):
+	// Run spaces them rules.DefaultReloadSettle apart.
+	if changed, err := r.Check(); err != nil || changed {
+		t.Fatalf("first check after the swap: changed %v, err %v; want the change seen, not yet loaded", changed, err)
+	}
 	changed, err := r.Check()
 	if err != nil || !changed {
 		t.Fatalf("after the swap: changed %v, err %v", changed, err)

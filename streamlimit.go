@@ -89,11 +89,11 @@ type Config struct {
 	// The global decision's settings (enforcer.Config, whose defaults apply).
 	DefaultShare float64
 	MinShare     float64
-	// UnknownDomain decides requests of a domain no rule configures; see
-	// enforcer.Config. Default enforcer.UnknownDomainAllow.
-	UnknownDomain  enforcer.UnknownDomain
-	SiteStaleAfter time.Duration
-	CrashHold      time.Duration
+	// DenyUnknownDomain denies requests of a domain no rule configures; see
+	// enforcer.Config. Default false: admitted with no limit.
+	DenyUnknownDomain bool
+	SiteStaleAfter    time.Duration
+	CrashHold         time.Duration
 	// SubBuckets splits every window, as the aggregators do (window.DefaultSubBuckets).
 	SubBuckets int
 
@@ -161,8 +161,8 @@ func New(cfg Config) (_ *Limiter, err error) {
 		Rules: l.reloader.Current, Site: cfg.Site, Local: l.local, Counter: l.counter,
 		MaxKeys: cfg.MaxKeys, KeyCacheBytes: mem.KeyCache, SubBuckets: cfg.SubBuckets,
 		DefaultShare: cfg.DefaultShare, MinShare: cfg.MinShare, SiteStaleAfter: cfg.SiteStaleAfter, CrashHold: cfg.CrashHold,
-		UnknownDomain: cfg.UnknownDomain,
-		Clock:         cfg.Clock, Logger: l.log, Registerer: cfg.Registerer,
+		DenyUnknownDomain: cfg.DenyUnknownDomain,
+		Clock:             cfg.Clock, Logger: l.log, Registerer: cfg.Registerer,
 	}
 	share := fallbackShare(cfg.SiteEnforcers)
 	redis := len(cfg.Redis.Addrs) > 0 || cfg.Redis.Client != nil

@@ -2,7 +2,6 @@ package enforcer
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -130,12 +129,12 @@ type Config struct {
 	Sleep func(ctx context.Context, d time.Duration) error
 	// Clock defaults to the wall clock.
 	Clock clock.Clock
-	// UnknownDomain is what becomes of a request of a domain that no rule configures
-	// (and that carries no limit override): admitted with no limit
-	// (UnknownDomainAllow, the default, as envoyproxy/ratelimit does) or denied
-	// (UnknownDomainDeny), for a deployment where a typo in a domain must not go
-	// unlimited. Either way it is counted and its domain logged, at most once a second.
-	UnknownDomain UnknownDomain
+	// DenyUnknownDomain denies a request of a domain that no rule configures (and that
+	// carries no limit override of its own), every descriptor over its limit, for a
+	// deployment where a typo in a domain must not go unlimited. Default false: such a
+	// request is admitted with no limit, as envoyproxy/ratelimit does. Either way it is
+	// counted and its domain logged, at most once a second.
+	DenyUnknownDomain bool
 	// Logger defaults to a logger that discards.
 	Logger *slog.Logger
 	// Registerer receives the Limiter's metrics; nil registers nothing.
@@ -165,33 +164,4 @@ func Defaults() Config {
 		MaxKeys:    sitecount.DefaultMaxKeys,
 		MaxWaiters: 10_000,
 	}
-}
-
-// UnknownDomain is what a Limiter does with a request of a domain that no rule configures.
-type UnknownDomain uint8
-
-const (
-	// UnknownDomainAllow admits the request with no limit.
-	UnknownDomainAllow UnknownDomain = iota
-	// UnknownDomainDeny denies it, every descriptor over its limit.
-	UnknownDomainDeny
-)
-
-// String returns "allow" or "deny".
-func (u UnknownDomain) String() string {
-	if u == UnknownDomainDeny {
-		return "deny"
-	}
-	return "allow"
-}
-
-// ParseUnknownDomain parses "allow" or "deny".
-func ParseUnknownDomain(s string) (UnknownDomain, error) {
-	switch s {
-	case "allow":
-		return UnknownDomainAllow, nil
-	case "deny":
-		return UnknownDomainDeny, nil
-	}
-	return 0, fmt.Errorf("unknown domain behaviour %q: want allow or deny", s)
 }

@@ -238,7 +238,7 @@ func (l *Limiter) DecideAt(ctx context.Context, now time.Time, req Request, res 
 	s.reset()
 	unknown := l.unknownDomain(now, req)
 	l.match(req, res, s, n)
-	if unknown && l.cfg.UnknownDomain == UnknownDomainDeny {
+	if unknown && l.cfg.DenyUnknownDomain {
 		res.Code = CodeOverLimit
 		for i := range res.Statuses {
 			res.Statuses[i].Code = CodeOverLimit
@@ -264,8 +264,11 @@ func (l *Limiter) unknownDomain(now time.Time, req Request) bool {
 	}
 	l.metrics.unknownDomain.Inc()
 	if ns, last := now.UnixNano(), l.lastUnknown.Load(); ns-last >= int64(time.Second) && l.lastUnknown.CompareAndSwap(last, ns) {
-		l.cfg.Logger.Warn("request of a domain no rule configures", "domain", req.Domain,
-			"decision", l.cfg.UnknownDomain.String())
+		decision := "allow"
+		if l.cfg.DenyUnknownDomain {
+			decision = "deny"
+		}
+		l.cfg.Logger.Warn("request of a domain no rule configures", "domain", req.Domain, "decision", decision)
 	}
 	return true
 }

@@ -142,7 +142,7 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 		"what the gRPC service and /json do with a descriptor's own limit (Envoy's override): honour (a caller can raise its own quota) or ignore (the rules decide)")
 	f.StringVar(&ef.compat, "compat", rules.DefaultCompat.String(),
 		"whose answers a domain gets when its rules file does not say (compat:): none (streamlimit's) or envoy (envoyproxy/ratelimit's, for its files and clients; docs/envoy-compat.md)")
-	f.StringVar(&ef.unknownDomain, "unknown-domain", enforcer.UnknownDomainAllow.String(),
+	f.StringVar(&ef.unknownDomain, "unknown-domain", "allow",
 		"what a request of a domain no rules file configures gets: allow (no limit, as envoyproxy/ratelimit) or deny; either way counted and logged")
 	f.BoolVar(&c.MergeDomains, "merge-domains", false, "let several rules files configure one domain, their descriptors put together (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG)")
 	e := &c.Envoy
@@ -367,8 +367,12 @@ func (ef *enforcerFlags) serverConfig() (server.Config, error) {
 	if cfg.Compat, err = rules.ParseCompat(ef.compat); err != nil {
 		errs = append(errs, fmt.Errorf("--compat: %w", err))
 	}
-	if cfg.UnknownDomain, err = enforcer.ParseUnknownDomain(ef.unknownDomain); err != nil {
-		errs = append(errs, fmt.Errorf("--unknown-domain: %w", err))
+	switch ef.unknownDomain {
+	case "allow":
+	case "deny":
+		cfg.DenyUnknownDomain = true
+	default:
+		errs = append(errs, fmt.Errorf("--unknown-domain %q: want allow or deny", ef.unknownDomain))
 	}
 	if ef.authTokenFile != "" {
 		if cfg.AuthTokens, err = readTokens(ef.authTokenFile); err != nil {

@@ -150,9 +150,9 @@ type Config struct {
 	// MergeDomains lets several rules files configure one domain
 	// (rules.LoadOptions.MergeDomains). Default false.
 	MergeDomains bool
-	// UnknownDomain decides requests of a domain no rule configures (enforcer.Config).
-	// Default enforcer.UnknownDomainAllow, as envoyproxy/ratelimit.
-	UnknownDomain enforcer.UnknownDomain
+	// DenyUnknownDomain denies requests of a domain no rule configures
+	// (enforcer.Config). Default false: admitted with no limit, as envoyproxy/ratelimit.
+	DenyUnknownDomain bool
 	// Envoy configures the gRPC and /json answers of domains in rules.CompatEnvoy.
 	Envoy rls.EnvoyOptions
 	// RLQSAddr serves Envoy's Rate Limit Quota Service (package rlqs) on its own gRPC
@@ -320,8 +320,8 @@ func New(cfg Config) (_ *Server, err error) {
 			Password: cfg.RedisPassword, TLS: cfg.RedisTLS, KeyPrefix: cfg.RedisKeyPrefix, Timeout: cfg.RedisTimeout},
 		SiteEnforcers: cfg.SiteEnforcers,
 		DefaultShare:  cfg.DefaultShare, MinShare: cfg.MinShare, SiteStaleAfter: cfg.SiteStaleAfter, CrashHold: cfg.CrashHold,
-		UnknownDomain: cfg.UnknownDomain,
-		SubBuckets:    cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxMemory: cfg.MaxMemory,
+		DenyUnknownDomain: cfg.DenyUnknownDomain,
+		SubBuckets:        cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxMemory: cfg.MaxMemory,
 		Clock: cfg.Clock, Logger: s.log, Registerer: reg,
 	})
 	if err != nil {

@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"net/http"
+	"net/http/httptest"
 	"os"
 
 	"github.com/streamlimit/streamlimit"
+	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 )
 
 // The README's "In a Go service", run: a service at site eu-1 whose rules allow user 42
@@ -62,4 +65,51 @@ func inTempDir(rulesYAML string) func() {
 		_ = os.Chdir(wd)
 		_ = os.RemoveAll(dir)
 	}
+}
+
+// net/http middleware on the same Limiter: each request's descriptor is its X-User header,
+// decided in domain api; a refused request is answered 429 with the rate-limit header
+// fields and never reaches the handler (docs/api.md, "In a Go service").
+func ExampleLimiter_Middleware() {
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	defer inTempDir(`domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`)()
+	lim, err := streamlimit.New(streamlimit.Config{Site: "eu-1", Rules: "rules.yaml"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	go lim.Run(ctx)
+	defer lim.Close(context.Background())
+
+	mw, err := lim.Middleware(httplimit.Config{
+		Domain: "api",
+		Descriptors: []httplimit.Descriptor{{Entries: []httplimit.Source{
+			{Type: httplimit.SourceHeader, Name: "X-User", Key: "user"},
+		}}},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "hello") })
+	srv := httptest.NewServer(mw.Handler(app))
+	defer srv.Close()
+
+	for range 3 {
+		req, _ := http.NewRequest("GET", srv.URL, nil)
+		req.Header.Set("X-User", "42")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp.Body.Close()
+		fmt.Println(resp.StatusCode)
+	}
+	// Output:
+	// 200
+	// 200
+	// 429
 }

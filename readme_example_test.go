@@ -11,21 +11,38 @@ import (
 // The README's Go snippet is the body of Example, line for line, so that what a newcomer
 // copies compiles and does what the README says.
 func TestREADMEGoSnippetIsTheExample(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+	snippetIsExample(t, "README.md", "### In a Go service", "func Example()")
+}
+
+// docs/api.md's middleware snippet is the body of ExampleLimiter_Middleware, line for line.
+func TestAPIMiddlewareSnippetIsTheExample(t *testing.T) {
+	snippetIsExample(t, "docs/api.md", "## In a Go service", "func ExampleLimiter_Middleware()")
+}
+
+// snippetIsExample checks that the first Go block after heading in doc is the body of the
+// example function fn of example_test.go: each of its lines, in order, ignoring spacing.
+func snippetIsExample(t *testing.T, doc, heading, fn string) {
+	t.Helper()
+	text, err := os.ReadFile(doc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile("(?s)### In a Go service\n\n```go\n(.*?)```").FindSubmatch(readme)
+	m := regexp.MustCompile("(?s)" + regexp.QuoteMeta(heading) + "\n.*?```go\n(.*?)```").FindSubmatch(text)
 	if m == nil {
-		t.Fatal("README has no Go snippet under \"In a Go service\"")
+		t.Fatalf("%s has no Go snippet under %q", doc, heading)
 	}
 	example, err := os.ReadFile("example_test.go")
 	if err != nil {
 		t.Fatal(err)
 	}
+	_, from, ok := strings.Cut(string(example), fn)
+	if !ok {
+		t.Fatalf("example_test.go has no %s", fn)
+	}
+	from, _, _ = strings.Cut(from, "\n}\n")
 	norm := func(s string) string { return strings.Join(strings.Fields(s), " ") }
 	var body []string
-	for _, l := range strings.Split(string(example), "\n") {
+	for _, l := range strings.Split(from, "\n") {
 		body = append(body, norm(l))
 	}
 	at := 0
@@ -35,7 +52,7 @@ func TestREADMEGoSnippetIsTheExample(t *testing.T) {
 			at++
 		}
 		if at == len(body) {
-			t.Fatalf("README snippet line %q is not in Example (in this order)", l)
+			t.Fatalf("%s snippet line %q is not in %s (in this order)", doc, l, fn)
 		}
 	}
 }

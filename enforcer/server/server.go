@@ -311,6 +311,31 @@ func New(cfg Config) (_ *Server, err error) {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
 
+	// The ports first: an enforcer that cannot serve must fail before its producer
+	// starts, whose heartbeats and leave records would tell every other site that it
+	// joined and left.
+	if s.httpLn, err = s.listen(cfg.HTTPAddr, s.tls == nil); err != nil {
+		return nil, fmt.Errorf("enforcer: http listener: %w", err)
+	}
+	if s.tls != nil {
+		s.httpLn = tls.NewListener(s.httpLn, s.tls)
+	}
+	if cfg.GRPCAddr != "off" {
+		// gRPC does its own TLS handshake (credentials), which negotiates HTTP/2.
+		if s.grpcLn, err = s.listen(cfg.GRPCAddr, false); err != nil {
+			return nil, fmt.Errorf("enforcer: grpc listener: %w", err)
+		}
+	}
+	if cfg.RLQSAddr != "" {
+		if s.rlqsLn, err = s.listen(cfg.RLQSAddr, false); err != nil {
+			return nil, fmt.Errorf("enforcer: rlqs listener: %w", err)
+		}
+	}
+	if cfg.Upstream != nil {
+		if s.proxyLn, err = s.listen(cfg.ProxyAddr, true); err != nil {
+			return nil, fmt.Errorf("enforcer: proxy listener: %w", err)
+		}
+	}
 	s.core, err = streamlimit.New(streamlimit.Config{
 		Site: cfg.Site, Rules: cfg.RulesPath, ReloadInterval: cfg.ReloadInterval, ReloadSettle: cfg.ReloadSettle,
 		Load:    rules.LoadOptions{Compat: cfg.Compat, MergeDomains: cfg.MergeDomains, MaxFileBytes: cfg.RulesMaxBytes},
@@ -365,28 +390,6 @@ func New(cfg Config) (_ *Server, err error) {
 		s.setServing(false)
 	}
 
-	if s.httpLn, err = s.listen(cfg.HTTPAddr, s.tls == nil); err != nil {
-		return nil, fmt.Errorf("enforcer: http listener: %w", err)
-	}
-	if s.tls != nil {
-		s.httpLn = tls.NewListener(s.httpLn, s.tls)
-	}
-	if s.rls != nil {
-		// gRPC does its own TLS handshake (credentials), which negotiates HTTP/2.
-		if s.grpcLn, err = s.listen(cfg.GRPCAddr, false); err != nil {
-			return nil, fmt.Errorf("enforcer: grpc listener: %w", err)
-		}
-	}
-	if s.rlqs != nil {
-		if s.rlqsLn, err = s.listen(cfg.RLQSAddr, false); err != nil {
-			return nil, fmt.Errorf("enforcer: rlqs listener: %w", err)
-		}
-	}
-	if cfg.Upstream != nil {
-		if s.proxyLn, err = s.listen(cfg.ProxyAddr, true); err != nil {
-			return nil, fmt.Errorf("enforcer: proxy listener: %w", err)
-		}
-	}
 	return s, nil
 }
 

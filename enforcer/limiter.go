@@ -236,9 +236,7 @@ func (l *Limiter) DecideAt(ctx context.Context, now time.Time, req Request, res 
 	s := l.scratch.Get().(*scratch)
 	defer l.scratch.Put(s)
 	s.reset()
-	unknown := l.unknownDomain(now, req)
-	l.match(req, res, s, n)
-	if unknown && l.cfg.DenyUnknownDomain {
+	if known := l.match(req, res, s, n); !known && l.unknownDomain(now, req) && l.cfg.DenyUnknownDomain {
 		res.Code = CodeOverLimit
 		for i := range res.Statuses {
 			res.Statuses[i].Code = CodeOverLimit
@@ -253,13 +251,13 @@ func (l *Limiter) DecideAt(ctx context.Context, now time.Time, req Request, res 
 	}
 }
 
-// unknownDomain reports whether req is of a domain that the rules in force do not
-// configure, with no limit override of its own; such a request is counted, and its domain
-// logged at most once a second (a client sending a wrong domain sends it with every
+// unknownDomain is called for a request of a domain that the rules in force do not
+// configure (match said so). It reports whether the request is to be taken as of an unknown
+// domain: unless it brings a limit override of its own. Such a request is counted, and its
+// domain logged at most once a second (a client sending a wrong domain sends it with every
 // request).
 func (l *Limiter) unknownDomain(now time.Time, req Request) bool {
-	cfg := l.cfg.Rules()
-	if cfg == nil || len(req.Overrides) > 0 || cfg.HasDomain(req.Domain) {
+	if len(req.Overrides) > 0 {
 		return false
 	}
 	l.metrics.unknownDomain.Inc()
@@ -274,16 +272,15 @@ func (l *Limiter) unknownDomain(now time.Time, req Request) bool {
 }
 
 // match finds each descriptor's rule and collects the operations of the limits in force,
-// by scope, into s; res gets one Status per descriptor.
-func (l *Limiter) match(req Request, res *Result, s *scratch, n int64) {
+// by scope, into s; res gets one Status per descriptor. It reports whether the rules in
+// force configure req's domain (true when no rules are loaded: nothing is unknown then).
+func (l *Limiter) match(req Request, res *Result, s *scratch, n int64) (known bool) {
 	cfg := l.cfg.Rules()
+	dom := cfg.Domain(req.Domain)
 	res.Code = CodeOK
 	res.Statuses = res.Statuses[:0]
 	for d, entries := range req.Descriptors {
-		var r *rules.Rule
-		if cfg != nil {
-			r = cfg.Match(req.Domain, entries)
-		}
+		r := dom.Match(entries)
 		if len(req.Overrides) > 0 && l.overridden(cfg, req, d, r, s, n) {
 			r = nil // the override is in force instead of the rule, which replaces nothing
 		}
@@ -322,6 +319,7 @@ func (l *Limiter) match(req Request, res *Result, s *scratch, n int64) {
 	s.globCount = growF(s.globCount, len(s.globOps))
 	s.globStale = growB(s.globStale, len(s.globOps))
 	s.globTotal = growF(s.globTotal, len(s.globOps))
+	return cfg == nil || dom != nil
 }
 
 // addOp adds the operation of ref to s, by scope.

@@ -44,7 +44,7 @@ var descriptorFieldNames = fieldNames(descriptorFields)
 func newNode() *node { return &node{exact: make(map[Entry]*node)} }
 
 // descriptors parses a descriptors: list into the children of parent.
-func (p *parser) descriptors(seq *yaml.Node, parent *node, d *domain, path []Level, field string) {
+func (p *parser) descriptors(seq *yaml.Node, parent *node, d *Domain, path []Level, field string) {
 	if seq.Kind != yaml.SequenceNode {
 		if seq.Tag != "!!null" {
 			p.errorf(seq, field, "want a list, got %s", kindName(seq))
@@ -57,7 +57,7 @@ func (p *parser) descriptors(seq *yaml.Node, parent *node, d *domain, path []Lev
 }
 
 // descriptor parses one descriptor under parent, whose path from the domain is path.
-func (p *parser) descriptor(m *yaml.Node, parent *node, d *domain, path []Level, prefix string) {
+func (p *parser) descriptor(m *yaml.Node, parent *node, d *Domain, path []Level, prefix string) {
 	b := &descBlock{prefix: prefix}
 	b.at = envoyTable(p, m, prefix, descriptorFields, descriptorFieldNames, b)
 	if m.Kind != yaml.MappingNode {
@@ -128,7 +128,7 @@ func (p *parser) place(parent *node, b *descBlock) *node {
 }
 
 // rule makes the Rule of a descriptor with rate_limit or rate_limits, at path.
-func (p *parser) rule(b *descBlock, d *domain, path []Level) *Rule {
+func (p *parser) rule(b *descBlock, d *Domain, path []Level) *Rule {
 	r := &Rule{Domain: d.name, File: p.file, Line: b.at["key"].Line, Levels: path,
 		ShadowMode: b.shadow, QuotaMode: b.quota, DetailedMetric: b.detail, ValueToMetric: b.valueToMetric, Priority: nearestPriority(path)}
 	r.ID = ruleID(d.name, path)

@@ -149,7 +149,7 @@ func readDir(dir string, opts LoadOptions) ([]source, error) {
 }
 
 func build(srcs []source, opts LoadOptions) (*Config, error) {
-	c := &Config{domains: make(map[string]*domain)}
+	c := &Config{domains: make(map[string]*Domain)}
 	var errs []error
 	// Read every file first, so that each domain's Compat is known before any of its
 	// files is parsed: with MergeDomains a file that does not say takes the one another
@@ -183,7 +183,7 @@ func build(srcs []source, opts LoadOptions) (*Config, error) {
 		if st, ok := compat[name]; ok {
 			p.compat = st.compat
 		}
-		var into *domain
+		var into *Domain
 		if opts.MergeDomains {
 			into = c.domains[name] // nil for the domain's first file
 		}
@@ -345,8 +345,8 @@ func (p *parser) integer(n *yaml.Node, field string) (int64, bool) {
 
 // rootFields are the fields at the root of a file. pools and descriptors are read from
 // their nodes once every field has been: pools first, which the descriptors' limits name.
-var rootFields = []field[*domain]{
-	{"domain", func(p *parser, d *domain, v *yaml.Node, f string) {
+var rootFields = []field[*Domain]{
+	{"domain", func(p *parser, d *Domain, v *yaml.Node, f string) {
 		if s, ok := p.str(v, f); ok {
 			if s == "" {
 				p.errorf(v, f, "must not be empty")
@@ -356,7 +356,7 @@ var rootFields = []field[*domain]{
 	}},
 	{"descriptors", nil},
 	{"pools", nil},
-	{"compat", func(p *parser, d *domain, v *yaml.Node, f string) {
+	{"compat", func(p *parser, d *Domain, v *yaml.Node, f string) {
 		if s, ok := p.str(v, f); ok {
 			c, err := ParseCompat(s)
 			switch {
@@ -376,10 +376,10 @@ var rootFieldNames = fieldNames(rootFields)
 // file1 parses the root of one file into a new domain, or into the domain into that
 // earlier files configured (LoadOptions.MergeDomains), where its descriptors and pools
 // join theirs. It returns the domain node for positions.
-func (p *parser) file1(root *yaml.Node, into *domain) (*domain, *yaml.Node) {
+func (p *parser) file1(root *yaml.Node, into *Domain) (*Domain, *yaml.Node) {
 	d := into
 	if d == nil {
-		d = &domain{file: p.file, root: newNode(), compat: p.compat}
+		d = &Domain{file: p.file, root: newNode(), compat: p.compat}
 	}
 	at := envoyTable(p, root, "", rootFields, rootFieldNames, d)
 	if root.Kind != yaml.MappingNode {

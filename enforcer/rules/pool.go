@@ -66,7 +66,7 @@ func (e *Elastic) Requests(base int64, used float64) int64 {
 var poolFields = []string{"name", "rate_limit", "priorities"}
 
 // pools parses a domain's pools: list.
-func (p *parser) pools(seq *yaml.Node, d *domain) {
+func (p *parser) pools(seq *yaml.Node, d *Domain) {
 	if seq.Kind != yaml.SequenceNode {
 		p.errorf(seq, "pools", "want a list, got %s", kindName(seq))
 		return
@@ -170,7 +170,7 @@ const poolMark = "|pool"
 // resolvePools links each limit's pool: name to the domain's Pool, with the error at the
 // limit when there is no such pool or the limit is elastic without one. It goes through
 // the rules in the order of the file, so that its errors come in that order.
-func (p *parser) resolvePools(d *domain) {
+func (p *parser) resolvePools(d *Domain) {
 	for _, pl := range d.pools {
 		pl.Key = string(appendEscaped(nil, d.name)) + "|pool=" + string(appendEscaped(nil, pl.Name)) + "#" + pl.Limit.tag + poolMark
 	}

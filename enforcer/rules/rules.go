@@ -338,11 +338,13 @@ func appendEscaped(dst []byte, s string) []byte {
 
 // Config is a loaded set of domains. It is immutable and safe for simultaneous use.
 type Config struct {
-	domains map[string]*domain
+	domains map[string]*Domain
 	files   []string
 }
 
-type domain struct {
+// Domain is the rules of one domain of a Config. A caller that matches several descriptors
+// of one request finds the domain once (Config.Domain) and matches each descriptor in it.
+type Domain struct {
 	name   string
 	file   string // the first file that configures it
 	root   *node
@@ -406,14 +408,28 @@ func (c *Config) Rules() []*Rule {
 // Files returns the files the Config was loaded from.
 func (c *Config) Files() []string { return append([]string(nil), c.files...) }
 
+// Domain returns the rules of the domain named name, or nil when c configures no such
+// domain (or c is nil). It does not allocate.
+func (c *Config) Domain(name string) *Domain {
+	if c == nil {
+		return nil
+	}
+	return c.domains[name]
+}
+
 // Match returns the rule for one request descriptor of domain, or nil when no rule
-// applies, the way envoyproxy/ratelimit does: walk the tree one entry per level; at each
-// level prefer the exact key+value, then the first wildcard value that matches, then the
-// key alone (any value). The walk does not backtrack. A rule applies only when it is
-// reached at the descriptor's last entry, so a descriptor with more entries than the
-// configuration's nesting matches nothing. Match does not allocate.
+// applies: Domain(domainName).Match(entries).
 func (c *Config) Match(domainName string, entries []Entry) *Rule {
-	d := c.domains[domainName]
+	return c.Domain(domainName).Match(entries)
+}
+
+// Match returns the rule for one request descriptor, or nil when no rule applies (always
+// on a nil Domain), the way envoyproxy/ratelimit does: walk the tree one entry per level;
+// at each level prefer the exact key+value, then the first wildcard value that matches,
+// then the key alone (any value). The walk does not backtrack. A rule applies only when it
+// is reached at the descriptor's last entry, so a descriptor with more entries than the
+// configuration's nesting matches nothing. Match does not allocate.
+func (d *Domain) Match(entries []Entry) *Rule {
 	if d == nil || len(entries) == 0 {
 		return nil
 	}

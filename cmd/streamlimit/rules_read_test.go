@@ -3,13 +3,13 @@
 package main
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/streamlimit/streamlimit/internal/safefile/safefiletest"
 )
 
 // runBounded is runSplit that fails the test, instead of hanging it, when the command
@@ -38,18 +38,7 @@ func runBounded(t *testing.T, args ...string) (string, error) {
 // that is a FIFO or a device, and a file over --rules-max-bytes; the bound is the flag's.
 func TestRulesPathRefused(t *testing.T) {
 	dir := t.TempDir()
-	fifo := filepath.Join(dir, "fifo.yaml")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	big := filepath.Join(dir, "big.yaml")
-	f, err := os.Create(big)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := errors.Join(f.Truncate(300e6), f.Close()); err != nil { // sparse: no disk
-		t.Fatal(err)
-	}
+	fifo, big := safefiletest.Hostile(t, dir, ".yaml")
 	good := filepath.Join(dir, "good.yaml")
 	rules := "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"
 	if err := os.WriteFile(good, []byte(rules), 0o644); err != nil {

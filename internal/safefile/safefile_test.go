@@ -7,27 +7,16 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
+
+	"github.com/streamlimit/streamlimit/internal/safefile/safefiletest"
 )
 
 // Read refuses, without blocking or reading, what os.ReadFile would hang or run out of
 // memory on: a FIFO without a writer, a device, a directory, a file over the bound.
 func TestReadRefuses(t *testing.T) {
 	dir := t.TempDir()
-	fifo := filepath.Join(dir, "fifo")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	big := filepath.Join(dir, "big")
-	f, err := os.Create(big)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Sparse: a size without the disk blocks.
-	if err := errors.Join(f.Truncate(300e6), f.Close()); err != nil {
-		t.Fatal(err)
-	}
+	fifo, big := safefiletest.Hostile(t, dir, "")
 	zero := filepath.Join(dir, "zero")
 	if err := os.Symlink("/dev/zero", zero); err != nil {
 		t.Fatal(err)

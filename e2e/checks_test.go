@@ -74,7 +74,7 @@ func TestChecksSeeThroughStalls(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			rs := heavyRun(c.admit)
 			r := &reportT{TB: t}
-			checkBound(r, "bound", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, 2*time.Second, 40*time.Second, nil, c.stalls)
+			checkBound(r, "bound", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, 2*time.Second, 40*time.Second, floorExceptions{}, c.stalls)
 			checkOutage(r, "outage", admittedOf(rs, heavyClient), ruleLimit, ruleWindow, 2*time.Second, 40*time.Second, 1.1, c.stalls)
 			if len(r.errs) != len(c.want) {
 				t.Fatalf("errors %q, want %d matching %q", r.errs, len(c.want), c.want)
@@ -108,5 +108,48 @@ func TestCheckRTTSeesThroughStalls(t *testing.T) {
 		if got := len(r.errs) > 0; got != c.fails {
 			t.Errorf("%s: errors %q, want failing %v", c.name, r.errs, c.fails)
 		}
+	}
+}
+
+// TestChecksFloorExceptions: a pipeline known to be late lowers or waives the floor of
+// checkBound near it, never the safety bound, and never hides a starvation elsewhere. A
+// system that admits one request in five keeps the floor (100 per 5 s window); one that
+// admits none for 2 s dips to 60, under the 0.7 floor, which only sites taken as silent
+// (waived) explain; one that admits one in ten (50) is starved wherever the pipeline was on
+// time; one that admits two in five breaks the safety bound however late the pipeline was.
+func TestChecksFloorExceptions(t *testing.T) {
+	good := func(i int, _ time.Duration) bool { return i%5 == 0 }
+	dip := func(i int, sent time.Duration) bool {
+		return good(i, sent) && (sent < 20*time.Second || sent >= 22*time.Second)
+	}
+	starved := func(i int, _ time.Duration) bool { return i%10 == 0 }
+	broken := func(i int, _ time.Duration) bool { return i%5 == 0 || i%5 == 1 }
+	late := []span{{19 * time.Second, 23 * time.Second}}
+	lateMost := []span{{5 * time.Second, 38 * time.Second}}
+	for _, c := range []struct {
+		name  string
+		admit func(int, time.Duration) bool
+		ex    floorExceptions
+		want  []string // substrings of the errors, in order; none for a pass
+	}{
+		{"good", good, floorExceptions{}, nil},
+		{"dip, pipeline on time", dip, floorExceptions{}, []string{"less than 0.85 × limit"}},
+		{"dip, pipeline late", dip, floorExceptions{lowered: late}, []string{"less than 0.7 × limit"}},
+		{"dip, sites taken as silent", dip, floorExceptions{lowered: late, waived: late}, nil},
+		{"starved, pipeline late near the dip", starved, floorExceptions{lowered: late, waived: late}, []string{"less than 0.7 × limit", "less than 0.85 × limit"}},
+		{"broken, sites taken as silent most of the run", broken, floorExceptions{lowered: lateMost, waived: lateMost}, []string{"inconclusive: the pipeline lagged", "more than limit × 1.02 + 1"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := &reportT{TB: t}
+			checkBound(r, "bound", admittedOf(heavyRun(c.admit), heavyClient), ruleLimit, ruleWindow, 2*time.Second, 40*time.Second, c.ex, stallClock{})
+			if len(r.errs) != len(c.want) {
+				t.Fatalf("errors %q, want %d matching %q", r.errs, len(c.want), c.want)
+			}
+			for i, w := range c.want {
+				if !strings.Contains(r.errs[i], w) {
+					t.Errorf("error %d: %q, want it to say %q", i, r.errs[i], w)
+				}
+			}
+		})
 	}
 }

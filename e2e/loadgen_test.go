@@ -498,6 +498,10 @@ func possiblyInWindow(rs []result, w, from, to time.Duration, skip func(t time.D
 // span is an interval of the generator's clock.
 type span struct{ from, to time.Duration }
 
+// floorExceptions are the spans near which checkBound lowers (lowered) or waives (waived)
+// its floor; the safety bound holds throughout.
+type floorExceptions struct{ lowered, waived []span }
+
 // disturbances returns the spans, request to answer, of the requests among rs answered by a
 // fallback or slower than slow: times when the machine stalled or the site counter did not
 // answer within its timeout.
@@ -564,21 +568,24 @@ func checkOutage(t testing.TB, label string, rs []result, limit int, w, from, to
 // frees reaches the other sites one pipeline lag late and as shares), so a miss of 0.95 is
 // logged as such, and only a real starvation fails the test.
 //
-// disturbed (may be nil) are the spans in which the machine or the site counter did not
-// keep up (disturbances). A site counter that does not answer in time is replaced by this
-// process's share of the site's count, which under-admits by design (TestFaultRedisDown,
-// TestFaultRedisFlapping); and a call that timed out may still have run in Redis, so that
-// the hit counts twice, in Redis and in the fallback written back, until it leaves the
-// window: admissions are held back for up to one window after the disturbance, which
-// lowers the windows that end up to two windows after it. Those windows are held to a
-// lower floor, 0.7 × limit (a real starvation still fails), the others to 0.85; the safety
+// ex (may be empty) are the spans in which the product, by design, cannot keep the floor.
+// A site counter that does not answer in time is replaced by this process's share of the
+// site's count, which under-admits by design (TestFaultRedisDown, TestFaultRedisFlapping);
+// and a call that timed out may still have run in Redis, so that the hit counts twice, in
+// Redis and in the fallback written back, until it leaves the window: admissions are held
+// back for up to one window after the disturbance. A pipeline that lags (the broker or the
+// aggregator short of CPU) brings the room the other sites free one lag late. The windows
+// that end up to two windows after a span of ex.lowered are held to a lower floor, 0.7 ×
+// limit (a real starvation still fails); those after a span of ex.waived (sites taken as
+// silent, for which every site reserves room) to none; the others to 0.85. The safety
 // bound holds for all.
 //
 // Windows that a stall of the machine (sc, stalledWindows) sets aside are held to no bound:
 // the generator in the stalled process sent nothing, and the enforcers decided on stale
 // shares. Every other window is held to the bounds above; when stalls set aside more than
-// half of them the check fails as inconclusive.
-func checkBound(t testing.TB, label string, rs []result, limit int, w, from, to time.Duration, disturbed []span, sc stallClock) windowStats {
+// half of them the check fails as inconclusive, and so it does when stalls and ex.waived
+// together leave less than half of them to the floor.
+func checkBound(t testing.TB, label string, rs []result, limit int, w, from, to time.Duration, ex floorExceptions, sc stallClock) windowStats {
 	t.Helper()
 	times := make([]time.Duration, 0, len(rs))
 	for _, r := range rs {
@@ -592,31 +599,35 @@ func checkBound(t testing.TB, label string, rs []result, limit int, w, from, to 
 	lowFloor := int(0.7*float64(limit) + 0.999)
 	stalled, clear, total := stalledWindows(sc, w, from, to)
 	sure, sureAt := surelyInWindow(rs, w, from, to, stalled)
-	overlaps := func(end time.Duration) bool {
-		if stalled(end) {
-			return true
-		}
-		for _, d := range disturbed {
+	near := func(spans []span, end time.Duration) bool {
+		for _, d := range spans {
 			if d.from <= end && d.to > end-2*w {
 				return true
 			}
 		}
 		return false
 	}
-	var kept, left int
+	waived := func(end time.Duration) bool { return stalled(end) || near(ex.waived, end) }
+	overlaps := func(end time.Duration) bool { return waived(end) || near(ex.lowered, end) }
+	var silent, lowered, floored int
 	for end := from + w; end <= to; end += 10 * time.Millisecond {
-		if overlaps(end) {
-			left++
-		} else {
-			kept++
+		switch {
+		case stalled(end):
+		case waived(end):
+			silent++
+		case overlaps(end):
+			lowered++
+			floored++
+		default:
+			floored++
 		}
 	}
 	maybe, maybeAt := possiblyInWindow(rs, w, from, to, overlaps)
-	if len(disturbed) > 0 {
-		all, allAt := possiblyInWindow(rs, w, from, to, stalled)
-		t.Logf("FIGURE %s: %d disturbances (answers by a fallback, or slower than the site counter's timeout) put %d of %d window ends under the %d floor; possibly admitted in every window at least %d (window ending %.2fs)",
-			label, len(disturbed), left-(total-clear), total, lowFloor, all, allAt.Seconds())
-		if clear > 0 && all < lowFloor {
+	if len(ex.lowered)+len(ex.waived) > 0 {
+		all, allAt := possiblyInWindow(rs, w, from, to, waived)
+		t.Logf("FIGURE %s: of %d window ends, %d held to the %d floor after %d disturbances (answers by a fallback or slower than the site counter's timeout, or a late pipeline), %d to none after %d spans of sites taken as silent; possibly admitted in every window held to a floor at least %d (window ending %.2fs)",
+			label, total, lowered, lowFloor, len(ex.lowered), silent, len(ex.waived), all, allAt.Seconds())
+		if floored > 0 && all < lowFloor {
 			t.Errorf("%s: at most %d admitted in the window ending at %.2fs, less than 0.7 × limit = %d (starved)", label, all, allAt.Seconds(), lowFloor)
 		}
 	}
@@ -626,10 +637,13 @@ func checkBound(t testing.TB, label string, rs []result, limit int, w, from, to 
 		t.Errorf("%s: no window to evaluate in [%v, %v]", label, from, to)
 		return ws
 	}
-	sc.inconclusive(t, label, clear, total, from, to)
+	if !sc.inconclusive(t, label, clear, total, from, to) && silent > 0 && float64(floored) < testenv.MinMeasurable*float64(total) {
+		t.Errorf("%s: inconclusive: the pipeline lagged past topics.SiteSilentAfter near %d of %d window ends, which leaves %d (with the stalls) to hold to a floor", label, silent, total, floored)
+	}
 	if sure > hi {
 		t.Errorf("%s: %d certainly admitted in the window ending at %.2fs, more than limit × 1.02 + 1 = %d", label, sure, sureAt.Seconds(), hi)
 	}
+	kept := floored - lowered
 	if kept > 0 && maybe < target {
 		t.Logf("%s: at most %d admitted in the window ending at %.2fs, below the 0.95 × limit = %d target (docs/e2e.md: missed by 5–11%%; the 0.85 floor below holds)", label, maybe, maybeAt.Seconds(), target)
 	}

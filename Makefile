@@ -7,7 +7,8 @@
 # kcat, python3 and redis-server (the scripts apt-get what is missing when
 # run as root); examples/install-test-tools.sh adds confluent-kafka (PyPI)
 # and promtool (Debian's prometheus) for the tests of examples/ and deploy/,
-# and Debian's chromium for the console's browser test.
+# Debian's chromium for the console's browser test, and Debian's nginx-light, in which
+# the docs' nginx blocks run.
 
 SHELL := /bin/bash
 GO ?= go

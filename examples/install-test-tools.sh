@@ -4,7 +4,8 @@
 # prometheus package, for deploy/prometheus/alerts.yml), schemathesis (PyPI, in a
 # virtual environment of its own, ~/.cache/streamlimit/venv, where
 # enforcer/server's TestSchemathesis finds it), and Chromium (Debian's chromium package,
-# which cmd/streamlimit's TestConsoleInABrowser drives headless). Each is installed only when missing;
+# which cmd/streamlimit's TestConsoleInABrowser drives headless), and nginx (Debian's nginx-light,
+# in which TestNginxBlocksInRealNginx runs the docs' auth_request blocks). Each is installed only when missing;
 # `make test` runs this first. Java and Kafka's client jars come with
 # e2e/services/kafka.sh.
 set -euo pipefail
@@ -22,6 +23,7 @@ if ! python3 -c 'import confluent_kafka' 2>/dev/null; then
 fi
 need_cmd promtool prometheus
 need_cmd chromium chromium
+need_cmd nginx nginx-light
 # schemathesis, pinned: a new version brings new checks, which a change of this line adopts.
 SCHEMATHESIS_VERSION=4.32.5
 VENV="${STREAMLIMIT_TOOLS_VENV:-$HOME/.cache/streamlimit/venv}"

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -160,6 +161,20 @@ func waitJS(t *testing.T, ctx context.Context, timeout time.Duration, what, cond
 	t.Fatalf("%s: not within %v (last error %v); the page says:\n%s", what, timeout, last, status)
 }
 
+// consoleRules are the demo's rules and a soft limit for carol.
+const consoleRules = `domain: demo
+descriptors:
+  - key: client
+    rate_limit: {requests_per_unit: 50, window: 5s, scope: global}
+  - key: client
+    value: carol
+    rate_limit:
+      requests_per_unit: 20
+      window: 5s
+      scope: site
+      soft_percent: 10
+`
+
 // TestConsoleInABrowser opens the console of `streamlimit dev` in headless Chromium and
 // checks that it loads and updates live, that it shows a site that leaves as left and one
 // that goes silent as crashed, a client held to its limit among the top keys and the
@@ -167,7 +182,20 @@ func waitJS(t *testing.T, ctx context.Context, timeout time.Duration, what, cond
 // text, never run.
 func TestConsoleInABrowser(t *testing.T) {
 	ctx := startBrowser(t)
-	broker, ui := startDev(t, "--port", "0", "--http-listen", "127.0.0.1:0", "--grpc-listen", "off", "--log-level", "error")
+	// The demo's rules, and carol with a soft band: 20 per 5 s, 429s past 22.
+	rulesFile := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(rulesFile, []byte(consoleRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	checked, err := run(t, "rules", "check", rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	carolAt := regexp.MustCompile(`(?m)^demo +client=carol .* (\S+:\d+)$`).FindStringSubmatch(checked)
+	if carolAt == nil {
+		t.Fatalf("rules check shows no limit for carol:\n%s", checked)
+	}
+	broker, ui := startDev(t, "--port", "0", "--http-listen", "127.0.0.1:0", "--grpc-listen", "off", "--log-level", "error", "--rules", rulesFile)
 	api := strings.TrimSuffix(ui, "/ui/")
 
 	// Two more sites publish to dev's hits topic, as enforcers of their own would.
@@ -241,7 +269,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for {
-			for _, client := range []string{"alice", markup} {
+			for _, client := range []string{"alice", "carol", markup} {
 				body := fmt.Sprintf(`{"domain":"demo","descriptors":[{"entries":[{"key":"client","value":%q}]}]}`, client)
 				if resp, err := http.Post(api+"/v1/check", "application/json", strings.NewReader(body)); err == nil {
 					resp.Body.Close()
@@ -265,6 +293,13 @@ func TestConsoleInABrowser(t *testing.T) {
 		`document.querySelector('#denials tr[data-key="`+alice+`"]')?.dataset.rule === 'demo.client'`)
 	waitJS(t, ctx, settling, "alice among the top keys at her limit of 50 per 5 s",
 		`(() => { const r = document.querySelector('#top tr[data-key="`+alice+`"]'); return !!r && r.classList.contains('limited') && r.cells[3].textContent === '50 / 5s'; })()`)
+	// A soft band is shown as `rules check` shows it, in every panel, and the limit is
+	// cited at the line `rules check` cites.
+	const carol = "demo|client=carol#5s"
+	waitJS(t, ctx, settling, "carol among the recent 429s at 20 per 5 s, soft to 22",
+		`document.querySelector('#denials tr[data-key="`+carol+`"]')?.cells[4].textContent === '20 / 5s (soft to 22) site'`)
+	waitJS(t, ctx, settling, "carol's rule in the rules table with its soft band, at "+carolAt[1],
+		`[...document.querySelectorAll('#rules tr')].some(r => r.cells[1]?.textContent === 'client=carol' && r.cells[2].textContent === '20 / 5s (soft to 22)' && r.cells[4].textContent === '21–22' && r.cells[7].textContent === `+strconv.Quote(carolAt[1])+`)`)
 	waitJS(t, ctx, settling, "denials per second above 0", `Number(document.getElementById('rate-over_limit').dataset.rate) > 0`)
 	waitJS(t, ctx, settling, "the markup client among the recent 429s, as text",
 		`[...document.querySelectorAll('#denials td.key')].some(td => td.textContent.includes('<img src%3Dx'))`)

@@ -246,6 +246,9 @@ type Limit struct {
 	// without a soft band.
 	SoftBand *[2]int64 `json:"soft_band,omitempty"`
 	Pool     string    `json:"pool,omitempty"`
+	// Line is the line of the limit's own rate_limit in its rule's file, as `rules check`
+	// cites it; 0 when the limit has none of its own (the rule's line stands).
+	Line int `json:"line,omitempty"`
 }
 
 // Rule is one rule of the rules in force, or a pool.
@@ -356,7 +359,7 @@ func unixMs(t time.Time) int64 {
 // limitOf describes lim.
 func limitOf(lim *rules.Limit) Limit {
 	v := Limit{Requests: lim.CountAllowance(), Hard: lim.HardAllowance(), WindowMs: lim.CountWindow().Milliseconds(),
-		Scope: lim.Scope.String(), Algorithm: lim.Algorithm.String()}
+		Scope: lim.Scope.String(), Algorithm: lim.Algorithm.String(), Line: lim.Line}
 	if lim.Scope != rules.Global {
 		v.WindowMs = lim.Window.Milliseconds()
 	}

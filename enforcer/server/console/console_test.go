@@ -134,7 +134,7 @@ func TestState(t *testing.T) {
 		t.Fatalf("top = %+v, want users 1 and 2", st.Top)
 	}
 	top := st.Top[0]
-	userLimit := Limit{Requests: 12, Hard: 10, WindowMs: 60_000, Scope: "global", Algorithm: "sliding_window", SoftBand: &[2]int64{11, 12}}
+	userLimit := Limit{Requests: 12, Hard: 10, WindowMs: 60_000, Scope: "global", Algorithm: "sliding_window", SoftBand: &[2]int64{11, 12}, Line: 8}
 	if top.Total != 9 || top.Rule != "api.user" || top.Limit == nil || !sameLimit(*top.Limit, userLimit) ||
 		len(top.Sites) != 2 || top.Sites[0] != (SiteCount{Site: "eu", Count: 5, Demand: 6}) || top.Sites[1] != (SiteCount{Site: "us", Count: 4, Demand: 4}) {
 		t.Errorf("top key = %+v (limit %+v), want 9 = eu 5 (demand 6) + us 4 of api.user, %+v", top, top.Limit, userLimit)

@@ -61,9 +61,23 @@ function fmtTime(ms) {
   return p(d.getHours(), 2) + ':' + p(d.getMinutes(), 2) + ':' + p(d.getSeconds(), 2) + '.' + p(d.getMilliseconds(), 3);
 }
 
+// fmtLimit shows a limit as `rules check` does: the hard limit per window, and where a
+// soft band raises it, the count past which requests get 429s (what X-RateLimit-Limit
+// and the check API call the limit).
 function fmtLimit(l) {
   if (!l) return '—';
-  return fmtNum(l.hard) + ' / ' + fmtWindow(l.window_ms);
+  const soft = l.requests > l.hard ? ' (soft to ' + fmtNum(l.requests) + ')' : '';
+  return fmtNum(l.hard) + ' / ' + fmtWindow(l.window_ms) + soft;
+}
+
+// denialLimit finds the limit of the rules that a recent 429 names, so that it is shown as
+// the rules table shows it; a limit no longer in the rules (or an override) is shown as
+// the denial recorded it.
+function denialLimit(st, d) {
+  const rule = st.rules.find((r) => r.domain === d.domain && r.id === d.rule);
+  const same = (x) => x.requests === d.requests && x.scope === d.scope;
+  const l = rule && (rule.limits.find((x) => same(x) && x.window_ms === d.window_ms) || rule.limits.find(same));
+  return l ? fmtLimit(l) : fmtNum(d.requests) + ' / ' + fmtWindow(d.window_ms);
 }
 
 function setStatus(kind, text) {
@@ -191,7 +205,7 @@ function renderDenials(st) {
     el('td', {}, d.site),
     el('td', { class: 'key' }, d.key),
     el('td', {}, d.rule || 'override'),
-    el('td', {}, fmtNum(d.requests) + ' / ' + fmtWindow(d.window_ms) + ' ' + d.scope)));
+    el('td', {}, denialLimit(st, d) + ' ' + d.scope)));
   fill('denials', rows, 'none lately', 5);
 }
 
@@ -211,7 +225,7 @@ function renderRules(st, r) {
         el('td', { class: 'softband-cell' }, l && l.soft_band ? l.soft_band[0] + '–' + l.soft_band[1] : ''),
         el('td', { class: 'num' }, i === 0 ? rate('ok') : ''),
         el('td', { class: 'num' }, i === 0 ? rate('over_limit') : ''),
-        el('td', { class: 'muted' }, i === 0 ? rule.file + ':' + rule.line : '')));
+        el('td', { class: 'muted' }, rule.file + ':' + ((l && l.line) || rule.line))));
     });
   }
   fill('rules', rows, 'no rules', 8);

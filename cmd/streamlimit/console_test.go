@@ -307,6 +307,11 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Errorf("a key holding markup made %d img elements or ran its script (%v)", n, err)
 	}
 
+	// Once the crash hold is over, ap is still listed (until the aggregators forget it),
+	// but no longer said to hold a fading reservation.
+	waitJS(t, ctx, settling, "ap's crash hold shown as over",
+		`(() => { const r = document.querySelector('#sites tr[data-site="ap"]'); return r?.dataset.held === 'over' && r.cells[4].textContent.includes('the crash hold is over'); })()`)
+
 	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatal(err)
@@ -319,4 +324,24 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("screenshot: %s", path)
+
+	// Cut the page off from the enforcer: it says so, dims every panel and gives the
+	// figures' age; once the enforcer answers again the page is live again.
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.realFetch = window.fetch; window.fetch = () => Promise.reject(new Error('cut by the test')); true`)); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, ctx, 10*time.Second, "the page says its figures are old",
+		`document.body.dataset.stale === 'true' && !document.getElementById('stale').hidden && document.getElementById('stale').textContent.includes('no longer update') && getComputedStyle(document.querySelector('#sites-section')).opacity < 1`)
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.fetch = window.realFetch; true`)); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, ctx, 10*time.Second, "the page live again",
+		`document.body.dataset.stale === undefined && document.getElementById('stale').hidden && document.getElementById('status').dataset.status === 'ok'`)
+
+	// On a narrow screen a key wraps at its width, not one character a line.
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(420, 900)); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, ctx, 10*time.Second, "alice's key in at most 3 lines at 420 px",
+		`(() => { const td = document.querySelector('#top tr[data-key="`+alice+`"] td'); if (!td) return false; const fs = parseFloat(getComputedStyle(td).fontSize); return td.getBoundingClientRect().height < 3.5 * 1.4 * fs; })()`)
 }

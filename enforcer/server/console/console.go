@@ -177,6 +177,10 @@ type State struct {
 	Top       []Key       `json:"top"`
 	Rules     []Rule      `json:"rules"`
 	Denials   []Denial    `json:"denials"`
+	// CrashHoldMs is how long after its last heartbeat a crashed site's reservation has
+	// faded to nothing (enforcer.Config's SiteStaleAfter, then CrashHold); the site stays
+	// listed, holding only its hits in their windows, until the aggregators forget it.
+	CrashHoldMs int64 `json:"crash_hold_ms"`
 }
 
 // SnapshotState is the state of the snapshot of the counts topic.
@@ -282,7 +286,8 @@ type Denial struct {
 func (c *Console) State(now time.Time) State {
 	l := c.opts.Limiter
 	cfg := l.Config()
-	st := State{Now: now.UnixMilli(), Site: cfg.Site, Sites: []Site{}, Top: []Key{}, Rules: []Rule{}, Denials: []Denial{}}
+	st := State{Now: now.UnixMilli(), Site: cfg.Site, Sites: []Site{}, Top: []Key{}, Rules: []Rule{}, Denials: []Denial{},
+		CrashHoldMs: (cfg.SiteStaleAfter + max(cfg.CrashHold, 0)).Milliseconds()}
 	for _, s := range l.Sites(now) {
 		st.Sites = append(st.Sites, Site{Site: s.Site, State: s.State, Self: s.Self, Heard: unixMs(s.Heard),
 			SilentMs: s.Silent.Milliseconds(), Peer: unixMs(s.Peer)})

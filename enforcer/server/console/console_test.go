@@ -116,6 +116,10 @@ func TestState(t *testing.T) {
 	if st.Site != "eu" || st.Now != ms || st.Snapshot == nil || !st.Snapshot.Ready || st.Snapshot.Keys != 4 {
 		t.Errorf("header: site %q now %d snapshot %+v", st.Site, st.Now, st.Snapshot)
 	}
+	// ap, crashed 4 s ago, keeps a fading reservation until the hold is over.
+	if cfg := f.c.opts.Limiter.Config(); st.CrashHoldMs != (cfg.SiteStaleAfter+cfg.CrashHold).Milliseconds() || st.CrashHoldMs <= 4_000 {
+		t.Errorf("crash hold %d ms, want SiteStaleAfter %v + CrashHold %v, past ap's 4 s of silence", st.CrashHoldMs, cfg.SiteStaleAfter, cfg.CrashHold)
+	}
 	wantSites := []Site{
 		{Site: "ap", State: "crashed", Heard: ms - 4_000, SilentMs: 4_000, Peer: ms},
 		{Site: "eu", State: "fresh", Self: true, Heard: ms, Peer: ms - 4_000},

@@ -15,6 +15,7 @@ const STATE_HELP = {
 };
 
 let prev = null; // the previous State's time and decision totals, for rates
+let drawn = 0; // when (this browser's clock) the figures on the page were last drawn
 const history = Object.fromEntries(RESULTS.map((r) => [r, []]));
 
 // el makes an element; attrs sets properties (class, title) and data-* attributes;
@@ -110,13 +111,25 @@ function renderHeader(st) {
   }
 }
 
+// siteHelp says what a site in its state holds. A crashed site's reservation fades to
+// nothing crash_hold_ms after its last heartbeat; it stays listed, holding only its hits
+// still in their windows, until the aggregators forget it (a silent site is remembered so
+// that a long partition stays bounded).
+function siteHelp(st, s) {
+  if (s.state !== 'crashed' || !st.crash_hold_ms) return STATE_HELP[s.state] || '';
+  const left = st.crash_hold_ms - s.silent_ms;
+  if (left > 0) return STATE_HELP.crashed + ', ' + fmtAgo(left) + ' left';
+  return 'its hits still in their windows, nothing more: the crash hold is over (listed until the aggregators forget it)';
+}
+
 function renderSites(st) {
-  const rows = st.sites.map((s) => el('tr', { 'data-site': s.site, 'data-state': s.state },
+  const rows = st.sites.map((s) => el('tr', { 'data-site': s.site, 'data-state': s.state,
+    'data-held': s.state === 'crashed' && st.crash_hold_ms && s.silent_ms >= st.crash_hold_ms ? 'over' : undefined },
     el('td', {}, s.site, s.self ? el('span', { class: 'self' }, '(this site)') : null),
     el('td', {}, el('span', { class: 'badge ' + s.state }, s.state)),
     el('td', {}, s.heard ? fmtAgo(st.now - s.heard) + ' ago' : (s.self ? 'here' : '—')),
     el('td', {}, s.silent_ms ? fmtAgo(s.silent_ms) : ''),
-    el('td', { class: 'muted' }, STATE_HELP[s.state] || '')));
+    el('td', { class: 'muted' }, siteHelp(st, s))));
   fill('sites', rows, 'no site known yet', 5);
 }
 
@@ -240,22 +253,36 @@ function render(st) {
   renderDenials(st);
   renderRules(st, r);
   document.body.setAttribute('data-updated', String(st.now));
+  drawn = Date.now();
+  delete document.body.dataset.stale;
+  document.getElementById('stale').hidden = true;
+}
+
+// stale says, after a failed poll, that the figures on the page are old: the whole page
+// is dimmed and a banner gives their age, so that no panel still reads as live.
+function stale(why) {
+  setStatus('error', why);
+  if (!drawn) return;
+  document.body.dataset.stale = 'true';
+  const b = document.getElementById('stale');
+  b.textContent = why + ': the figures below are from ' + fmtAgo(Date.now() - drawn) + ' ago and no longer update.';
+  b.hidden = false;
 }
 
 async function poll() {
   try {
     const resp = await fetch('api/state', { cache: 'no-store', credentials: 'same-origin' });
     if (resp.status === 401) {
-      setStatus('error', 'a token is needed: reload the page and give it as the password');
+      stale('a token is needed: reload the page and give it as the password');
     } else if (!resp.ok) {
-      setStatus('error', 'error ' + resp.status);
+      stale('error ' + resp.status);
     } else {
       const st = await resp.json();
       render(st);
       setStatus('ok', 'live · ' + fmtTime(st.now));
     }
   } catch (e) {
-    setStatus('error', 'disconnected: ' + e.message);
+    stale('disconnected: ' + e.message);
   } finally {
     setTimeout(poll, POLL_MS);
   }

@@ -83,9 +83,9 @@ func (h *historyFlags) replay(ctx context.Context, o history.Options, errOut io.
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(errOut, "read %s from %s: %d hits in %s, %d outside the range, %d site records, %d re-routed copies, %d undecodable skipped",
+	fmt.Fprintf(errOut, "read %s from %s: %d hits in %s, %d outside the range, %d of other keys, %d site records, %d re-routed copies, %d undecodable skipped",
 		plural(int(res.Records), "record"), strings.Join(res.Topics, ", "), res.Hits, plural(len(res.Rows), "row"),
-		res.Outside, res.SiteRecords, res.Rerouted, res.Bad)
+		res.Outside, res.OtherKeys, res.SiteRecords, res.Rerouted, res.Bad)
 	if res.Bad > 0 {
 		reasons := make([]string, 0, len(res.BadReasons))
 		for r, n := range res.BadReasons {

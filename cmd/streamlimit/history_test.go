@@ -160,7 +160,7 @@ func TestCountsExport(t *testing.T) {
 		}
 		// 8 hit records in the range (one per producer bucket), the one before it, the
 		// re-routed copy and the undecodable record skipped; the hour-old record not read.
-		for _, want := range []string{"8 hits in 6 rows", "1 outside the range", "1 re-routed copies", "1 undecodable skipped (",
+		for _, want := range []string{"8 hits in 6 rows", "1 outside the range, 0 of other keys", "1 re-routed copies", "1 undecodable skipped (",
 			topics.RemoteHitsTopic("eu", f.hits) + ", " + f.hits} {
 			if !strings.Contains(errOut, want) {
 				t.Errorf("summary %q lacks %q", errOut, want)
@@ -168,7 +168,11 @@ func TestCountsExport(t *testing.T) {
 		}
 	})
 	t.Run("jsonl with a step and a prefix", func(t *testing.T) {
-		out, _ := export("--format", "jsonl", "--step", "3m", "--prefix", "api|user=42")
+		out, errOut := export("--format", "jsonl", "--step", "3m", "--prefix", "api|user=42")
+		// The hits of other keys are counted as such, not as outside the range.
+		if !strings.Contains(errOut, "1 outside the range, ") || strings.Contains(errOut, " 0 of other keys") {
+			t.Errorf("summary %q: want the one record outside the range, and the other keys' hits apart", errOut)
+		}
 		var got []string
 		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 			var r struct {

@@ -119,9 +119,11 @@ type Result struct {
 	Records int64
 	// Hits counts the hit records added to Rows.
 	Hits int64
-	// Outside counts the hit records read whose bucket starts outside [From, To), or whose
-	// key Keep left out.
+	// Outside counts the hit records read whose bucket starts outside [From, To) (read
+	// because their Kafka timestamps fall within the slack).
 	Outside int64
+	// OtherKeys counts the hit records within [From, To) whose key Keep left out.
+	OtherKeys int64
 	// SiteRecords counts the site heartbeats and leave records skipped.
 	SiteRecords int64
 	// Rerouted counts the aggregator's re-routed copies skipped: their originals, on the
@@ -204,8 +206,12 @@ func (res *Result) addHit(o Options, h topics.Hit, sums map[rowKey]*Row) {
 		res.SiteRecords++
 		return
 	}
-	if h.BucketStart < o.From.UnixMilli() || h.BucketStart >= o.To.UnixMilli() || (o.Keep != nil && !o.Keep(h.Key)) {
+	if h.BucketStart < o.From.UnixMilli() || h.BucketStart >= o.To.UnixMilli() {
 		res.Outside++
+		return
+	}
+	if o.Keep != nil && !o.Keep(h.Key) {
+		res.OtherKeys++
 		return
 	}
 	res.Hits++

@@ -101,6 +101,18 @@ func (r *outageRun) admitted(from, to time.Time) int {
 	return n
 }
 
+// worstSecond returns the most admissions decided in one sliding second ending in
+// (from, to], and when that second ended.
+func (r *outageRun) worstSecond(from, to time.Time) (int, time.Time) {
+	best, at := 0, from
+	for end := from.Add(10 * time.Millisecond); !end.After(to); end = end.Add(10 * time.Millisecond) {
+		if n := r.admitted(end.Add(-time.Second), end); n > best {
+			best, at = n, end
+		}
+	}
+	return best, at
+}
+
 // TestRedisStallKeepsToTheShare: while the site's Redis is stopped (SIGSTOP: connections
 // stay open and calls hang until their timeout), two enforcers that share it admit
 // together at most the limit over the stall (5% tolerance): each decides in process on its
@@ -135,7 +147,10 @@ func TestRedisStallKeepsToTheShare(t *testing.T) {
 		if err := rd.Signal(syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
-	}, time.Second)
+	}, 4*time.Second)
+	worst, worstAt := r.worstSecond(to, to.Add(4*time.Second))
+	// Not asserted: the recovery over-admits (docs/redis.md, "While Redis is away").
+	t.Logf("FIGURE redis-stall: after the stall at most %d admitted in one second (the second ending %v after SIGCONT), 50 allowed", worst, worstAt.Sub(to).Round(time.Millisecond))
 	got, allowed := r.admitted(from, to), 50*to.Sub(from).Seconds()
 	t.Logf("stall of %v: %d admitted, 50/s allows %.0f (%.3f×); breaker %v", to.Sub(from).Round(time.Millisecond), got, allowed, float64(got)/allowed, states)
 	if float64(got) > 1.05*allowed {

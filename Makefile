@@ -64,8 +64,16 @@ test-e2e:
 # staticcheck's version, fetched from the Go module proxy by go run (cached afterwards).
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
+# Commit subjects are at most 72 characters (CONTRIBUTING.md) for every commit after this
+# one, the last of an older style with longer subjects.
+SUBJECTS_SINCE := 00d5360
+
 lint:
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt would change these files (make fmt):"; echo "$$unformatted"; exit 1; fi
+	@if git rev-parse -q --verify '$(SUBJECTS_SINCE)^{commit}' >/dev/null 2>&1; then \
+	  long=$$(git log --format='%h %s' $(SUBJECTS_SINCE)..HEAD | perl -CSD -ne '/^\S+ (.*)$$/ && length($$1) > 72 && print'); \
+	  if [ -n "$$long" ]; then echo "commit subjects over 72 characters (CONTRIBUTING.md):"; echo "$$long"; exit 1; fi; \
+	else echo "lint: $(SUBJECTS_SINCE) is not in this checkout's history: commit subjects not checked"; fi
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 

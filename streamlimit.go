@@ -265,13 +265,17 @@ func (l *Limiter) WaitReady(ctx context.Context) error {
 }
 
 // Ready reports whether the Limiter decides on complete data, and why (for readiness
-// probes): without Kafka always; with it once the counts topic is restored.
+// probes): without Kafka always; with it once the counts topic is restored, while this
+// host's clock agrees with the aggregators' (snapshot.Snapshot.CheckClock).
 func (l *Limiter) Ready() (bool, string) {
 	if l.snap == nil {
 		return true, "no Kafka configured: every limit is counted at this site alone"
 	}
 	if !l.snap.Ready() {
 		return false, "restoring the counts topic"
+	}
+	if err := l.snap.CheckClock(); err != nil {
+		return false, err.Error()
 	}
 	if l.snap.Stale() {
 		return true, fmt.Sprintf("counts are %v old: global limits use local shares", l.snap.Age().Round(time.Millisecond))

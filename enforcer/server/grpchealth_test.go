@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/enforcer/rls"
 	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/topics"
 )
 
 func dialGRPC(t *testing.T, addr string) *grpc.ClientConn {
@@ -155,5 +157,59 @@ func TestGRPCReflectionAsksForAToken(t *testing.T) {
 	}
 	if names, code := listServices(t, srv.GRPCAddr()); code != codes.Unauthenticated {
 		t.Errorf("reflection without a token answers %v, %v", names, code)
+	}
+}
+
+// TestReadinessFollowsClockSkew: an enforcer whose clock is seconds behind the
+// aggregator's (a heartbeat on the counts topic dated 5 s after this clock) is not ready,
+// and /readyz and the gRPC health service say why: every count would be refused as from
+// the future, and its global limits decided on local shares alone.
+func TestReadinessFollowsClockSkew(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "hits", "counts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	srv := startServer(t, server.Config{Brokers: cluster.ListenAddrs(), HitsTopic: "hits", CountsTopic: "counts",
+		GRPCAddr: "127.0.0.1:0"})
+	health := healthpb.NewHealthClient(dialGRPC(t, srv.GRPCAddr()))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for ok, _ := srv.Ready(); !ok; ok, _ = srv.Ready() {
+		if ctx.Err() != nil {
+			t.Fatal("not ready with an empty counts topic")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	hb := topics.Heartbeat{Instance: "agg-1", Topic: "hits", Partition: 0, AsOf: time.Now().Add(5 * time.Second).UnixMilli()}
+	v, err := hb.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "counts", Key: []byte(topics.HeartbeatKey("hits", 0)), Value: v}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	for ok, _ := srv.Ready(); ok; ok, _ = srv.Ready() {
+		if ctx.Err() != nil {
+			t.Fatal("still ready 30 s after a heartbeat from 5 s ahead")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, why := srv.Ready(); !strings.Contains(why, "behind them (bound 500ms)") {
+		t.Errorf("not ready because %q, want the clock named", why)
+	}
+	r, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
+	for err == nil && r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+		r, err = health.Check(ctx, &healthpb.HealthCheckRequest{})
+	}
+	if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("gRPC health %v, %v; want NOT_SERVING", r.GetStatus(), err)
 	}
 }

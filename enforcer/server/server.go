@@ -556,17 +556,33 @@ func (s *Server) setServing(serving bool) {
 // followReadiness keeps the gRPC health services in step with Ready, so that a gRPC
 // probe (Kubernetes' grpc probe, a load balancer's health check) and /readyz agree: an
 // enforcer still restoring the counts topic is NOT_SERVING and takes no traffic from
-// them. Ready only ever turns from false to true (the snapshot, once restored, stays
-// so), hence one wait suffices. It returns when that is done or ctx ends.
+// them. It waits for the restore, then asks Ready every readinessPoll, since a clock that
+// drifts off the aggregators' makes it unready again (snapshot.Snapshot.CheckClock). It
+// returns when ctx ends.
 func (s *Server) followReadiness(ctx context.Context) {
-	if ok, _ := s.Ready(); ok {
-		s.setServing(true)
+	if ok, _ := s.Ready(); !ok && (s.core.WaitReady(ctx) != nil || ctx.Err() != nil) {
 		return
 	}
-	if s.core.WaitReady(ctx) == nil && ctx.Err() == nil {
-		s.setServing(true)
+	serving, _ := s.Ready()
+	s.setServing(serving)
+	t := time.NewTicker(readinessPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if ok, _ := s.Ready(); ok != serving {
+				serving = ok
+				s.setServing(serving)
+			}
+		}
 	}
 }
+
+// readinessPoll is how often followReadiness asks Ready once the counts topic is
+// restored: as often as a readiness probe would.
+const readinessPoll = time.Second
 
 // registerReflection registers gRPC server reflection on gs unless NoGRPCReflection.
 func (s *Server) registerReflection(gs *grpc.Server) {

@@ -47,6 +47,17 @@ func (s *Snapshot) applyHeartbeat(key, value []byte) error {
 		s.met.bad(ReasonKeyMismatch)
 		return fmt.Errorf("snapshot: %w: heartbeat key %q names topic %q partition %d", ErrKeyMismatch, truncate(key), h.Topic, h.Partition)
 	}
+	// Before anything is refused: a clock off by seconds shows first as heartbeats from
+	// the future.
+	nowMs := s.cfg.Clock.Now().UnixMilli()
+	var aheadMs int64
+	if mine, ok := h.Sites[s.cfg.Site]; ok && s.cfg.Site != "" {
+		aheadMs = mine - h.AsOf
+	}
+	s.skew.observe(nowMs, aheadMs, h.AsOf-nowMs)
+	if bound := s.cfg.MaxCountAhead.Milliseconds(); aheadMs > bound || h.AsOf-nowMs > bound {
+		s.logSkew(time.UnixMilli(nowMs))
+	}
 	// A heartbeat from the future would keep the snapshot fresh until that time: refuse
 	// it. A site's time from the future would make a silent site look heard from until
 	// then; the site's own clock may run ahead of ours by up to the skew the aggregator

@@ -73,6 +73,12 @@ func newMetrics(s *Snapshot, reg prometheus.Registerer) (*metrics, error) {
 			func() float64 { return s.Age().Seconds() }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("stale", "1 while the snapshot is stale (too old or a source is replaying), else 0.")),
 			func() float64 { return b2f(s.Stale()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("clock_ahead_seconds",
+			"How far this process's clock is at least ahead of the aggregators', from their heartbeats of the last 30 s (0: within the pipeline's lag).")),
+			func() float64 { a, _ := s.ClockSkew(); return a.Seconds() }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("clock_behind_seconds",
+			"How far this process's clock is at least behind the aggregators', from their heartbeats of the last 30 s (0: within the pipeline's lag).")),
+			func() float64 { _, b := s.ClockSkew(); return b.Seconds() }),
 		newSourceCollector(s),
 	}
 	for _, c := range cs {

@@ -269,6 +269,11 @@ type Snapshot struct {
 	oldestMs  atomic.Int64
 	replaying atomic.Bool
 
+	// skew is the evidence of clock skew the heartbeats give (ClockSkew); lastSkewLog is
+	// when a skew past the bound was last logged (unix ns).
+	skew        skewMeter
+	lastSkewLog atomic.Int64
+
 	srcMu   sync.Mutex
 	sources map[string]topics.Heartbeat // by heartbeat key
 	// sites is the per-site freshness the sources' heartbeats give, rebuilt at each

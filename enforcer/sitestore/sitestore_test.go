@@ -515,12 +515,12 @@ func TestSlidingWindowExactProducts(t *testing.T) {
 	ws := t0.UnixNano() / w * w
 	ctx := context.Background()
 	out := make([]algo.Decision, 1)
-	fill := algo.Op{Key: "d|edge", Algorithm: algo.SlidingWindow, Limit: lim, N: a}
+	fill := algo.Op{Key: "d|edge", Algorithm: algo.SlidingWindowEstimate, Limit: lim, N: a}
 	if ok, fb := s.AllowAll(ctx, time.Unix(0, ws), []algo.Op{fill}, out); !ok || fb {
 		t.Fatalf("filling the previous window: %v %v", ok, fb)
 	}
 	ls.Allow(time.Unix(0, ws), fill)
-	op := algo.Op{Key: "d|edge", Algorithm: algo.SlidingWindow, Limit: lim, N: n}
+	op := algo.Op{Key: "d|edge", Algorithm: algo.SlidingWindowEstimate, Limit: lim, N: n}
 	before := time.Unix(0, ws+w+(w-x)-1)
 	d, _ := s.Peek(ctx, before, op)
 	if want := ls.Peek(before, op); d != want || d.Allowed {

@@ -47,8 +47,23 @@ func (g SubBuckets) Oldest(now int64) int64 { return g.Bucket(now - g.Window) }
 // the window's start has passed its end.
 func (g SubBuckets) Leaves(i int64) int64 { return (i+1)*g.Width + g.Window }
 
+// Decides returns the instant a request stamped now is decided at, when the newest
+// sub-bucket holding hits is newest: now, or the start of newest when now is before it (a
+// request stamped before a sub-bucket a concurrent caller already started is decided, and
+// counted, in that one). The window ending there holds every hit admitted in any earlier
+// decision whose own instant lies in it, which is what bounds every window's hits by the
+// allowance whatever order stamped requests arrive in: hits are dropped only once they are
+// older than every window a later decision can end at (Keeps).
+func (g SubBuckets) Decides(now, newest int64) int64 { return max(now, newest*g.Width) }
+
+// Keeps returns the oldest sub-bucket a counter whose newest sub-bucket with hits is
+// newest must keep: the oldest that the window ending at newest's start overlaps. No
+// later decision counts an older one.
+func (g SubBuckets) Keeps(newest int64) int64 { return g.Oldest(newest * g.Width) }
+
 // SubBucketDecision returns the Decision of a request of n under l for SlidingWindow at
-// now (unix ns), where count is the hits of the sub-buckets from g.Oldest(now) on,
+// now (unix ns), where count is the hits of the sub-buckets from the oldest that the
+// window ending at the decision's instant (Decides) overlaps on,
 // newest the newest of them holding hits (read only when count > 0), and oldest the
 // sub-bucket by which they hold, counted from the oldest, count + n − l.Allowance() hits
 // (read only when the request is denied and n ≤ l.Allowance(), which is exactly when that
@@ -83,25 +98,37 @@ func SubBucketDecision(g SubBuckets, now, count, newest, oldest, at int64, l Lim
 
 func (e *entry) subBuckets(now int64, l Limit, n int64, commit bool) Decision {
 	g := SubBucketsOf(l.Window)
-	i0 := g.Oldest(now)
-	// Drop the sub-buckets that left the window; this never changes a decision.
-	for e.n > 0 && e.log[e.head].ts < i0 {
-		e.total -= e.log[e.head].n
-		e.head++
-		if e.head == len(e.log) {
-			e.head = 0
-		}
-		e.n--
-	}
-	count, at := e.total, g.Bucket(now)
+	ic := g.Bucket(now)
+	count, at, i0 := int64(0), ic, g.Oldest(now)
 	var newest, oldest int64
 	if e.n > 0 {
 		newest = e.log[(e.head+e.n-1)%len(e.log)].ts
-		at = max(at, newest)
+		// Drop the sub-buckets no decision counts any more; this changes none.
+		for keep := g.Keeps(newest); e.log[e.head].ts < keep; {
+			e.total -= e.log[e.head].n
+			e.head++
+			if e.head == len(e.log) {
+				e.head = 0
+			}
+			e.n--
+		}
+		at = max(ic, newest)
+		i0 = g.Oldest(g.Decides(now, newest))
+		count = e.total
+		for i := 0; i < e.n; i++ {
+			le := &e.log[(e.head+i)%len(e.log)]
+			if le.ts >= i0 {
+				break
+			}
+			count -= le.n
+		}
 	}
 	if j := count + n - l.Allowance(); j >= 1 && j <= count {
 		for i, held := 0, int64(0); i < e.n; i++ {
 			le := &e.log[(e.head+i)%len(e.log)]
+			if le.ts < i0 {
+				continue
+			}
 			if held += le.n; held >= j {
 				oldest = le.ts
 				break

@@ -17,7 +17,7 @@ var slidingWindowSite = siteAlgorithm{
 	args: func(args []any, now int64, op *algo.Op) []any {
 		g := algo.SubBucketsOf(op.Limit.Window)
 		ic := g.Bucket(now)
-		return append(args, ic, g.Oldest(now), g.Width/1e6, ceilMs(g.Leaves(ic)-now), 0)
+		return append(args, ic, g.Oldest(now), g.Width/1e6, ceilMs(g.Leaves(ic)-now), g.Slots-1)
 	},
 	check: nsWindow,
 	// r1 = the count, r2 and r3 = the newest sub-bucket with hits and the one the count

@@ -13,8 +13,8 @@ import (
 var subBucketImpl = impl{
 	name:   "sliding_window",
 	decide: (*entry).subBuckets,
-	// Dropping the sub-buckets that left the window changes no decision; undo what the op
-	// recorded.
+	// Dropping the sub-buckets no later decision counts (Keeps) changes none; undo what
+	// the op recorded.
 	undo: func(e *entry, saved entry, n int64) { e.unrecord(saved.logDid, saved.logPrevTS, n) },
 }
 

@@ -15,20 +15,21 @@
 # bench/summarize sets each row against the most the rule's algorithm can admit over the
 # run, exactly, from the instants the load began and ended (exactBound in
 # bench/summarize/hotkey.go: a sliding window admits a fresh key's whole limit at once,
-# then up to the limit in each aligned second); "fallback" is the enforcer's
+# then the limit again each time the sub-bucket that held it has left the window); "fallback" is the enforcer's
 # streamlimit_redis_fallback_decisions_total after the run, summed over reasons (every
 # decision made in process instead of in Redis); a run with fallbacks is followed by a
 # "# hotkey fallback reasons, ..." line with the count per reason.
 #
 # Environment (defaults): HOTKEY_CALLERS ("32 128"), HOTKEY_DURATION (5s), HOTKEY_ALGORITHMS
-# ("sliding_window fixed_window sliding_log token_bucket leaky_bucket gcra"), HOTKEY_SCOPES
+# ("sliding_window sliding_window_estimate fixed_window sliding_log token_bucket leaky_bucket
+# gcra"), HOTKEY_SCOPES
 # ("site local"), GO (go).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
 callers_list=${HOTKEY_CALLERS:-32 128}
 duration=${HOTKEY_DURATION:-5s}
-algorithms=${HOTKEY_ALGORITHMS:-sliding_window fixed_window sliding_log token_bucket leaky_bucket gcra}
+algorithms=${HOTKEY_ALGORITHMS:-sliding_window sliding_window_estimate fixed_window sliding_log token_bucket leaky_bucket gcra}
 scopes=${HOTKEY_SCOPES:-site local}
 keys=10 limit=100
 : "${STREAMLIMIT_REDIS_ADDR:?hotkey.sh needs a Redis: STREAMLIMIT_REDIS_ADDR}"

@@ -6,6 +6,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/streamlimit/streamlimit/enforcer/algo"
 )
 
 // writeHotKey writes the site-scope hot-key table of bench/hotkey.sh: per scope, algorithm
@@ -27,7 +29,8 @@ func writeHotKey(w io.Writer, r *run) {
 		"the last one returns), 10 hot keys, a rule of 100 per second per key, each key fresh at the start. "+
 		"*Bound* is the most the rule's algorithm can admit over the run, exactly, from the instants the load "+
 		"began and ended (its windows are aligned to the second, so where in the second the run starts matters): "+
-		"a sliding window admits a fresh key's whole limit at once and then up to the limit in each aligned "+
+		"a sliding window admits a fresh key's whole limit at once and then the limit again each time the "+
+		"sub-bucket that held it has left the window; the sliding window estimate up to the limit in each aligned "+
 		"second, and in the last, partial one the limit less the previous second's count weighed by the part of "+
 		"it still in the window; a fixed window the limit in every aligned second the run touches; a sliding "+
 		"log the limit in each window's length; a bucket its size plus the rate times the run. *Fallback* counts "+
@@ -86,10 +89,12 @@ func hotKeyBound(res *result, alg string) (float64, bool) {
 // decisions made at instants in [start, end]: the figure a closed-loop load that always
 // has a request waiting reaches, and no correct limiter passes.
 //
-//   - sliding_window: the first aligned window admits a (the key is fresh: no previous
-//     count), each later one a; in the last, at offset φ into it, the estimate weighs the
-//     previous window's a by (w − φ)/w, leaving a − ⌊a(w − φ)/w⌋ (a smaller previous
-//     count would leave more there but less before, never more in all).
+//   - sliding_window: a at the start, then a again each time the sub-bucket that held
+//     the last a has left the window (algo.SubBuckets.Leaves: its end plus w), up to end.
+//   - sliding_window_estimate: the first aligned window admits a (the key is fresh: no
+//     previous count), each later one a; in the last, at offset φ into it, the estimate
+//     weighs the previous window's a by (w − φ)/w, leaving a − ⌊a(w − φ)/w⌋ (a smaller
+//     previous count would leave more there but less before, never more in all).
 //   - fixed_window: a in every aligned window the run touches.
 //   - sliding_log: a in each span of w: a × (⌊(end − start)/w⌋ + 1).
 //   - token_bucket, leaky_bucket, gcra: the bucket's a (no burst set) plus a per w over
@@ -102,6 +107,13 @@ func exactBound(alg string, a int64, w time.Duration, start, end time.Time) (int
 	k0, k1 := floorDiv(s, wn), floorDiv(e, wn)
 	switch alg {
 	case "sliding_window":
+		g := algo.SubBucketsOf(w)
+		var n int64
+		for t := s; t <= e; t = g.Leaves(g.Bucket(t)) {
+			n += a
+		}
+		return n, true
+	case "sliding_window_estimate":
 		if k0 == k1 {
 			return a, true
 		}

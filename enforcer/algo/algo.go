@@ -21,11 +21,13 @@ import (
 type Algorithm uint8
 
 const (
-	// SlidingWindow is the classic sliding window counter (as Cloudflare describes it): the count of
-	// the current aligned window plus the previous window's count weighted by the part of
-	// the previous window that the sliding window still overlaps. The weighted part is
-	// rounded down (3 + 5×0.7 = 6.5 counts as 6), so the estimate may
-	// admit less than one request more than an exact log would.
+	// SlidingWindow counts a window as global scope does: the window is split into
+	// package window's sub-buckets (window.DefaultSubBuckets of window.Width), a hit counts
+	// in the sub-bucket of its time, and every sub-bucket that overlaps the window ending
+	// now counts whole (window.Ring.CountHard). No window of length Limit.Window ever holds
+	// more than the allowance, a fresh key's first included; a hit keeps counting until
+	// its sub-bucket has left the window, at most one sub-bucket width (a 60th of the
+	// window) after the hit itself has.
 	SlidingWindow Algorithm = iota
 	// TokenBucket is a bucket of Limit.Capacity() tokens, initially full, refilled at
 	// Limit.Allowance() tokens per Limit.Window; a request of n takes n tokens.
@@ -58,20 +60,31 @@ const (
 	// slows every decision by a third.
 	fixedWindowMonth
 	fixedWindowYear
+	// SlidingWindowEstimate is the classic sliding window counter (as Cloudflare describes
+	// it): the count of the current aligned window plus the previous window's count
+	// weighted by the part of the previous window that the sliding window still overlaps,
+	// rounded down (3 + 5×0.7 = 6.5 counts as 6). It keeps two counts per key, the
+	// cheapest window state, but takes the previous window's hits as spread evenly: hits
+	// bunched at the end of one aligned window can let up to 2× the allowance through in
+	// the sliding window that ends just before the next boundary, and a fresh key's first
+	// sliding window up to (1 + φ)×, φ the part of its first aligned window gone at its
+	// first hit.
+	SlidingWindowEstimate
 	numAlgorithms
 )
 
 // algorithms is the registration table: every Algorithm's name and in-process
 // implementation, which lives in one file per algorithm (bucket.go for the TAT family,
-// fixed_window.go, sliding_window.go, sliding_log.go). The Store and the parsers find an
+// fixed_window.go, sliding_window.go, sliding_window_estimate.go, sliding_log.go). The Store and the parsers find an
 // algorithm only through this table; package sitestore keeps the Redis side's.
 var algorithms = [numAlgorithms]impl{
-	SlidingWindow: slidingWindowImpl,
-	TokenBucket:   bucketImpl("token_bucket"),
-	LeakyBucket:   bucketImpl("leaky_bucket"),
-	FixedWindow:   fixedWindowImpl(Epoch),
-	SlidingLog:    slidingLogImpl,
-	GCRA:          bucketImpl("gcra"),
+	SlidingWindow:         subBucketImpl,
+	SlidingWindowEstimate: slidingWindowImpl,
+	TokenBucket:           bucketImpl("token_bucket"),
+	LeakyBucket:           bucketImpl("leaky_bucket"),
+	FixedWindow:           fixedWindowImpl(Epoch),
+	SlidingLog:            slidingLogImpl,
+	GCRA:                  bucketImpl("gcra"),
 
 	fixedWindowMonth: fixedWindowImpl(Month),
 	fixedWindowYear:  fixedWindowImpl(Year),

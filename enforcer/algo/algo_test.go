@@ -21,7 +21,7 @@ var base = time.Date(2026, 11, 21, 1, 0, 0, 0, time.UTC)
 
 func at(h, m, s int) time.Time { return time.Date(2026, 11, 21, h, m, s, 0, time.UTC) }
 
-var all = []Algorithm{SlidingWindow, TokenBucket, LeakyBucket, FixedWindow, SlidingLog, GCRA}
+var all = []Algorithm{SlidingWindow, TokenBucket, LeakyBucket, FixedWindow, SlidingLog, GCRA, SlidingWindowEstimate}
 
 func TestParseAlgorithm(t *testing.T) {
 	for _, a := range all {
@@ -84,7 +84,7 @@ func TestTextbookSlidingLog(t *testing.T) {
 // is admitted, and the one after it reaches the limit.
 func TestTextbookSlidingWindowCounter(t *testing.T) {
 	s := New(Options{})
-	op := Op{Key: "k", Algorithm: SlidingWindow, Limit: Limit{Requests: 7, Window: time.Minute}, N: 1}
+	op := Op{Key: "k", Algorithm: SlidingWindowEstimate, Limit: Limit{Requests: 7, Window: time.Minute}, N: 1}
 	for i := 0; i < 5; i++ {
 		if !s.Allow(at(1, 0, 10+i), op).Allowed {
 			t.Fatal("previous window")
@@ -96,7 +96,7 @@ func TestTextbookSlidingWindowCounter(t *testing.T) {
 		}
 	}
 	now := at(1, 1, 18) // 30% into 1:01
-	if d := s.Peek(now, Op{Key: "k", Algorithm: SlidingWindow, Limit: op.Limit}); d.Remaining != 1 {
+	if d := s.Peek(now, Op{Key: "k", Algorithm: SlidingWindowEstimate, Limit: op.Limit}); d.Remaining != 1 {
 		t.Fatalf("remaining at 30%% = %d, want 1 (7 − ⌊6.5⌋)", d.Remaining)
 	}
 	d := s.Allow(now, op)
@@ -139,9 +139,9 @@ func TestTextbookFixedWindowBoundaryBurst(t *testing.T) {
 	if admitted != 10 {
 		t.Fatalf("admitted %d in 2:00:30–2:01:30, want 10 (2× the limit)", admitted)
 	}
-	// The sliding window counter does not let the boundary burst through.
+	// The sliding window estimate does not let the boundary burst through.
 	s = New(Options{})
-	op.Algorithm = SlidingWindow
+	op.Algorithm = SlidingWindowEstimate
 	admitted = 0
 	for i := 0; i < 6; i++ {
 		if s.Allow(at(2, 0, 30+5*i), op).Allowed {
@@ -156,7 +156,25 @@ func TestTextbookFixedWindowBoundaryBurst(t *testing.T) {
 	// 5 before the boundary, then 2:01:05 (⌊5×55/60⌋ = 4), 2:01:15 (3 + 1) and 2:01:25
 	// (2 + 2): the estimate assumes the previous minute's 5 were spread evenly.
 	if admitted != 8 {
-		t.Fatalf("sliding window admitted %d in 2:00:30–2:01:30, want 8", admitted)
+		t.Fatalf("sliding window estimate admitted %d in 2:00:30–2:01:30, want 8", admitted)
+	}
+	// The sub-bucket sliding window admits nothing more until the first sub-bucket
+	// (2:00:30, of width 1 s) has left the window, at 2:01:31.
+	s = New(Options{})
+	op.Algorithm = SlidingWindow
+	admitted = 0
+	for i := 0; i < 6; i++ {
+		if s.Allow(at(2, 0, 30+5*i), op).Allowed {
+			admitted++
+		}
+	}
+	for i := 0; i < 6; i++ {
+		if s.Allow(at(2, 1, 5*i), op).Allowed {
+			admitted++
+		}
+	}
+	if d := s.Allow(at(2, 1, 30), op); admitted != 5 || d.Allowed || d.RetryAfter != time.Second {
+		t.Fatalf("sliding window admitted %d in 2:00:30–2:01:30, want 5; then %+v, want retry 1s", admitted, d)
 	}
 }
 
@@ -342,12 +360,12 @@ func checkProperties(t *testing.T, alg Algorithm, l Limit, r *rand.Rand) {
 	}
 	for i, x := range admitted {
 		switch alg {
-		case SlidingLog:
+		case SlidingLog, SlidingWindow:
 			// Exact: no window of length W holds more than the allowance.
 			if got := count(x.t-w+1, x.t); got > a {
 				t.Fatalf("%d admitted in the window ending %d, limit %d", got, i, a)
 			}
-		case FixedWindow, SlidingWindow:
+		case FixedWindow, SlidingWindowEstimate:
 			ws := exact.FloorDiv(x.t, w) * w
 			if got := count(ws, ws+w-1); got > a {
 				t.Fatalf("%d admitted in an aligned window, limit %d", got, a)
@@ -605,7 +623,7 @@ func TestRegistrationTable(t *testing.T) {
 // requests alike (sitestore's test of the same name).
 func TestLateRequestsKeepTheWindow(t *testing.T) {
 	start := time.Unix(1_700_000_000, 0) // a window boundary for 1 s windows
-	for _, alg := range []Algorithm{FixedWindow, SlidingWindow} {
+	for _, alg := range []Algorithm{FixedWindow, SlidingWindow, SlidingWindowEstimate} {
 		s := New(Options{})
 		op := Op{Key: "late", Algorithm: alg, Limit: Limit{Requests: 3, Window: time.Second}, N: 1}
 		admitted := 0
@@ -626,27 +644,30 @@ func TestLateRequestsKeepTheWindow(t *testing.T) {
 	}
 }
 
-// TestSlidingWindowFreshKey checks what docs/rules.md says the sliding window admits on a
-// fresh key: the whole limit at once, then, in the first window from the first hit (made
-// at φ = 0.96 into its aligned window), up to (1 + φ) × the limit: 98 of 50 per second.
+// TestSlidingWindowFreshKey checks what docs/rules.md says the sliding window estimate
+// admits on a fresh key: the whole limit at once, then, in the first window from the first
+// hit (made at φ = 0.96 into its aligned window), up to (1 + φ) × the limit: 98 of 50 per
+// second; and that the default sliding_window admits the limit in that window, no more.
 func TestSlidingWindowFreshKey(t *testing.T) {
 	start := time.Unix(1_700_000_000, 960_000_000) // φ = 0.96
-	s := New(Options{})
-	op := Op{Key: "fresh", Algorithm: SlidingWindow, Limit: Limit{Requests: 50, Window: time.Second}, N: 1}
-	admitted := 0
-	for now := start; now.Before(start.Add(time.Second)); now = now.Add(100 * time.Microsecond) {
-		if s.Allow(now, op).Allowed {
-			admitted++
+	for alg, want := range map[Algorithm]int{SlidingWindowEstimate: 98, SlidingWindow: 50} {
+		s := New(Options{})
+		op := Op{Key: "fresh", Algorithm: alg, Limit: Limit{Requests: 50, Window: time.Second}, N: 1}
+		admitted := 0
+		for now := start; now.Before(start.Add(time.Second)); now = now.Add(100 * time.Microsecond) {
+			if s.Allow(now, op).Allowed {
+				admitted++
+			}
 		}
-	}
-	if admitted != 98 {
-		t.Fatalf("a fresh key's first second from φ = 0.96 admitted %d of 50/s, want 98 (50 + 50 − ⌊50 × 0.04⌋)", admitted)
+		if admitted != want {
+			t.Fatalf("%v: a fresh key's first second from φ = 0.96 admitted %d of 50/s, want %d", alg, admitted, want)
+		}
 	}
 	doc, err := os.ReadFile("../../docs/rules.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(doc), "98 of 50 per second at φ = 0.96") {
-		t.Fatal("docs/rules.md no longer states what a fresh key's first window admits (98 of 50 per second at φ = 0.96)")
+		t.Fatal("docs/rules.md no longer states what a fresh key's first window admits under sliding_window_estimate (98 of 50 per second at φ = 0.96)")
 	}
 }

@@ -13,12 +13,13 @@ import (
 // checks find an algorithm only through it. An algorithm of package algo missing here must
 // be named in notInRedis with the reason.
 var siteAlgorithms = map[algo.Algorithm]siteAlgorithm{
-	algo.SlidingWindow: slidingWindowSite,
-	algo.TokenBucket:   bucketSite,
-	algo.LeakyBucket:   bucketSite,
-	algo.FixedWindow:   fixedWindowSite(algo.Epoch),
-	algo.SlidingLog:    slidingLogSite,
-	algo.GCRA:          bucketSite,
+	algo.SlidingWindow:         slidingWindowSite,
+	algo.SlidingWindowEstimate: slidingWindowEstimateSite,
+	algo.TokenBucket:           bucketSite,
+	algo.LeakyBucket:           bucketSite,
+	algo.FixedWindow:           fixedWindowSite(algo.Epoch),
+	algo.SlidingLog:            slidingLogSite,
+	algo.GCRA:                  bucketSite,
 
 	algo.FixedWindowOn(algo.Month): fixedWindowSite(algo.Month),
 	algo.FixedWindowOn(algo.Year):  fixedWindowSite(algo.Year),

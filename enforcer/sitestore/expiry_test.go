@@ -20,12 +20,13 @@ import (
 // window) or the next one's (sliding window, which weighs the previous window), plus the
 // slack; a later hit in the same window leaves that instant as it was; the first hit of the
 // next window moves it a window later (without it, the key would expire under a live
-// count); and the key is gone once that instant passes.
+// count); and the key is gone once that instant passes. The sub-bucket sliding window has
+// its own test (TestSubBucketKeyExpiry).
 func TestWindowKeyExpiresWithItsWindow(t *testing.T) {
 	const slack = 300 * time.Millisecond
 	client := testenv.RedisClient(t)
 	s := newStore(t, client, testenv.KeyPrefix(t), func(c *Config) { c.ExpirySlack = slack })
-	for _, alg := range []algo.Algorithm{algo.FixedWindow, algo.SlidingWindow} {
+	for _, alg := range []algo.Algorithm{algo.FixedWindow, algo.SlidingWindowEstimate} {
 		t.Run(alg.String(), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
@@ -33,7 +34,7 @@ func TestWindowKeyExpiresWithItsWindow(t *testing.T) {
 			key := s.redisKey(op.Key)
 			out := make([]algo.Decision, 1)
 			windows := time.Duration(1) // the windows a counter outlives its window start by
-			if alg == algo.SlidingWindow {
+			if alg == algo.SlidingWindowEstimate {
 				windows = 2
 			}
 			// hit decides op now and returns the instant its key expires at, by Redis's
@@ -71,6 +72,51 @@ func TestWindowKeyExpiresWithItsWindow(t *testing.T) {
 				t.Fatalf("EXISTS after the window's end and the slack = %v, %v; want 0", n, err)
 			}
 		})
+	}
+}
+
+// TestSubBucketKeyExpiry: a sub-bucket sliding window's key expires when its newest
+// sub-bucket with hits has left the window, plus the slack (on Redis's real clock, 1 s
+// windows of 17 ms sub-buckets): a hit in the same sub-bucket leaves the expiry as it was,
+// a hit in a later one moves it, and the key is gone once it passes.
+func TestSubBucketKeyExpiry(t *testing.T) {
+	const slack = 300 * time.Millisecond
+	client := testenv.RedisClient(t)
+	s := newStore(t, client, testenv.KeyPrefix(t), func(c *Config) { c.ExpirySlack = slack })
+	ctx := context.Background()
+	op := algo.Op{Key: "d|expiry#subbuckets", Algorithm: algo.SlidingWindow, Limit: algo.Limit{Requests: 100, Window: time.Second}, N: 1}
+	g := algo.SubBucketsOf(op.Limit.Window)
+	key := s.redisKey(op.Key)
+	out := make([]algo.Decision, 1)
+	// hit decides op at now and checks that the key expires when want's sub-bucket
+	// leaves the window, plus the slack (no earlier than 2 ms of rounding, no later than a
+	// slow call on a loaded machine can make it).
+	hit := func(what string, now, want time.Time) time.Time {
+		t.Helper()
+		if ok, fb := s.AllowAll(ctx, now, []algo.Op{op}, out); !ok || fb {
+			t.Fatalf("%s: allowed %v fellBack %v", what, ok, fb)
+		}
+		ttl, err := client.PTTL(ctx, key).Result()
+		if err != nil || ttl <= 0 {
+			t.Fatalf("%s: PTTL = %v, %v; want a positive TTL", what, ttl, err)
+		}
+		got := time.Now().Add(ttl)
+		end := time.Unix(0, g.Leaves(g.Bucket(want.UnixNano()))).Add(slack)
+		if got.Before(end.Add(-2*time.Millisecond)) || got.After(end.Add(250*time.Millisecond)) {
+			t.Fatalf("%s: the key expires at %v, want %v", what, got.Format(time.StampMilli), end.Format(time.StampMilli))
+		}
+		return end
+	}
+	first := time.Now()
+	hit("first hit", first, first)
+	// The same sub-bucket, stamped a little later: the expiry stays.
+	hit("a hit in the same sub-bucket", time.Unix(0, g.Bucket(first.UnixNano())*g.Width), first)
+	time.Sleep(3 * time.Duration(g.Width))
+	now := time.Now()
+	end := hit("a hit in a later sub-bucket", now, now)
+	time.Sleep(time.Until(end.Add(300 * time.Millisecond)))
+	if n, err := client.Exists(ctx, key).Result(); err != nil || n != 0 {
+		t.Fatalf("EXISTS after the newest sub-bucket has left the window and the slack = %v, %v; want 0", n, err)
 	}
 }
 
@@ -113,6 +159,7 @@ func TestCommandsPerHit(t *testing.T) {
 		newWindow map[string]int64 // of the first hit of the next one
 	}{
 		{algo.SlidingWindow, map[string]int64{"hmget": 1, "hset": 1}, map[string]int64{"hmget": 1, "hset": 1, "pexpire": 1}},
+		{algo.SlidingWindowEstimate, map[string]int64{"hmget": 1, "hset": 1}, map[string]int64{"hmget": 1, "hset": 1, "pexpire": 1}},
 		{algo.FixedWindow, map[string]int64{"hmget": 1, "hset": 1}, map[string]int64{"hmget": 1, "hset": 1, "pexpire": 1}},
 		{algo.TokenBucket, map[string]int64{"hmget": 1, "hset": 1, "pexpire": 1}, map[string]int64{"hmget": 1, "hset": 1, "pexpire": 1}},
 		{algo.GCRA, map[string]int64{"hmget": 1, "hset": 1, "pexpire": 1}, map[string]int64{"hmget": 1, "hset": 1, "pexpire": 1}},
@@ -143,7 +190,7 @@ func TestCommandsPerHit(t *testing.T) {
 		for cmd, c := range tc.perHit {
 			want[cmd] = n * c
 		}
-		if got := hits(start.Add(time.Second), n); !maps.Equal(got, want) {
+		if got := hits(start.Add(time.Millisecond), n); !maps.Equal(got, want) { // the sub-bucket sliding window's 1 s sub-bucket too
 			t.Errorf("%v: %d hits within the window sent %v, want %v", tc.alg, n, got, want)
 		}
 		if got := hits(start.Add(time.Minute), 1); !maps.Equal(got, tc.newWindow) {

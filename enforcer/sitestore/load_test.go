@@ -131,7 +131,7 @@ func TestLateRequestsKeepTheWindow(t *testing.T) {
 	s := newStore(t, testenv.RedisClient(t), testenv.KeyPrefix(t), nil)
 	ctx := context.Background()
 	base := time.Unix(t0.Unix(), 0) // a window boundary for 1 s windows
-	for _, alg := range []algo.Algorithm{algo.FixedWindow, algo.SlidingWindow} {
+	for _, alg := range []algo.Algorithm{algo.FixedWindow, algo.SlidingWindow, algo.SlidingWindowEstimate} {
 		op := algo.Op{Key: "d|late#" + alg.String(), Algorithm: alg, Limit: algo.Limit{Requests: 3, Window: time.Second}, N: 1}
 		out := make([]algo.Decision, 1)
 		admitted := 0

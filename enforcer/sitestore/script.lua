@@ -77,14 +77,15 @@ local function rel(t)
 end
 
 -- The algorithms: one file each (bucket.lua, fixed_window.lua, sliding_window.lua,
--- sliding_log.lua), each defining a table with decide(st, b, n, a, c) -> allowed, r1, r2,
+-- sliding_window_estimate.lua, sliding_log.lua), each defining a table with decide(st, b, n, a, c) -> allowed, r1, r2,
 -- r3, ttl (b: the op's ARGV offset, the request's included; r1..r3 what its Go file turns
 -- into a Decision; ttl in ms, when it took), fields: the hash fields it keeps, new(hk, lk,
 -- alg, w): a counter's state table, with every field the script and its decide set (the
 -- common hk, lk, alg, w, ttl, dirty, reset, moved, and its own, at their empty values: a
 -- table built with all its fields is never grown), optionally save(st, taken, ttl) for
 -- state beyond the hash, and window_ttl when its key's expiry depends only on the window
--- the counter holds (decide sets st.moved when the window changes). Go puts them here, and
+-- the counter holds (decide sets st.moved when the window changes; a hit that does not
+-- move it writes only its count field, count, by default cur). Go puts them here, and
 -- the table algos that maps each algorithm code to one of them.
 -- ALGORITHMS
 
@@ -93,7 +94,8 @@ local states, order
 -- read returns the state of a counter (its hash hk, its list lk) for an op of algorithm
 -- alg, window w and allowance a, as its hash holds it: the hash's alg and w, and the
 -- fields its algorithm keeps (its table's fields: the bucket family ts, tn, tr and d, the
--- window algorithms st, cur and prev, the sliding log cur). A counter used with another
+-- window algorithms st, cur and prev, the sub-bucket sliding window ring, the sliding log
+-- cur). A counter used with another
 -- algorithm or window starts empty (reset: its alg and w are written with its fields); a
 -- hash keeps other algorithms' fields, which are never read.
 local function read(hk, lk, alg, w, a)
@@ -111,7 +113,7 @@ local function read(hk, lk, alg, w, a)
   if v[1] == alg and v[2] == w then
     for j = 1, #F do
       local f, x = F[j], v[2 + j]
-      if f == 'st' then st.st = x or '' else st[f] = tonumber(x) or 0 end
+      if f == 'st' or f == 'ring' then st[f] = x or '' else st[f] = tonumber(x) or 0 end
     end
   else
     st.d, st.llen, st.reset = a, 0, true
@@ -131,7 +133,7 @@ local function load(hk, lk, alg, w, a)
     order[#order + 1] = st
   elseif st.alg ~= alg or st.w ~= w then
     st.alg, st.w, st.ts, st.tn, st.tr, st.d, st.st, st.cur, st.prev = alg, w, 0, 0, 0, a, '', 0, 0
-    st.llen, st.drop, st.push, st.reset = 0, 0, 0, true
+    st.llen, st.drop, st.push, st.ring, st.p, st.reset = 0, 0, 0, '', false, true
   end
   return st
 end
@@ -146,8 +148,10 @@ local function store(st, ttl)
   local A = algos[st.alg]
   local F, hk = A.fields, st.hk
   if A.window_ttl and not st.moved and not st.reset then
-    -- the same window: only its count changed, and the expiry is the window's
-    rcall('HSET', hk, 'cur', st.cur)
+    -- the same window (or sub-bucket): only its count changed, and the expiry is the
+    -- window's; the count is in cur, or the table's count field
+    local f = A.count or 'cur'
+    rcall('HSET', hk, f, st[f])
     return
   end
   if st.reset then

@@ -34,35 +34,46 @@ return {}
 `
 
 // BenchmarkScriptCost measures what Redis spends running site-scope decisions: batches
-// of 16 requests (one op each) on 10 000 keys, as batch.go sends them under load, with a
+// of 16 requests (one op each) on 10 000 keys (160 hot ones for sliding_window/full_ring),
+// as batch.go sends them under load, with a
 // limit that admits everything (bench/redis.sh's rule). Each batch is one script call
 // (the batcher's queue bypassed, so the batches are full); the figure is Redis's own
 // account of the script's time (INFO commandstats, usec of EVALSHA and EVAL over the run)
-// per request, as redis-µs/req, nested commands included. The keys are touched once
-// before the timer starts, and time moves 100 µs per batch, so most requests find their
+// per request, as redis-µs/req, nested commands included; redis-cpu-µs/req is Redis's whole
+// CPU time (INFO cpu) per request. The keys are touched once (the hot ones for a whole
+// window) before the timer starts, and time moves 100 µs per batch, so most requests find their
 // counter in the current window. "bare" is bareScript on the same arguments: the
 // commands' own cost, which no script can go below. Run it alone on a Redis of its own
 // (other clients' scripts would count):
 //
 //	go test -run '^$' -bench ScriptCost -benchtime 500x ./enforcer/sitestore/
 func BenchmarkScriptCost(b *testing.B) {
-	const batch, keys = 16, 10000
+	const batch = 16
 	type variant struct {
 		name   string
 		alg    algo.Algorithm
 		window time.Duration
 		script string // "" = the batch script
+		keys   int    // 0: 10 000
 	}
 	variants := []variant{
-		{"sliding_window", algo.SlidingWindow, time.Minute, ""},
-		{"fixed_window", algo.FixedWindow, time.Minute, ""},
-		{"token_bucket", algo.TokenBucket, time.Minute, ""},
-		{"sliding_log", algo.SlidingLog, time.Minute, ""},
-		{"bare", algo.SlidingWindow, time.Minute, bareScript},
+		{"sliding_window", algo.SlidingWindow, time.Minute, "", 0},
+		// 160 keys of 1 s windows, each hit every millisecond: every key's ring holds a hit
+		// in each of its 59 sub-buckets of 17 ms, the most it can.
+		{"sliding_window/full_ring", algo.SlidingWindow, time.Second, "", 160},
+		{"sliding_window_estimate", algo.SlidingWindowEstimate, time.Minute, "", 0},
+		{"fixed_window", algo.FixedWindow, time.Minute, "", 0},
+		{"token_bucket", algo.TokenBucket, time.Minute, "", 0},
+		{"sliding_log", algo.SlidingLog, time.Minute, "", 0},
+		{"bare", algo.SlidingWindow, time.Minute, bareScript, 0},
 	}
 	client := testenv.RedisClient(b)
 	ctx := context.Background()
 	for _, v := range variants {
+		keys := v.keys
+		if keys == 0 {
+			keys = 10000
+		}
 		// Set up and warmed once per variant, not for each b.N the benchmark runs with.
 		s := newStore(b, client, testenv.KeyPrefix(b)+v.name+":", nil)
 		script := s.batch.script
@@ -95,7 +106,11 @@ func BenchmarkScriptCost(b *testing.B) {
 			}
 			return nil
 		}
-		for range keys / batch {
+		warm := keys / batch
+		if v.keys > 0 {
+			warm = int(v.window/(100*time.Microsecond)) + 100 // a whole window: rings full
+		}
+		for range warm {
 			if err := send(); err != nil {
 				b.Fatal(err)
 			}

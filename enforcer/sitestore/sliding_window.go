@@ -2,7 +2,6 @@ package sitestore
 
 import (
 	_ "embed"
-	"strconv"
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 )
@@ -10,18 +9,26 @@ import (
 //go:embed sliding_window.lua
 var slidingWindowLua string
 
-// slidingWindowSite is the sliding window counter in Redis. Its weighted estimate is
-// compared exactly in Lua with 24-bit limbs (mulcmp in script.lua).
+// slidingWindowSite is the sub-bucket sliding window in Redis: algo.SubBuckets' grid,
+// whose indices (unix ms over a sub-bucket's width, below 2^53) Go computes, so that Lua
+// only compares, adds and keeps the sub-buckets with hits.
 var slidingWindowSite = siteAlgorithm{
 	lua: "sliding_window", src: slidingWindowLua,
 	args: func(args []any, now int64, op *algo.Op) []any {
-		w := int64(op.Limit.Window)
-		ws, _ := algo.FixedBounds(now, op.Limit.Window, algo.Epoch) // the grid algo counts on
-		return append(args, strconv.FormatInt(ws, 10), strconv.FormatInt(ws-w, 10), ws+w-now, w, ceilMs(ws+2*w-now))
+		g := algo.SubBucketsOf(op.Limit.Window)
+		ic := g.Bucket(now)
+		return append(args, ic, g.Oldest(now), g.Width/1e6, ceilMs(g.Leaves(ic)-now), g.Slots-1)
 	},
 	check: nsWindow,
-	// r1, r2 = counts in the current and previous window
+	// r1 = the count, r2 and r3 = the newest sub-bucket with hits and the one the count
+	// holds count + n − allowance hits by, as offsets from the one holding now
 	decide: func(op *algo.Op, now int64, st opState, commit bool) algo.Decision {
-		return algo.SlidingDecision(now, st.r1, st.r2, op.Limit, op.N, commit)
+		g := algo.SubBucketsOf(op.Limit.Window)
+		ic := g.Bucket(now)
+		at := ic
+		if st.r1 > 0 {
+			at = max(ic, ic+st.r2)
+		}
+		return algo.SubBucketDecision(g, now, st.r1, ic+st.r2, ic+st.r3, at, op.Limit, op.N, commit)
 	},
 }

@@ -18,7 +18,7 @@ type Counter string
 const (
 	// FixedWindow is algo.FixedWindow: windows aligned to multiples of W.
 	FixedWindow Counter = "fixed window"
-	// TwoWindow is algo.SlidingWindow: the current aligned window plus the previous one
+	// TwoWindow is algo.SlidingWindowEstimate: the current aligned window plus the previous one
 	// weighted by its overlap (the common "approximate sliding window").
 	TwoWindow Counter = "sliding window counter (2 windows)"
 	// SubWindows is the aggregator's rule (package window) with the
@@ -112,7 +112,7 @@ func Compare(ctx context.Context, cfg CompareConfig) ([]CompareResult, error) {
 		var decide func(now time.Time) bool
 		switch c {
 		case FixedWindow, TwoWindow, ExactLog:
-			a := map[Counter]algo.Algorithm{FixedWindow: algo.FixedWindow, TwoWindow: algo.SlidingWindow, ExactLog: algo.SlidingLog}[c]
+			a := map[Counter]algo.Algorithm{FixedWindow: algo.FixedWindow, TwoWindow: algo.SlidingWindowEstimate, ExactLog: algo.SlidingLog}[c]
 			st := algo.New(algo.Options{})
 			op := algo.Op{Key: "client", Algorithm: a, Limit: lim, N: 1}
 			decide = func(now time.Time) bool { return st.Allow(now, op).Allowed }

@@ -5,7 +5,8 @@
 #   docker build -t streamlimit --build-arg VERSION=$(git describe --tags --always) .
 #   docker run --rm streamlimit version
 #
-# compose.yaml builds it for the two-data-center stack.
+# compose.yaml builds it for the two-data-center stack. Without Docker, `make image` builds
+# an equivalent image FROM scratch as a tarball (docs/operations.md, "The container image").
 
 FROM golang:1.26 AS build
 WORKDIR /src

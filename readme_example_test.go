@@ -105,23 +105,32 @@ func TestREADMEFirstCommands(t *testing.T) {
 	}
 }
 
-// TestREADMEInstall checks that the README's go install command names this module's
-// command: the module path of go.mod, then /cmd/streamlimit, a main package.
+// TestREADMEInstall checks that the README installs from a clone (the module is not
+// published, so an @latest install fails), and that its replace directive names this
+// module's path, as go.mod does, and a directory holding cmd/streamlimit, a main package.
 func TestREADMEInstall(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`(?m)^go install (\S+)/cmd/streamlimit@latest$`).FindSubmatch(readme)
+	if !regexp.MustCompile(`(?m)^go install ./cmd/streamlimit$`).Match(readme) {
+		t.Error("README has no go install ./cmd/streamlimit")
+	}
+	if !strings.Contains(string(readme), "not published yet") {
+		t.Error("README does not say the module is not published (so @latest fails)")
+	}
+	m := regexp.MustCompile(`(?m)^go mod edit -require=(\S+)@v0\.0\.0 -replace=(\S+)=\S+$`).FindSubmatch(readme)
 	if m == nil {
-		t.Fatal("README has no go install …/cmd/streamlimit@latest")
+		t.Fatal("README has no go mod edit -require=…@v0.0.0 -replace=…")
 	}
 	mod, err := os.ReadFile("go.mod")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "module " + string(m[1]) + "\n"; !strings.HasPrefix(string(mod), want) {
-		t.Errorf("README installs from %s, go.mod does not begin with %q", m[1], want)
+	for _, path := range m[1:] {
+		if want := "module " + string(path) + "\n"; !strings.HasPrefix(string(mod), want) {
+			t.Errorf("README's replace names %s, go.mod does not begin with %q", path, want)
+		}
 	}
 	src, err := os.ReadFile("cmd/streamlimit/main.go")
 	if err != nil || !regexp.MustCompile(`(?m)^package main$`).Match(src) {

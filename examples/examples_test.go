@@ -116,6 +116,9 @@ func runClients(t *testing.T, brokers, format, python, java, jars string) {
 	if want := "count " + key + " total=5 py=5\n"; !strings.HasSuffix(out, want) {
 		t.Errorf("python client printed %q, want it to end with %q", out, want)
 	}
+	if strings.Contains(out, offsetOutOfRange) {
+		t.Errorf("python client logged %q: it fetched below a partition's log start", offsetOutOfRange)
+	}
 	out = run("java", append([]string{java, "-cp", jars, filepath.Join("java", "StreamlimitClient.java"), "--site", "java", "--hits", "7"}, common...)...)
 	if want := "count " + key + " total=12 java=7 py=5\n"; !strings.HasSuffix(out, want) {
 		t.Errorf("java client printed %q, want it to end with %q", out, want)

@@ -110,8 +110,10 @@ func (df *devFlags) run(cmd *cobra.Command) error {
 	defer cluster.Close()
 	brokers := cluster.ListenAddrs()
 
-	tcfg := topics.Config{CountsSegment: 10 * time.Second, CountsMaxCompactionLag: time.Minute}
-	tcfg, err = tcfg.Normalize()
+	// Production's layout, as `topics ensure` makes it, so that `topics describe` finds
+	// dev's topics as it expects; the broker's frequent cleaner passes (devCompactEvery)
+	// compact the counts topic once its one-minute segments close.
+	tcfg, err := topics.Config{}.Normalize()
 	if err != nil {
 		return err
 	}

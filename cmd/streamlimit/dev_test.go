@@ -273,3 +273,18 @@ descriptors:
 		})
 	}
 }
+
+// TestDevTopicsDescribe checks that `streamlimit topics describe` finds dev's topics as
+// `topics ensure` makes them: dev's embedded broker holds production's layout.
+func TestDevTopicsDescribe(t *testing.T) {
+	broker, _ := startDev(t, "--port", "0", "--http-listen", "127.0.0.1:0", "--grpc-listen", "off", "--log-level", "error")
+	var out bytes.Buffer
+	cmd := newRootCmd()
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs([]string{"topics", "describe", "--brokers", broker})
+	err := cmd.ExecuteContext(context.Background())
+	if err != nil || strings.Contains(out.String(), "MISMATCH") || !strings.Contains(out.String(), "segment.ms") {
+		t.Errorf("topics describe on dev's topics: %v\n%s", err, out.String())
+	}
+}

@@ -19,7 +19,7 @@ import struct
 import sys
 import time
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 
 def hit_record(key, site, window_ms, n):
@@ -97,7 +97,9 @@ def await_count(brokers, topic, key, site, want, timeout):
                   "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     meta = c.list_topics(topic, timeout=10).topics[topic]
     # Every partition from the start: the compacted topic holds every key's latest count.
-    c.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
+    # The start is the log start offset, which compaction moves past 0 (a fetch at 0 would
+    # be answered "offset out of range" and reset with a warning).
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions])
     deadline = time.time() + timeout
     try:
         while time.time() < deadline:

@@ -10,6 +10,7 @@ import (
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -18,7 +19,11 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/producer"
+	"github.com/streamlimit/streamlimit/topics"
 )
 
 // ids returns n usages of distinct bucket ids, each reporting one request.
@@ -350,4 +355,76 @@ func TestNonReadingStreamCut(t *testing.T) {
 	eventually(t, "the cut stream's memory given back", func() bool {
 		return testutil.ToFloat64(srv.metrics.streams) == 1
 	})
+}
+
+// TestReportFloodKeepsCheckHits: a flood of usage reports over ever new buckets on many
+// streams, published as bulk hits, does not make the producer drop a hit of the check
+// API's decisions: a heavy client's, or a new client's, while the flood's own excess is
+// dropped as bulk_no_room.
+func TestReportFloodKeepsCheckHits(t *testing.T) {
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, topics.DefaultHitsTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	clk := clock.NewFake(time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC))
+	prod, err := producer.New(producer.Config{Brokers: kc.ListenAddrs(), Site: "eu", Clock: clk, FlushInterval: -1,
+		MaxBufferedKeys: 1000, SiteHeartbeatInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := rules.Parse("rules.yaml", []byte(userRules+`
+  - key: client
+    rate_limit: {window: 60s, requests_per_unit: 1000000}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := enforcer.New(enforcer.Config{Rules: rules.Static(cfg), Site: "eu", Clock: clk, Publisher: prod, ReportPublisher: prod.Bulk()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := NewServer(lim, Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	streams := make([]*session, 20)
+	for i := range streams {
+		streams[i] = srv.newSession()
+	}
+	ctx := context.Background()
+	var res enforcer.Result
+	admitted := 0
+	for round := range 10 {
+		for i, ss := range streams { // 2000 new buckets a round
+			if _, err := ss.handle(ctx, clk.Now(), "api", ids((round*len(streams)+i)*100, 100)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for c, client := range []string{"heavy", fmt.Sprintf("new-%d", round)} {
+			for range 50*(1-c) + 1 {
+				lim.DecideAt(ctx, clk.Now(), enforcer.Request{Domain: "api", Descriptors: [][]rules.Entry{{{Key: "client", Value: client}}}}, &res)
+				if res.Code == enforcer.CodeOK {
+					admitted++
+				}
+			}
+		}
+		clk.Advance(50 * time.Millisecond)
+		if err := prod.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := prod.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st := prod.Stats()
+	if admitted != 10*52 {
+		t.Fatalf("check API admitted %d, want all %d", admitted, 10*52)
+	}
+	if n := st.DroppedByReason[producer.DropNoRoom] + st.DroppedByReason[producer.DropKafkaBacklog]; n != 0 {
+		t.Errorf("producer dropped %d decision hits (by reason %v)", n, st.DroppedByReason)
+	}
+	if st.DroppedByReason[producer.DropBulkNoRoom] == 0 {
+		t.Errorf("no bulk hit dropped (by reason %v): the flood did not fill its part, the test proves nothing", st.DroppedByReason)
+	}
 }

@@ -79,13 +79,15 @@ type holder struct {
 const maxAliases = 2
 
 // retainBytes is the most a stream keeps of its buffers (the last report, the last
-// response) from one message to the next: a larger one is dropped after use.
-const retainBytes = 64 << 10
+// response) from one message to the next: a larger one is dropped after use. 16 KiB
+// holds the report of some 250 buckets; a larger one is made anew at each report.
+const retainBytes = 16 << 10
 
 // streamBytes is what an open stream is charged against Options.MaxBytes: its goroutine
-// and grown stack, grpc-go's state of the stream, its session, and the buffers it keeps
+// and grown stack, grpc-go's state of the stream and its session, 32 KiB (30 000 idle
+// streams took 841 MiB of the process, 28 KiB each), and the buffers it keeps
 // (retainBytes each for the report and the response).
-const streamBytes = 16<<10 + 2*retainBytes
+const streamBytes = 32<<10 + 2*retainBytes
 
 // bucketBytes is what a stream's bucket of the bucket id in wire form raw, with entries
 // id, is charged against Options.MaxBytes: the holder, its entries in the stream's maps,

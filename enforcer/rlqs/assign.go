@@ -81,6 +81,9 @@ func (k *keyState) add(c contribution, sign float64) {
 	k.open += int(sign) * c.open
 	k.demand += sign * c.demand
 	k.hzp += sign * c.hzp
+	if k.open == 0 {
+		k.hzp = 0 // no holder left: no rounding residue either
+	}
 	k.tok += sign * c.tok
 	k.rate += sign * c.rate
 	k.rateAt += sign * c.rateAt
@@ -147,8 +150,16 @@ func (m *model) potential(h float64, unit time.Duration) float64 {
 
 // horizonPower is what a holder of horizon h adds to its keys' hzp: h⁸, so that the
 // power mean of the holders' horizons (longHorizon) is close to the longest of them, and
-// equal to it when all are equal, from sums that holders add to and take back from.
-func horizonPower(h float64) float64 { h *= h; h *= h; return h * h }
+// equal to it when all are equal, from sums that holders add to and take back from. h is
+// taken at most at horizonCap: a sum of eighth powers of long horizons would
+// leave, once such a holder takes its part back, a rounding residue whose root is whole
+// seconds.
+func horizonPower(h float64) float64 { h = min(h, horizonCap); h *= h; h *= h; return h * h }
+
+// horizonCap is the longest horizon horizonPower tells apart: 60 s leaves a residue of
+// at most 2^-52 × 60⁸, whose eighth root, under a second, scales no share but those of
+// holders reporting more than once a second.
+const horizonCap = 60.0
 
 // longHorizon is the power mean of open holders' horizons whose powers sum to hzp.
 func longHorizon(hzp float64, open int) float64 {

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -59,7 +60,7 @@ func TestManyBucketIDsBounded(t *testing.T) {
 	ss := make([]*session, 2)
 	for i := range ss {
 		var err error
-		if done[i], err = srv.admitStream(context.Background()); err != nil {
+		if _, done[i], err = srv.admitStream(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 		ss[i] = srv.newSession()
@@ -101,6 +102,47 @@ func TestManyBucketIDsBounded(t *testing.T) {
 	srv.Sweep(clk.Now())
 	if used := srv.MemoryInUse(); used != 0 {
 		t.Errorf("memory in use %d after every stream closed and drained, want 0", used)
+	}
+}
+
+// TestAddressShareBounded: the streams of one client address hold at most an eighth of
+// MaxBytes, so that a client on another address still gets buckets when that one reports
+// new ids without end.
+func TestAddressShareBounded(t *testing.T) {
+	clk := clock.NewFake(time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC))
+	budget := int64(8 << 20)
+	srv := newSimpleServer(t, clk, Options{MaxBytes: budget})
+	from := func(ip string) *session {
+		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP(ip), Port: 40000}})
+		addr, done, err := srv.admitStream(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(done)
+		ss := srv.newSession()
+		ss.addr = addr
+		return ss
+	}
+	greedy := []*session{from("10.0.0.1"), from("10.0.0.1"), from("10.0.0.1")}
+	for round := range 10 {
+		for i, ss := range greedy {
+			if _, err := ss.handle(context.Background(), clk.Now(), "api", ids((round*3+i)*1000, 1000)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if used := srv.MemoryInUse(); used > budget/addrShare {
+		t.Errorf("one address holds %d bytes, above its share %d", used, budget/addrShare)
+	}
+	if n := testutil.ToFloat64(srv.metrics.refusedBkts.WithLabelValues("addr")); n == 0 {
+		t.Error("no bucket refused for the address's share")
+	}
+	other := from("10.0.0.2")
+	if _, err := other.handle(context.Background(), clk.Now(), "api", ids(1_000_000, 100)); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(other.byReq); n != 100 {
+		t.Errorf("another address holds %d of its 100 buckets, want all", n)
 	}
 }
 

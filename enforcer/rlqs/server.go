@@ -165,9 +165,10 @@ type Server struct {
 	drainMu  sync.Mutex
 	draining []*session
 
-	used    atomic.Int64 // bytes charged to MaxBytes
-	addrMu  sync.Mutex
-	perAddr map[netip.Addr]int // open streams by client address
+	used      atomic.Int64 // bytes charged to MaxBytes
+	addrMu    sync.Mutex
+	perAddr   map[netip.Addr]int   // open streams by client address
+	addrBytes map[netip.Addr]int64 // bytes charged by client address (addrShare)
 }
 
 // mapperFor is the Mapper of one rules Config.
@@ -238,7 +239,7 @@ func NewServer(l *enforcer.Limiter, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("rlqs: %w", err)
 	}
 	s := &Server{lim: l, rules: l.Config().Rules, opts: opts, metrics: m, health: health.NewServer(), epoch: opts.Clock.Now(),
-		perAddr: map[netip.Addr]int{}}
+		perAddr: map[netip.Addr]int{}, addrBytes: map[netip.Addr]int64{}}
 	// Envoy reads the TTL's whole seconds only: round up, at least one.
 	s.ttl = max(time.Duration(math.Ceil(opts.TTL.Seconds()))*time.Second, time.Second)
 	s.keys.init()
@@ -386,12 +387,13 @@ func (s *Server) streamRaw(stream grpc.ServerStream) error {
 // for SendTimeout: a response waits on the client's HTTP/2 window, and nothing but the
 // stream's context ends that wait.
 func (s *Server) serve(ctx context.Context, recv func() (string, []usage, error), send func([]byte) error) error {
-	done, err := s.admitStream(ctx)
+	addr, done, err := s.admitStream(ctx)
 	if err != nil {
 		return err
 	}
 	defer done()
 	ss := s.newSession()
+	ss.addr = addr
 	defer ss.close(s.opts.Clock.Now())
 	cut, _ := ctx.Value(cutKey{}).(context.CancelCauseFunc)
 	var idle *time.Timer
@@ -480,9 +482,9 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 		grpc.InitialWindowSize(streamWindowBytes), grpc.InitialConnWindowSize(connWindowBytes)}
 }
 
-// admitStream counts a new stream against MaxStreamsPerAddr and MaxBytes, and returns
-// the function that gives its place back, or ResourceExhausted.
-func (s *Server) admitStream(ctx context.Context) (func(), error) {
+// admitStream counts a new stream against MaxStreamsPerAddr and MaxBytes, and returns its
+// client's address and the function that gives its place back, or ResourceExhausted.
+func (s *Server) admitStream(ctx context.Context) (netip.Addr, func(), error) {
 	var addr netip.Addr
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		addr = clientAddr(p.Addr)
@@ -492,7 +494,7 @@ func (s *Server) admitStream(ctx context.Context) (func(), error) {
 		if s.perAddr[addr] >= n {
 			s.addrMu.Unlock()
 			s.metrics.refusedStreams.WithLabelValues("per_addr").Inc()
-			return nil, status.Errorf(codes.ResourceExhausted, "%d RLQS streams open from %v already", n, addr)
+			return addr, nil, status.Errorf(codes.ResourceExhausted, "%d RLQS streams open from %v already", n, addr)
 		}
 		s.perAddr[addr]++
 		s.addrMu.Unlock()
@@ -506,33 +508,62 @@ func (s *Server) admitStream(ctx context.Context) (func(), error) {
 			s.addrMu.Unlock()
 		}
 	}
-	if !s.charge(streamBytes) {
+	if bound := s.charge(addr, streamBytes); bound != "" {
 		release()
-		s.metrics.refusedStreams.WithLabelValues("memory").Inc()
-		return nil, status.Error(codes.ResourceExhausted, "RLQS memory budget full")
+		s.metrics.refusedStreams.WithLabelValues(bound).Inc()
+		return addr, nil, status.Errorf(codes.ResourceExhausted, "RLQS memory budget full (%s)", bound)
 	}
-	return func() { s.uncharge(streamBytes); release() }, nil
+	return addr, func() { s.uncharge(addr, streamBytes); release() }, nil
 }
 
-// charge adds n bytes to the memory in use if MaxBytes leaves room for them.
-func (s *Server) charge(n int64) bool {
+// addrShare: one client address holds at most 1/addrShare of MaxBytes, its streams and
+// their buckets together, so that a few addresses cannot take the whole budget from the
+// others. Peers without an IP address (in-process connections) are not bounded apart.
+const addrShare = 8
+
+// charge adds n bytes of a stream or bucket of the client at addr to the memory in use,
+// and returns "", or the bound that leaves no room for them: "addr" (addrShare) or
+// "memory" (MaxBytes).
+func (s *Server) charge(addr netip.Addr, n int64) string {
 	max := s.opts.MaxBytes
+	if max > 0 && addr.IsValid() {
+		s.addrMu.Lock()
+		if s.addrBytes[addr]+n > max/addrShare {
+			s.addrMu.Unlock()
+			return "addr"
+		}
+		s.addrBytes[addr] += n
+		s.addrMu.Unlock()
+	}
 	for {
 		u := s.used.Load()
 		if max > 0 && u+n > max {
-			return false
+			s.unchargeAddr(addr, n)
+			return "memory"
 		}
 		if s.used.CompareAndSwap(u, u+n) {
 			s.metrics.memory.Add(float64(n))
-			return true
+			return ""
 		}
 	}
 }
 
-// uncharge gives back n bytes charged.
-func (s *Server) uncharge(n int64) {
+// uncharge gives back n bytes charged for addr.
+func (s *Server) uncharge(addr netip.Addr, n int64) {
 	s.used.Add(-n)
 	s.metrics.memory.Sub(float64(n))
+	s.unchargeAddr(addr, n)
+}
+
+func (s *Server) unchargeAddr(addr netip.Addr, n int64) {
+	if s.opts.MaxBytes <= 0 || !addr.IsValid() {
+		return
+	}
+	s.addrMu.Lock()
+	if s.addrBytes[addr] -= n; s.addrBytes[addr] <= 0 {
+		delete(s.addrBytes, addr)
+	}
+	s.addrMu.Unlock()
 }
 
 // MemoryInUse returns the bytes the Server's streams and buckets keep alive, by the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -45,6 +46,7 @@ type request struct {
 // session is the server's side of one stream: its domain and its buckets.
 type session struct {
 	srv     *Server
+	addr    netip.Addr // its client's address (addrShare)
 	domain  string
 	byReq   map[*request]*holder
 	byRaw   map[string]*holder // by the bytes of a BucketId message
@@ -59,6 +61,7 @@ type holder struct {
 	raw     string      // the bucket id in wire form, for the responses (a byRaw key)
 	aliases []string    // other wire forms it was reported in (byRaw keys), maxAliases at most
 	bytes   int64       // charged to Options.MaxBytes
+	addr    netip.Addr  // its stream's client address, charged too
 	keys    []*keyState // the keys it contributes to
 	contrib contribution
 	m       model
@@ -227,7 +230,7 @@ func (ss *session) lookup(u *usage, now time.Time) (*holder, error) {
 		s.requests.release(req) // the holder has its reference already
 		if raw := unsafeString(u.raw); u.raw != nil && raw != h.raw && len(h.aliases) < maxAliases {
 			raw = string(u.raw)
-			if n := memsize.Alloc(int64(len(raw))) + mapEntryBytes; s.charge(n) {
+			if n := memsize.Alloc(int64(len(raw))) + mapEntryBytes; s.charge(ss.addr, n) == "" {
 				h.bytes += n
 				ss.byRaw[raw] = h
 				h.aliases = append(h.aliases, raw)
@@ -248,12 +251,12 @@ func (ss *session) lookup(u *usage, now time.Time) (*holder, error) {
 		return nil, errRefused
 	}
 	size := bucketBytes(raw, u.bucket)
-	if !s.charge(size) {
+	if bound := s.charge(ss.addr, size); bound != "" {
 		s.requests.release(req)
-		s.metrics.refusedBkts.WithLabelValues("memory").Inc()
+		s.metrics.refusedBkts.WithLabelValues(bound).Inc()
 		return nil, errRefused
 	}
-	h = &holder{req: req, idle: -1, raw: raw, bytes: size}
+	h = &holder{req: req, idle: -1, raw: raw, bytes: size, addr: ss.addr}
 	ss.byReq[req] = h
 	ss.byRaw[raw] = h
 	s.metrics.buckets.Inc()
@@ -293,7 +296,7 @@ func (ss *session) takeOver(req *request, t float64) {
 	o.taken = true
 	req.mu.Unlock()
 	ss.release(o)
-	ss.srv.uncharge(o.bytes)
+	ss.srv.uncharge(o.addr, o.bytes)
 	ss.srv.metrics.drainingBkts.Dec()
 }
 
@@ -306,7 +309,7 @@ func (ss *session) forget(h *holder) {
 		delete(ss.byRaw, r)
 	}
 	ss.srv.requests.release(h.req)
-	ss.srv.uncharge(h.bytes)
+	ss.srv.uncharge(h.addr, h.bytes)
 	ss.srv.metrics.buckets.Dec()
 }
 
@@ -559,7 +562,7 @@ func (ss *session) drain() {
 		if !taken {
 			ss.srv.metrics.drainingBkts.Dec()
 			ss.release(h)
-			ss.srv.uncharge(h.bytes)
+			ss.srv.uncharge(h.addr, h.bytes)
 		}
 		ss.srv.requests.release(req)
 	}

@@ -197,7 +197,9 @@ func New(cfg Config) (_ *Limiter, err error) {
 		}); err != nil {
 			return nil, fmt.Errorf("streamlimit: producer: %w", err)
 		}
-		ecfg.Snapshot, ecfg.Publisher = l.snap, l.prod
+		// RLQS usage reports go out as bulk hits: however many buckets they bring, the
+		// decisions' hits keep their part of the producer's buffer.
+		ecfg.Snapshot, ecfg.Publisher, ecfg.ReportPublisher = l.snap, l.prod, l.prod.Bulk()
 	}
 	if l.lim, err = enforcer.New(ecfg); err != nil {
 		return nil, err

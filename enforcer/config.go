@@ -58,6 +58,10 @@ type Config struct {
 	// Publisher receives every admitted hit of a global limit. Default nil: hits are not
 	// published (a single-site setup, or tests).
 	Publisher Publisher
+	// ReportPublisher receives the usage that Reporters count (clients deciding on their
+	// own, in bulk: RLQS reports), so that it can hold them apart from the decisions' hits
+	// and never let them crowd those out (producer.Producer.Bulk). Default Publisher.
+	ReportPublisher Publisher
 	// MinShare is the smallest share of a hot key's room a data center's fresh sites may
 	// hold together (the sites heard on one hits topic; see the package documentation,
 	// "Global limits"), so that a data center the snapshot does not show yet — where a

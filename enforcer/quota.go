@@ -98,7 +98,11 @@ func (r *Reporter) Report(ctx context.Context, now time.Time, admitted, denied i
 	if err := l.cfg.Counter.Counts(ctx, now.Add(max(ahead, 0)), ops, later); err != nil {
 		failed = true
 	}
-	if p := l.cfg.Publisher; p != nil {
+	p := l.cfg.ReportPublisher
+	if p == nil {
+		p = l.cfg.Publisher
+	}
+	if p != nil {
 		for i := range ops {
 			if admitted > 0 {
 				p.Hit(ops[i].Key, ops[i].Window, int(admitted))

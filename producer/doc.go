@@ -28,6 +28,10 @@
 // hits at the clock's current time; HitAt(key, window, t, n) at time t. Both return
 // nothing and never fail: invalid input is counted (invalid_hits_total) and ignored, and a
 // hit that the memory bound cannot take is counted (dropped_hits_total) and dropped.
+// Bulk returns a publisher for hits that arrive in bulk (usage that clients deciding on
+// their own report, such as RLQS): its new counters and unsent counts hold at most half of
+// Config.MaxBufferedKeys, so that however many counters they bring, the hits of decisions
+// keep the other half (dropped_hits_total{reason="bulk_no_room"} counts the excess).
 // Flush(ctx) sends everything now and waits for Kafka's acknowledgement; Close(ctx) stops
 // the Producer, sends everything and reports, as an *UndeliveredError, the hits it could
 // not deliver before ctx was done. Stats returns the counters behind the metrics.
@@ -49,7 +53,7 @@
 // own keys and the hits of keys that carry traffic are never dropped; only when every held
 // counter has hits not yet handed to Kafka is a new counter's hit dropped, and only when
 // Kafka has not taken counts and the buffer is full are those dropped. Every drop is counted
-// by reason (dropped_hits_total{reason}: no_room, kafka_backlog, closed) and logged at info
+// by reason (dropped_hits_total{reason}: no_room, kafka_backlog, closed, bulk_no_room) and logged at info
 // level, at most every 10 s, with the reason. Known counters idle for Config.IdleTimeout
 // are evicted. When Kafka comes back, the client's buffered records are delivered by its
 // own retries and the kept counts by the next flushes. The client produces idempotently and

@@ -194,3 +194,73 @@ func TestUnsentNeverOverflows(t *testing.T) {
 		t.Errorf("unsent hits %d, want saturated at MaxInt64", st.UnsentHits)
 	}
 }
+
+// A flood of bulk hits (RLQS usage reports over ever new buckets) must not cost the
+// decisions' hits a single one, new counters included: bulk counters hold at most their
+// part of the buffer bound, their excess is dropped and counted as bulk_no_room, and the
+// decisions' counters, heavy or new, keep the rest.
+func TestBulkFloodKeepsDecisionHits(t *testing.T) {
+	c := newFake(t, 4, "hits")
+	clk := clock.NewFake(time.UnixMilli(1_763_740_000_000))
+	p, err := New(Config{Brokers: c.ListenAddrs(), Site: "eu", Clock: clk, FlushInterval: -1,
+		MaxBufferedKeys: 1000, SiteHeartbeatInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bulk := p.Bulk()
+	decided := map[string]int64{}
+	var sent int64
+	next := 0
+	for step := range 500 { // 5 s of fake time
+		for k := range 10 {
+			key := fmt.Sprintf("heavy-%d", k)
+			p.Hit(key, time.Minute, 3)
+			decided[key] += 3
+		}
+		// A new client of the check API every step, hit twice.
+		key := fmt.Sprintf("client-%d", step)
+		p.Hit(key, time.Minute, 1)
+		p.Denied(key, time.Minute, 1)
+		p.Hit(key, time.Minute, 1)
+		decided[key] += 2
+		for range 2000 { // 200 000 new bulk counters a second
+			bulk.Hit(fmt.Sprintf("rlqs-%d", next), time.Minute, 5)
+			next++
+			sent += 5
+		}
+		clk.Advance(10 * time.Millisecond)
+		if step%5 == 4 {
+			p.flush(false)
+		}
+		if b := p.bulk.Load(); b > p.maxBulk {
+			t.Fatalf("step %d: %d bulk counters and counts, bound %d", step, b, p.maxBulk)
+		}
+	}
+	if err := p.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	st := p.Stats()
+	got := readTopic(t, c.ListenAddrs(), "hits")
+	for key, want := range decided {
+		if n := got.counts[counter{key, 60_000}]; n != want {
+			t.Errorf("%s: %d hits in the topic, want %d", key, n, want)
+		}
+	}
+	if st.DroppedByReason[DropNoRoom] != 0 || st.DroppedByReason[DropKafkaBacklog] != 0 {
+		t.Errorf("drops by reason %v: none but bulk_no_room expected", st.DroppedByReason)
+	}
+	if st.DroppedByReason[DropBulkNoRoom] == 0 || st.DroppedHits != st.DroppedByReason[DropBulkNoRoom] {
+		t.Errorf("drops by reason %v: the bulk flood's excess should be dropped as bulk_no_room", st.DroppedByReason)
+	}
+	var delivered int64
+	for _, n := range got.counts {
+		delivered += n
+	}
+	var decidedSum int64
+	for _, n := range decided {
+		decidedSum += n
+	}
+	if delivered+st.DroppedHits != sent+decidedSum {
+		t.Errorf("sent %d, delivered %d, dropped %d", sent+decidedSum, delivered, st.DroppedHits)
+	}
+}

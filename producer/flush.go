@@ -80,10 +80,13 @@ func (p *Producer) drain(all, spread bool) {
 		if int64(len(batch)) >= room {
 			break
 		}
-		batch = append(batch, record{ck: rk.ck, bucket: rk.bucket, n: c.n, d: c.d})
+		batch = append(batch, record{ck: rk.ck, bucket: rk.bucket, n: c.n, d: c.d, bulk: c.bulk})
 		delete(p.unsent, rk)
 		p.unsentHits.add(-c.n)
 		p.buffered.Add(-1)
+		if c.bulk {
+			p.bulk.Add(-1)
+		}
 	}
 	p.unsentMu.Unlock()
 
@@ -120,7 +123,7 @@ func (p *Producer) drain(all, spread bool) {
 					minEnd = min(minEnd, e.end)
 					continue
 				}
-				batch = append(batch, record{ck: e.ck, bucket: e.bucket, n: e.n, d: e.d})
+				batch = append(batch, record{ck: e.ck, bucket: e.bucket, n: e.n, d: e.d, bulk: e.bulk})
 				e.n, e.d = 0, 0
 				e.dirty = false
 			}
@@ -129,7 +132,15 @@ func (p *Producer) drain(all, spread bool) {
 			s.minEnd = minEnd
 		}
 		if i == p.sweepNext {
-			released += int64(s.tab.removeIf(func(e *entry) bool { return !e.dirty && nowMs-e.end >= p.idleMs }))
+			var bulk int64
+			released += int64(s.tab.removeIf(func(e *entry) bool {
+				idle := !e.dirty && nowMs-e.end >= p.idleMs
+				if idle && e.bulk {
+					bulk++
+				}
+				return idle
+			}))
+			p.bulk.Add(-bulk)
 		}
 		s.mu.Unlock()
 		if i%8 == 7 {
@@ -173,6 +184,7 @@ var dropReasonText = [numDropReasons]string{
 	dropNoRoom:       "new counters while MaxBufferedKeys counters all held hits not yet sent (no idle counter to evict)",
 	dropKafkaBacklog: "Kafka could not take counts and the buffer of counts waiting for it was full",
 	dropClosed:       "hits after Close",
+	dropBulkNoRoom:   "bulk hits (RLQS usage reports) while bulk counters and counts held their part of MaxBufferedKeys",
 }
 
 // logDrops logs, at most every 10 s, the hits dropped since the last such log, by reason.
@@ -273,10 +285,18 @@ func (p *Producer) keepUnsent(r record) {
 	for {
 		c, ok := p.unsent[rk]
 		if !ok {
+			if r.bulk && !p.takeBulk() {
+				p.shards[0].drop(dropBulkNoRoom, r.n)
+				return
+			}
 			if !p.reserve() && !p.evictAnyIdle(p.cfg.Clock.Now().UnixMilli()) {
+				if r.bulk {
+					p.bulk.Add(-1)
+				}
 				p.shards[0].drop(dropKafkaBacklog, r.n)
 				return
 			}
+			c.bulk = r.bulk
 		} else if c.n+c.d > math.MaxInt64-r.n-r.d {
 			rk.part++
 			continue
@@ -303,7 +323,7 @@ func (p *Producer) evictAnyIdle(nowMs int64) bool {
 		if !s.mu.TryLock() {
 			continue
 		}
-		ok := p.evictIdle(s, nowMs)
+		ok := p.evictIdle(s, nowMs, false)
 		s.mu.Unlock()
 		if ok {
 			return true

@@ -14,7 +14,7 @@ type Stats struct {
 	// (dropped_hits_total, all reasons).
 	DroppedHits int64
 	// DroppedByReason splits DroppedHits by reason: DropNoRoom, DropKafkaBacklog,
-	// DropClosed (dropped_hits_total{reason}).
+	// DropClosed, DropBulkNoRoom (dropped_hits_total{reason}).
 	DroppedByReason map[string]int64
 	// InvalidHits is the number of Hit calls ignored for invalid input
 	// (invalid_hits_total).
@@ -113,7 +113,7 @@ func newMetrics(p *Producer, reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, r := range dropReasons {
 		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "dropped_hits_total",
-			Help:        "Hits dropped (sum of n), by reason: no_room (a new counter while the buffer bound was full of counters holding unsent hits), kafka_backlog (Kafka could not take them and its waiting buffer was full), closed (after Close).",
+			Help:        "Hits dropped (sum of n), by reason: no_room (a new counter while the buffer bound was full of counters holding unsent hits), kafka_backlog (Kafka could not take them and its waiting buffer was full), closed (after Close), bulk_no_room (bulk hits: RLQS usage reports, past their part of the buffer bound).",
 			ConstLabels: prometheus.Labels{"reason": r}},
 			func() float64 { return float64(p.Stats().DroppedByReason[r]) }))
 	}

@@ -52,17 +52,26 @@ const (
 	DropKafkaBacklog = "kafka_backlog"
 	// DropClosed: a hit after Close.
 	DropClosed = "closed"
+	// DropBulkNoRoom: a bulk hit (Bulk) of a counter the Producer did not hold, or a bulk
+	// count Kafka could not take, while bulk counters and counts held their part of
+	// MaxBufferedKeys (none of them idle to evict).
+	DropBulkNoRoom = "bulk_no_room"
 )
 
 // dropReasons lists the reasons in the order of Stats.DroppedByReason.
-var dropReasons = [...]string{DropNoRoom, DropKafkaBacklog, DropClosed}
+var dropReasons = [...]string{DropNoRoom, DropKafkaBacklog, DropClosed, DropBulkNoRoom}
 
 const (
 	dropNoRoom = iota
 	dropKafkaBacklog
 	dropClosed
+	dropBulkNoRoom
 	numDropReasons
 )
+
+// bulkShare is the part of MaxBufferedKeys that bulk counters and counts (Bulk) may
+// hold: the rest stays for the hits of decisions, whatever the bulk publisher sends.
+const bulkShare = 0.5
 
 // flushLag is how long after a bucket's end the background flush drains it: enough for
 // the hits decided at its last instant to have been recorded.
@@ -88,6 +97,7 @@ type entry struct {
 	d      int64  // denied requests in bucket not yet drained
 	heat   uint32 // Hit calls since the counter was created (saturating): eviction keeps hot counters
 	dirty  bool   // on the shard's dirty list
+	bulk   bool   // created by a bulk hit: held against bulkShare
 }
 
 // record is one (key, window, bucket) count on its way to Kafka.
@@ -95,10 +105,15 @@ type record struct {
 	ck     counterKey
 	bucket int64
 	n, d   int64
+	bulk   bool // of a bulk counter
 }
 
-// counts is a merged (hits, denied) pair waiting for Kafka.
-type counts struct{ n, d int64 }
+// counts is a merged (hits, denied) pair waiting for Kafka; bulk when its slot is held
+// against bulkShare.
+type counts struct {
+	n, d int64
+	bulk bool
+}
 
 // recordKey names a count waiting for Kafka. part tells apart the counts of one bucket
 // that cannot be merged without overflowing int64.
@@ -162,7 +177,9 @@ type Producer struct {
 	hbNext int64 // unix ms of the next site heartbeat, guarded by flushMu
 
 	buffered atomic.Int64 // entries + unsent counts; ≤ maxKeys
-	noIdle   atomic.Bool  // a search of every shard found no idle counter since the last flush
+	bulk     atomic.Int64 // of them, bulk ones; ≤ maxBulk
+	maxBulk  int64
+	noIdle   atomic.Bool // a search of every shard found no idle counter since the last flush
 	closed   atomic.Bool
 
 	flushMu    sync.Mutex               // serialises drains and hand-offs
@@ -208,6 +225,7 @@ func New(cfg Config) (*Producer, error) {
 		spreadMs: cfg.FlushSpread.Milliseconds(),
 		idleMs:   cfg.IdleTimeout.Milliseconds(),
 		maxKeys:  int64(cfg.MaxBufferedKeys),
+		maxBulk:  int64(float64(cfg.MaxBufferedKeys) * bulkShare),
 		seed:     maphash.MakeSeed(),
 		clock:    newMsClock(cfg.Clock),
 		unsent:   make(map[recordKey]counts),
@@ -264,7 +282,7 @@ func New(cfg Config) (*Producer, error) {
 // clock's offset from it, taken at most 10 ms before (msClock): one read of a clock per
 // Hit instead of time.Now's two.
 func (p *Producer) Hit(key string, window time.Duration, n int) {
-	p.add(key, window, 0, true, int64(n), 0)
+	p.add(key, window, 0, true, int64(n), 0, false)
 }
 
 // HitAt records n hits of key, toward a window of length window (whole milliseconds; the
@@ -280,14 +298,14 @@ func (p *Producer) Hit(key string, window time.Duration, n int) {
 // n < 1) is ignored and counted in invalid_hits_total. Hits that the memory bound cannot take, or
 // that arrive after Close, are dropped and counted in dropped_hits_total.
 func (p *Producer) HitAt(key string, window time.Duration, t time.Time, n int) {
-	p.add(key, window, t.UnixMilli(), false, int64(n), 0)
+	p.add(key, window, t.UnixMilli(), false, int64(n), 0, false)
 }
 
 // Denied records n requests for key, toward a window of length window, that were refused at
 // this site at the Producer's clock's current time. It is DeniedAt(key, window,
 // cfg.Clock.Now(), n), with the clock read as for Hit.
 func (p *Producer) Denied(key string, window time.Duration, n int) {
-	p.add(key, window, 0, true, 0, int64(n))
+	p.add(key, window, 0, true, 0, int64(n), false)
 }
 
 // DeniedAt records n refused requests for key in the bucket that contains t. They count
@@ -295,14 +313,50 @@ func (p *Producer) Denied(key string, window time.Duration, n int) {
 // key's room (a site where a client has just arrived has demand before it has hits). It is
 // coalesced with the hits of the same bucket and behaves as HitAt otherwise.
 func (p *Producer) DeniedAt(key string, window time.Duration, t time.Time, n int) {
-	p.add(key, window, t.UnixMilli(), false, 0, int64(n))
+	p.add(key, window, t.UnixMilli(), false, 0, int64(n), false)
+}
+
+// Bulk is a publisher of the Producer's for hits that arrive in bulk — usage that clients
+// deciding on their own report (the enforcer's RLQS server) — whose new counters, and
+// counts Kafka could not take yet, hold at most bulkShare of MaxBufferedKeys: however
+// many counters they bring, the hits of decisions keep the rest, and are never dropped
+// for want of room the bulk hits took. A bulk hit past that part is dropped and counted
+// (dropped_hits_total{reason="bulk_no_room"}). Bulk hits of a counter the Producer holds
+// merge with its other hits.
+type Bulk struct{ p *Producer }
+
+// Bulk returns the Producer's bulk publisher.
+func (p *Producer) Bulk() Bulk { return Bulk{p: p} }
+
+// Hit records n bulk hits of key as Producer.Hit does.
+func (b Bulk) Hit(key string, window time.Duration, n int) {
+	b.p.add(key, window, 0, true, int64(n), 0, true)
+}
+
+// Denied records n bulk denials of key as Producer.Denied does.
+func (b Bulk) Denied(key string, window time.Duration, n int) {
+	b.p.add(key, window, 0, true, 0, int64(n), true)
+}
+
+// takeBulk counts one more bulk counter or count against bulkShare, reporting false when
+// the bulk part is full.
+func (p *Producer) takeBulk() bool {
+	for {
+		c := p.bulk.Load()
+		if c >= p.maxBulk {
+			return false
+		}
+		if p.bulk.CompareAndSwap(c, c+1) {
+			return true
+		}
+	}
 }
 
 // add records n64 hits and d64 denials of key toward window wd at ms (unix ms), or, with
 // now, at the clock's time read under the shard's lock: a flush reads its time before it
 // takes the lock, so a hit it did not see is not older than its time, and the site
 // heartbeat it sends (stamped at most at the start of the current bucket) stays true.
-func (p *Producer) add(key string, wd time.Duration, ms int64, now bool, n64, d64 int64) {
+func (p *Producer) add(key string, wd time.Duration, ms int64, now bool, n64, d64 int64, bulk bool) {
 	w := int64(wd / time.Millisecond)
 	h := maphash.String(p.seed, key)
 	s := &p.shards[h&(numShards-1)]
@@ -331,12 +385,23 @@ func (p *Producer) add(key string, wd time.Duration, ms int64, now bool, n64, d6
 			s.invalid.Add(1)
 			return
 		}
-		if !p.reserve() && !p.evictIdle(s, ms) && !p.evictAnyIdle(ms) {
+		if bulk && !p.takeBulk() {
+			// The bulk part is full: only an idle bulk counter's place can be taken.
+			if !p.evictIdle(s, ms, true) {
+				s.drop(dropBulkNoRoom, n64)
+				s.mu.Unlock()
+				return
+			}
+			p.bulk.Add(1)
+		} else if !p.reserve() && !p.evictIdle(s, ms, false) && !p.evictAnyIdle(ms) {
+			if bulk {
+				p.bulk.Add(-1)
+			}
 			s.drop(dropNoRoom, n64)
 			s.mu.Unlock()
 			return
 		}
-		e = &entry{ck: ck}
+		e = &entry{ck: ck, bulk: bulk}
 		e.bucket, e.end = p.bucketOf(e, ms)
 		s.put(h, e)
 	} else if ms < e.bucket || ms >= e.end {
@@ -344,14 +409,14 @@ func (p *Producer) add(key string, wd time.Duration, ms int64, now bool, n64, d6
 		if e.n > 0 || e.d > 0 {
 			// The counter moved to a new bucket before its old one was drained: park
 			// the old count so the entry can take the new bucket.
-			s.pending = append(s.pending, record{ck: e.ck, bucket: e.bucket, n: e.n, d: e.d})
+			s.pending = append(s.pending, record{ck: e.ck, bucket: e.bucket, n: e.n, d: e.d, bulk: e.bulk})
 			e.n, e.d = 0, 0
 		}
 		e.bucket, e.end = b, end
 	}
 	if e.n+e.d > math.MaxInt64-n64-d64 {
 		// One record holds at most MaxInt64 hits and denials together: split.
-		s.pending = append(s.pending, record{ck: e.ck, bucket: e.bucket, n: e.n, d: e.d})
+		s.pending = append(s.pending, record{ck: e.ck, bucket: e.bucket, n: e.n, d: e.d, bulk: e.bulk})
 		e.n, e.d = 0, 0
 	}
 	e.n += n64
@@ -388,9 +453,9 @@ func (p *Producer) bucketOf(e *entry, ms int64) (start, end int64) {
 // an idle one: a counter with nothing pending (forgetting it loses no hit, only the
 // allocation-free path of its next hit). Among the held counters it samples, it takes one
 // not hit in its last two buckets if there is one, the least hit first, so that counters
-// that carry traffic stay and a flood of new keys evicts its own. It reports false when
-// the sample holds no idle counter.
-func (p *Producer) evictIdle(s *shard, nowMs int64) bool {
+// that carry traffic stay and a flood of new keys evicts its own. With onlyBulk it looks
+// at bulk counters only. It reports false when the sample holds no idle counter.
+func (p *Producer) evictIdle(s *shard, nowMs int64, onlyBulk bool) bool {
 	var (
 		victim     *entry
 		victimHash uint64
@@ -407,7 +472,7 @@ func (p *Producer) evictIdle(s *shard, nowMs int64) bool {
 		return e.heat < victim.heat
 	}
 	s.tab.sample(evictSample, func(h uint64, e *entry) {
-		if !e.dirty && better(e) {
+		if !e.dirty && (!onlyBulk || e.bulk) && better(e) {
 			victim, victimHash, recent = e, h, e.end+p.widthMs > nowMs
 		}
 	})
@@ -415,5 +480,8 @@ func (p *Producer) evictIdle(s *shard, nowMs int64) bool {
 		return false
 	}
 	s.tab.remove(victimHash, victim)
+	if victim.bulk {
+		p.bulk.Add(-1)
+	}
 	return true
 }

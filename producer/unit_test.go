@@ -143,7 +143,9 @@ func TestBucketsWindowsAndInvalidInput(t *testing.T) {
 		m := mf.GetMetric()[0]
 		switch {
 		case m.Counter != nil:
-			vals[mf.GetName()] = m.Counter.GetValue()
+			for _, m := range mf.GetMetric() { // every reason of dropped_hits_total
+				vals[mf.GetName()] += m.Counter.GetValue()
+			}
 		case m.Gauge != nil:
 			vals[mf.GetName()] = m.Gauge.GetValue()
 		case m.Histogram != nil:

@@ -38,7 +38,7 @@ type devFlags struct {
 	site                string
 	httpAddr, grpcAddr  string
 	rlqsAddr            string
-	rlqsInterval        time.Duration
+	rlqs                rlqs.Options
 	httpConfig          string
 	maxMemory           byteSize
 	countsFormat        string
@@ -80,7 +80,7 @@ The broker listens on 127.0.0.1 only. Stop it with Ctrl-C.`,
 	f.StringVar(&df.countsFormat, "counts-format", aggregator.CountsBinary, "how the aggregator writes count records: binary, or json for readers without a decoder (kcat, ksqlDB, Kafka Connect)")
 	f.StringVar(&df.httpAddr, "http-listen", server.DefaultHTTPAddr, "address of the enforcer's check API and admin endpoints")
 	f.StringVar(&df.grpcAddr, "grpc-listen", server.DefaultGRPCAddr, `address of the enforcer's Envoy rate-limit gRPC service ("off" to disable)`)
-	registerRLQSFlags(f, &df.rlqsAddr, &df.rlqsInterval)
+	registerRLQSFlags(f, &df.rlqsAddr, &df.rlqs)
 	df.maxMemory = server.DefaultMaxMemory
 	f.Var(&df.maxMemory, "max-memory", "the enforcer's "+memoryUsage)
 	f.StringVar(&df.logFormat, "log-format", "text", "log format: text or json")
@@ -150,7 +150,7 @@ func (df *devFlags) run(cmd *cobra.Command) error {
 	srv, err := server.New(server.Config{
 		Site: df.site, RulesPath: rulesPath, Brokers: brokers,
 		HTTPAddr: df.httpAddr, GRPCAddr: df.grpcAddr, HTTP: httpCfg, Logger: log, Registry: reg,
-		MaxMemory: int64(df.maxMemory), RLQSAddr: df.rlqsAddr, RLQS: rlqs.Options{ReportingInterval: df.rlqsInterval},
+		MaxMemory: int64(df.maxMemory), RLQSAddr: df.rlqsAddr, RLQS: df.rlqs,
 	})
 	if err != nil {
 		return err

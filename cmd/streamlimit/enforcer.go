@@ -137,7 +137,7 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 	f.StringVar(&c.HTTPAddr, "http-listen", server.DefaultHTTPAddr, "address of the check API, auth endpoint and admin endpoints")
 	f.StringVar(&c.GRPCAddr, "grpc-listen", server.DefaultGRPCAddr, `address of the Envoy rate-limit gRPC service ("off" to disable)`)
 	f.BoolVar(&ef.grpcReflection, "grpc-reflection", true, "serve gRPC server reflection on the gRPC listeners, for grpcurl and the like (--grpc-reflection=false: off)")
-	registerRLQSFlags(f, &c.RLQSAddr, &c.RLQS.ReportingInterval)
+	registerRLQSFlags(f, &c.RLQSAddr, &c.RLQS)
 	f.StringVar(&ef.limitOverrides, "limit-overrides", rls.HonourOverrides.String(),
 		"what the gRPC service and /json do with a descriptor's own limit (Envoy's override): honour (a caller can raise its own quota) or ignore (the rules decide)")
 	f.StringVar(&ef.compat, "compat", rules.DefaultCompat.String(),
@@ -283,10 +283,18 @@ func tuneGC(ctx context.Context) {
 
 // registerRLQSFlags adds the flags of the Rate Limit Quota Service, shared by enforcer and
 // dev.
-func registerRLQSFlags(f *pflag.FlagSet, addr *string, interval *time.Duration) {
+func registerRLQSFlags(f *pflag.FlagSet, addr *string, o *rlqs.Options) {
 	f.StringVar(addr, "rlqs-addr", "", "address of Envoy's Rate Limit Quota Service (rate_limit_quota filter); default none: not served")
-	f.DurationVar(interval, "rlqs-reporting-interval", rlqs.DefaultReportingInterval,
+	f.DurationVar(&o.ReportingInterval, "rlqs-reporting-interval", rlqs.DefaultReportingInterval,
 		"how often the RLQS clients report each bucket, until measured: Envoy's reporting interval")
+	f.IntVar(&o.MaxStreamBuckets, "rlqs-max-stream-buckets", rlqs.DefaultMaxStreamBuckets,
+		"buckets one RLQS stream may hold; more are left without an assignment (-1: no bound)")
+	f.IntVar(&o.MaxStreamsPerAddr, "rlqs-max-streams-per-addr", rlqs.DefaultMaxStreamsPerAddr,
+		"RLQS streams open at once from one client address (IPv6: /64); more are refused (-1: no bound)")
+	f.DurationVar(&o.StreamIdleTimeout, "rlqs-stream-idle-timeout", rlqs.DefaultStreamIdleTimeout,
+		"cut an RLQS stream that sends no report for this long (-1s: never)")
+	f.DurationVar(&o.SendTimeout, "rlqs-send-timeout", rlqs.DefaultSendTimeout,
+		"cut an RLQS stream whose client takes no response for this long (-1s: never)")
 }
 
 func orNone(s string) string {

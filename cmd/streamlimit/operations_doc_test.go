@@ -10,11 +10,32 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// docs/operations.md names flags by their commands, with their defaults: every flag it
-// names is a flag of some command, and every row of its settings tables is a flag of the
-// command the row names, whose default is the one the row states.
+// docs/operations.md (and docs/rlqs.md, whose table holds the RLQS bounds) names flags
+// by their commands, with their defaults: every flag it names is a flag of some command,
+// and every row of its settings tables is a flag of the command the row names, whose
+// default is the one the row states.
 func TestOperationsDocFlags(t *testing.T) {
-	b, err := os.ReadFile("../../docs/operations.md")
+	for _, name := range []string{"operations.md", "rlqs.md"} {
+		t.Run(name, func(t *testing.T) { checkDocFlags(t, "../../docs/"+name) })
+	}
+}
+
+// TestRLQSFlagsDocumented: every --rlqs-* flag of the enforcer has its row in
+// docs/rlqs.md's table of bounds or is named in its text.
+func TestRLQSFlagsDocumented(t *testing.T) {
+	b, err := os.ReadFile("../../docs/rlqs.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	newEnforcerCmd().Flags().VisitAll(func(f *pflag.Flag) {
+		if strings.HasPrefix(f.Name, "rlqs-") && !strings.Contains(string(b), "`--"+f.Name+"`") {
+			t.Errorf("docs/rlqs.md does not name --%s", f.Name)
+		}
+	})
+}
+
+func checkDocFlags(t *testing.T, path string) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +52,7 @@ func TestOperationsDocFlags(t *testing.T) {
 	walk(root)
 	for _, m := range readmeFlag.FindAllStringSubmatch(doc, -1) {
 		if !known[m[1]] {
-			t.Errorf("docs/operations.md names %s, which no command has", m[1])
+			t.Errorf("%s names %s, which no command has", path, m[1])
 		}
 	}
 	rows := 0
@@ -60,16 +81,16 @@ func TestOperationsDocFlags(t *testing.T) {
 			rows++
 			fl := cmd.Flags().Lookup(strings.TrimPrefix(f[1], "--"))
 			if fl == nil {
-				t.Errorf("docs/operations.md: %s has no flag %s", cmds[0][1], f[1])
+				t.Errorf("%s: %s has no flag %s", path, cmds[0][1], f[1])
 				continue
 			}
 			if len(defs) > 0 && defs[i][1] != fl.DefValue {
-				t.Errorf("docs/operations.md: %s %s defaults to %q, the doc says %q", cmds[0][1], f[1], fl.DefValue, defs[i][1])
+				t.Errorf("%s: %s %s defaults to %q, the doc says %q", path, cmds[0][1], f[1], fl.DefValue, defs[i][1])
 			}
 		}
 	}
 	if rows == 0 {
-		t.Fatal("no settings rows found in docs/operations.md")
+		t.Fatalf("no settings rows found in %s", path)
 	}
 }
 

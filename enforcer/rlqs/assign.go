@@ -61,6 +61,7 @@ type keyState struct {
 	mu     sync.Mutex
 	open   int     // holders on open streams
 	demand float64 // Σ demand of holders on open streams, requests per second
+	hzp    float64 // Σ horizonPower of the horizons of holders on open streams
 	tok    float64 // Σ tokens each holder had after its last report
 	rate   float64 // Σ refill rates assigned
 	rateAt float64 // Σ rate × time of the holder's last report (seconds since the epoch)
@@ -70,6 +71,7 @@ type keyState struct {
 type contribution struct {
 	open   int
 	demand float64
+	hzp    float64
 	tok    float64
 	rate   float64
 	rateAt float64
@@ -78,6 +80,10 @@ type contribution struct {
 func (k *keyState) add(c contribution, sign float64) {
 	k.open += int(sign) * c.open
 	k.demand += sign * c.demand
+	k.hzp += sign * c.hzp
+	if k.open == 0 {
+		k.hzp = 0 // no holder left: no rounding residue either
+	}
 	k.tok += sign * c.tok
 	k.rate += sign * c.rate
 	k.rateAt += sign * c.rateAt
@@ -142,6 +148,24 @@ func (m *model) potential(h float64, unit time.Duration) float64 {
 	return m.tok + m.a.rate(unit)*h
 }
 
+// horizonPower is what a holder of horizon h adds to its keys' hzp: h⁸, so that the
+// power mean of the holders' horizons (longHorizon) is close to the longest of them, and
+// equal to it when all are equal, from sums that holders add to and take back from. h is
+// taken at most at horizonCap: a sum of eighth powers of long horizons would
+// leave, once such a holder takes its part back, a rounding residue whose root is whole
+// seconds.
+func horizonPower(h float64) float64 { h = min(h, horizonCap); h *= h; h *= h; return h * h }
+
+// horizonCap is the longest horizon horizonPower tells apart: 60 s leaves a residue of
+// at most 2^-52 × 60⁸, whose eighth root, under a second, scales no share but those of
+// holders reporting more than once a second.
+const horizonCap = 60.0
+
+// longHorizon is the power mean of open holders' horizons whose powers sum to hzp.
+func longHorizon(hzp float64, open int) float64 {
+	return math.Pow(max(hzp, 0)/float64(max(open, 1)), 1.0/8)
+}
+
 // share is one holder's part of a key's room, from its demand among the key's open
 // holders: each weighs its demand plus a small prior (a twentieth of the mean), so that a
 // holder whose requests have only just begun is not shut out.
@@ -160,11 +184,18 @@ func share(own, total float64, open int) float64 {
 // and each report is allotted afresh). The second term keeps the limit: at every
 // allotment, what all holders can admit until they report again fits in the room. The
 // first keeps them fair. others is the key's sums less this holder's contribution; t is
-// now, in seconds since the epoch.
+// now, in seconds since the epoch. A holder that reports more often than the key's
+// other holders has its share scaled down to its horizon, as if it reported as seldom
+// as they do (longHorizon): its share of the room would otherwise be handed out anew at
+// each of its reports, and the rate that gives it, which every other holder must leave
+// room for over its own longer horizon, would crowd them out.
 func allot(q *enforcer.Quota, others contribution, t, h, own float64, open int, part float64) (now, over float64) {
 	k := keyState{tok: others.tok, rate: others.rate, rateAt: others.rateAt}
 	held := k.held(t)
 	f := share(own, others.demand+own, open)
+	if long := longHorizon(others.hzp+horizonPower(h), open); h < long {
+		f *= (h + BurstSeconds) / (long + BurstSeconds)
+	}
 	ahead := held + others.rate*h
 	room := part * (q.Cap - q.Later)
 	over = max(min(f*room, room-ahead), 0)

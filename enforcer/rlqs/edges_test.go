@@ -3,6 +3,7 @@ package rlqs
 import (
 	"context"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,7 +63,8 @@ func newSimpleServer(t *testing.T, clk *clock.Fake, opts Options) *Server {
 }
 
 // TestEmptyBucketIDAndHugeCounts: a usage without a bucket id, or with an empty one, gets
-// no action; a count above 2^32-1 is counted as 2^32-1.
+// no action; a report with a count above 2^32-1 is refused whole, with InvalidArgument,
+// as every other door refuses such a count, and nothing of it is counted.
 func TestEmptyBucketIDAndHugeCounts(t *testing.T) {
 	clk := clock.NewFake(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))
 	srv := newSimpleServer(t, clk, Options{})
@@ -74,24 +76,23 @@ func TestEmptyBucketIDAndHugeCounts(t *testing.T) {
 			t.Errorf("usage %+v: response %x, error %v; want none", u, resp, err)
 		}
 	}
-	resp, err := ss.handle(context.Background(), clk.Now(), "api", []usage{{bucket: user42, allowed: 1 << 63}})
-	if err != nil {
-		t.Fatal(err)
+	for _, u := range []usage{
+		{bucket: user42, allowed: 1 << 63},
+		{bucket: user42, denied: math.MaxUint32 + 1},
+		{bucket: user42, allowed: math.MaxInt64, denied: math.MaxUint64},
+	} {
+		// The good usage first: refused with the bad one.
+		_, err := ss.handle(context.Background(), clk.Now(), "api", []usage{{bucket: map[string]string{"user": "7"}, allowed: 1}, u})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "above 2^32-1") {
+			t.Errorf("usage %+v: error %v, want InvalidArgument naming the bound", u, err)
+		}
 	}
-	var r rlqsv3.RateLimitQuotaResponse
-	if err := proto.Unmarshal(resp, &r); err != nil {
-		t.Fatal(err)
+	if len(ss.byReq) != 0 {
+		t.Errorf("%d buckets kept from refused reports, want none", len(ss.byReq))
 	}
-	if len(r.GetBucketAction()) != 1 || r.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetBlanketRule().String() != "DENY_ALL" {
-		t.Errorf("after 2^63 requests: %v, want DENY_ALL", &r)
-	}
-	k := srv.keys.shards[fnv("api|user=42#10s")&63].m["api|user=42#10s"]
-	if k == nil {
-		t.Fatal("no key state for user 42")
-	}
-	h := ss.byReq[k.entryRequest(ss)]
-	if h == nil || h.demand > math.MaxUint32 {
-		t.Errorf("demand %v, want it from at most 2^32-1 requests", h)
+	// 2^32-1 itself is taken.
+	if _, err := ss.handle(context.Background(), clk.Now(), "api", []usage{{bucket: user42, allowed: math.MaxUint32, denied: math.MaxUint32}}); err != nil {
+		t.Errorf("counts of 2^32-1: %v", err)
 	}
 }
 

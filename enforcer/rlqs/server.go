@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,7 +21,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/streamlimit/streamlimit/enforcer"
@@ -57,6 +61,35 @@ const (
 	DefaultReportingInterval = 5 * time.Second
 	// DefaultAbandonAfter is Options.AbandonAfter when zero.
 	DefaultAbandonAfter = 10 * time.Minute
+	// DefaultMaxBytes is Options.MaxBytes when zero, for a Server made on its own; the
+	// enforcer gives it its part of --max-memory instead (memsize.RLQSPart).
+	DefaultMaxBytes = 64 << 20
+	// DefaultMaxStreamBuckets is Options.MaxStreamBuckets when zero: an Envoy holds one
+	// bucket per bucket id its filter made, and reports them all in one message; 20 000
+	// is a busy Envoy's worth (some 10 MiB of the budget).
+	DefaultMaxStreamBuckets = 20_000
+	// DefaultMaxStreamsPerAddr is Options.MaxStreamsPerAddr when zero. An Envoy holds one
+	// stream per RLQS filter configuration; 64 leaves room for a host running several
+	// Envoys, or a NAT in front of a few, and lets no one address hold the server's
+	// streams.
+	DefaultMaxStreamsPerAddr = 64
+	// DefaultStreamIdleTimeout is Options.StreamIdleTimeout when zero: Envoy reports on
+	// its stream every reporting interval, buckets or none, so a stream silent for twelve
+	// default intervals has no Envoy behind it that still counts.
+	DefaultStreamIdleTimeout = time.Minute
+	// DefaultSendTimeout is Options.SendTimeout when zero: how long a response may wait
+	// for its client to read (HTTP/2 flow control) before the stream is cut, the HTTP
+	// API's write timeout.
+	DefaultSendTimeout = 10 * time.Second
+)
+
+// The HTTP/2 receive windows of the RLQS gRPC server (ServerOptions): fixed, so that a
+// stream whose handler waits on its client holds at most this much of its reports in the
+// server. grpc-go's default grows them by bandwidth estimation up to 16 MiB a stream, which
+// let 400 streams that sent faster than they read hold gigabytes.
+const (
+	streamWindowBytes = 256 << 10
+	connWindowBytes   = 1 << 20
 )
 
 // Options configures a Server. The zero value is ready to use.
@@ -84,6 +117,27 @@ type Options struct {
 	// the site's only RLQS server, 1/n when n enforcers of one site (sharing its Redis)
 	// serve RLQS, each to its own clients. Default 1.
 	SiteShare float64
+	// MaxBytes bounds the memory the Server's streams and buckets keep alive, by an
+	// estimate of each (streamBytes, bucketBytes): a new stream past it is refused with
+	// ResourceExhausted, a new bucket past it is refused — left without an assignment, so
+	// that its Envoy applies its no_assignment_behavior — and counted. Default
+	// DefaultMaxBytes; negative: no bound.
+	MaxBytes int64
+	// MaxStreamBuckets bounds the buckets of one stream; buckets past it are refused as
+	// for MaxBytes. Default DefaultMaxStreamBuckets; negative: no bound.
+	MaxStreamBuckets int
+	// MaxStreamsPerAddr bounds the streams open at once from one client address (IPv6:
+	// one /64), as the listeners bound connections; a stream past it is refused with
+	// ResourceExhausted. Default DefaultMaxStreamsPerAddr; negative: no bound.
+	MaxStreamsPerAddr int
+	// StreamIdleTimeout cuts a stream that sends no report for this long. It and
+	// SendTimeout need the grpc.Server made with ServerOptions. Default
+	// DefaultStreamIdleTimeout; negative: never.
+	StreamIdleTimeout time.Duration
+	// SendTimeout cuts a stream whose response its client has not taken for this long:
+	// a client that does not read is cut, not buffered for. Default DefaultSendTimeout;
+	// negative: never.
+	SendTimeout time.Duration
 	// Clock defaults to the wall clock.
 	Clock clock.Clock
 	// Logger defaults to a logger that discards.
@@ -110,6 +164,11 @@ type Server struct {
 
 	drainMu  sync.Mutex
 	draining []*session
+
+	used      atomic.Int64 // bytes charged to MaxBytes
+	addrMu    sync.Mutex
+	perAddr   map[netip.Addr]int   // open streams by client address
+	addrBytes map[netip.Addr]int64 // bytes charged by client address (addrShare)
 }
 
 // mapperFor is the Mapper of one rules Config.
@@ -134,6 +193,31 @@ func NewServer(l *enforcer.Limiter, opts Options) (*Server, error) {
 	if opts.AbandonAfter <= 0 {
 		opts.AbandonAfter = DefaultAbandonAfter
 	}
+	bound := func(n *int64, def int64) {
+		switch {
+		case *n == 0:
+			*n = def
+		case *n < 0:
+			*n = 0
+		}
+	}
+	bound(&opts.MaxBytes, DefaultMaxBytes)
+	for _, b := range []struct {
+		n   *int
+		def int
+	}{{&opts.MaxStreamBuckets, DefaultMaxStreamBuckets}, {&opts.MaxStreamsPerAddr, DefaultMaxStreamsPerAddr}} {
+		n := int64(*b.n)
+		bound(&n, int64(b.def))
+		*b.n = int(n)
+	}
+	for _, d := range []struct {
+		d   *time.Duration
+		def time.Duration
+	}{{&opts.StreamIdleTimeout, DefaultStreamIdleTimeout}, {&opts.SendTimeout, DefaultSendTimeout}} {
+		n := int64(*d.d)
+		bound(&n, int64(d.def))
+		*d.d = time.Duration(n)
+	}
 	if opts.Unit == typev3.RateLimitUnit_UNKNOWN {
 		opts.Unit = typev3.RateLimitUnit_SECOND
 	}
@@ -154,7 +238,8 @@ func NewServer(l *enforcer.Limiter, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rlqs: %w", err)
 	}
-	s := &Server{lim: l, rules: l.Config().Rules, opts: opts, metrics: m, health: health.NewServer(), epoch: opts.Clock.Now()}
+	s := &Server{lim: l, rules: l.Config().Rules, opts: opts, metrics: m, health: health.NewServer(), epoch: opts.Clock.Now(),
+		perAddr: map[netip.Addr]int{}, addrBytes: map[netip.Addr]int64{}}
 	// Envoy reads the TTL's whole seconds only: round up, at least one.
 	s.ttl = max(time.Duration(math.Ceil(opts.TTL.Seconds()))*time.Second, time.Second)
 	s.keys.init()
@@ -274,6 +359,9 @@ func usagesOf(msg *rlqsv3.RateLimitQuotaUsageReports, dst []usage) []usage {
 func (s *Server) streamRaw(stream grpc.ServerStream) error {
 	var r wireReports
 	recv := func() (string, []usage, error) {
+		if cap(r.buf) > retainBytes {
+			r = wireReports{} // a large report's buffers are not kept for the next
+		}
 		if err := stream.RecvMsg(&r); err != nil {
 			return "", nil, err
 		}
@@ -294,13 +382,31 @@ func (s *Server) streamRaw(stream grpc.ServerStream) error {
 }
 
 // serve runs a session over a stream whose reports recv returns and to which send sends
-// responses in wire form.
+// responses in wire form. A stream whose context carries the cancel of ServerOptions'
+// tap is cut when its client sends nothing for StreamIdleTimeout or takes no response
+// for SendTimeout: a response waits on the client's HTTP/2 window, and nothing but the
+// stream's context ends that wait.
 func (s *Server) serve(ctx context.Context, recv func() (string, []usage, error), send func([]byte) error) error {
+	addr, done, err := s.admitStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
 	ss := s.newSession()
+	ss.addr = addr
 	defer ss.close(s.opts.Clock.Now())
+	cut, _ := ctx.Value(cutKey{}).(context.CancelCauseFunc)
+	var idle *time.Timer
+	if cut != nil && s.opts.StreamIdleTimeout > 0 {
+		idle = time.AfterFunc(s.opts.StreamIdleTimeout, func() { cut(errIdle) })
+		defer idle.Stop()
+	}
 	for {
 		domain, us, err := recv()
 		if err != nil {
+			if c := context.Cause(ctx); c == errIdle || c == errSlowReader {
+				return s.cutStatus(c)
+			}
 			if errors.Is(err, io.EOF) {
 				return nil
 			}
@@ -310,16 +416,174 @@ func (s *Server) serve(ctx context.Context, recv func() (string, []usage, error)
 			s.metrics.invalid.WithLabelValues("malformed").Inc()
 			return status.Errorf(codes.InvalidArgument, "usage reports: %v", err)
 		}
+		if idle != nil && !idle.Reset(s.opts.StreamIdleTimeout) {
+			return s.cutStatus(errIdle) // it fired while the report came
+		}
 		resp, err := ss.handle(ctx, s.opts.Clock.Now(), domain, us)
 		if err != nil {
 			return err
 		}
-		if resp != nil {
-			if err := send(resp); err != nil {
-				return err
-			}
+		if resp == nil {
+			continue
+		}
+		var deadline *time.Timer
+		if cut != nil && s.opts.SendTimeout > 0 {
+			deadline = time.AfterFunc(s.opts.SendTimeout, func() { cut(errSlowReader) })
+		}
+		err = send(resp)
+		if deadline != nil && !deadline.Stop() {
+			return s.cutStatus(errSlowReader)
+		}
+		if err != nil {
+			return err
 		}
 	}
+}
+
+// Why a stream was cut (the cause of its context's cancel).
+var (
+	errIdle       = errors.New("rlqs: no report for the stream idle timeout")
+	errSlowReader = errors.New("rlqs: responses not read within the send timeout")
+)
+
+// cutStatus counts a stream cut for cause and returns its status. The client sees
+// CANCELLED all the same when the cut interrupted a read or a send (grpc-go writes that
+// status itself then), and Envoy takes any end of its stream alike: it opens another at
+// its next report.
+func (s *Server) cutStatus(cause error) error {
+	if cause == errIdle {
+		s.metrics.cut.WithLabelValues("idle").Inc()
+		return status.Errorf(codes.DeadlineExceeded, "no usage report for %v", s.opts.StreamIdleTimeout)
+	}
+	s.metrics.cut.WithLabelValues("not_reading").Inc()
+	return status.Errorf(codes.ResourceExhausted, "responses not read for %v", s.opts.SendTimeout)
+}
+
+// cutKey is the context key of a stream's cancel (tap).
+type cutKey struct{}
+
+// tap gives each RLQS stream a context that serve can cancel: the one thing that ends a
+// send waiting on a client that does not read (grpc-go's write quota waits on the
+// stream's context).
+func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if info.FullMethodName != "/"+ServiceName+"/StreamRateLimitQuotas" {
+		return ctx, nil
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	return context.WithValue(ctx, cutKey{}, cancel), nil
+}
+
+// ServerOptions are the options the grpc.Server that s is registered on should be made
+// with: ServerOption, the tap that lets s cut streams (StreamIdleTimeout, SendTimeout),
+// and fixed HTTP/2 receive windows, so that a stream holds a bounded part of its
+// client's reports in the server while its handler waits.
+func (s *Server) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{ServerOption(), grpc.InTapHandle(s.tap),
+		grpc.InitialWindowSize(streamWindowBytes), grpc.InitialConnWindowSize(connWindowBytes)}
+}
+
+// admitStream counts a new stream against MaxStreamsPerAddr and MaxBytes, and returns its
+// client's address and the function that gives its place back, or ResourceExhausted.
+func (s *Server) admitStream(ctx context.Context) (netip.Addr, func(), error) {
+	var addr netip.Addr
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		addr = clientAddr(p.Addr)
+	}
+	if n := s.opts.MaxStreamsPerAddr; n > 0 {
+		s.addrMu.Lock()
+		if s.perAddr[addr] >= n {
+			s.addrMu.Unlock()
+			s.metrics.refusedStreams.WithLabelValues("per_addr").Inc()
+			return addr, nil, status.Errorf(codes.ResourceExhausted, "%d RLQS streams open from %v already", n, addr)
+		}
+		s.perAddr[addr]++
+		s.addrMu.Unlock()
+	}
+	release := func() {
+		if s.opts.MaxStreamsPerAddr > 0 {
+			s.addrMu.Lock()
+			if s.perAddr[addr]--; s.perAddr[addr] <= 0 {
+				delete(s.perAddr, addr)
+			}
+			s.addrMu.Unlock()
+		}
+	}
+	if bound := s.charge(addr, streamBytes); bound != "" {
+		release()
+		s.metrics.refusedStreams.WithLabelValues(bound).Inc()
+		return addr, nil, status.Errorf(codes.ResourceExhausted, "RLQS memory budget full (%s)", bound)
+	}
+	return addr, func() { s.uncharge(addr, streamBytes); release() }, nil
+}
+
+// addrShare: one client address holds at most 1/addrShare of MaxBytes, its streams and
+// their buckets together, so that a few addresses cannot take the whole budget from the
+// others. Peers without an IP address (in-process connections) are not bounded apart.
+const addrShare = 8
+
+// charge adds n bytes of a stream or bucket of the client at addr to the memory in use,
+// and returns "", or the bound that leaves no room for them: "addr" (addrShare) or
+// "memory" (MaxBytes).
+func (s *Server) charge(addr netip.Addr, n int64) string {
+	max := s.opts.MaxBytes
+	if max > 0 && addr.IsValid() {
+		s.addrMu.Lock()
+		if s.addrBytes[addr]+n > max/addrShare {
+			s.addrMu.Unlock()
+			return "addr"
+		}
+		s.addrBytes[addr] += n
+		s.addrMu.Unlock()
+	}
+	for {
+		u := s.used.Load()
+		if max > 0 && u+n > max {
+			s.unchargeAddr(addr, n)
+			return "memory"
+		}
+		if s.used.CompareAndSwap(u, u+n) {
+			s.metrics.memory.Add(float64(n))
+			return ""
+		}
+	}
+}
+
+// uncharge gives back n bytes charged for addr.
+func (s *Server) uncharge(addr netip.Addr, n int64) {
+	s.used.Add(-n)
+	s.metrics.memory.Sub(float64(n))
+	s.unchargeAddr(addr, n)
+}
+
+func (s *Server) unchargeAddr(addr netip.Addr, n int64) {
+	if s.opts.MaxBytes <= 0 || !addr.IsValid() {
+		return
+	}
+	s.addrMu.Lock()
+	if s.addrBytes[addr] -= n; s.addrBytes[addr] <= 0 {
+		delete(s.addrBytes, addr)
+	}
+	s.addrMu.Unlock()
+}
+
+// MemoryInUse returns the bytes the Server's streams and buckets keep alive, by the
+// estimate that Options.MaxBytes bounds.
+func (s *Server) MemoryInUse() int64 { return s.used.Load() }
+
+// clientAddr is the address a stream counts under: its peer's IP, IPv6 by /64, as the
+// enforcer's listeners count connections.
+func clientAddr(a net.Addr) netip.Addr {
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return netip.Addr{}
+	}
+	ip := ap.Addr().Unmap()
+	if ip.Is6() {
+		if p, err := ip.Prefix(64); err == nil {
+			return p.Addr()
+		}
+	}
+	return ip
 }
 
 // serviceDesc is the RLQS service with a handler that receives the wire form of reports.

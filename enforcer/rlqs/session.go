@@ -2,11 +2,14 @@ package rlqs
 
 import (
 	"context"
+	"errors"
 	"math"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -16,6 +19,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/internal/memsize"
 )
 
 // minInterval is the shortest time between two reports of a bucket that counts as a
@@ -42,6 +46,7 @@ type request struct {
 // session is the server's side of one stream: its domain and its buckets.
 type session struct {
 	srv     *Server
+	addr    netip.Addr // its client's address (addrShare)
 	domain  string
 	byReq   map[*request]*holder
 	byRaw   map[string]*holder // by the bytes of a BucketId message
@@ -54,7 +59,9 @@ type session struct {
 type holder struct {
 	req     *request
 	raw     string      // the bucket id in wire form, for the responses (a byRaw key)
-	aliases []string    // other wire forms it was reported in (byRaw keys)
+	aliases []string    // other wire forms it was reported in (byRaw keys), maxAliases at most
+	bytes   int64       // charged to Options.MaxBytes
+	addr    netip.Addr  // its stream's client address, charged too
 	keys    []*keyState // the keys it contributes to
 	contrib contribution
 	m       model
@@ -67,6 +74,49 @@ type holder struct {
 	// measured: a report came after the first, so the next interval is a period.
 	measured bool
 }
+
+// maxAliases is how many wire forms of a bucket id besides its first a stream remembers:
+// a form past them is decoded and found by its canonical form at every report, so that
+// one bucket id sent in a million encodings (map entries in another order, unknown
+// fields) is one bucket, not a million keys.
+const maxAliases = 2
+
+// retainBytes is the most a stream keeps of its buffers (the last report, the last
+// response) from one message to the next: a larger one is dropped after use. 16 KiB
+// holds the report of some 250 buckets; a larger one is made anew at each report.
+const retainBytes = 16 << 10
+
+// streamBytes is what an open stream is charged against Options.MaxBytes: its goroutine
+// and grown stack, grpc-go's state of the stream and its session, 32 KiB (30 000 idle
+// streams took 841 MiB of the process, 28 KiB each), and the buffers it keeps
+// (retainBytes each for the report and the response).
+const streamBytes = 32<<10 + 2*retainBytes
+
+// bucketBytes is what a stream's bucket of the bucket id in wire form raw, with entries
+// id, is charged against Options.MaxBytes: the holder, its entries in the stream's maps,
+// and — charged to every holder, a bound rather than a share — the request it shares
+// with the other streams (the id's entries, its canonical name, its Reporter with a
+// descriptor and counter key or two) and its keys' states.
+func bucketBytes(raw string, id map[string]string) int64 {
+	n := memsize.Alloc(int64(unsafe.Sizeof(holder{}))) + memsize.Alloc(int64(len(raw))) + 2*mapEntryBytes
+	n += memsize.Alloc(int64(unsafe.Sizeof(request{}))) + memsize.Alloc(int64(unsafe.Sizeof(enforcer.Reporter{}))) + mapEntryBytes
+	for k, v := range id {
+		// The map's entry, the key and value strings, twice more in the canonical name
+		// and the descriptor.
+		n += mapEntryBytes + 3*(memsize.Alloc(int64(len(k)))+memsize.Alloc(int64(len(v))))
+	}
+	return n + 2*(memsize.Alloc(int64(unsafe.Sizeof(keyState{})))+keyNameBytes+mapEntryBytes)
+}
+
+// mapEntryBytes is what an entry of a Go map of strings or pointers takes, its part of
+// the buckets and their spare room included; keyNameBytes a counter key's length, about.
+const (
+	mapEntryBytes = 64
+	keyNameBytes  = 64
+)
+
+// errRefused: the bucket is past a bound (Options.MaxStreamBuckets, MaxBytes).
+var errRefused = errors.New("rlqs: bucket refused")
 
 func (s *Server) newSession() *session {
 	s.metrics.streams.Inc()
@@ -88,12 +138,37 @@ func (ss *session) handle(ctx context.Context, now time.Time, domain string, us 
 		s.metrics.invalid.WithLabelValues("domain_changed").Inc()
 		return nil, status.Errorf(codes.InvalidArgument, "domain: %q on a stream of domain %q (open a new stream to change it)", domain, ss.domain)
 	}
+	// Counts are bounded as at the other front doors: no client sees 2^32 requests of a
+	// bucket between two reports, and a larger number would swamp the counts. The whole
+	// report is refused, before any of it is counted, and the stream ended with
+	// InvalidArgument: a client that sends such a count is broken or forging, and the
+	// status says why. Envoy takes a stream's end in its stride: it drops the stream
+	// (onRemoteClose), opens another at its next report (onSendReportsTimer), and keeps
+	// deciding on its buckets' assignments until their TTL meanwhile (Envoy:
+	// source/extensions/filters/http/rate_limit_quota/global_client_impl.cc); a stream
+	// kept open would leave it unaware that its reports are not counted.
+	for i := range us {
+		if u := &us[i]; u.allowed > math.MaxUint32 || u.denied > math.MaxUint32 {
+			s.metrics.invalid.WithLabelValues("count_too_large").Inc()
+			field, n := "num_requests_allowed", u.allowed
+			if u.denied > math.MaxUint32 {
+				field, n = "num_requests_denied", u.denied
+			}
+			return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d].%s: %d is above 2^32-1", i, field, n)
+		}
+	}
 	t := s.since(now)
 	resp := ss.scratch[:0]
 	var reports, allowed, denied uint64
 	for i := range us {
 		u := &us[i]
 		h, err := ss.lookup(u, now)
+		if err == errRefused {
+			// No action: the client goes on by its no_assignment_behavior, and the
+			// usage is not counted (the server keeps nothing of the bucket to count it
+			// with).
+			continue
+		}
 		if err != nil {
 			s.metrics.invalid.WithLabelValues("malformed").Inc()
 			return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d].bucket_id: %v", i, err)
@@ -102,9 +177,6 @@ func (ss *session) handle(ctx context.Context, now time.Time, domain string, us 
 			s.metrics.invalid.WithLabelValues("no_bucket_id").Inc()
 			continue
 		}
-		// Counts are capped as at the other front doors: no client admits 2^32 requests
-		// between two reports, and a larger number would swamp the counts.
-		u.allowed, u.denied = min(u.allowed, math.MaxUint32), min(u.denied, math.MaxUint32)
 		reports++
 		allowed += u.allowed
 		denied += u.denied
@@ -121,6 +193,9 @@ func (ss *session) handle(ctx context.Context, now time.Time, domain string, us 
 	s.metrics.allowed.Add(float64(allowed))
 	s.metrics.denied.Add(float64(denied))
 	ss.scratch = resp
+	if cap(resp) > retainBytes {
+		ss.scratch = nil
+	}
 	if len(resp) == 0 {
 		return nil, nil
 	}
@@ -129,9 +204,11 @@ func (ss *session) handle(ctx context.Context, now time.Time, domain string, us 
 }
 
 // lookup returns u's holder, made when the stream has not reported its bucket before; nil
-// for an empty bucket id. A bucket id in wire form is looked up by its bytes first, and
-// decoded only when they are new (the same id may come encoded in another order: it is
-// then found by its entries, and its new bytes remembered too).
+// for an empty bucket id; errRefused when a new bucket would pass MaxStreamBuckets or
+// MaxBytes. A bucket id in wire form is looked up by its bytes first, and decoded only
+// when they are new: the same id may come encoded otherwise (its entries in another
+// order, unknown fields); it is then found by its canonical form, and up to maxAliases of
+// its other forms remembered.
 func (ss *session) lookup(u *usage, now time.Time) (*holder, error) {
 	if u.raw != nil {
 		if h := ss.byRaw[string(u.raw)]; h != nil {
@@ -146,31 +223,44 @@ func (ss *session) lookup(u *usage, now time.Time) (*holder, error) {
 	if len(u.bucket) == 0 {
 		return nil, nil
 	}
-	req := requestOf(&ss.srv.requests, ss.domain, u.bucket)
+	s := ss.srv
+	req := requestOf(&s.requests, ss.domain, u.bucket)
 	h := ss.byReq[req]
 	if h != nil {
-		ss.srv.requests.release(req) // the holder has its reference already
-	} else {
-		h = &holder{req: req, idle: -1}
-		if u.raw != nil {
-			h.raw = string(u.raw)
-		} else {
-			b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(&rlqsv3.BucketId{Bucket: u.bucket})
-			h.raw = string(b)
-		}
-		ss.byReq[req] = h
-		ss.srv.metrics.buckets.Inc()
-		ss.takeOver(req, ss.srv.since(now))
-	}
-	if u.raw != nil {
-		if raw := unsafeString(u.raw); raw == h.raw {
-			ss.byRaw[h.raw] = h
-		} else {
+		s.requests.release(req) // the holder has its reference already
+		if raw := unsafeString(u.raw); u.raw != nil && raw != h.raw && len(h.aliases) < maxAliases {
 			raw = string(u.raw)
-			ss.byRaw[raw] = h
-			h.aliases = append(h.aliases, raw)
+			if n := memsize.Alloc(int64(len(raw))) + mapEntryBytes; s.charge(ss.addr, n) == "" {
+				h.bytes += n
+				ss.byRaw[raw] = h
+				h.aliases = append(h.aliases, raw)
+			}
 		}
+		return h, nil
 	}
+	var raw string
+	if u.raw != nil {
+		raw = string(u.raw)
+	} else {
+		b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(&rlqsv3.BucketId{Bucket: u.bucket})
+		raw = string(b)
+	}
+	if n := s.opts.MaxStreamBuckets; n > 0 && len(ss.byReq) >= n {
+		s.requests.release(req)
+		s.metrics.refusedBkts.WithLabelValues("stream").Inc()
+		return nil, errRefused
+	}
+	size := bucketBytes(raw, u.bucket)
+	if bound := s.charge(ss.addr, size); bound != "" {
+		s.requests.release(req)
+		s.metrics.refusedBkts.WithLabelValues(bound).Inc()
+		return nil, errRefused
+	}
+	h = &holder{req: req, idle: -1, raw: raw, bytes: size, addr: ss.addr}
+	ss.byReq[req] = h
+	ss.byRaw[raw] = h
+	s.metrics.buckets.Inc()
+	ss.takeOver(req, s.since(now))
 	return h, nil
 }
 
@@ -206,6 +296,7 @@ func (ss *session) takeOver(req *request, t float64) {
 	o.taken = true
 	req.mu.Unlock()
 	ss.release(o)
+	ss.srv.uncharge(o.addr, o.bytes)
 	ss.srv.metrics.drainingBkts.Dec()
 }
 
@@ -218,6 +309,7 @@ func (ss *session) forget(h *holder) {
 		delete(ss.byRaw, r)
 	}
 	ss.srv.requests.release(h.req)
+	ss.srv.uncharge(h.addr, h.bytes)
 	ss.srv.metrics.buckets.Dec()
 }
 
@@ -250,10 +342,7 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 		hz = h.period
 	}
 	rate := float64(allowed+denied) / span
-	if h.started {
-		rate = 0.5*h.demand + 0.5*rate
-	}
-	h.demand = rate
+	smooth := h.started
 	h.m.afterReport(t, allowed, ss.unit())
 	h.started = true
 
@@ -282,6 +371,19 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 	}
 	qs = qs[:n]
 	req.quotas = qs
+	// A holder's demand is taken at most at the rate of its tightest limit: no client can
+	// be admitted more than the whole limit, so asking for more earns it no larger share
+	// (allot weighs the holders by their demands), and a forged count of requests cannot
+	// crowd out the others' shares beyond what one client honestly over its limit does.
+	for i := range qs {
+		if w := qs[i].Window.Seconds(); w > 0 {
+			rate = min(rate, float64(max(qs[i].Limit, 1))/w)
+		}
+	}
+	if smooth {
+		rate = 0.5*h.demand + 0.5*rate
+	}
+	h.demand = rate
 
 	if allowed+denied > 0 {
 		h.idle = -1
@@ -302,7 +404,7 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 		for i := range qs {
 			k := h.keys[i]
 			k.mu.Lock()
-			others := contribution{open: k.open - h.contrib.open, demand: k.demand - h.contrib.demand,
+			others := contribution{open: k.open - h.contrib.open, demand: k.demand - h.contrib.demand, hzp: k.hzp - h.contrib.hzp,
 				tok: k.tok - h.contrib.tok, rate: k.rate - h.contrib.rate, rateAt: k.rateAt - h.contrib.rateAt}
 			k.mu.Unlock()
 			now, over := allot(&qs[i], others, t, hz, h.demand, others.open+1, s.opts.SiteShare)
@@ -319,7 +421,7 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 		h.sentAt = t
 		s.metrics.actions.WithLabelValues(strategyLabels[a.kind]).Inc()
 	}
-	ss.contribute(h, contribution{open: 1, demand: h.demand})
+	ss.contribute(h, contribution{open: 1, demand: h.demand, hzp: horizonPower(hz)})
 	return a, send, false
 }
 
@@ -460,6 +562,7 @@ func (ss *session) drain() {
 		if !taken {
 			ss.srv.metrics.drainingBkts.Dec()
 			ss.release(h)
+			ss.srv.uncharge(h.addr, h.bytes)
 		}
 		ss.srv.requests.release(req)
 	}

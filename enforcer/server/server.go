@@ -44,6 +44,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/internal/memsize"
 	"github.com/streamlimit/streamlimit/producer"
 	"github.com/streamlimit/streamlimit/topics"
 )
@@ -102,7 +103,8 @@ type Config struct {
 	// are counted. Default enforcer.Defaults().MaxKeys, for each.
 	MaxKeys int
 	// MaxMemory is the memory target of the enforcer's per-key structures, in bytes: they
-	// keep at most half of it alive, split as memsize.Split says, the other half
+	// keep at most half of it alive, split as memsize.Split says (with RLQSAddr, the RLQS
+	// streams and buckets first get memsize.RLQSPart of it), the other half
 	// being the garbage collector's room. MaxKeys applies too. Default DefaultMaxMemory;
 	// negative: no bound in bytes.
 	MaxMemory int64
@@ -336,6 +338,12 @@ func New(cfg Config) (_ *Server, err error) {
 			return nil, fmt.Errorf("enforcer: proxy listener: %w", err)
 		}
 	}
+	// The RLQS streams and buckets get their part of the memory target; the per-key
+	// structures share the rest.
+	var rlqsBytes int64
+	if cfg.RLQSAddr != "" {
+		rlqsBytes = memsize.RLQSPart(cfg.MaxMemory)
+	}
 	s.core, err = streamlimit.New(streamlimit.Config{
 		Site: cfg.Site, Rules: cfg.RulesPath, ReloadInterval: cfg.ReloadInterval, ReloadSettle: cfg.ReloadSettle,
 		Load:    rules.LoadOptions{Compat: cfg.Compat, MergeDomains: cfg.MergeDomains, MaxFileBytes: cfg.RulesMaxBytes},
@@ -346,7 +354,7 @@ func New(cfg Config) (_ *Server, err error) {
 		SiteEnforcers: cfg.SiteEnforcers,
 		DefaultShare:  cfg.DefaultShare, MinShare: cfg.MinShare, SiteStaleAfter: cfg.SiteStaleAfter, CrashHold: cfg.CrashHold,
 		DenyUnknownDomain: cfg.DenyUnknownDomain,
-		SubBuckets:        cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxMemory: cfg.MaxMemory,
+		SubBuckets:        cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxMemory: cfg.MaxMemory - 2*rlqsBytes,
 		Clock: cfg.Clock, Logger: s.log, Registerer: reg,
 	})
 	if err != nil {
@@ -378,6 +386,12 @@ func New(cfg Config) (_ *Server, err error) {
 		}
 		if o.SiteShare == 0 {
 			o.SiteShare = fallbackShare(cfg.SiteEnforcers)
+		}
+		if o.MaxBytes == 0 {
+			o.MaxBytes = rlqsBytes
+			if cfg.MaxMemory < 0 {
+				o.MaxBytes = -1 // no bound in bytes, as for the per-key structures
+			}
 		}
 		o.Clock, o.Logger, o.Registerer = cfg.Clock, s.log, reg
 		if s.rlqs, err = rlqs.NewServer(s.lim, o); err != nil {
@@ -726,7 +740,7 @@ func (s *Server) Run(ctx context.Context) error {
 	var qs *grpc.Server
 	if s.rlqs != nil {
 		// An Envoy reports all its buckets in one message, larger than a check request.
-		qs = s.grpcServer(grpc.MaxRecvMsgSize(max(rlqs.MaxReportBytes, int(s.cfg.Limits.MaxBodyBytes))), rlqs.ServerOption())
+		qs = s.grpcServer(append(s.rlqs.ServerOptions(), grpc.MaxRecvMsgSize(max(rlqs.MaxReportBytes, int(s.cfg.Limits.MaxBodyBytes))))...)
 		s.rlqs.Register(qs)
 		s.registerReflection(qs)
 		goRun("rlqs", func() error { return serveGRPC(qs, s.rlqsLn) })

@@ -51,3 +51,15 @@ func Split(total int64) Budget {
 	half := total / 2
 	return Budget{KeyCache: half / 8, Local: half / 8, Counter: half / 2, Snapshot: half / 4}
 }
+
+// RLQSPart is the part of a process's memory target of total bytes that an enforcer
+// serving Envoy's Rate Limit Quota Service gives its streams and buckets
+// (rlqs.Options.MaxBytes): an eighth of the half that structures keep alive. The
+// enforcer takes it, doubled for the garbage collector's room, out of total before it
+// Splits the rest, so that everything it keeps alive stays within half of total.
+func RLQSPart(total int64) int64 {
+	if total <= 0 {
+		return 0
+	}
+	return total / 2 / 8
+}

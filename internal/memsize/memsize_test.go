@@ -37,3 +37,18 @@ func TestAllocCoversTheAllocator(t *testing.T) {
 		t.Errorf("Alloc(1000) = %d, want within an eighth above", got)
 	}
 }
+
+// TestRLQSPartKeepsTheHalf: the RLQS part, doubled, plus what Split gives the per-key
+// structures of the rest keeps at most half of the target alive.
+func TestRLQSPartKeepsTheHalf(t *testing.T) {
+	for _, total := range []int64{256 << 20, 2 << 30, 1 << 10} {
+		part := RLQSPart(total)
+		b := Split(total - 2*part)
+		if sum := part + b.KeyCache + b.Local + b.Counter + b.Snapshot; sum > total/2 || part <= 0 {
+			t.Errorf("target %d: RLQS %d, structures %+v: %d alive, above half", total, part, b, sum)
+		}
+	}
+	if RLQSPart(0) != 0 || RLQSPart(-1) != 0 {
+		t.Error("no target, no RLQS part")
+	}
+}

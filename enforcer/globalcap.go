@@ -11,6 +11,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
+	"github.com/streamlimit/streamlimit/internal/room"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -19,8 +20,10 @@ import (
 // is a fallback: the snapshot is stale and the limit is decided on a local share. Without
 // a snapshot (a single site) the limit is this site's share, DefaultShare or the whole.
 // A cap that reserves room for a silent site is not a fallback; it is counted in the
-// metrics. h is op's key's handle (nil: none), whose caches spare lookups by key.
-func (l *Limiter) globalCap(now time.Time, op *sitecount.Op, h *keyHandle, allow int64) (capLocal, total float64, fallback bool) {
+// metrics. h is op's key's handle (nil: none), whose caches spare lookups by key. horizon
+// is how long past now the cap is spent on: 0 for a decision, the reporting horizon for a
+// Reporter's quota; the other sites' spend over it is kept back from the room ahead.
+func (l *Limiter) globalCap(now time.Time, op *sitecount.Op, h *keyHandle, allow int64, horizon time.Duration) (capLocal, total float64, fallback bool) {
 	allowance := float64(allow)
 	sn := l.cfg.Snapshot
 	if sn == nil {
@@ -41,7 +44,7 @@ func (l *Limiter) globalCap(now time.Time, op *sitecount.Op, h *keyHandle, allow
 	)
 	var reserved bool
 	if h != nil && !stale {
-		capLocal, total, reserved, e, known = l.cachedCap(now, op, h, sn, st, allowance)
+		capLocal, total, reserved, e, known = l.cachedCap(now, op, h, sn, st, allowance, horizon)
 	} else {
 		if h != nil {
 			e, known = l.snapEntry(sn, h)
@@ -55,7 +58,7 @@ func (l *Limiter) globalCap(now time.Time, op *sitecount.Op, h *keyHandle, allow
 		if stale {
 			return dither(allowance*l.share.staleShare(&e, known, st), op.Key, salt(&e, known, now)), total, true
 		}
-		a := l.share.capFor(now, op.Key, allowance, &e, known, false, st, nil, 0)
+		a := l.share.capFor(now, op.Key, allowance, &e, known, false, st, nil, 0, nil)
 		capLocal, reserved = a.base, a.reserved
 		l.restarted(now, op, &e, known, st)
 	}
@@ -110,7 +113,7 @@ type capCache struct {
 // rounding salt). A hot key's decision then costs a few comparisons instead of the whole
 // share computation. It also keeps the key's breakdown from before any site went silent
 // (keyGlobal.keepFrozen), by which silent sites are reserved their shares.
-func (l *Limiter) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *snapshot.Snapshot, st *snapshot.SiteTimes, allowance float64) (capLocal, total float64, reserved bool, e snapshot.Entry, known bool) {
+func (l *Limiter) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *snapshot.Snapshot, st *snapshot.SiteTimes, allowance float64, horizon time.Duration) (capLocal, total float64, reserved bool, e snapshot.Entry, known bool) {
 	v := sn.Version()
 	sig, allFresh, cacheable := l.share.stateSig(now, st)
 	g := l.keys.globalOf(h)
@@ -125,26 +128,34 @@ func (l *Limiter) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *s
 	}
 	ms := now.UnixMilli()
 	g.keepFrozen(ms, &e, known, allFresh, l.cfg.SiteStaleAfter.Milliseconds())
+	if known {
+		g.past.see(e.Sites, e.AsOf)
+	}
 	newKey := known && now.UnixNano()-g.unknownAt < int64(l.cfg.NewKeyHold)
 	// Before finalCap reads this site's count: the hits of a previous instance given
 	// to the counter are not taken for new hits the others have not seen.
 	l.restarted(now, op, &e, known, st)
 	k := capKey{ver: v, sites: st, states: sig, allow: allowance, known: known, newKey: newKey, salt: salt(&e, known, now)}
 	if !(cacheable && g.cc.set && g.cc.key == k) {
-		g.cc = capCache{key: k, set: cacheable, a: l.share.capFor(now, op.Key, allowance, &e, known, newKey, st, g.frozen, g.frozenAt)}
+		g.cc = capCache{key: k, set: cacheable, a: l.share.capFor(now, op.Key, allowance, &e, known, newKey, st, g.frozen, g.frozenAt, &g.past)}
 		if g.cc.a.heavy {
 			g.heavyUntil = ms + op.Window.Milliseconds()
 		}
 	}
 	a := g.cc.a
 	a.heavy = a.heavy || ms < g.heavyUntil
-	if own := g.arrive(ms, op.N); a.peers > 0 {
+	own := g.arrive(ms, op.N)
+	if a.peers > 0 {
 		// The other sites of this data center see the client's requests alike (behind one
 		// load balancer), and now, where the snapshot's demand shows them a lag late and
 		// decayed: a surge here is taken to be one there.
 		a.rate = max(a.rate, float64(a.peers)*own)
 	}
-	return l.finalCap(now, op, &e, known, st, &a), total, a.reserved, e, known
+	// The data centers that have served the key in the window may see a surge of it as
+	// this one does (a client spread over them), where the snapshot shows it a lag late:
+	// each is taken to be receiving at least this site's rate.
+	a.remote = max(a.remote, float64(a.serving)*own)
+	return l.finalCap(now, op, &e, known, st, &a, horizon), total, a.reserved, e, known
 }
 
 // arrivalPeriod is the period over which this site's own request rate for a key is
@@ -234,7 +245,7 @@ const (
 	// heavyLoad is the key's demand rate, over its limit's, beyond which the key is in
 	// demand beyond its limit: it gets no room ahead, for a window after it was last seen
 	// so.
-	heavyLoad = 1.0
+	heavyLoad = 2.0
 	// aheadLead is added to the snapshot's age for how long the other sites go on
 	// spending before this site's admissions reach them (ms): about the time from a hit to
 	// the other data centers' snapshots less the part the snapshot's age already shows.
@@ -277,7 +288,7 @@ const (
 // the cap: this site's recent hits are told apart within a sub-bucket by the span of its
 // hits, an estimate that a burst of admissions moves, and a correction that could rise
 // with the admissions it caps would feed on itself.
-func (l *Limiter) finalCap(now time.Time, op *sitecount.Op, e *snapshot.Entry, known bool, st *snapshot.SiteTimes, a *allotment) float64 {
+func (l *Limiter) finalCap(now time.Time, op *sitecount.Op, e *snapshot.Entry, known bool, st *snapshot.SiteTimes, a *allotment, horizon time.Duration) float64 {
 	rc, ok := l.cfg.Counter.(recentCounter)
 	if !known || !ok {
 		return a.base
@@ -291,14 +302,22 @@ func (l *Limiter) finalCap(now time.Time, op *sitecount.Op, e *snapshot.Entry, k
 	// the cap errs low, and a decision at that instant still counts its own admissions.
 	count, since, hard := rc.Recent(now, op, t0-1)
 	capLocal := a.base
-	if !a.heavy && a.ahead {
-		lead := min(float64(max(ms-e.AsOf, 0)+aheadLead), aheadMax)
-		others := a.rate * lead
-		ahead := math.Floor(a.top - others - aheadZ*math.Sqrt(others))
-		capLocal = max(capLocal, ahead-(hard-count))
-	}
 	if heard {
 		capLocal += min(a.others, 1) * min(count-since-e.Mine, 0)
+	}
+	if !a.heavy && a.ahead {
+		// This data center's other sites see this site's hits a local hop after they are
+		// made; the other data centers a replication later, and the margin is on that.
+		lead := min(float64(max(ms-e.AsOf, 0)+aheadLead), aheadMax)
+		peers := room.Expected(a.rate, lead, aheadZ)
+		remote := room.Expected(a.remote, lead+float64(l.cfg.ReserveMargin.Milliseconds()), aheadZ)
+		ahead := math.Floor(a.top - min(remote, a.top-a.dcTop) - min(peers, a.peerShares))
+		if horizon > 0 {
+			// A quota spent over a horizon (a Reporter's, reported in lumps): the room ahead
+			// within this data center only, the other data centers keeping their shares.
+			ahead = math.Floor(a.dcTop - room.Expected(a.rate, lead, aheadZ))
+		}
+		capLocal = max(capLocal, ahead-(hard-count))
 	}
 	return capLocal
 }

@@ -261,21 +261,22 @@ const (
 // now, on every decision (the allotment a is cached while the snapshot does not change).
 // Only a sitecount.Counter that can tell its recent hits (sitecount.Local) is corrected.
 //
-// Room ahead. The shares split the room among the fresh sites; with many sites in a data
-// center (several processes, each a site) a quiet key's share at each is a fraction of a
-// request, and a client under its limit is denied while most of its room is unspent. What
-// takes the data center's room from this site is what its other sites spend before this
-// site sees them, not their shares: so a key that is not in demand beyond its limit
-// (heavy) may reach, when its share gives less, its data center's share of the room less
-// the other sites of the data center's expected spend within the lag — their demand rate
-// times the snapshot's age plus aheadLead, with aheadZ standard deviations of margin. Only
-// this site's hits surely in the window count against it: the room ahead is lowered by the
-// part of the oldest sub-bucket the span count takes as gone and the hard count does not.
-// The data centers' shares still add up to the room, so a surge at every data center at
-// once is held as before; a surge at several sites of one data center before the counts
-// show it can be admitted beyond that data center's share by what arrives within one lag
-// beyond the expected, and a key whose demand reaches its limit (heavyLoad) loses the room
-// ahead for a window. A data center of one site is not affected.
+// Room ahead. The shares split the room among the fresh sites, and follow demand a lag
+// late: a client near its limit is refused at one site while room it will not use is kept
+// for another. What takes the room from this site is what the other sites spend before
+// they see its admissions, not their shares: so a key that is not in demand beyond its
+// limit (heavy) may reach, when its share gives less, the whole room less the other fresh
+// sites' expected spend within the lag (room.Expected, aheadZ standard deviations of
+// margin) — this data center's other sites over the snapshot's age plus aheadLead, the
+// other data centers over that plus Config.ReserveMargin — each part at most what the
+// shares give them, so that the rule never gives less than the share and, when every site
+// keeps back the others' shares, the caps add up to the room. Only this site's hits surely
+// in the window count against it: the room ahead is lowered by the part of the oldest
+// sub-bucket the span count takes as gone and the hard count does not. A surge at several
+// sites before the counts show it is the risk: the other data centers that served the key
+// in the window, and this data center's other sites, are taken to receive at least this
+// site's rate (Limiter.cachedCap). A quota spent over a horizon (a Reporter's) gets the
+// room ahead within its data center's share only.
 //
 // Seen as others. This data center's aggregator counts this site's hits a local hop after
 // they are made, the other data centers' a replication later: the snapshot shows this site
@@ -287,7 +288,8 @@ const (
 // whose data center is alone in the key is not affected. The correction only ever lowers
 // the cap: this site's recent hits are told apart within a sub-bucket by the span of its
 // hits, an estimate that a burst of admissions moves, and a correction that could rise
-// with the admissions it caps would feed on itself.
+// with the admissions it caps would feed on itself. It lowers the share's cap only: in the
+// room ahead the others keep back this site's rate instead.
 func (l *Limiter) finalCap(now time.Time, op *sitecount.Op, e *snapshot.Entry, known bool, st *snapshot.SiteTimes, a *allotment, horizon time.Duration) float64 {
 	rc, ok := l.cfg.Counter.(recentCounter)
 	if !known || !ok {

@@ -131,7 +131,7 @@ func WriteSweepSVG(w io.Writer, pts []SweepPoint) error {
 		var line [][2]float64
 		for _, p := range pts {
 			if p.Scenario == sc && p.Under >= 0 {
-				line = append(line, [2]float64{fr.X(p.MaxRatio), fr.Y(p.Under)})
+				line = append(line, [2]float64{p.MaxRatio, p.Under})
 			}
 		}
 		if len(line) == 0 {
@@ -140,7 +140,7 @@ func WriteSweepSVG(w io.Writer, pts []SweepPoint) error {
 		c := colors[i%len(colors)]
 		fr.Polyline(&b, "sweep-"+string(sc), c, 2, "", line)
 		for _, q := range line {
-			fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`+"\n", q[0], q[1], c)
+			fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`+"\n", fr.X(q[0]), fr.Y(q[1]), c)
 		}
 		legend = append(legend, svgplot.LegendItem{Label: string(sc), Color: c})
 	}

@@ -94,6 +94,8 @@ type Config struct {
 	DenyUnknownDomain bool
 	SiteStaleAfter    time.Duration
 	CrashHold         time.Duration
+	// ReserveMargin: see enforcer.Config (enforcer.Defaults().ReserveMargin).
+	ReserveMargin time.Duration
 	// SubBuckets splits every window, as the aggregators do (window.DefaultSubBuckets).
 	SubBuckets int
 
@@ -161,8 +163,8 @@ func New(cfg Config) (_ *Limiter, err error) {
 		Rules: l.reloader.Current, Site: cfg.Site, Local: l.local, Counter: l.counter,
 		MaxKeys: cfg.MaxKeys, KeyCacheBytes: mem.KeyCache, SubBuckets: cfg.SubBuckets,
 		DefaultShare: cfg.DefaultShare, MinShare: cfg.MinShare, SiteStaleAfter: cfg.SiteStaleAfter, CrashHold: cfg.CrashHold,
-		DenyUnknownDomain: cfg.DenyUnknownDomain,
-		Clock:             cfg.Clock, Logger: l.log, Registerer: cfg.Registerer,
+		ReserveMargin: cfg.ReserveMargin, DenyUnknownDomain: cfg.DenyUnknownDomain,
+		Clock: cfg.Clock, Logger: l.log, Registerer: cfg.Registerer,
 	}
 	share := fallbackShare(cfg.SiteEnforcers)
 	redis := len(cfg.Redis.Addrs) > 0 || cfg.Redis.Client != nil

@@ -112,6 +112,15 @@ type Config struct {
 	// admits while it cannot publish; shorter frees a crashed process's clients sooner.
 	// Default: Defaults; negative: no reservation at all.
 	CrashHold time.Duration
+	// ReserveMargin is added to the pipeline's lag in the time over which the other sites'
+	// spend of a key is reserved: a site may spend of a key under its limit all the room
+	// it sees, less what the other fresh sites may admit before its hits reach them —
+	// their request rate for the key over the snapshot's age, the lag and ReserveMargin,
+	// never more than their shares of the room (see the package documentation, "Global
+	// limits"). Longer keeps more back for a client that surges at several sites at once
+	// (less over-admission); shorter refuses less of a client near its limit. Default:
+	// Defaults, chosen with the accuracy simulation (docs/accuracy.md); negative: none.
+	ReserveMargin time.Duration
 	// RecoveryHold is how long, after the snapshot was last stale, a global limit stays
 	// capped at this site's share as well as by the snapshot (bounded by the limit's
 	// window): right after Kafka or the aggregator comes back, hits published during the
@@ -160,8 +169,11 @@ func Defaults() Config {
 		// ShareDamping and DemandPrior.
 		CrashHold:    10 * time.Second,
 		ShareDamping: 0.15,
-		DemandPrior:  0.05,
-		RecoveryHold: 30 * time.Second,
+		// The knee of the frontier of over-admission against false 429s that
+		// `streamlimit sim dc --sweep-reserve-margin` measures (docs/accuracy.md).
+		ReserveMargin: 250 * time.Millisecond,
+		DemandPrior:   0.05,
+		RecoveryHold:  30 * time.Second,
 		// A few pipeline lags.
 		NewKeyHold: time.Second,
 		// As many keys as the site counter holds by default.

@@ -49,23 +49,32 @@
 // a data center of many processes gets one minimum share and one part of the prior, not
 // one per process.
 //
-// Shares alone hold a site to a fraction of its data center's share; with many sites in a
-// data center, a quiet key's share at each is a fraction of a request, and a client under
-// its limit is denied while its room is unspent. So a key not in demand beyond its limit
-// (its demand rate, over the sites, below the limit's, for a window) may reach, where its
-// share gives less, its data center's whole share of the room less what the data center's
-// other sites are expected to spend before they see this site's admissions (their demand
-// rate over the snapshot's age and a lead, with a margin). The data centers' shares still
-// add up to the room; the price is a bounded risk within a data center: a client that
-// surges at several of its sites at once before the counts show it can be admitted beyond
-// the data center's share by what arrives within one lag; once its demand reaches its
-// limit it gets shares only.
+// Shares alone keep back for the other sites far more than they can spend: a share
+// follows demand a lag late, and near its limit a client is refused at one site while room
+// it will not use is kept for another. What takes the room from this site is what the
+// others admit before they see its admissions, not their shares. So a key not in demand
+// beyond twice its limit (its demand rate over the sites, for a window) may reach, where
+// its share gives less, the whole room less what the other fresh sites may admit within
+// the lag: their recent request rate for the key (told from their demand now and about
+// 300 ms before, so that a site a client has left stops being kept room within a fraction
+// of a second) over the snapshot's age and a lead — for the other data centers, which see
+// this site a replication late, plus Config.ReserveMargin — with two standard deviations
+// of Poisson margin (package internal/room), never more than the shares would give them:
+// the rule never gives less than the share rule, and when every site keeps back the
+// others' shares the caps add up to the room. A site that has not served a key is kept
+// almost nothing of it, and a client that moves brings its rate with it a lag later. The
+// price is a bounded risk: a client that surges at several sites at once before the counts
+// show it could be admitted by each; every site that served the key in the window is
+// taken to see a surge here (this site's own rate, measured over half a second), and the
+// sites of one data center this site's rate times their number. A Reporter's quota, spent
+// over seconds, gets only its data center's share of the room ahead.
 //
 // The snapshot shows this site as of a local hop ago, the other data centers as of a
 // replication ago: the room it leaves for this site is partly spent by what the others
 // have not seen yet. So the cap counts this site as the others see it — its hits since
 // the other data centers were last heard from are taken out of their shares' reach —
-// which only ever lowers the cap.
+// which only ever lowers the share's cap. The room ahead needs no such correction: there
+// the others keep back this site's rate over the lag.
 // The aggregators help from their side by holding each data center's own hits back by
 // the lag difference (aggregator.Config.MaxLocalHold).
 //

@@ -63,15 +63,28 @@ func (v *siteView) spends() bool { return v.state == siteFresh || v.state == sit
 type allotment struct {
 	// base is the cap by the shares, which add up to the room.
 	base float64
-	// top is this site's hold plus its data center's share of the room left by all
-	// holds: the most the room ahead may give (when ahead: the room is positive).
+	// top is this site's hold plus the whole room left by all holds: the most the room
+	// ahead may give (when ahead: the room is positive).
 	top float64
+	// dcTop is this site's hold plus its data center's share of the room: the most the
+	// room ahead gives a Reporter's quota (Limiter.finalCap).
+	dcTop float64
 	// rate is the demand rate for the key of the other fresh sites of this site's data
 	// center (requests per ms).
 	rate float64
+	// remote is the demand rate for the key of the fresh sites of the other data centers
+	// (requests per ms).
+	remote float64
+	// peerShares is the part of the room the shares give the other fresh sites of this
+	// site's data center: the most the room ahead keeps back for them, as top − dcTop is
+	// for the other data centers.
+	peerShares float64
 	// others is the part of the room given to the sites of other data centers, which see
 	// this site a replication late.
 	others float64
+	// serving is the number of the fresh sites of other data centers that count at least
+	// one request of the key in the window (at most 255): those that have served it.
+	serving uint8
 	// peers is the number of the other fresh sites of this site's data center (at most
 	// 255).
 	peers uint8
@@ -125,7 +138,7 @@ func (g *sharing) unseen(now int64, st *snapshot.SiteTime) bool {
 // their shares; it is used for a site only if seen within a window of its silence. The
 // allotment also tells whether the cap reserves room for a silent site, and what
 // Limiter.finalCap needs: the room, the demands, the key's load.
-func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapshot.Entry, known, newKey bool, st *snapshot.SiteTimes, frozen []topics.SiteCount, frozenAt int64) allotment {
+func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapshot.Entry, known, newKey bool, st *snapshot.SiteTimes, frozen []topics.SiteCount, frozenAt int64, past *pastDemand) allotment {
 	var reserved bool
 	var buf [maxSites]siteView
 	sites := g.view(buf[:0], now, e, known, st)
@@ -204,7 +217,8 @@ func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapsh
 	if w := e.Window.Milliseconds(); allowance > 0 && w > 0 {
 		heavy = demand/demandTau/(allowance/float64(w)) > heavyLoad
 	}
-	a := g.allot(sites, allowance, unitHash(key, e.AsOf), heavy)
+	ref, dt := past.at(e.AsOf)
+	a := g.allot(sites, allowance, unitHash(key, e.AsOf), heavy, ref, dt)
 	a.heavy, a.reserved = heavy, reserved
 	return a
 }
@@ -256,7 +270,7 @@ func shareOf(site string, frozen []topics.SiteCount, e *snapshot.Entry) float64 
 // it in name order. Each cap is rounded up with probability equal to its fraction (the room
 // is spent in expectation), and the rounded caps add up to the rounded sum: rounding never
 // admits more than the limit, as independent rounding of N caps could by up to N−1.
-func (g *sharing) allot(sites []siteView, allowance, u float64, heavy bool) (a allotment) {
+func (g *sharing) allot(sites []siteView, allowance, u float64, heavy bool, past []topics.SiteCount, dt float64) (a allotment) {
 	room := allowance
 	// The fresh sites' data centers: demand, count and fresh sites of each.
 	var gd, gc [maxSites]float64
@@ -326,7 +340,7 @@ func (g *sharing) allot(sites []siteView, allowance, u float64, heavy bool) (a a
 		if !fresh(i) {
 			s.cap = s.hold
 			if i == me {
-				a.base, a.top = s.hold, s.hold
+				a.base, a.top, a.dcTop = s.hold, s.hold, s.hold
 			}
 			continue
 		}
@@ -337,11 +351,20 @@ func (g *sharing) allot(sites []siteView, allowance, u float64, heavy bool) (a a
 		c := s.hold + f*room
 		s.cap = math.Floor(before+c+u) - math.Floor(before+u)
 		if i == me {
-			// Room ahead only within this data center: its sites may spend its share of
-			// the room less what its other sites are expected to spend, and the data
-			// centers' shares still add up to the room.
-			a.base, a.top, a.rate = s.cap, s.hold+share(s.group)*room, (gd[s.group]-s.demand)/demandTau
+			// The room ahead (Limiter.finalCap): the whole room, less what the other fresh
+			// sites may spend before this site's hits reach them, at most their shares.
+			a.base, a.top, a.dcTop = s.cap, s.hold+max(room, 0), s.hold+share(s.group)*room
 			a.peers = uint8(min(gn[s.group]-1, 255))
+			a.peerShares = f * float64(gn[s.group]-1) * room
+		} else if room > 0 {
+			if r := recentRate(s.site, s.demand, past, dt); s.group != sites[me].group {
+				a.remote += r
+				if s.count >= 1 && a.serving < 255 {
+					a.serving++
+				}
+			} else {
+				a.rate += r
+			}
 		}
 		before += c
 	}
@@ -518,4 +541,53 @@ func unitHash(key string, salt int64) float64 {
 // siteIndex returns the position of site in sites (sorted by name) and whether it is there.
 func siteIndex(sites []siteView, site string) (int, bool) {
 	return slices.BinarySearchFunc(sites, site, func(v siteView, s string) int { return strings.Compare(v.site, s) })
+}
+
+// pastDemand keeps a key's per-site breakdown from a little while ago, by which the other
+// sites' recent request rates are told from their demands (recentRate). The breakdowns
+// are the snapshot's immutable slices, shared, not copies.
+type pastDemand struct {
+	ref, next     []topics.SiteCount
+	refAt, nextAt int64 // their as-of times (unix ms)
+}
+
+// rateSpan is the least span (ms) over which a site's recent request rate is measured: long
+// enough for a few requests of a client near its limit, short against the demand's time
+// constant, so that a site a client has left stops being kept room within a fraction of a
+// second.
+const rateSpan = 300
+
+// see takes a breakdown seen as of asOf (unix ms): the latest becomes the reference once it
+// is rateSpan older than the one after it.
+func (p *pastDemand) see(sites []topics.SiteCount, asOf int64) {
+	switch {
+	case p.next == nil || asOf < p.nextAt:
+		p.ref, p.refAt, p.next, p.nextAt = nil, 0, sites, asOf
+	case asOf-p.nextAt >= rateSpan:
+		p.ref, p.refAt, p.next, p.nextAt = p.next, p.nextAt, sites, asOf
+	}
+}
+
+// at returns the reference breakdown and its age at asOf (ms); nil when there is none.
+func (p *pastDemand) at(asOf int64) ([]topics.SiteCount, float64) {
+	if p == nil || p.ref == nil || asOf <= p.refAt {
+		return nil, 0
+	}
+	return p.ref, float64(asOf - p.refAt)
+}
+
+// recentRate returns site's request rate (per ms) over the last dt ms from its demand now
+// and in past (as of dt ms ago): what arrived since, at a constant rate r, adds
+// r·τ·(1 − e^(−dt/τ)) to the demand decayed since. Without a past breakdown it is the
+// demand's own rate, demand / τ, which follows a change over about τ.
+func recentRate(site string, demand float64, past []topics.SiteCount, dt float64) float64 {
+	if past == nil || dt <= 0 {
+		return demand / demandTau
+	}
+	var before float64
+	if k, ok := slices.BinarySearchFunc(past, site, func(c topics.SiteCount, s string) int { return strings.Compare(c.Site, s) }); ok {
+		before = past[k].Demand
+	}
+	decay := math.Exp(-dt / demandTau)
+	return max(demand-before*decay, 0) / (demandTau * (1 - decay))
 }

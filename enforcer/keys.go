@@ -114,6 +114,9 @@ type keyGlobal struct {
 	// gets no room ahead (Limiter.finalCap) for a window after its demand was last seen
 	// beyond heavyLoad.
 	heavyUntil int64
+	// past keeps the breakdown of a little while ago, by which the other sites' recent
+	// rates are measured (recentRate).
+	past pastDemand
 	// arrSlot is the current period of arrivalPeriod (unix ms / arrivalPeriod), arrCur
 	// and arrPrev this site's requests for the key in it and in the one before
 	// (keyGlobal.arrive).
@@ -125,9 +128,9 @@ type keyGlobal struct {
 // allocator. The tables are counted whole (tableBytes), a quarter to a half full.
 const (
 	keyHandleSize = 32  // unsafe.Sizeof(keyHandle{}), checked by TestKeyCacheSizes
-	keyGlobalSize = 288 // unsafe.Sizeof(keyGlobal{}), for a handle given its state later
+	keyGlobalSize = 376 // unsafe.Sizeof(keyGlobal{}), for a handle given its state later
 	// globalHandleSize is unsafe.Sizeof(globalHandle{}), a size class of its own.
-	globalHandleSize = 320
+	globalHandleSize = 408
 	keySlotBytes     = int64(unsafe.Sizeof(keySlot{}))
 )
 

@@ -95,6 +95,12 @@ func New(cfg Config) (*Limiter, error) {
 	if cfg.CrashHold == 0 {
 		cfg.CrashHold = d.CrashHold
 	}
+	switch {
+	case cfg.ReserveMargin == 0:
+		cfg.ReserveMargin = d.ReserveMargin
+	case cfg.ReserveMargin < 0:
+		cfg.ReserveMargin = 0
+	}
 	if cfg.MaxWaiters <= 0 {
 		cfg.MaxWaiters = d.MaxWaiters
 	}
@@ -427,7 +433,7 @@ func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64)
 		(len(s.siteOps) == 0 || l.joint != nil && !anyShadow(s.siteRefs))
 	if len(s.globOps) > 0 {
 		for i := range s.globOps {
-			s.globOps[i].Cap, s.globTotal[i], s.globStale[i] = l.globalCap(now, &s.globOps[i], s.globRefs[i].h, s.globRefs[i].allowance())
+			s.globOps[i].Cap, s.globTotal[i], s.globStale[i] = l.globalCap(now, &s.globOps[i], s.globRefs[i].h, s.globRefs[i].allowance(), 0)
 		}
 		joint := false
 		if fused && len(s.siteOps) > 0 {

@@ -118,7 +118,7 @@ func (r *Reporter) Report(ctx context.Context, now time.Time, admitted, denied i
 			ref.allow = l.elastic(ref.limit) // it moves with its pool's use
 		}
 		q := Quota{Key: ops[i].Key, Window: ops[i].Window, Limit: ref.allowance(), Shadow: ref.shadow}
-		q.Cap, _, q.Fallback = l.globalCap(now, &ops[i], ref.h, q.Limit)
+		q.Cap, _, q.Fallback = l.globalCap(now, &ops[i], ref.h, q.Limit, ahead)
 		q.Count, q.Later = counts[i], min(later[i], counts[i])
 		if failed {
 			q.Count, q.Later, q.Fallback = max(q.Count, q.Cap), max(q.Count, q.Cap), true

@@ -122,6 +122,7 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 	f.Float64Var(&c.DefaultShare, "default-share", 0, "this site's share of a global limit for keys new to the counts (0: 1/the number of sites that may spend them: live, or cut off from here)")
 	f.DurationVar(&c.SiteStaleAfter, "site-stale-after", enforcer.Defaults().SiteStaleAfter, "how long a site may go unheard before it is taken as silent and reserved its share of the keys it served")
 	f.DurationVar(&c.CrashHold, "crash-hold", enforcer.Defaults().CrashHold, "how long a site silent while the rest of its data center speaks (a crash) keeps its reservation, fading (negative: none)")
+	f.DurationVar(&c.ReserveMargin, "reserve-margin", enforcer.Defaults().ReserveMargin, "added to the pipeline lag over which the other sites' recent rate of a key is kept back from the room this site may spend (negative: none)")
 	f.IntVar(&c.SubBuckets, "sub-buckets", window.DefaultSubBuckets, "sub-window buckets per window (must equal the aggregator's)")
 	f.IntVar(&c.MaxKeys, "max-keys", enforcer.Defaults().MaxKeys, "bound on keys held per structure (local counters, site counts, snapshot, key cache); idle keys go first")
 	ef.maxMemory = server.DefaultMaxMemory

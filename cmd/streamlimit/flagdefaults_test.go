@@ -48,6 +48,7 @@ func TestFlagDefaultsAreTheLibraries(t *testing.T) {
 			"max-staleness":             d(snapshot.DefaultMaxStaleness),
 			"site-stale-after":          d(enforcer.Defaults().SiteStaleAfter),
 			"crash-hold":                d(enforcer.Defaults().CrashHold),
+			"reserve-margin":            d(enforcer.Defaults().ReserveMargin),
 			"sub-buckets":               fmt.Sprint(window.DefaultSubBuckets),
 			"max-keys":                  fmt.Sprint(enforcer.Defaults().MaxKeys),
 			"redis-timeout":             d(sitestore.DefaultTimeout),

@@ -230,6 +230,7 @@ func registerTuning(fs *pflag.FlagSet, t *sim.Tuning) {
 	fs.Float64Var(&t.ShareDamping, "share-damping", 0, "enforcer ShareDamping (0: the enforcer's default, negative: off)")
 	fs.Float64Var(&t.DemandPrior, "demand-prior", 0, "enforcer DemandPrior (0: the enforcer's default, negative: off)")
 	fs.DurationVar(&t.CrashHold, "crash-hold", 0, "enforcer CrashHold (0: the enforcer's default, negative: none)")
+	fs.DurationVar(&t.ReserveMargin, "reserve-margin", 0, "enforcer ReserveMargin (0: the enforcer's default, negative: none)")
 }
 
 func newSimDCCmd() *cobra.Command {
@@ -237,6 +238,9 @@ func newSimDCCmd() *cobra.Command {
 		base      sim.DCConfig
 		scenarios string
 		parallel  int
+		sweep     bool
+		margins   []time.Duration
+		sweepSVG  string
 	)
 	cmd := &cobra.Command{
 		Use:   "dc",
@@ -260,12 +264,34 @@ the oracle had; "under limit": of clients below their limit; "migrating": of mov
 clients); move is the time from a moved client's first request at its new data center to
 its first admission there. Each target is then reported as met or MISSED.`,
 		Example: `  streamlimit sim dc
-  streamlimit sim dc --scenarios partition,migrating --wan 40ms --jitter 10ms`,
+  streamlimit sim dc --scenarios partition,migrating --wan 40ms --jitter 10ms
+  streamlimit sim dc --sweep-reserve-margin --svg docs/accuracy-reserve.svg`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var scs []sim.DCScenario
 			for _, s := range splitList(scenarios) {
 				scs = append(scs, sim.DCScenario(s))
+			}
+			if sweep {
+				pts, err := sim.SweepReserveMargin(cmd.Context(), base, scs, margins, parallel)
+				if err != nil {
+					return err
+				}
+				if err := sim.WriteSweepTable(cmd.OutOrStdout(), pts); err != nil {
+					return err
+				}
+				if sweepSVG == "" {
+					return nil
+				}
+				var b strings.Builder
+				if err := sim.WriteSweepSVG(&b, pts); err != nil {
+					return err
+				}
+				if err := os.WriteFile(sweepSVG, []byte(b.String()), 0o644); err != nil {
+					return fmt.Errorf("sim dc: --svg: %w", err)
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s\n", sweepSVG)
+				return nil
 			}
 			rs, err := sim.RunDCScenarios(cmd.Context(), base, scs, parallel)
 			if err != nil {
@@ -293,6 +319,9 @@ its first admission there. Each target is then reported as met or MISSED.`,
 	fs.StringVar(&base.Algorithm, "algorithm", "", "the global limit's algorithm: sliding_window (default), token_bucket or gcra")
 	fs.Int64Var(&base.Burst, "burst", 0, "bucket size of token_bucket and gcra; the oracle is then at most burst in any burst/rate")
 	registerTuning(fs, &base.Tuning)
+	fs.BoolVar(&sweep, "sweep-reserve-margin", false, "run every scenario at every --margins and print max/limit against the false 429s of clients under their limit and of migrating clients (the frontier the enforcer's --reserve-margin moves along)")
+	fs.DurationSliceVar(&margins, "margins", sim.DefaultSweepMargins(), "reserve margins --sweep-reserve-margin tries (negative: none)")
+	fs.StringVar(&sweepSVG, "svg", "", "with --sweep-reserve-margin, also plot the frontier to this SVG file")
 	fs.IntVar(&parallel, "parallel", runtime.GOMAXPROCS(0), "runs simulated at once (the output does not depend on it)")
 	return cmd
 }

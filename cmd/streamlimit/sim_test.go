@@ -7,6 +7,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -39,6 +41,26 @@ func TestSimDCCommand(t *testing.T) {
 	}
 	if _, _, err := runSplit(t, "sim", "dc", "--scenarios", "nope"); err == nil || !strings.Contains(err.Error(), "unknown scenario") {
 		t.Fatalf("unknown scenario: %v", err)
+	}
+}
+
+// `sim dc --sweep-reserve-margin` (docs/accuracy.md, "The reserve rule and its margin")
+// prints a row per scenario and margin, the enforcer's default marked, and plots them.
+func TestSimDCSweepCommand(t *testing.T) {
+	svg := filepath.Join(t.TempDir(), "reserve.svg")
+	out, _, err := runSplit(t, "sim", "dc", "--sweep-reserve-margin", "--scenarios", "migrating", "--clients", "20",
+		"--windows", "2", "--margins", "-1ms,250ms", "--svg", svg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| scenario | reserve margin | max/limit |", "| migrating | none |", "| migrating | 250ms (default) |"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	b, err := os.ReadFile(svg)
+	if err != nil || !strings.Contains(string(b), `id="sweep-migrating"`) {
+		t.Fatalf("--svg: %v\n%.300s", err, b)
 	}
 }
 

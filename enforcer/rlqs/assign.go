@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer"
+	sharedroom "github.com/streamlimit/streamlimit/internal/room"
 )
 
 // kind is the strategy of an assignment, as the client holds it.
@@ -182,7 +183,9 @@ func share(own, total float64, open int) float64 {
 // room less all that the other holders may admit before their next reports: the tokens
 // they hold, their refill since their reports, and h more of it (they report every h,
 // and each report is allotted afresh). The second term keeps the limit: at every
-// allotment, what all holders can admit until they report again fits in the room. The
+// allotment, what all holders can admit until they report again fits in the room (the
+// others' expected spend, package room's rule, with no margin: their refill is a rate
+// they were given, not a count that varies). The
 // first keeps them fair. others is the key's sums less this holder's contribution; t is
 // now, in seconds since the epoch. A holder that reports more often than the key's
 // other holders has its share scaled down to its horizon, as if it reported as seldom
@@ -196,7 +199,7 @@ func allot(q *enforcer.Quota, others contribution, t, h, own float64, open int, 
 	if long := longHorizon(others.hzp+horizonPower(h), open); h < long {
 		f *= (h + BurstSeconds) / (long + BurstSeconds)
 	}
-	ahead := held + others.rate*h
+	ahead := held + sharedroom.Expected(others.rate, h, 0)
 	room := part * (q.Cap - q.Later)
 	over = max(min(f*room, room-ahead), 0)
 	room = part * (q.Cap - q.Count)

@@ -95,6 +95,10 @@ type Config struct {
 	// CrashHold is how long a site silent while the rest of its data center speaks keeps
 	// its reservation, fading. Default enforcer.Defaults().CrashHold.
 	CrashHold time.Duration
+	// ReserveMargin is added to the pipeline's lag in the time over which the other sites'
+	// recent rate of a key is kept back from the room this site may spend. Default
+	// enforcer.Defaults().ReserveMargin; negative: none.
+	ReserveMargin time.Duration
 	// SubBuckets of the site's own sliding-window counts; must equal the aggregator's.
 	// Default window.DefaultSubBuckets.
 	SubBuckets int
@@ -353,6 +357,7 @@ func New(cfg Config) (_ *Server, err error) {
 			Password: cfg.RedisPassword, TLS: cfg.RedisTLS, KeyPrefix: cfg.RedisKeyPrefix, Timeout: cfg.RedisTimeout},
 		SiteEnforcers: cfg.SiteEnforcers,
 		DefaultShare:  cfg.DefaultShare, MinShare: cfg.MinShare, SiteStaleAfter: cfg.SiteStaleAfter, CrashHold: cfg.CrashHold,
+		ReserveMargin:     cfg.ReserveMargin,
 		DenyUnknownDomain: cfg.DenyUnknownDomain,
 		SubBuckets:        cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxMemory: cfg.MaxMemory - 2*rlqsBytes,
 		Clock: cfg.Clock, Logger: s.log, Registerer: reg,

@@ -20,8 +20,9 @@ import (
 // far over its limit. The bounds are the figures reached with some margin, so that they
 // cannot regress: the share rule before (a share per process, no room ahead) gave 0.9%,
 // 1.4%, 1.9%, 0.8% and 1.4% in these runs (about 1.3% over all five) and 1.6% for the mix
-// on six processes, against 0.1–0.6% (0.39% over all five) and 0.35% now. docs/accuracy.md has the full-size
-// figures. The room ahead's risk, a surge at several processes of a data center before
+// on six processes; the room ahead within a data center 0.1–0.6% (0.39% over all five) and
+// 0.35%; with the reserve rule across data centers (TestDCSimulationReserveSeeds) 0–0.30%
+// (0.11% over all five) and none. docs/accuracy.md has the full-size figures. The room ahead's risk, a surge at several processes of a data center before
 // the counts show it, is bounded with the bursty client (10×, on and off) on six
 // processes per data center.
 func TestDCSimulationManySitesAndChurn(t *testing.T) {
@@ -51,17 +52,17 @@ func TestDCSimulationManySitesAndChurn(t *testing.T) {
 		r := run(DCConfig{Scenario: s, Clients: 150, Windows: 4, Seed: 1})
 		under += r.UnderRequests
 		falses += r.UnderFalse
-		if f := float64(r.UnderFalse) / float64(r.UnderRequests); f > 0.008 {
-			t.Errorf("%s: clients under their limit denied %.2f%% of their requests, want ≤ 0.8%%", s, 100*f)
+		if f := float64(r.UnderFalse) / float64(r.UnderRequests); f > 0.004 {
+			t.Errorf("%s: clients under their limit denied %.2f%% of their requests, want ≤ 0.4%%", s, 100*f)
 		}
 	}
-	if f := float64(falses) / float64(under); f > 0.005 {
-		t.Errorf("churn: clients under their limit denied %.2f%% of their requests, want ≤ 0.5%%", 100*f)
+	if f := float64(falses) / float64(under); f > 0.0015 {
+		t.Errorf("churn: clients under their limit denied %.2f%% of their requests, want ≤ 0.15%%", 100*f)
 	}
 	// Without churn, the room of a data center fragmented over six processes.
 	r := run(DCConfig{Scenario: DCMix, Procs: 6, Clients: 400, Windows: 3, Seed: 1})
-	if f := float64(r.UnderFalse) / float64(r.UnderRequests); f > 0.006 {
-		t.Errorf("mix on six processes per data center: clients under their limit denied %.2f%% of their requests, want ≤ 0.6%%", 100*f)
+	if f := float64(r.UnderFalse) / float64(r.UnderRequests); f > 0.001 {
+		t.Errorf("mix on six processes per data center: clients under their limit denied %.2f%% of their requests, want ≤ 0.1%%", 100*f)
 	}
 	if r := run(DCConfig{Scenario: DCBursty, Procs: 6, Seed: 1}); r.MaxRatio > 1.03 {
 		t.Errorf("bursty on six processes per data center: max/limit %.3f, want ≤ 1.03", r.MaxRatio)

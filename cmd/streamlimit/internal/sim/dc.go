@@ -283,6 +283,7 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 			Rules: rules.Static(rc), Site: name, Snapshot: p.snap, Publisher: p.pub, Clock: clk,
 			SubBuckets: cfg.SubBuckets, MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter,
 			ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior, CrashHold: cfg.Tuning.CrashHold,
+			ReserveMargin: cfg.Tuning.ReserveMargin,
 		})
 		if err != nil {
 			return err

@@ -27,6 +27,7 @@ type Tuning struct {
 	ShareDamping   float64
 	DemandPrior    float64
 	CrashHold      time.Duration
+	ReserveMargin  time.Duration
 }
 
 // Config is one simulation run. Every zero field takes the default written in its comment.
@@ -280,7 +281,7 @@ func run(ctx context.Context, cfg Config, rc *rules.Config) (Result, error) {
 		s.pub = &publisher{clk: clk, sub: cfg.SubBuckets, widthMs: cfg.ProducerBucket.Milliseconds()}
 		s.lim, err = enforcer.New(enforcer.Config{
 			Rules: rules.Static(rc), Site: s.name, Counter: s.ctr, Snapshot: s.snap, Publisher: s.pub, Clock: clk,
-			MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter, SubBuckets: cfg.SubBuckets, ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior,
+			MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter, SubBuckets: cfg.SubBuckets, ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior, ReserveMargin: cfg.Tuning.ReserveMargin,
 			DefaultShare: 1 / float64(cfg.Sites),
 		})
 		if err != nil {

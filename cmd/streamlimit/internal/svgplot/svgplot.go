@@ -53,7 +53,8 @@ func (f *Frame) Y(v float64) float64 {
 // Write draws the grid, the axes, the tick labels and the axis titles.
 func (f *Frame) Write(b *strings.Builder) {
 	b.WriteString(`<g id="axes" stroke="#ddd" stroke-width="1">` + "\n")
-	for v := 0.0; v <= f.YMax+f.YStep/2; v += f.YStep {
+	for i := 0; float64(i)*f.YStep <= f.YMax+f.YStep/2; i++ {
+		v := float64(i) * f.YStep
 		fmt.Fprintf(b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f"/>`+"\n", f.Left, f.Y(v), f.Right, f.Y(v))
 	}
 	for _, t := range f.XTicks {
@@ -63,7 +64,9 @@ func (f *Frame) Write(b *strings.Builder) {
 	fmt.Fprintf(b, `<g stroke="black" stroke-width="1"><line x1="%d" y1="%d" x2="%d" y2="%d"/><line x1="%d" y1="%d" x2="%d" y2="%d"/></g>`+"\n",
 		f.Left, f.Top, f.Left, f.Bottom, f.Left, f.Bottom, f.Right, f.Bottom)
 	b.WriteString(`<g id="labels" fill="#333">` + "\n")
-	for v := 0.0; v <= f.YMax+f.YStep/2; v += f.YStep {
+	// Multiples of the step, not sums of it, so that 3 × 0.2 is labelled 0.6.
+	for i := 0; float64(i)*f.YStep <= f.YMax+f.YStep/2; i++ {
+		v := math.Round(float64(i)*f.YStep*1e9) / 1e9
 		fmt.Fprintf(b, `<text x="%d" y="%.1f" text-anchor="end">%g</text>`+"\n", f.Left-8, f.Y(v)+4, v)
 	}
 	for _, t := range f.XTicks {

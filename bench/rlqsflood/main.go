@@ -137,7 +137,6 @@ func main() {
 		}
 	case "idle":
 		opened, failed := 0, 0
-		var ccs []*grpc.ClientConn
 		for i := 0; opened+failed < *n; i++ {
 			src := &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i%*srcs))}
 			cc, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -147,7 +146,7 @@ func main() {
 			if err != nil {
 				log.Fatal(err)
 			}
-			ccs = append(ccs, cc)
+			defer cc.Close() // held open, streams and all, until the run ends
 			c := rlqsv3.NewRateLimitQuotaServiceClient(cc)
 			for range 200 {
 				if _, err := c.StreamRateLimitQuotas(ctx); err != nil {

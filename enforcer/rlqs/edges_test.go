@@ -96,18 +96,6 @@ func TestEmptyBucketIDAndHugeCounts(t *testing.T) {
 	}
 }
 
-// entryRequest returns the request of ss that contributes to k, for tests.
-func (k *keyState) entryRequest(ss *session) *request {
-	for req, h := range ss.byReq {
-		for _, hk := range h.keys {
-			if hk == k {
-				return req
-			}
-		}
-	}
-	return nil
-}
-
 // TestNextHoldsWhateverTheStart: every token bucket next assigns admits at most over in
 // h whether it starts full or empty — max_tokens plus h of refill — give or take the
 // least fill of a token a minute; and a slightly larger allotment gives the same bucket

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -29,6 +28,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
+	"github.com/streamlimit/streamlimit/internal/clientaddr"
 	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
@@ -487,7 +487,7 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 func (s *Server) admitStream(ctx context.Context) (netip.Addr, func(), error) {
 	var addr netip.Addr
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		addr = clientAddr(p.Addr)
+		addr = clientaddr.Of(p.Addr)
 	}
 	if n := s.opts.MaxStreamsPerAddr; n > 0 {
 		s.addrMu.Lock()
@@ -569,22 +569,6 @@ func (s *Server) unchargeAddr(addr netip.Addr, n int64) {
 // MemoryInUse returns the bytes the Server's streams and buckets keep alive, by the
 // estimate that Options.MaxBytes bounds.
 func (s *Server) MemoryInUse() int64 { return s.used.Load() }
-
-// clientAddr is the address a stream counts under: its peer's IP, IPv6 by /64, as the
-// enforcer's listeners count connections.
-func clientAddr(a net.Addr) netip.Addr {
-	ap, err := netip.ParseAddrPort(a.String())
-	if err != nil {
-		return netip.Addr{}
-	}
-	ip := ap.Addr().Unmap()
-	if ip.Is6() {
-		if p, err := ip.Prefix(64); err == nil {
-			return p.Addr()
-		}
-	}
-	return ip
-}
 
 // serviceDesc is the RLQS service with a handler that receives the wire form of reports.
 var serviceDesc = grpc.ServiceDesc{

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer/headers"
+	"github.com/streamlimit/streamlimit/internal/clientaddr"
 )
 
 // perAddrListener holds at most max connections from one client address at once (IPv6
@@ -72,7 +73,7 @@ func (l *perAddrListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		a := clientAddr(c.RemoteAddr())
+		a := clientaddr.Of(c.RemoteAddr())
 		l.mu.Lock()
 		if l.conns[a] >= l.max {
 			l.mu.Unlock()
@@ -148,21 +149,6 @@ func (l *perAddrListener) release(a netip.Addr) {
 		delete(l.conns, a)
 	}
 	l.mu.Unlock()
-}
-
-// clientAddr is the address a connection counts under: its peer's IP, IPv6 by /64.
-func clientAddr(a net.Addr) netip.Addr {
-	ap, err := netip.ParseAddrPort(a.String())
-	if err != nil {
-		return netip.Addr{}
-	}
-	ip := ap.Addr().Unmap()
-	if ip.Is6() {
-		if p, err := ip.Prefix(64); err == nil {
-			return p.Addr()
-		}
-	}
-	return ip
 }
 
 // addrConn gives its address's slot back once, when closed.

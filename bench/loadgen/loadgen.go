@@ -197,10 +197,12 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		wg     sync.WaitGroup
 		locals = make([]*local, cfg.Callers)
 	)
-	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
-	defer cancel()
+	// The calls' deadline is the period's end itself: a call cut off by the deadline has
+	// then always ended at or after end, so it is told apart from a failure below.
 	start := time.Now()
 	end := start.Add(cfg.Duration)
+	runCtx, cancel := context.WithDeadline(ctx, end)
+	defer cancel()
 	var interval time.Duration
 	if cfg.Rate > 0 {
 		interval = time.Duration(float64(time.Second) / cfg.Rate)

@@ -197,10 +197,14 @@ type Store struct {
 	fallbackShare float64
 	breaker       *breaker.Breaker
 	clk           clock.Clock
-	log           *slog.Logger
-	script        *redis.Script
-	batch         *batcher
-	m             *metrics
+	// decided, when set (by tests), sees each AllowAll decision made in Redis or in
+	// process, with the time it was made at: a decision in process after a failed call is
+	// made later than the time the request carries (Store.after).
+	decided func(at time.Time, allowed bool)
+	log     *slog.Logger
+	script  *redis.Script
+	batch   *batcher
+	m       *metrics
 	// known, pend and outage bound what an outage costs (outage.go); outage numbers the
 	// breaker's openings, from 1.
 	known   *knownTable
@@ -325,7 +329,11 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 	start := s.clk.Now()
 	if reason := s.usable(now, ops); reason != "" {
 		s.m.fallback.WithLabelValues(reason).Inc()
-		return s.fallbackAllowAll(now, ops, out, false), true
+		ok := s.fallbackAllowAll(now, ops, out, false)
+		if s.decided != nil {
+			s.decided(now, ok)
+		}
+		return ok, true
 	}
 	if s.cluster && len(ops) > 1 {
 		if groups := s.groups(ops); len(groups) > 1 {
@@ -337,6 +345,9 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 	case "":
 		ok := s.fill(now, ops, st, out)
 		s.noteAll(now, ops, out)
+		if s.decided != nil {
+			s.decided(now, ok)
+		}
 		return ok, false
 	case reasonCanceled:
 		// Nobody will receive the answer: deny, take nothing, and leave the fallback's
@@ -349,7 +360,12 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 		return false, false
 	}
 	s.m.fallback.WithLabelValues(reason).Inc()
-	return s.fallbackAllowAll(s.after(now, start), ops, out, true), true
+	now = s.after(now, start)
+	ok := s.fallbackAllowAll(now, ops, out, true)
+	if s.decided != nil {
+		s.decided(now, ok)
+	}
+	return ok, true
 }
 
 // after returns now moved on by the time since start (by the Store's clock): a request

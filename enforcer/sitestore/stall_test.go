@@ -30,8 +30,16 @@ type outageRun struct {
 	joints   []sitecount.Joint
 
 	mu  sync.Mutex
-	adm []time.Time
+	adm []admission
 }
+
+// admission is when a request was admitted, as closely as the test can tell. The Store's
+// decided hook gives a site-scope decision's own time (from = to). A joint decision
+// (Counter.CommitWithSite) made in Redis is made at the time the request carries
+// (from = to); one made in process after a failed call at that time moved on by the
+// call's duration (Store.after), somewhere in [from, to]: on a loaded machine that span can
+// be long, and the test counts only what it can place.
+type admission struct{ from, to time.Time }
 
 func newOutageRun(t *testing.T, addr string, enforcers int) *outageRun {
 	r := &outageRun{t: t, op: algo.Op{Key: "api|user=mallory#1s", Algorithm: algo.SlidingWindow,
@@ -42,6 +50,13 @@ func newOutageRun(t *testing.T, addr string, enforcers int) *outageRun {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = s.Close() })
+		s.decided = func(at time.Time, ok bool) {
+			if ok {
+				r.mu.Lock()
+				r.adm = append(r.adm, admission{from: at, to: at})
+				r.mu.Unlock()
+			}
+		}
 		r.stores = append(r.stores, s)
 	}
 	return r
@@ -64,19 +79,26 @@ func (r *outageRun) run(fault func(), after time.Duration) {
 						return
 					default:
 					}
-					var ok bool
+					var ok, fellBack bool
+					now := time.Now()
 					if r.counters != nil {
-						j := r.counters[i].CommitWithSite(context.Background(), time.Now(), s, r.gop, counts, []algo.Op{r.op}, out)
+						j := r.counters[i].CommitWithSite(context.Background(), now, s, r.gop, counts, []algo.Op{r.op}, out)
 						r.mu.Lock()
 						r.joints = append(r.joints, j)
 						r.mu.Unlock()
-						ok = j.Taken
+						ok, fellBack = j.Taken, j.GlobalFellBack || j.SiteFellBack
 					} else {
-						ok, _ = s.AllowAll(context.Background(), time.Now(), []algo.Op{r.op}, out)
+						// Recorded by the Store's decided hook, at the decision's own time.
+						_, _ = s.AllowAll(context.Background(), now, []algo.Op{r.op}, out)
+						continue
 					}
 					if ok {
+						a := admission{from: now, to: now}
+						if fellBack {
+							a.to = time.Now()
+						}
 						r.mu.Lock()
-						r.adm = append(r.adm, time.Now())
+						r.adm = append(r.adm, a)
 						r.mu.Unlock()
 					}
 				}
@@ -90,27 +112,62 @@ func (r *outageRun) run(fault func(), after time.Duration) {
 	wg.Wait()
 }
 
-// admitted returns the admissions decided in [from, to).
-func (r *outageRun) admitted(from, to time.Time) int {
-	n := 0
+// admitted returns the admissions certainly decided in [from, to), and those possibly
+// decided in it.
+func (r *outageRun) admitted(from, to time.Time) (certainly, possibly int) {
 	for _, a := range r.adm {
-		if !a.Before(from) && a.Before(to) {
-			n++
+		if !a.from.Before(from) && a.to.Before(to) {
+			certainly++
 		}
+		if a.to.Before(from) || !a.from.Before(to) {
+			continue
+		}
+		possibly++
 	}
-	return n
+	return certainly, possibly
 }
 
-// worstSecond returns the most admissions decided in one sliding second ending in
-// (from, to], and when that second ended.
-func (r *outageRun) worstSecond(from, to time.Time) (int, time.Time) {
-	best, at := 0, from
-	for end := from.Add(10 * time.Millisecond); !end.After(to); end = end.Add(10 * time.Millisecond) {
-		if n := r.admitted(end.Add(-time.Second), end); n > best {
-			best, at = n, end
+// worstSecond returns the most admissions certainly decided in one sliding second
+// [end−1 s, end) with end in (from, to], and that end; and the most possibly decided in
+// one. The limit holds in every such second; the count over a longer span is no bound:
+// the callers take a window's room in one burst as soon as it frees, so a span of 3.3 s
+// can hold four bursts.
+func (r *outageRun) worstSecond(from, to time.Time) (certainly int, at time.Time, possibly int) {
+	at = from
+	for _, a := range r.adm {
+		for _, end := range []time.Time{a.to.Add(time.Nanosecond), a.from.Add(time.Second)} {
+			if !end.After(from) || end.After(to) {
+				continue
+			}
+			c, p := r.admitted(end.Add(-time.Second), end)
+			if c > certainly {
+				certainly, at = c, end
+			}
+			possibly = max(possibly, p)
 		}
 	}
-	return best, at
+	return certainly, at, possibly
+}
+
+// checkSeconds fails the test when, in a sliding second that ends in (from, to], the
+// enforcers together certainly admitted more than limit (5% tolerance). An admission made
+// in process after a call that failed slowly is placed only within that call's span; when
+// such admissions could put a second over the bound but do not certainly, the test fails
+// as inconclusive (the machine was too busy to time the calls), never with a figure.
+func (r *outageRun) checkSeconds(from, to time.Time, limit int, during string) {
+	r.t.Helper()
+	worst, at, possibly := r.worstSecond(from, to)
+	bound := float64(limit) * 1.05
+	r.t.Logf("%v %s: at most %d admitted in one second (the second ending %v in; %d counting every admission not placed within a call's span); %d allowed",
+		to.Sub(from).Round(time.Millisecond), during, worst, at.Sub(from).Round(time.Millisecond), possibly, limit)
+	switch {
+	case float64(worst) > bound:
+		r.t.Errorf("two enforcers admitted %d in the second ending %v after the fault began, %s; the limit is %d (tolerance 5%%)",
+			worst, at.Sub(from).Round(time.Millisecond), during, limit)
+	case float64(possibly) > bound:
+		r.t.Errorf("inconclusive: up to %d admissions in one second counting those the test could place only within a slow call's span; certainly %d; the bound is %.1f",
+			possibly, worst, bound)
+	}
 }
 
 // TestRedisStallKeepsToTheShare: while the site's Redis is stopped (SIGSTOP: connections
@@ -148,14 +205,11 @@ func TestRedisStallKeepsToTheShare(t *testing.T) {
 			t.Fatal(err)
 		}
 	}, 4*time.Second)
-	worst, worstAt := r.worstSecond(to, to.Add(4*time.Second))
+	worst, worstAt, _ := r.worstSecond(to, to.Add(4*time.Second))
 	// Not asserted: the recovery over-admits (docs/redis.md, "While Redis is away").
 	t.Logf("FIGURE redis-stall: after the stall at most %d admitted in one second (the second ending %v after SIGCONT), 50 allowed", worst, worstAt.Sub(to).Round(time.Millisecond))
-	got, allowed := r.admitted(from, to), 50*to.Sub(from).Seconds()
-	t.Logf("stall of %v: %d admitted, 50/s allows %.0f (%.3f×); breaker %v", to.Sub(from).Round(time.Millisecond), got, allowed, float64(got)/allowed, states)
-	if float64(got) > 1.05*allowed {
-		t.Errorf("two enforcers admitted %d during a %v stall of their Redis; 50/s allows %.0f (tolerance 5%%)", got, to.Sub(from), allowed)
-	}
+	t.Logf("stall of %v: breaker %v", to.Sub(from).Round(time.Millisecond), states)
+	r.checkSeconds(from, to, 50, "during a stall of their Redis")
 	closed := 0
 	for i, st := range states {
 		if gauges[i] != float64(st) {
@@ -185,12 +239,7 @@ func TestRedisCrashKeepsToTheShare(t *testing.T) {
 		time.Sleep(2 * time.Second)
 		rd.Restart()
 	}, time.Second)
-	to := time.Now()
-	got, allowed := r.admitted(from, to), 50*to.Sub(from).Seconds()
-	t.Logf("crash, restart empty, and 1 s after: %v, %d admitted, 50/s allows %.0f (%.3f×)", to.Sub(from).Round(time.Millisecond), got, allowed, float64(got)/allowed)
-	if float64(got) > 1.05*allowed {
-		t.Errorf("two enforcers admitted %d in the %v from a crash of their Redis to a second after its restart; 50/s allows %.0f (tolerance 5%%)", got, to.Sub(from), allowed)
-	}
+	r.checkSeconds(from, time.Now(), 50, "from a crash of their Redis to a second after its empty restart")
 }
 
 // TestRedisStallJointKeepsToTheShare: requests with a global count (cap 40 in any second,
@@ -208,7 +257,7 @@ func TestRedisStallJointKeepsToTheShare(t *testing.T) {
 	for _, s := range r.stores {
 		r.counters = append(r.counters, NewCounter(s, CounterOptions{FallbackShare: 0.5}))
 	}
-	r.gop = []sitecount.Op{{Key: "api|user=mallory-global#1s", Window: time.Second, N: 1, Cap: 40}}
+	r.gop = []sitecount.Op{{Key: "api|user=mallory-global#1s", Window: time.Second, N: 1, Cap: 40, Hard: true}}
 	r.op.Limit.Requests = 1000
 	const stall = 3 * time.Second
 	var from, to time.Time
@@ -223,7 +272,7 @@ func TestRedisStallJointKeepsToTheShare(t *testing.T) {
 			t.Fatal(err)
 		}
 	}, 2*time.Second)
-	got, allowed := r.admitted(from, to), 40*to.Sub(from).Seconds()
+	r.checkSeconds(from, to, 40, "during a stall of their Redis")
 	inRedis, fellBack, notDone := 0, 0, 0
 	for _, j := range r.joints {
 		switch {
@@ -235,11 +284,8 @@ func TestRedisStallJointKeepsToTheShare(t *testing.T) {
 			inRedis++
 		}
 	}
-	t.Logf("stall of %v: %d admitted, 40/s allows %.0f (%.3f×); %d answers in Redis, %d fallen back, %d not done",
-		to.Sub(from).Round(time.Millisecond), got, allowed, float64(got)/allowed, inRedis, fellBack, notDone)
-	if float64(got) > 1.05*allowed {
-		t.Errorf("two enforcers admitted %d during a %v stall of their Redis; the global cap allows %.0f (tolerance 5%%)", got, to.Sub(from), allowed)
-	}
+	t.Logf("stall of %v: %d answers in Redis, %d fallen back, %d not done",
+		to.Sub(from).Round(time.Millisecond), inRedis, fellBack, notDone)
 	if notDone != 0 {
 		t.Errorf("%d requests were left to the calls apart; every one fits one call", notDone)
 	}

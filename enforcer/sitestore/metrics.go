@@ -29,7 +29,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		breakerState: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "breaker_state",
 			Help: "Redis circuit breaker: 0 closed, 1 open, 2 half-open."}),
 		fallback: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "fallback_decisions_total",
-			Help: "Site-scope requests decided in process instead of in Redis, by reason (error, timeout, breaker_open, out_of_range)."}, []string{"reason"}),
+			Help: "Site-scope requests decided in process instead of in Redis, by reason (error, timeout, breaker_open, out_of_range, writing_back, return_hold)."}, []string{"reason"}),
 		counterFB: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "counter_fallback_total",
 			Help: "Global-scope site-count calls answered by the in-process counter instead of Redis, by op (counts, commit) and reason (error, timeout, breaker_open)."}, []string{"op", "reason"}),
 		canceled: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "canceled_total",

@@ -140,6 +140,13 @@ type Config struct {
 	// enforcers sharing the Redis, so that together they stay within the limit. Requests
 	// and Burst are scaled down (at least 1 each). Default 1.
 	FallbackShare float64
+	// ReturnHold is how long, after the breaker closes again at the end of an outage or
+	// after any call that failed, a decision made in Redis must also fit this process's
+	// FallbackShare (the in-process count, its outage hits included): the site's other
+	// enforcers come back to Redis one at a time, and until one has written back what it
+	// admitted on its share, the room Redis shows includes that share again. Only with
+	// FallbackShare below 1. Default DefaultReturnHold; negative: none.
+	ReturnHold time.Duration
 	// Lanes is how many batches of concurrent requests may be in flight to Redis at once;
 	// beyond the first, a lane opens only when a full batch (MaxBatch) waits (batch.go).
 	// Default DefaultLanes.
@@ -165,6 +172,12 @@ type Config struct {
 // that load alone never sends decisions in process. A Redis that hangs costs each request
 // in flight one timeout; the breaker, judging the error rate, then keeps the others away.
 const DefaultTimeout = 250 * time.Millisecond
+
+// DefaultReturnHold is Config.ReturnHold's default: longer than the probe interval and
+// successful probes the breaker needs to close (a second and three calls by default) and
+// the reopening a Redis still working through its backlog can cause, as seen on a loaded
+// two-core machine (docs/redis.md).
+const DefaultReturnHold = 5 * time.Second
 
 // DefaultKeyPrefix is Config.KeyPrefix's default.
 const DefaultKeyPrefix = "sl:"
@@ -197,10 +210,14 @@ type Store struct {
 	fallbackShare float64
 	breaker       *breaker.Breaker
 	clk           clock.Clock
+	// returnHold is Config.ReturnHold (0: none); holdUntil the instant, by clk, until
+	// which decisions made in Redis must also fit the share (extendHold).
+	returnHold time.Duration
+	holdUntil  atomic.Int64
 	// decided, when set (by tests), sees each AllowAll decision made in Redis or in
 	// process, with the time it was made at: a decision in process after a failed call is
 	// made later than the time the request carries (Store.after).
-	decided func(at time.Time, allowed bool)
+	decided func(at time.Time, allowed, fellBack bool)
 	log     *slog.Logger
 	script  *redis.Script
 	batch   *batcher
@@ -287,9 +304,21 @@ func New(cfg Config) (*Store, error) {
 		lanes: cfg.Lanes, max: cfg.MaxBatch, batches: m.batches}
 	bopts := cfg.Breaker
 	bopts.Clock = cfg.Clock
+	switch {
+	case cfg.ReturnHold == 0:
+		s.returnHold = DefaultReturnHold
+	case cfg.ReturnHold > 0:
+		s.returnHold = cfg.ReturnHold
+	}
+	if s.fallbackShare >= 1 {
+		s.returnHold = 0
+	}
 	bopts.OnStateChange = func(st breaker.State) {
-		if st == breaker.Open {
+		switch st {
+		case breaker.Open:
 			s.outage.Add(1)
+		case breaker.Closed:
+			s.extendHold()
 		}
 		m.breakerState.Set(float64(st))
 		s.log.Info("sitestore: redis circuit breaker", "state", st.String())
@@ -331,9 +360,22 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 		s.m.fallback.WithLabelValues(reason).Inc()
 		ok := s.fallbackAllowAll(now, ops, out, false)
 		if s.decided != nil {
-			s.decided(now, ok)
+			s.decided(decidedAt(now, ops, out), ok, true)
 		}
 		return ok, true
+	}
+	held, stamped := false, now
+	if start.UnixNano() < s.holdUntil.Load() && s.breaker.State() == breaker.Closed {
+		// Back from an outage (Config.ReturnHold): the share decides first, and Redis
+		// then decides what the share admitted.
+		if !s.fallbackAllowAll(now, ops, out, false) {
+			s.m.fallback.WithLabelValues(reasonReturnHold).Inc()
+			if s.decided != nil {
+				s.decided(now, false, true)
+			}
+			return false, true
+		}
+		held = true
 	}
 	if s.cluster && len(ops) > 1 {
 		if groups := s.groups(ops); len(groups) > 1 {
@@ -346,7 +388,7 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 		ok := s.fill(now, ops, st, out)
 		s.noteAll(now, ops, out)
 		if s.decided != nil {
-			s.decided(now, ok)
+			s.decided(decidedAt(now, ops, out), ok, false)
 		}
 		return ok, false
 	case reasonCanceled:
@@ -360,10 +402,20 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 		return false, false
 	}
 	s.m.fallback.WithLabelValues(reason).Inc()
+	s.extendHold()
 	now = s.after(now, start)
+	if held {
+		// The share has admitted and counted the request already: it is kept to be
+		// written back like any hit admitted in process during an outage.
+		s.pendAll(now, ops)
+		if s.decided != nil {
+			s.decided(decidedAt(stamped, ops, out), true, true)
+		}
+		return true, true
+	}
 	ok := s.fallbackAllowAll(now, ops, out, true)
 	if s.decided != nil {
-		s.decided(now, ok)
+		s.decided(decidedAt(now, ops, out), ok, true)
 	}
 	return ok, true
 }
@@ -379,6 +431,27 @@ func (s *Store) after(now, start time.Time) time.Time {
 	}
 	return now
 }
+
+// extendHold makes decisions in Redis fit the share as well for Config.ReturnHold from
+// now: the breaker closed after an outage, or a call failed and its request was decided
+// in process (the site's other enforcers, whose calls most likely failed as well, may
+// be deciding on their shares still, their hits not yet written back).
+func (s *Store) extendHold() {
+	if s.returnHold <= 0 {
+		return
+	}
+	until := s.clk.Now().Add(s.returnHold).UnixNano()
+	for {
+		cur := s.holdUntil.Load()
+		if cur >= until || s.holdUntil.CompareAndSwap(cur, until) {
+			return
+		}
+	}
+}
+
+// reasonReturnHold is the fallback reason of a request that the share refused while
+// Config.ReturnHold applies: Redis was not asked.
+const reasonReturnHold = "return_hold"
 
 // reasonCanceled is run's result when the caller's context ended before Redis answered.
 const reasonCanceled = "canceled"

@@ -2,6 +2,7 @@ package sitestore
 
 import (
 	_ "embed"
+	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 )
@@ -31,4 +32,27 @@ var slidingWindowSite = siteAlgorithm{
 		}
 		return algo.SubBucketDecision(g, now, st.r1, ic+st.r2, ic+st.r3, at, op.Limit, op.N, commit)
 	},
+}
+
+// decidedAt returns the instant ops, stamped now and admitted with decisions out, were
+// counted at, in Redis or in process: now, or, for a sliding window, the start of a later
+// sub-bucket a concurrent decision had already started, in which the request was decided
+// and counted (algo.SubBuckets.Decides; the decision's ResetAfter tells which). A request
+// that waited, e.g. behind a write back, or one decided in process after a call that timed
+// out while others were not, is counted that much after its stamp.
+func decidedAt(now time.Time, ops []algo.Op, out []algo.Decision) time.Time {
+	at := now
+	t := now.UnixNano()
+	for i := range ops {
+		if ops[i].Algorithm != algo.SlidingWindow || !out[i].Allowed || out[i].ResetAfter <= 0 {
+			continue
+		}
+		g := algo.SubBucketsOf(ops[i].Limit.Window)
+		// ResetAfter = Leaves(newest) − now, and an admitted request is the newest.
+		newest := (t+int64(out[i].ResetAfter)-g.Window)/g.Width - 1
+		if d := time.Unix(0, g.Decides(t, newest)); d.After(at) {
+			at = d
+		}
+	}
+	return at
 }

@@ -39,7 +39,13 @@ type outageRun struct {
 // (from = to); one made in process after a failed call at that time moved on by the
 // call's duration (Store.after), somewhere in [from, to]: on a loaded machine that span can
 // be long, and the test counts only what it can place.
-type admission struct{ from, to time.Time }
+type admission struct {
+	from, to time.Time
+	// store is the index of the Store that decided it (-1: not known), fellBack whether
+	// it was decided in process.
+	store    int
+	fellBack bool
+}
 
 func newOutageRun(t *testing.T, addr string, enforcers int) *outageRun {
 	r := &outageRun{t: t, op: algo.Op{Key: "api|user=mallory#1s", Algorithm: algo.SlidingWindow,
@@ -50,10 +56,11 @@ func newOutageRun(t *testing.T, addr string, enforcers int) *outageRun {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = s.Close() })
-		s.decided = func(at time.Time, ok bool) {
+		idx := len(r.stores)
+		s.decided = func(at time.Time, ok, fellBack bool) {
 			if ok {
 				r.mu.Lock()
-				r.adm = append(r.adm, admission{from: at, to: at})
+				r.adm = append(r.adm, admission{from: at, to: at, store: idx, fellBack: fellBack})
 				r.mu.Unlock()
 			}
 		}
@@ -93,7 +100,7 @@ func (r *outageRun) run(fault func(), after time.Duration) {
 						continue
 					}
 					if ok {
-						a := admission{from: now, to: now}
+						a := admission{from: now, to: now, store: -1, fellBack: fellBack}
 						if fellBack {
 							a.to = time.Now()
 						}
@@ -150,30 +157,53 @@ func (r *outageRun) worstSecond(from, to time.Time) (certainly int, at time.Time
 }
 
 // checkSeconds fails the test when, in a sliding second that ends in (from, to], the
-// enforcers together certainly admitted more than limit (5% tolerance). An admission made
+// enforcers together certainly admitted more than limit by more than tolerance (a
+// fraction of it). An admission made
 // in process after a call that failed slowly is placed only within that call's span; when
 // such admissions could put a second over the bound but do not certainly, the test fails
 // as inconclusive (the machine was too busy to time the calls), never with a figure.
-func (r *outageRun) checkSeconds(from, to time.Time, limit int, during string) {
+func (r *outageRun) checkSeconds(from, to time.Time, limit int, tolerance float64, during string) {
 	r.t.Helper()
 	worst, at, possibly := r.worstSecond(from, to)
-	bound := float64(limit) * 1.05
+	bound := float64(limit) * (1 + tolerance)
 	r.t.Logf("%v %s: at most %d admitted in one second (the second ending %v in; %d counting every admission not placed within a call's span); %d allowed",
 		to.Sub(from).Round(time.Millisecond), during, worst, at.Sub(from).Round(time.Millisecond), possibly, limit)
+	if float64(worst) > bound {
+		r.timeline(at.Add(-time.Second), at)
+	}
 	switch {
 	case float64(worst) > bound:
-		r.t.Errorf("two enforcers admitted %d in the second ending %v after the fault began, %s; the limit is %d (tolerance 5%%)",
-			worst, at.Sub(from).Round(time.Millisecond), during, limit)
+		r.t.Errorf("two enforcers admitted %d in the second ending %v after %v, %s; the limit is %d (tolerance %.0f%%)",
+			worst, at.Sub(from).Round(time.Millisecond), from.Format("15:04:05.000"), during, limit, 100*tolerance)
 	case float64(possibly) > bound:
 		r.t.Errorf("inconclusive: up to %d admissions in one second counting those the test could place only within a slow call's span; certainly %d; the bound is %.1f",
 			possibly, worst, bound)
 	}
 }
 
+// timeline logs, per 100 ms of [from, to), each Store's admissions decided in Redis and
+// in process.
+func (r *outageRun) timeline(from, to time.Time) {
+	for b := from; b.Before(to); b = b.Add(100 * time.Millisecond) {
+		c := make([][2]int, len(r.stores))
+		for _, a := range r.adm {
+			if a.store >= 0 && !a.from.Before(b) && a.from.Before(b.Add(100*time.Millisecond)) {
+				if a.fellBack {
+					c[a.store][1]++
+				} else {
+					c[a.store][0]++
+				}
+			}
+		}
+		r.t.Logf("  from %v: [in Redis, in process] by store %v", b.Format("15:04:05.000"), c)
+	}
+}
+
 // TestRedisStallKeepsToTheShare: while the site's Redis is stopped (SIGSTOP: connections
 // stay open and calls hang until their timeout), two enforcers that share it admit
-// together at most the limit over the stall (5% tolerance): each decides in process on its
-// half, from its half of the last count Redis reported. Requests whose calls timed out are
+// together at most the limit in any second of the stall (5% tolerance): each decides in
+// process on its half, from its half of the last count Redis reported; and in any second of
+// the 4 s after it, while they come back to Redis one at a time (10%). Requests whose calls timed out are
 // decided at the time they are decided, not at the time they were stamped a timeout
 // earlier, which had made the in-process windows start over (2 632 admitted where 50/s
 // allows 298 in a 6 s stall). The breaker opens although the seconds of successes before
@@ -205,11 +235,11 @@ func TestRedisStallKeepsToTheShare(t *testing.T) {
 			t.Fatal(err)
 		}
 	}, 4*time.Second)
-	worst, worstAt, _ := r.worstSecond(to, to.Add(4*time.Second))
-	// Not asserted: the recovery over-admits (docs/redis.md, "While Redis is away").
-	t.Logf("FIGURE redis-stall: after the stall at most %d admitted in one second (the second ending %v after SIGCONT), 50 allowed", worst, worstAt.Sub(to).Round(time.Millisecond))
+	// After the stall the enforcers come back to Redis one at a time, each writing back
+	// what it admitted in process (docs/redis.md, "While Redis is away"): 10% tolerance.
+	r.checkSeconds(to, to.Add(4*time.Second), 50, 0.10, "in the 4 s after the stall")
 	t.Logf("stall of %v: breaker %v", to.Sub(from).Round(time.Millisecond), states)
-	r.checkSeconds(from, to, 50, "during a stall of their Redis")
+	r.checkSeconds(from, to, 50, 0.05, "during a stall of their Redis")
 	closed := 0
 	for i, st := range states {
 		if gauges[i] != float64(st) {
@@ -239,7 +269,7 @@ func TestRedisCrashKeepsToTheShare(t *testing.T) {
 		time.Sleep(2 * time.Second)
 		rd.Restart()
 	}, time.Second)
-	r.checkSeconds(from, time.Now(), 50, "from a crash of their Redis to a second after its empty restart")
+	r.checkSeconds(from, time.Now(), 50, 0.05, "from a crash of their Redis to a second after its empty restart")
 }
 
 // TestRedisStallJointKeepsToTheShare: requests with a global count (cap 40 in any second,
@@ -272,7 +302,7 @@ func TestRedisStallJointKeepsToTheShare(t *testing.T) {
 			t.Fatal(err)
 		}
 	}, 2*time.Second)
-	r.checkSeconds(from, to, 40, "during a stall of their Redis")
+	r.checkSeconds(from, to, 40, 0.05, "during a stall of their Redis")
 	inRedis, fellBack, notDone := 0, 0, 0
 	for _, j := range r.joints {
 		switch {

@@ -15,7 +15,11 @@
 # STREAMS × BUCKETS / KEYS streams), RLQS_INTERVAL (5s; 1s for the extra row of a filter
 # reporting faster than Envoy does), RLQS_WARMUP (15s), RLQS_DURATION (20s),
 # RLQS_SERVERS ("streamlimit": no Kafka; "streamlimit-kafka" also publishes every report's
-# hits to STREAMLIMIT_KAFKA_BROKERS), GO (go).
+# hits to STREAMLIMIT_KAFKA_BROKERS), RLQS_MAX_MEMORY (32GiB: the server's --max-memory),
+# GO (go). Every stream comes from one address, so the server's bounds per client address
+# are lifted: --rlqs-max-streams-per-addr above RLQS_STREAMS, and a --max-memory whose RLQS
+# part's eighth holds them all (1 000 streams of 100 buckets need about 180 MiB of it);
+# under the defaults all but 64 streams are refused, and the figures are not of the load.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -68,6 +72,7 @@ for round in $(seq "$rounds"); do
     # an overloaded server reaches the metrics request late, and must still answer it.
     env -i PATH="$PATH" HOME="$HOME" GOMAXPROCS=1 $pin_server "$work/streamlimit" enforcer --site bench --rules "$work/rules.yaml" \
       --http-listen 127.0.0.1:0 --grpc-listen off --rlqs-addr 127.0.0.1:0 --rlqs-reporting-interval "$interval" \
+      --rlqs-max-streams-per-addr $((streams + 100)) --max-memory "${RLQS_MAX_MEMORY:-32GiB}" \
       --max-conns $((conns + 100)) --read-header-timeout 2m --read-timeout 2m --write-timeout 2m \
       --log-level warn "${kafka[@]}" >"$out" 2>&1 &
     spid=$!

@@ -67,7 +67,9 @@
 // show it could be admitted by each; every site that served the key in the window is
 // taken to see a surge here (this site's own rate, measured over half a second), and the
 // sites of one data center this site's rate times their number. A Reporter's quota, spent
-// over seconds, gets only its data center's share of the room ahead.
+// over seconds, gets only its data center's share of the room ahead; its share is weighed
+// by at least the rate its report stands for, since reported usage reaches the snapshot
+// in lumps whose demand fades within seconds (withDemand).
 //
 // The snapshot shows this site as of a local hop ago, the other data centers as of a
 // replication ago: the room it leaves for this site is partly spent by what the others

@@ -6,6 +6,8 @@ package enforcer
 import (
 	"context"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
@@ -23,7 +25,11 @@ import (
 // metrics. h is op's key's handle (nil: none), whose caches spare lookups by key. horizon
 // is how long past now the cap is spent on: 0 for a decision, the reporting horizon for a
 // Reporter's quota; the other sites' spend over it is kept back from the room ahead.
-func (l *Limiter) globalCap(now time.Time, op *sitecount.Op, h *keyHandle, allow int64, horizon time.Duration) (capLocal, total float64, fallback bool) {
+//
+// reported is, for a Reporter's quota, the demand its report stands for in the snapshot's
+// terms (its requests per ms over the reporting period, times τ), which this site's
+// demand is taken to be at least (withDemand); 0 for a decision.
+func (l *Limiter) globalCap(now time.Time, op *sitecount.Op, h *keyHandle, allow int64, horizon time.Duration, reported float64) (capLocal, total float64, fallback bool) {
 	allowance := float64(allow)
 	sn := l.cfg.Snapshot
 	if sn == nil {
@@ -44,7 +50,7 @@ func (l *Limiter) globalCap(now time.Time, op *sitecount.Op, h *keyHandle, allow
 	)
 	var reserved bool
 	if h != nil && !stale {
-		capLocal, total, reserved, e, known = l.cachedCap(now, op, h, sn, st, allowance, horizon)
+		capLocal, total, reserved, e, known = l.cachedCap(now, op, h, sn, st, allowance, horizon, reported)
 	} else {
 		if h != nil {
 			e, known = l.snapEntry(sn, h)
@@ -113,7 +119,7 @@ type capCache struct {
 // rounding salt). A hot key's decision then costs a few comparisons instead of the whole
 // share computation. It also keeps the key's breakdown from before any site went silent
 // (keyGlobal.keepFrozen), by which silent sites are reserved their shares.
-func (l *Limiter) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *snapshot.Snapshot, st *snapshot.SiteTimes, allowance float64, horizon time.Duration) (capLocal, total float64, reserved bool, e snapshot.Entry, known bool) {
+func (l *Limiter) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *snapshot.Snapshot, st *snapshot.SiteTimes, allowance float64, horizon time.Duration, reported float64) (capLocal, total float64, reserved bool, e snapshot.Entry, known bool) {
 	v := sn.Version()
 	sig, allFresh, cacheable := l.share.stateSig(now, st)
 	g := l.keys.globalOf(h)
@@ -136,13 +142,23 @@ func (l *Limiter) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *s
 	// to the counter are not taken for new hits the others have not seen.
 	l.restarted(now, op, &e, known, st)
 	k := capKey{ver: v, sites: st, states: sig, allow: allowance, known: known, newKey: newKey, salt: salt(&e, known, now)}
-	if !(cacheable && g.cc.set && g.cc.key == k) {
-		g.cc = capCache{key: k, set: cacheable, a: l.share.capFor(now, op.Key, allowance, &e, known, newKey, st, g.frozen, g.frozenAt, &g.past)}
-		if g.cc.a.heavy {
+	var a allotment
+	if own, ok := withDemand(&e, l.cfg.Site, reported); ok && known {
+		// A report's quota: shared by the demand its report stands for, not cached (the
+		// cache is the decisions').
+		a = l.share.capFor(now, op.Key, allowance, &own, known, newKey, st, g.frozen, g.frozenAt, &g.past)
+		if a.heavy {
 			g.heavyUntil = ms + op.Window.Milliseconds()
 		}
+	} else {
+		if !(cacheable && g.cc.set && g.cc.key == k) {
+			g.cc = capCache{key: k, set: cacheable, a: l.share.capFor(now, op.Key, allowance, &e, known, newKey, st, g.frozen, g.frozenAt, &g.past)}
+			if g.cc.a.heavy {
+				g.heavyUntil = ms + op.Window.Milliseconds()
+			}
+		}
+		a = g.cc.a
 	}
-	a := g.cc.a
 	a.heavy = a.heavy || ms < g.heavyUntil
 	own := g.arrive(ms, op.N)
 	if a.peers > 0 {
@@ -156,6 +172,44 @@ func (l *Limiter) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *s
 	// each is taken to be receiving at least this site's rate.
 	a.remote = max(a.remote, float64(a.serving)*own)
 	return l.finalCap(now, op, &e, known, st, &a, horizon), total, a.reserved, e, known
+}
+
+// withDemand returns e with site's demand raised to reported, and true, when reported is
+// above the demand e shows for site; e itself is left as it is (its Sites are shared with
+// the snapshot).
+//
+// A caller that decides requests itself and reports their usage every few seconds (an
+// Envoy of the Rate Limit Quota Service: every 5 s) reaches the counts in lumps. Its
+// site's demand in the snapshot, requests weighted by e^(−age/τ) with τ = 1 s, is a spike
+// at each lump that has all but faded (e⁻⁵) by the next, and its site's cap is computed at
+// that next report: from a demand at its lowest, against the prior spread over the other
+// data centers, so that a client under its limit behind one Envoy got about an even third
+// of the room and was denied up to a fifth of its requests at three data centers. The
+// report's own rate in the snapshot's terms (its requests over its period, times τ) is
+// what a steady client's demand would show, and what the lumps show on average; it is
+// not the lump itself, which would weigh as five seconds of requests against the others'
+// one and take most of the room at each site's own reports.
+func withDemand(e *snapshot.Entry, site string, reported float64) (snapshot.Entry, bool) {
+	if reported <= 0 {
+		return snapshot.Entry{}, false
+	}
+	i, found := slices.BinarySearchFunc(e.Sites, site, func(c topics.SiteCount, s string) int { return strings.Compare(c.Site, s) })
+	if found && e.Sites[i].Demand >= reported {
+		return snapshot.Entry{}, false
+	}
+	own := *e
+	own.Sites = make([]topics.SiteCount, 0, len(e.Sites)+1)
+	own.Sites = append(own.Sites, e.Sites[:i]...)
+	if found {
+		c := e.Sites[i]
+		c.Demand = reported
+		own.Sites = append(own.Sites, c)
+		i++
+	} else {
+		own.Sites = append(own.Sites, topics.SiteCount{Site: site, Demand: reported})
+	}
+	own.Sites = append(own.Sites, e.Sites[i:]...)
+	return own, true
 }
 
 // arrivalPeriod is the period over which this site's own request rate for a key is

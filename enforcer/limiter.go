@@ -433,7 +433,7 @@ func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64)
 		(len(s.siteOps) == 0 || l.joint != nil && !anyShadow(s.siteRefs))
 	if len(s.globOps) > 0 {
 		for i := range s.globOps {
-			s.globOps[i].Cap, s.globTotal[i], s.globStale[i] = l.globalCap(now, &s.globOps[i], s.globRefs[i].h, s.globRefs[i].allowance(), 0)
+			s.globOps[i].Cap, s.globTotal[i], s.globStale[i] = l.globalCap(now, &s.globOps[i], s.globRefs[i].h, s.globRefs[i].allowance(), 0, 0)
 		}
 		joint := false
 		if fused && len(s.siteOps) > 0 {

@@ -59,7 +59,10 @@ func (l *Limiter) Reporter(req Request) *Reporter { return &Reporter{l: l, req: 
 // published as demand, as a decision's would be. It then appends to dst each such
 // limit's Quota at now, with Later at now + ahead, and returns dst and the number of
 // limits in force of local or site scope, which it neither counts nor describes: only a
-// global limit's count is shared beyond this process.
+// global limit's count is shared beyond this process. ahead is taken to be the caller's
+// reporting period too: the usage over it is the rate by which this site's share of a
+// global limit's room is weighed, at least (the snapshot shows a report's demand only as
+// a lump that fades within seconds).
 //
 // Report never fails: a sitecount.Counter error is logged, and the quotas it concerns are
 // marked Fallback with the counts taken as the cap (no room).
@@ -112,13 +115,17 @@ func (r *Reporter) Report(ctx context.Context, now time.Time, admitted, denied i
 			}
 		}
 	}
+	// The demand the report stands for, in the snapshot's terms: its requests over the
+	// period they were counted in (ahead, the caller's reporting period), times τ
+	// (withDemand).
+	reported := float64(admitted+max(denied, 0)) * demandTau / float64(max(ahead.Milliseconds(), 1))
 	for i := range ops {
 		ref := &r.refs[i]
 		if ref.limit.Elastic != nil && !ref.pooled {
 			ref.allow = l.elastic(ref.limit) // it moves with its pool's use
 		}
 		q := Quota{Key: ops[i].Key, Window: ops[i].Window, Limit: ref.allowance(), Shadow: ref.shadow}
-		q.Cap, _, q.Fallback = l.globalCap(now, &ops[i], ref.h, q.Limit, ahead)
+		q.Cap, _, q.Fallback = l.globalCap(now, &ops[i], ref.h, q.Limit, ahead, reported)
 		q.Count, q.Later = counts[i], min(later[i], counts[i])
 		if failed {
 			q.Count, q.Later, q.Fallback = max(q.Count, q.Cap), max(q.Count, q.Cap), true

@@ -405,7 +405,8 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 			k := h.keys[i]
 			k.mu.Lock()
 			others := contribution{open: k.open - h.contrib.open, demand: k.demand - h.contrib.demand, hzp: k.hzp - h.contrib.hzp,
-				tok: k.tok - h.contrib.tok, rate: k.rate - h.contrib.rate, rateAt: k.rateAt - h.contrib.rateAt}
+				tok: k.tok - h.contrib.tok, rate: k.rate - h.contrib.rate, rateAt: k.rateAt - h.contrib.rateAt,
+				rateH: k.rateH - h.contrib.rateH}
 			k.mu.Unlock()
 			now, over := allot(&qs[i], others, t, hz, h.demand, others.open+1, s.opts.SiteShare)
 			atOnce, allotted = min(atOnce, now), min(allotted, over)
@@ -421,7 +422,7 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 		h.sentAt = t
 		s.metrics.actions.WithLabelValues(strategyLabels[a.kind]).Inc()
 	}
-	ss.contribute(h, contribution{open: 1, demand: h.demand, hzp: horizonPower(hz)})
+	ss.contribute(h, contribution{open: 1, demand: h.demand, hzp: horizonPower(hz)}, hz)
 	return a, send, false
 }
 
@@ -485,7 +486,7 @@ func (ss *session) rekey(h *holder, qs []enforcer.Quota) {
 }
 
 // contribute replaces h's contribution to its keys with c plus its model's tokens and rate.
-func (ss *session) contribute(h *holder, c contribution) {
+func (ss *session) contribute(h *holder, c contribution, hz float64) {
 	r := h.m.a.rate(ss.unit())
 	if h.m.a.kind == kindTokens && h.demand > 0 {
 		// What a holder admits between reports is bounded by its refill, and in
@@ -495,7 +496,7 @@ func (ss *session) contribute(h *holder, c contribution) {
 		// at its rate.
 		r = min(r, demandMargin*h.demand)
 	}
-	c.tok, c.rate, c.rateAt = h.m.tok, r, r*h.m.last
+	c.tok, c.rate, c.rateAt, c.rateH = h.m.tok, r, r*h.m.last, r*hz
 	if h.m.a.kind == kindPerUnit {
 		c.tok = h.m.potential(0, ss.unit())
 	}

@@ -3,6 +3,7 @@ package rls
 import (
 	"context"
 	"math"
+	"math/bits"
 	"strconv"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/headers"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 )
 
 // Default names of the fields that EnvoyOptions.ResponseHeaders adds, as
@@ -59,6 +61,10 @@ type EnvoyOptions struct {
 	// mode admitted over their limit (quotaModeViolations), and whether any rule in force
 	// is in quota mode (quotaModeEnabled). Default false: none.
 	DynamicMetadata bool
+	// CacheKeyPrefix (CACHE_KEY_PREFIX) starts the Redis keys of the fixed windows kept in
+	// envoyproxy/ratelimit's layout (see envoyKey): set it to the value a deployment of
+	// envoyproxy/ratelimit uses, so that both count on the same keys. Default "", as there.
+	CacheKeyPrefix string
 }
 
 func (o EnvoyOptions) withDefaults() EnvoyOptions {
@@ -120,6 +126,56 @@ type envoyOp struct {
 	desc  int
 	limit *rules.Limit
 	site  bool // in the SiteStore; else in the Limiter's Local store
+	// redisKey, when set, is the limit's counter in envoyproxy/ratelimit's Redis layout
+	// (envoyKey), counted there when the SiteStore can (envoyIncrementer); expire is its
+	// window.
+	redisKey string
+	expire   time.Duration
+}
+
+// envoyIncrementer is a SiteStore that also keeps counters in envoyproxy/ratelimit's own
+// Redis layout (*sitestore.Store).
+type envoyIncrementer interface {
+	IncrEnvoy(ctx context.Context, incrs []sitestore.EnvoyIncr, out []int64) error
+}
+
+// envoyUnitSeconds are the lengths of envoyproxy/ratelimit's units, as its cache keys
+// divide time: second, minute, hour, day, week, its 30-day month and its 365-day year.
+var envoyUnitSeconds = [...]int64{1, 60, 3600, 86400, 7 * 86400, 30 * 86400, 365 * 86400}
+
+// envoyKey appends to dst the Redis key under which envoyproxy/ratelimit counts limit l
+// for a descriptor with entries at now, and reports whether l has one: a fixed window
+// aligned on the epoch whose window is one of its units. The key is the prefix, the
+// domain, each entry's key and value (a share_threshold level's pattern instead of the
+// value, when r is given), each followed by '_', and the window's start in Unix seconds:
+//
+//	prefix + "api_user_42_1767225600"
+func envoyKey(dst []byte, prefix, domain string, entries []rules.Entry, r *rules.Rule, l *rules.Limit, now time.Time) ([]byte, bool) {
+	if l.Algorithm != algo.FixedWindow || l.Window%time.Second != 0 {
+		return dst, false
+	}
+	div := int64(l.Window / time.Second)
+	known := false
+	for _, u := range envoyUnitSeconds {
+		known = known || u == div
+	}
+	if !known {
+		return dst, false
+	}
+	dst = append(dst, prefix...)
+	dst = append(dst, domain...)
+	dst = append(dst, '_')
+	for j, e := range entries {
+		v := e.Value
+		if r != nil && j < len(r.Levels) && r.Levels[j].ShareThreshold {
+			v = r.Levels[j].Value
+		}
+		dst = append(dst, e.Key...)
+		dst = append(dst, '_')
+		dst = append(dst, v...)
+		dst = append(dst, '_')
+	}
+	return strconv.AppendInt(dst, now.Unix()/div*div, 10), true
 }
 
 // envoy answers req, whose domain is in rules.CompatEnvoy (or unconfigured, with
@@ -262,24 +318,40 @@ func (s *Server) envoyCount(ctx context.Context, now time.Time, domain string, d
 	var refs []envoyOp
 	var ops []algo.Op
 	var buf []byte
+	// ref returns the envoyOp of limit l, with its key in envoyproxy/ratelimit's layout
+	// when it is counted in a SiteStore that keeps it (own: l is the one limit in force
+	// of its descriptor, as every limit of a file written for envoyproxy/ratelimit is; two
+	// limits of one rule would share its key).
+	_, layout := s.site.(envoyIncrementer)
+	ref := func(i int, l *rules.Limit, r *rules.Rule, own bool) envoyOp {
+		op := envoyOp{desc: i, limit: l, site: l.Scope == rules.Site}
+		if op.site && layout && own {
+			var ok bool
+			if buf, ok = envoyKey(buf[:0], s.opts.Envoy.CacheKeyPrefix, domain, descs[i].entries, r, l, now); ok {
+				op.redisKey, op.expire = string(buf), l.Window
+			}
+		}
+		return op
+	}
 	for i := range descs {
 		ed := &descs[i]
 		if ed.kind != envoyCounted {
 			continue
 		}
 		if ed.override != nil {
+			refs = append(refs, ref(i, ed.override, nil, true))
 			buf = rules.AppendOverrideKey(buf[:0], domain, ed.entries, ed.override)
-			refs = append(refs, envoyOp{desc: i, limit: ed.override, site: ed.override.Scope == rules.Site})
 			ops = append(ops, envoyCountOp(string(buf), ed.override, ed.hits))
 			continue
 		}
+		own := bits.OnesCount64(active[i]) == 1
 		for j := range ed.rule.Limits {
 			if active[i]&(1<<uint(j)) == 0 {
 				continue
 			}
 			l := &ed.rule.Limits[j]
+			refs = append(refs, ref(i, l, ed.rule, own))
 			buf = ed.rule.AppendKey(buf[:0], ed.entries, j)
-			refs = append(refs, envoyOp{desc: i, limit: l, site: l.Scope == rules.Site})
 			ops = append(ops, envoyCountOp(string(buf), l, ed.hits))
 		}
 	}
@@ -332,17 +404,35 @@ func envoyCountOp(key string, l *rules.Limit, hits int64) algo.Op {
 	return algo.Op{Key: key, Algorithm: l.Algorithm, Limit: algo.Limit{Requests: noCeiling, Window: l.Window}, N: hits}
 }
 
-// envoyAdd runs ops, each in its limit's store: site ops in the SiteStore, local ones
-// (and site ones when there is no SiteStore) in the Local store. Every op fits (see
-// noCeiling), so each takes its N.
+// envoyAdd runs ops, each in its limit's store: site ops with a key in
+// envoyproxy/ratelimit's layout in that layout (envoyIncrementer), the other site ops in
+// the SiteStore, as they do when Redis cannot be reached, local ones (and site ones when
+// there is no SiteStore) in the Local store. Every op fits (see noCeiling), so each takes
+// its N.
 func (s *Server) envoyAdd(ctx context.Context, now time.Time, refs []envoyOp, ops []algo.Op, out []algo.Decision) {
 	var siteOps, localOps []algo.Op
-	var siteAt, localAt []int
+	var siteAt, localAt, layoutAt []int
+	var incrs []sitestore.EnvoyIncr
 	for k := range ops {
-		if refs[k].site && s.site != nil {
+		switch {
+		case refs[k].redisKey != "":
+			incrs, layoutAt = append(incrs, sitestore.EnvoyIncr{Key: refs[k].redisKey, N: ops[k].N, Expire: refs[k].expire}), append(layoutAt, k)
+		case refs[k].site && s.site != nil:
 			siteOps, siteAt = append(siteOps, ops[k]), append(siteAt, k)
-		} else {
+		default:
 			localOps, localAt = append(localOps, ops[k]), append(localAt, k)
+		}
+	}
+	if len(incrs) > 0 {
+		counts := make([]int64, len(incrs))
+		if err := s.site.(envoyIncrementer).IncrEnvoy(ctx, incrs, counts); err != nil {
+			for _, k := range layoutAt {
+				siteOps, siteAt = append(siteOps, ops[k]), append(siteAt, k)
+			}
+		} else {
+			for i, k := range layoutAt {
+				out[k] = algo.Decision{Allowed: true, Limit: noCeiling, Remaining: noCeiling - counts[i]}
+			}
 		}
 	}
 	if len(siteOps) > 0 {

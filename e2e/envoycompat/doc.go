@@ -12,6 +12,9 @@
 //     response fields, empty requests), against the real envoyproxy/ratelimit, built at a
 //     pinned version by the test, and against streamlimit, both on the test's Redis, and
 //     compares every answer.
+//   - TestLiveSwitch switches a client, half-way through its window, from the real
+//     envoyproxy/ratelimit to the streamlimit binary on the same Redis and environment,
+//     and back, as docs/envoy-compat.md's "Switching a running deployment" says.
 //
 // The expected answers are this package's own table. envoyproxy/ratelimit's configuration
 // files are read at test time from its module source, which `go mod download` puts in the

@@ -35,8 +35,9 @@ const switchGuard = 3 * time.Minute
 // Redis: a client spends half of its limit through the real envoyproxy/ratelimit, which is
 // then stopped, and streamlimit — started as the document's command line says, in the
 // same environment — gives it exactly the other half of the same window and then refuses
-// it; then the other way round (a roll-back), for another client. Both count in the same
-// Redis key, in envoyproxy/ratelimit's layout, which the test reads.
+// it; then the other way round (a roll-back), for another client; then both at once,
+// a client's requests alternating between them. Both count in the same Redis key, in
+// envoyproxy/ratelimit's layout, which the test reads.
 func TestLiveSwitch(t *testing.T) {
 	line := switchCommand(t)
 	theirBin := ratelimitBinary(t)
@@ -160,6 +161,21 @@ func TestLiveSwitch(t *testing.T) {
 		theirs, _ := startTheirs(t)
 		spend(t, "envoyproxy/ratelimit", theirs, user, switchLimit/2, switchLimit-switchLimit/2+1)
 		counted(t, user, switchLimit+1)
+	})
+	// A rolling switch: both serve at once, and a client's requests alternate between
+	// them; each answers with the count the other left.
+	t.Run("side by side", func(t *testing.T) {
+		user := "c" + randomHex(4)
+		theirs, _ := startTheirs(t)
+		ours, _ := startOurs(t)
+		for i := range switchLimit + 2 {
+			c, who := theirs, "envoyproxy/ratelimit"
+			if i%2 == 1 {
+				c, who = ours, "streamlimit"
+			}
+			spend(t, who, c, user, i, 1)
+		}
+		counted(t, user, switchLimit+2)
 	})
 }
 

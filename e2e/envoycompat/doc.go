@@ -2,8 +2,9 @@
 // as envoyproxy/ratelimit answers, on the expectations of envoyproxy/ratelimit's own tests
 // and against the real envoyproxy/ratelimit:
 //
-//   - TestReplay replays the expectations of its integration tests, its config tests and
-//     its /json handler test against streamlimit's real server (package server) over gRPC
+//   - TestReplay replays the expectations of its integration tests, its config tests, its
+//     service tests (their stubbed configurations restated as rules files) and its /json
+//     handler test against streamlimit's real server (package server) over gRPC
 //     and /json, on its own configuration files, and counts the answers equal as whole
 //     messages (as its tests compare them) and the equal codes.
 //   - TestTheirConfigFiles loads each of its configuration test files as the enforcer

@@ -134,9 +134,11 @@ type envoyOp struct {
 }
 
 // envoyIncrementer is a SiteStore that also keeps counters in envoyproxy/ratelimit's own
-// Redis layout (*sitestore.Store).
+// Redis layout (*sitestore.Store), and counts them in process when Redis cannot be
+// reached, to be written back to the same keys.
 type envoyIncrementer interface {
 	IncrEnvoy(ctx context.Context, incrs []sitestore.EnvoyIncr, out []int64) error
+	FallbackEnvoy(now time.Time, incrs []sitestore.EnvoyIncr, out []int64)
 }
 
 // envoyUnitSeconds are the lengths of envoyproxy/ratelimit's units, as its cache keys
@@ -405,9 +407,9 @@ func envoyCountOp(key string, l *rules.Limit, hits int64) algo.Op {
 }
 
 // envoyAdd runs ops, each in its limit's store: site ops with a key in
-// envoyproxy/ratelimit's layout in that layout (envoyIncrementer), the other site ops in
-// the SiteStore, as they do when Redis cannot be reached, local ones (and site ones when
-// there is no SiteStore) in the Local store. Every op fits (see noCeiling), so each takes
+// envoyproxy/ratelimit's layout in that layout (envoyIncrementer; in process when Redis
+// cannot be reached, written back to the same keys), the other site ops in the SiteStore,
+// local ones (and site ones when there is no SiteStore) in the Local store. Every op fits (see noCeiling), so each takes
 // its N.
 func (s *Server) envoyAdd(ctx context.Context, now time.Time, refs []envoyOp, ops []algo.Op, out []algo.Decision) {
 	var siteOps, localOps []algo.Op
@@ -425,14 +427,12 @@ func (s *Server) envoyAdd(ctx context.Context, now time.Time, refs []envoyOp, op
 	}
 	if len(incrs) > 0 {
 		counts := make([]int64, len(incrs))
-		if err := s.site.(envoyIncrementer).IncrEnvoy(ctx, incrs, counts); err != nil {
-			for _, k := range layoutAt {
-				siteOps, siteAt = append(siteOps, ops[k]), append(siteAt, k)
-			}
-		} else {
-			for i, k := range layoutAt {
-				out[k] = algo.Decision{Allowed: true, Limit: noCeiling, Remaining: noCeiling - counts[i]}
-			}
+		st := s.site.(envoyIncrementer)
+		if err := st.IncrEnvoy(ctx, incrs, counts); err != nil {
+			st.FallbackEnvoy(now, incrs, counts)
+		}
+		for i, k := range layoutAt {
+			out[k] = algo.Decision{Allowed: true, Limit: noCeiling, Remaining: noCeiling - counts[i]}
 		}
 	}
 	if len(siteOps) > 0 {

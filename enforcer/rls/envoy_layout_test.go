@@ -26,8 +26,10 @@ type layoutStore struct {
 	counts map[string]int64
 	expiry map[string]time.Duration
 	down   bool // IncrEnvoy fails, as with Redis away
-	native int  // ops decided by AllowAll
-	local  *algo.Store
+	// fallback are FallbackEnvoy's counts, by key
+	fallback map[string]int64
+	native   int // ops decided by AllowAll
+	local    *algo.Store
 }
 
 func (f *layoutStore) AllowAll(_ context.Context, now time.Time, ops []algo.Op, out []algo.Decision) (bool, bool) {
@@ -35,6 +37,15 @@ func (f *layoutStore) AllowAll(_ context.Context, now time.Time, ops []algo.Op, 
 	f.native += len(ops)
 	f.mu.Unlock()
 	return f.local.AllowAll(now, ops, out), f.down
+}
+
+func (f *layoutStore) FallbackEnvoy(_ time.Time, incrs []sitestore.EnvoyIncr, out []int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, in := range incrs {
+		f.fallback[in.Key] += in.N
+		out[i] = f.fallback[in.Key]
+	}
 }
 
 func (f *layoutStore) IncrEnvoy(_ context.Context, incrs []sitestore.EnvoyIncr, out []int64) error {
@@ -137,10 +148,11 @@ func TestEnvoyRedisLayout(t *testing.T) {
 	}
 }
 
-// With Redis away, the limits are decided as streamlimit decides them then (AllowAll, on
-// its fallback), and still answered.
+// With Redis away, the limits are counted in process at their keys in
+// envoyproxy/ratelimit's layout (FallbackEnvoy, which writes them back there), and still
+// answered.
 func TestEnvoyRedisLayoutDown(t *testing.T) {
-	st := &layoutStore{counts: map[string]int64{}, expiry: map[string]time.Duration{}, local: algo.New(algo.Options{}), down: true}
+	st := &layoutStore{counts: map[string]int64{}, expiry: map[string]time.Duration{}, fallback: map[string]int64{}, local: algo.New(algo.Options{}), down: true}
 	srv := layoutServer(t, st, "")
 	for i := range 4 {
 		resp, err := srv.ShouldRateLimit(context.Background(), ereq("e", 0, kv("user", "7")))
@@ -151,7 +163,8 @@ func TestEnvoyRedisLayoutDown(t *testing.T) {
 			t.Fatalf("request %d of 3: %v", i+1, resp)
 		}
 	}
-	if st.native != 4 || len(st.counts) != 0 {
-		t.Errorf("%d ops in process, keys %v; want 4, none", st.native, st.counts)
+	key := "e_user_7_" + strconv.FormatInt(t0.Unix()/3600*3600, 10)
+	if st.native != 0 || len(st.counts) != 0 || st.fallback[key] != 4 {
+		t.Errorf("%d ops in streamlimit's layout, keys %v, in process %v; want none, none, 4 at %s", st.native, st.counts, st.fallback, key)
 	}
 }

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/streamlimit/streamlimit/enforcer/algo"
 )
 
 // EnvoyIncr is one counter in envoyproxy/ratelimit's own Redis layout: a plain integer at
@@ -32,9 +35,9 @@ var ErrUnavailable = errors.New("sitestore: redis unavailable (circuit breaker o
 // keys carry no hash tag, and on a Cluster they span slots), and writes the counts after
 // the increments to out (len(out) must be ≥ len(incrs)). The call goes through the Store's
 // timeout and circuit breaker; on an error nothing is known of the counts, and the caller
-// decides in process (AllowAll's fallback). Counts kept this way are not part of the
-// outage write back (outage.go): a Redis that lost its data starts them at 0, as it does
-// for envoyproxy/ratelimit.
+// decides in process with FallbackEnvoy, whose hits are written back to these keys once
+// Redis answers again. A Redis that lost its data starts them at 0, as it does for
+// envoyproxy/ratelimit.
 func (s *Store) IncrEnvoy(ctx context.Context, incrs []EnvoyIncr, out []int64) error {
 	out = out[:len(incrs)]
 	if len(incrs) == 0 {
@@ -43,22 +46,38 @@ func (s *Store) IncrEnvoy(ctx context.Context, incrs []EnvoyIncr, out []int64) e
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	ok, _ := s.breaker.Allow()
+	ok, probe := s.breaker.Allow()
 	if !ok {
 		return ErrUnavailable
 	}
-	cctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	start := time.Now()
-	cmds := make([]*redis.IntCmd, len(incrs))
-	_, err := s.client.Pipelined(cctx, func(p redis.Pipeliner) error {
-		for i, in := range incrs {
-			cmds[i] = p.IncrBy(cctx, in.Key, in.N)
-			p.Expire(cctx, in.Key, max(in.Expire.Truncate(time.Second), time.Second))
+	var err error
+	if wb := probe || s.pend.n.Load() > 0; wb || s.fails.Load() != s.checked.Load() {
+		// As in run: hits admitted in process (FallbackEnvoy's among them) go to Redis
+		// before it counts anything again.
+		err = s.recover(ctx, s.clk.Now(), probe)
+		if errors.Is(err, errWriteBackBusy) {
+			if wb {
+				s.breaker.Cancel()
+				s.m.calls.WithLabelValues(reasonWritingBack).Inc()
+				return err
+			}
+			err = nil
 		}
-		return nil
-	})
-	s.m.duration.Observe(time.Since(start).Seconds())
+	}
+	cmds := make([]*redis.IntCmd, len(incrs))
+	if err == nil {
+		cctx, cancel := context.WithTimeout(ctx, s.timeout)
+		start := time.Now()
+		_, err = s.client.Pipelined(cctx, func(p redis.Pipeliner) error {
+			for i, in := range incrs {
+				cmds[i] = p.IncrBy(cctx, in.Key, in.N)
+				p.Expire(cctx, in.Key, max(in.Expire.Truncate(time.Second), time.Second))
+			}
+			return nil
+		})
+		s.m.duration.Observe(time.Since(start).Seconds())
+		cancel()
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			s.m.calls.WithLabelValues(reasonCanceled).Inc()
@@ -79,6 +98,56 @@ func (s *Store) IncrEnvoy(ctx context.Context, incrs []EnvoyIncr, out []int64) e
 	s.m.calls.WithLabelValues("ok").Inc()
 	for i, c := range cmds {
 		out[i] = c.Val()
+	}
+	return nil
+}
+
+// envoyFallbackPrefix keeps FallbackEnvoy's counters apart from AllowAll's in the
+// fallback store.
+const envoyFallbackPrefix = "envoy\x00"
+
+// FallbackEnvoy counts incrs in process, for when IncrEnvoy failed: each adds its N to a
+// fixed window of its Expire aligned on the Unix epoch (the window its key names), and out
+// gets the count after it divided by FallbackShare (len(out) must be ≥ len(incrs)), so
+// that a caller that compares it with the limit admits this process's share of the limit.
+// The hits are kept to be written back to their keys with INCRBY when Redis answers again
+// (outage.go), unless their window has ended by then.
+func (s *Store) FallbackEnvoy(now time.Time, incrs []EnvoyIncr, out []int64) {
+	t := now.UnixNano()
+	var d [1]algo.Decision
+	for i, in := range incrs {
+		w := max(in.Expire.Truncate(time.Second), time.Second)
+		op := algo.Op{Key: envoyFallbackPrefix + in.Key, Algorithm: algo.FixedWindow,
+			Limit: algo.Limit{Requests: math.MaxInt64 / 4, Window: w}, N: in.N}
+		s.fallback.AllowAll(now, []algo.Op{op}, d[:])
+		out[i] = int64(math.Ceil(float64(d[0].Limit-d[0].Remaining) / s.fallbackShare))
+		if in.N <= 0 {
+			continue
+		}
+		end := (t/int64(w) + 1) * int64(w)
+		s.pend.add("e"+in.Key, t, func() *writeBack {
+			return &writeBack{envoy: true, op: algo.Op{Key: in.Key}, window: w, end: end}
+		}, in.N)
+	}
+}
+
+// writeBackEnvoy adds a batch of FallbackEnvoy's hits to its key, unless its window has
+// ended. Unlike the other write backs it carries no marker: the key has no hash tag to put
+// one in its slot, so a write back retried after a timeout that hid its success counts
+// its hits twice (more, never less, than were admitted).
+func (s *Store) writeBackEnvoy(ctx context.Context, now time.Time, wb *writeBack) error {
+	if now.UnixNano() >= wb.end {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	_, err := s.client.Pipelined(cctx, func(p redis.Pipeliner) error {
+		p.IncrBy(cctx, wb.op.Key, wb.op.N)
+		p.Expire(cctx, wb.op.Key, wb.window)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("sitestore: writing back %d hits of %q: %w", wb.op.N, wb.op.Key, err)
 	}
 	return nil
 }

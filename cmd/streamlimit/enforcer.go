@@ -82,7 +82,7 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 			if cmd.Flags().Changed("redis-key-prefix") {
 				// envoyproxy/ratelimit's CACHE_KEY_PREFIX, set: its keys start with it too;
 				// unset, they start with nothing, as there.
-				ef.cfg.Envoy.CacheKeyPrefix = ef.cfg.RedisKeyPrefix
+				ef.cfg.EnvoyKeyPrefix = ef.cfg.RedisKeyPrefix
 			}
 			cfg, err := ef.serverConfig()
 			if err != nil {

@@ -166,7 +166,7 @@ func startOurs(t testing.TB, o ourOptions) (target, *server.Server) {
 		cfg.RedisKeyPrefix = "slcompat-" + randomHex(6) + ":"
 		// Its own keys in envoyproxy/ratelimit's layout too: the servers of one test
 		// share the Redis, and each starts with counters of its own.
-		cfg.Envoy.CacheKeyPrefix = cfg.RedisKeyPrefix
+		cfg.EnvoyKeyPrefix = cfg.RedisKeyPrefix
 		cfg.RedisTimeout = theirRedisTimeout
 	}
 	srv, err := server.New(cfg)

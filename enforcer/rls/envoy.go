@@ -61,10 +61,6 @@ type EnvoyOptions struct {
 	// mode admitted over their limit (quotaModeViolations), and whether any rule in force
 	// is in quota mode (quotaModeEnabled). Default false: none.
 	DynamicMetadata bool
-	// CacheKeyPrefix (CACHE_KEY_PREFIX) starts the Redis keys of the fixed windows kept in
-	// envoyproxy/ratelimit's layout (see envoyKey): set it to the value a deployment of
-	// envoyproxy/ratelimit uses, so that both count on the same keys. Default "", as there.
-	CacheKeyPrefix string
 }
 
 func (o EnvoyOptions) withDefaults() EnvoyOptions {
@@ -127,57 +123,16 @@ type envoyOp struct {
 	limit *rules.Limit
 	site  bool // in the SiteStore; else in the Limiter's Local store
 	// redisKey, when set, is the limit's counter in envoyproxy/ratelimit's Redis layout
-	// (envoyKey), counted there when the SiteStore can (envoyIncrementer); expire is its
-	// window.
+	// (rules.AppendEnvoyKey), counted there by the SiteStore's CountEnvoy, as the Limiter
+	// counts it for every other way to ask; expire is its window.
 	redisKey string
 	expire   time.Duration
 }
 
-// envoyIncrementer is a SiteStore that also keeps counters in envoyproxy/ratelimit's own
-// Redis layout (*sitestore.Store), and counts them in process when Redis cannot be
-// reached, to be written back to the same keys.
-type envoyIncrementer interface {
-	IncrEnvoy(ctx context.Context, incrs []sitestore.EnvoyIncr, out []int64) error
-	FallbackEnvoy(now time.Time, incrs []sitestore.EnvoyIncr, out []int64)
-}
-
-// envoyUnitSeconds are the lengths of envoyproxy/ratelimit's units, as its cache keys
-// divide time: second, minute, hour, day, week, its 30-day month and its 365-day year.
-var envoyUnitSeconds = [...]int64{1, 60, 3600, 86400, 7 * 86400, 30 * 86400, 365 * 86400}
-
-// envoyKey appends to dst the Redis key under which envoyproxy/ratelimit counts limit l
-// for a descriptor with entries at now, and reports whether l has one: a fixed window
-// aligned on the epoch whose window is one of its units. The key is the prefix, the
-// domain, each entry's key and value (a share_threshold level's pattern instead of the
-// value, when r is given), each followed by '_', and the window's start in Unix seconds:
-//
-//	prefix + "api_user_42_1767225600"
-func envoyKey(dst []byte, prefix, domain string, entries []rules.Entry, r *rules.Rule, l *rules.Limit, now time.Time) ([]byte, bool) {
-	if l.Algorithm != algo.FixedWindow || l.Window%time.Second != 0 {
-		return dst, false
-	}
-	div := int64(l.Window / time.Second)
-	known := false
-	for _, u := range envoyUnitSeconds {
-		known = known || u == div
-	}
-	if !known {
-		return dst, false
-	}
-	dst = append(dst, prefix...)
-	dst = append(dst, domain...)
-	dst = append(dst, '_')
-	for j, e := range entries {
-		v := e.Value
-		if r != nil && j < len(r.Levels) && r.Levels[j].ShareThreshold {
-			v = r.Levels[j].Value
-		}
-		dst = append(dst, e.Key...)
-		dst = append(dst, '_')
-		dst = append(dst, v...)
-		dst = append(dst, '_')
-	}
-	return strconv.AppendInt(dst, now.Unix()/div*div, 10), true
+// envoyCounter is a SiteStore that keeps counters in envoyproxy/ratelimit's own Redis
+// layout (*sitestore.Store): CountEnvoy is where the Limiter counts them too.
+type envoyCounter interface {
+	CountEnvoy(ctx context.Context, now time.Time, incrs []sitestore.EnvoyIncr, out []int64) (fellBack bool)
 }
 
 // envoy answers req, whose domain is in rules.CompatEnvoy (or unconfigured, with
@@ -321,17 +276,16 @@ func (s *Server) envoyCount(ctx context.Context, now time.Time, domain string, d
 	var ops []algo.Op
 	var buf []byte
 	// ref returns the envoyOp of limit l, with its key in envoyproxy/ratelimit's layout
-	// when it is counted in a SiteStore that keeps it (own: l is the one limit in force
-	// of its descriptor, as every limit of a file written for envoyproxy/ratelimit is; two
-	// limits of one rule would share its key).
-	_, layout := s.site.(envoyIncrementer)
+	// when it is counted there, as the Limiter counts it (rules.Limit.EnvoyShared, with a
+	// SiteStore that keeps that layout; own: l is the one limit in force of its
+	// descriptor, as every limit of a file written for envoyproxy/ratelimit is; two limits
+	// of one rule would share its key).
+	_, layout := s.site.(envoyCounter)
 	ref := func(i int, l *rules.Limit, r *rules.Rule, own bool) envoyOp {
 		op := envoyOp{desc: i, limit: l, site: l.Scope == rules.Site}
-		if op.site && layout && own {
-			var ok bool
-			if buf, ok = envoyKey(buf[:0], s.opts.Envoy.CacheKeyPrefix, domain, descs[i].entries, r, l, now); ok {
-				op.redisKey, op.expire = string(buf), l.Window
-			}
+		if layout && own && l.EnvoyShared() {
+			buf, _ = rules.AppendEnvoyKey(buf[:0], s.lim.Config().EnvoyKeyPrefix, domain, descs[i].entries, r, l, now)
+			op.redisKey, op.expire = string(buf), l.Window
 		}
 		return op
 	}
@@ -407,8 +361,9 @@ func envoyCountOp(key string, l *rules.Limit, hits int64) algo.Op {
 }
 
 // envoyAdd runs ops, each in its limit's store: site ops with a key in
-// envoyproxy/ratelimit's layout in that layout (envoyIncrementer; in process when Redis
-// cannot be reached, written back to the same keys), the other site ops in the SiteStore,
+// envoyproxy/ratelimit's layout in that layout, with the SiteStore's CountEnvoy as the
+// Limiter's own decisions count them (in process when Redis cannot be reached, written back to the
+// same keys), the other site ops in the SiteStore,
 // local ones (and site ones when there is no SiteStore) in the Local store. Every op fits (see noCeiling), so each takes
 // its N.
 func (s *Server) envoyAdd(ctx context.Context, now time.Time, refs []envoyOp, ops []algo.Op, out []algo.Decision) {
@@ -427,10 +382,7 @@ func (s *Server) envoyAdd(ctx context.Context, now time.Time, refs []envoyOp, op
 	}
 	if len(incrs) > 0 {
 		counts := make([]int64, len(incrs))
-		st := s.site.(envoyIncrementer)
-		if err := st.IncrEnvoy(ctx, incrs, counts); err != nil {
-			st.FallbackEnvoy(now, incrs, counts)
-		}
+		s.site.(envoyCounter).CountEnvoy(ctx, now, incrs, counts)
 		for i, k := range layoutAt {
 			out[k] = algo.Decision{Allowed: true, Limit: noCeiling, Remaining: noCeiling - counts[i]}
 		}

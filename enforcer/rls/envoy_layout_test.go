@@ -39,6 +39,14 @@ func (f *layoutStore) AllowAll(_ context.Context, now time.Time, ops []algo.Op, 
 	return f.local.AllowAll(now, ops, out), f.down
 }
 
+func (f *layoutStore) CountEnvoy(ctx context.Context, now time.Time, incrs []sitestore.EnvoyIncr, out []int64) bool {
+	if err := f.IncrEnvoy(ctx, incrs, out); err != nil {
+		f.FallbackEnvoy(now, incrs, out)
+		return true
+	}
+	return false
+}
+
 func (f *layoutStore) FallbackEnvoy(_ time.Time, incrs []sitestore.EnvoyIncr, out []int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -84,11 +92,11 @@ descriptors:
 
 func layoutServer(t *testing.T, st *layoutStore, prefix string) *Server {
 	t.Helper()
-	l, err := enforcer.New(enforcer.Config{Rules: rules.Static(loadRules(t, layoutRules)), Site: "t", Clock: clock.NewFake(t0), SiteStore: st})
+	l, err := enforcer.New(enforcer.Config{Rules: rules.Static(loadRules(t, layoutRules)), Site: "t", Clock: clock.NewFake(t0), SiteStore: st, EnvoyKeyPrefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := NewServer(l, Options{Envoy: EnvoyOptions{CacheKeyPrefix: prefix}})
+	srv, err := NewServer(l, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -102,6 +102,21 @@ func (s *Store) IncrEnvoy(ctx context.Context, incrs []EnvoyIncr, out []int64) e
 	return nil
 }
 
+// CountEnvoy adds each incr's N to its counter in envoyproxy/ratelimit's layout and
+// writes the counts after to out (len(out) ≥ len(incrs)): in Redis (IncrEnvoy), or, when
+// Redis cannot be reached, in process (FallbackEnvoy, then fellBack). It is the one place
+// where such a counter is counted, whichever of the enforcer's APIs a client asks.
+func (s *Store) CountEnvoy(ctx context.Context, now time.Time, incrs []EnvoyIncr, out []int64) (fellBack bool) {
+	if len(incrs) == 0 {
+		return false
+	}
+	if err := s.IncrEnvoy(ctx, incrs, out); err != nil {
+		s.FallbackEnvoy(now, incrs, out)
+		return true
+	}
+	return false
+}
+
 // envoyFallbackPrefix keeps FallbackEnvoy's counters apart from AllowAll's in the
 // fallback store.
 const envoyFallbackPrefix = "envoy\x00"

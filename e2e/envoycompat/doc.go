@@ -16,6 +16,9 @@
 //   - TestLiveSwitch switches a client, half-way through its window, from the real
 //     envoyproxy/ratelimit to the streamlimit binary on the same Redis and environment,
 //     and back, as docs/envoy-compat.md's "Switching a running deployment" says.
+//   - TestOneCounterEveryAPI spends a compat: envoy limit through the gRPC service, the
+//     check API and /v1/auth of one streamlimit server, on real Redis, and checks that
+//     all three count it at its one key in envoyproxy/ratelimit's layout.
 //
 // The expected answers are this package's own table. envoyproxy/ratelimit's configuration
 // files are read at test time from its module source, which `go mod download` puts in the

@@ -250,7 +250,9 @@ func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
 // envoyproxy/ratelimit); limits replaced by another matched limit's replaces are not in
 // force. The request is admitted only if every limit in force of every non-shadow rule
 // admits it; then each takes req.Hits, and each global limit's hits are published. A denied
-// request takes nothing, and its global keys are published as denied (demand). Errors of
+// request takes nothing (but from the limits of a compat: envoy domain kept in
+// envoyproxy/ratelimit's layout, which count every request, as there: see the package
+// documentation), and its global keys are published as denied (demand). Errors of
 // Redis or Kafka never reach the caller (see the package documentation on degradation);
 // ctx bounds the SiteStore call.
 func (l *Limiter) DecideAt(ctx context.Context, now time.Time, req Request, res *Result) {

@@ -92,8 +92,11 @@ type Config struct {
 	// DenyUnknownDomain denies requests of a domain no rule configures; see
 	// enforcer.Config. Default false: admitted with no limit.
 	DenyUnknownDomain bool
-	SiteStaleAfter    time.Duration
-	CrashHold         time.Duration
+	// EnvoyKeyPrefix starts the keys of the limits counted in envoyproxy/ratelimit's Redis
+	// layout; see enforcer.Config. Default "".
+	EnvoyKeyPrefix string
+	SiteStaleAfter time.Duration
+	CrashHold      time.Duration
 	// ReserveMargin: see enforcer.Config (enforcer.Defaults().ReserveMargin).
 	ReserveMargin time.Duration
 	// SubBuckets splits every window, as the aggregators do (window.DefaultSubBuckets).
@@ -163,7 +166,7 @@ func New(cfg Config) (_ *Limiter, err error) {
 		Rules: l.reloader.Current, Site: cfg.Site, Local: l.local, Counter: l.counter,
 		MaxKeys: cfg.MaxKeys, KeyCacheBytes: mem.KeyCache, SubBuckets: cfg.SubBuckets,
 		DefaultShare: cfg.DefaultShare, MinShare: cfg.MinShare, SiteStaleAfter: cfg.SiteStaleAfter, CrashHold: cfg.CrashHold,
-		ReserveMargin: cfg.ReserveMargin, DenyUnknownDomain: cfg.DenyUnknownDomain,
+		ReserveMargin: cfg.ReserveMargin, DenyUnknownDomain: cfg.DenyUnknownDomain, EnvoyKeyPrefix: cfg.EnvoyKeyPrefix,
 		Clock: cfg.Clock, Logger: l.log, Registerer: cfg.Registerer,
 	}
 	share := fallbackShare(cfg.SiteEnforcers)

@@ -148,6 +148,11 @@ type Config struct {
 	// request is admitted with no limit, as envoyproxy/ratelimit does. Either way it is
 	// counted and its domain logged, at most once a second.
 	DenyUnknownDomain bool
+	// EnvoyKeyPrefix (envoyproxy/ratelimit's CACHE_KEY_PREFIX) starts the Redis keys of the
+	// limits counted in envoyproxy/ratelimit's layout (rules.Limit.EnvoyShared, in a domain in rules.CompatEnvoy): set it to the
+	// value a deployment of envoyproxy/ratelimit uses, so that both count on the same keys.
+	// Default "", as there.
+	EnvoyKeyPrefix string
 	// Logger defaults to a logger that discards.
 	Logger *slog.Logger
 	// Registerer receives the Limiter's metrics; nil registers nothing.

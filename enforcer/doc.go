@@ -153,4 +153,16 @@
 // were taken first): a later stage may then deny after an earlier one has taken its quota,
 // an error toward refusing. Shadow-mode rules are decided and reported, and consume quota
 // only when the request is admitted, but never deny.
+//
+// # envoyproxy/ratelimit's counters
+//
+// In a domain in rules.CompatEnvoy, a limit that envoyproxy/ratelimit would count itself
+// (rules.Limit.EnvoyShared: a fixed window of one of its units, in site scope, the one
+// limit in force of its descriptor) is counted at its key in envoyproxy/ratelimit's Redis
+// layout (rules.AppendEnvoyKey, Config.EnvoyKeyPrefix), with the SiteStore's CountEnvoy
+// (sitestore.Store.CountEnvoy), by the Limiter's decisions and by package rls's answers
+// alike: one counter per limit, whichever way a
+// client asks, shared with a deployment of envoyproxy/ratelimit on the same Redis. As
+// there, such a limit counts every request that reaches it, over the limit or not, before
+// the other stages; it is the exception to all or nothing.
 package enforcer

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
+	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
@@ -43,6 +45,9 @@ type Limiter struct {
 	// joint is the site counter when it can take a request's global and site limits in
 	// one step (the site limits in the same store), else nil.
 	joint sitecount.SiteCommitter
+	// envoy is the SiteStore when it keeps counters in envoyproxy/ratelimit's layout (the
+	// limits rules.Limit.EnvoyShared names), else nil.
+	envoy envoyCounter
 }
 
 // New returns a Limiter.
@@ -138,6 +143,9 @@ func New(cfg Config) (*Limiter, error) {
 	if j, ok := cfg.Counter.(sitecount.SiteCommitter); ok && cfg.SiteStore != nil {
 		l.joint = j
 	}
+	if e, ok := cfg.SiteStore.(envoyCounter); ok {
+		l.envoy = e
+	}
 	l.keys.init(cfg.MaxKeys, cfg.KeyCacheBytes)
 	l.scratch.New = func() any { return new(scratch) }
 	return l, nil
@@ -167,8 +175,18 @@ type opRef struct {
 	pooled bool
 }
 
+// envoyScratch is the working memory of commitEnvoy.
+type envoyScratch struct {
+	envoyRefs     []opRef // limits counted in envoyproxy/ratelimit's layout
+	envoyIncrs    []sitestore.EnvoyIncr
+	envoyCounts   []int64
+	envoyOut      []algo.Decision
+	envoyFellBack bool
+}
+
 // scratch is the per-call working memory, pooled so that decisions do not allocate.
 type scratch struct {
+	envoyScratch
 	matched []*rules.Rule
 	active  []uint64
 	buf     []byte
@@ -213,6 +231,7 @@ func (s *scratch) reset() {
 	s.localOps, s.localRefs = s.localOps[:0], s.localRefs[:0]
 	s.siteOps, s.siteRefs = s.siteOps[:0], s.siteRefs[:0]
 	s.globOps, s.globRefs = s.globOps[:0], s.globRefs[:0]
+	s.envoyRefs, s.envoyFellBack = s.envoyRefs[:0], false
 	s.committed.site, s.committed.local, s.committed.global = false, false, false
 	s.siteRan, s.siteReported, s.siteFellBack = false, false, false
 }
@@ -231,7 +250,9 @@ func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
 // envoyproxy/ratelimit); limits replaced by another matched limit's replaces are not in
 // force. The request is admitted only if every limit in force of every non-shadow rule
 // admits it; then each takes req.Hits, and each global limit's hits are published. A denied
-// request takes nothing, and its global keys are published as denied (demand). Errors of
+// request takes nothing (but from the limits of a compat: envoy domain kept in
+// envoyproxy/ratelimit's layout, which count every request, as there: see the package
+// documentation), and its global keys are published as denied (demand). Errors of
 // Redis or Kafka never reach the caller (see the package documentation on degradation);
 // ctx bounds the SiteStore call.
 func (l *Limiter) DecideAt(ctx context.Context, now time.Time, req Request, res *Result) {
@@ -249,7 +270,7 @@ func (l *Limiter) DecideAt(ctx context.Context, now time.Time, req Request, res 
 		}
 		return
 	}
-	admitted, fused := l.check(ctx, now, s, n)
+	admitted, fused := l.check(ctx, now, s, n, l.commitEnvoy(ctx, now, req, s, n))
 	admitted, siteFellBack := l.commit(ctx, now, s, n, admitted, fused)
 	l.finish(req, res, s, admitted, siteFellBack)
 	if res.Code == CodeOverLimit {
@@ -294,6 +315,11 @@ func (l *Limiter) match(req Request, res *Result, s *scratch, n int64) (known bo
 		res.Statuses = append(res.Statuses, Status{Code: CodeOK, Rule: r})
 	}
 	s.active = rules.Active(s.matched, s.active)
+	envoy := false
+	if l.envoy != nil {
+		c, _ := cfg.Compat(req.Domain)
+		envoy = c == rules.CompatEnvoy
+	}
 	for d, r := range s.matched {
 		if r == nil || r.Unlimited {
 			continue
@@ -307,6 +333,10 @@ func (l *Limiter) match(req Request, res *Result, s *scratch, n int64) (known bo
 			s.buf = r.AppendKey(s.buf[:0], entries, j)
 			h := l.keys.handle(s.buf, lim.Scope == rules.Global)
 			ref := opRef{desc: d, limit: lim, key: h.key, h: h, shadow: r.ShadowMode}
+			if envoy && l.envoyShared(lim, bits.OnesCount64(s.active[d]) == 1) {
+				s.envoyRefs = append(s.envoyRefs, ref)
+				continue
+			}
 			if lim.Pool != nil {
 				if lim.Elastic != nil {
 					ref.allow = l.elastic(lim)
@@ -418,9 +448,9 @@ func (l *Limiter) elastic(lim *rules.Limit) int64 {
 // one call instead of three. Its local limits are then taken by commit; if another request
 // took their room meanwhile (within that call), the request is refused with its global
 // (and site) hits already counted, an error toward refusing, never toward admitting too
-// many.
-func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64) (admitted, fused bool) {
-	admitted = true
+// many. admitted is false when commitEnvoy refused the request already: then only the
+// counts are asked, as for a request its local limits refuse.
+func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64, admitted bool) (_, fused bool) {
 	for i := range s.localOps {
 		s.localOut[i] = l.cfg.Local.Peek(now, s.localOps[i])
 		if !s.localOut[i].Allowed && !s.localRefs[i].shadow {
@@ -554,6 +584,12 @@ func (l *Limiter) finish(req Request, res *Result, s *scratch, admitted, siteFel
 					s.globOut[i].Remaining += s.globOps[i].N
 				}
 			}
+		}
+	}
+	l.report(res, s.envoyRefs, s.envoyOut, nil)
+	if s.envoyFellBack {
+		for _, ref := range s.envoyRefs {
+			res.Statuses[ref.desc].Fallback = true
 		}
 	}
 	l.report(res, s.localRefs, s.localOut, nil)

@@ -79,6 +79,11 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ef.trustedProxiesSet = cmd.Flags().Changed("trusted-proxies")
+			if cmd.Flags().Changed("redis-key-prefix") {
+				// envoyproxy/ratelimit's CACHE_KEY_PREFIX, set: its keys start with it too;
+				// unset, they start with nothing, as there.
+				ef.cfg.EnvoyKeyPrefix = ef.cfg.RedisKeyPrefix
+			}
 			cfg, err := ef.serverConfig()
 			if err != nil {
 				return err

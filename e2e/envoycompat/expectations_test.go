@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -59,6 +60,10 @@ type step struct {
 	// TestDifferential sees that envoyproxy/ratelimit has reloaded.
 	install string
 	probe   *rlsv3.RateLimitRequest
+	// setup: the request only brings the counts where their test's stubbed cache puts
+	// them; the replay sends it without tallying its answer (TestDifferential compares
+	// it too).
+	setup bool
 }
 
 // Units and their length in seconds, as envoyproxy/ratelimit's counters divide time.
@@ -106,6 +111,12 @@ func limited(code rlsv3.RateLimitResponse_Code, rpu uint32, unit rlsv3.RateLimit
 	}
 }
 
+// quotaOK is the status of a descriptor over its limit in quota mode: OK, and without a
+// duration_until_reset.
+func quotaOK(rpu uint32, unit rlsv3.RateLimitResponse_RateLimit_Unit) *rlsv3.RateLimitResponse_DescriptorStatus {
+	return &rlsv3.RateLimitResponse_DescriptorStatus{Code: ok, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: rpu, Unit: unit}}
+}
+
 func named(st *rlsv3.RateLimitResponse_DescriptorStatus, name string) *rlsv3.RateLimitResponse_DescriptorStatus {
 	st.CurrentLimit.Name = name
 	return st
@@ -126,15 +137,28 @@ func resp(code rlsv3.RateLimitResponse_Code, sts ...*rlsv3.RateLimitResponse_Des
 }
 
 // fill sets the durations that want leaves to fill: the seconds from now to the end of
-// the unit's current window, windows being multiples of the unit since the Unix epoch.
+// the unit's current window, windows being multiples of the unit since the Unix epoch;
+// and a header field of value unfilledHeader to the first limited status's.
 func fill(want *rlsv3.RateLimitResponse, now time.Time) {
+	reset := ""
 	for _, st := range want.GetStatuses() {
 		if st.GetDurationUntilReset().GetSeconds() == unfilled {
 			n := unitSeconds[st.GetCurrentLimit().GetUnit()]
 			st.DurationUntilReset.Seconds = n - now.Unix()%n
 		}
+		if reset == "" && st.GetCurrentLimit() != nil {
+			reset = strconv.FormatInt(st.GetDurationUntilReset().GetSeconds(), 10)
+		}
+	}
+	for _, h := range want.GetResponseHeadersToAdd() {
+		if h.GetValue() == unfilledHeader {
+			h.Value = reset
+		}
 	}
 }
+
+// unfilledHeader marks a reset header field that fill computes.
+const unfilledHeader = "?"
 
 // ptr returns a pointer to s.
 func ptr(s string) *string { return &s }
@@ -317,5 +341,110 @@ func scenarios() []scenario {
 				{name: "OVER_LIMIT", json: ptr(limitedBody), wantJSON: overJSON, wantJSONBody: resp(over, limited(over, 1, hour, 0))},
 			}
 		}},
+		// test/service: their service on a stubbed cache. The rules restate its stubbed
+		// configuration, and setup requests bring the counts where its stub puts them.
+		{name: "service, global shadow mode", from: "test/service TestServiceGlobalShadowMode", ours: serviceFiles,
+			envoy: rls.EnvoyOptions{ShadowMode: true}, steps: func(r string) []step {
+				return []step{
+					{name: "setup", setup: true, req: req("different-domain", 10, d("foo", r+"1")), want: resp(ok, limited(ok, 10, minute, 0))},
+					{name: "over the limit, answered OK", req: req("different-domain", 1, d("foo", r+"1"), d("hello", "world")), want: resp(ok, limited(over, 10, minute, 0), free())},
+				}
+			}},
+		{name: "service, mixed rule shadow mode", from: "test/service TestMixedRuleShadowMode", ours: serviceFiles, steps: func(r string) []step {
+			return []step{
+				{name: "setup", setup: true, req: req("different-domain", 10, d("shadow", r+"2"), d("bar", r+"2")), want: resp(ok, limited(ok, 10, minute, 0), limited(ok, 10, minute, 0))},
+				{name: "both over, the shadow rule OK", req: req("different-domain", 1, d("shadow", r+"2"), d("bar", r+"2")), want: resp(over, limited(ok, 10, minute, 0), limited(over, 10, minute, 0))},
+			}
+		}},
+		{name: "service, custom header fields", from: "test/service TestServiceWithCustomRatelimitHeaders", ours: serviceFiles,
+			envoy: rls.EnvoyOptions{ResponseHeaders: true, LimitHeader: "A-Ratelimit-Limit", RemainingHeader: "A-Ratelimit-Remaining", ResetHeader: "A-Ratelimit-Reset"}, steps: func(r string) []step {
+				w := resp(over, limited(over, 10, minute, 0), free())
+				w.ResponseHeadersToAdd = []*corev3.HeaderValue{{Key: "A-Ratelimit-Limit", Value: "10"}, {Key: "A-Ratelimit-Remaining", Value: "0"}, {Key: "A-Ratelimit-Reset", Value: unfilledHeader}}
+				return []step{
+					{name: "setup", setup: true, req: req("different-domain", 10, d("foo", r+"3"))},
+					{name: "over the limit, with the fields", req: req("different-domain", 1, d("foo", r+"3"), d("hello", "world")), want: w},
+				}
+			}},
+		{name: "service, default header fields", from: "test/service TestServiceWithDefaultRatelimitHeaders", ours: serviceFiles,
+			envoy: rls.EnvoyOptions{ResponseHeaders: true}, steps: func(r string) []step {
+				w := resp(over, limited(over, 10, minute, 0), free())
+				w.ResponseHeadersToAdd = []*corev3.HeaderValue{{Key: "RateLimit-Limit", Value: "10"}, {Key: "RateLimit-Remaining", Value: "0"}, {Key: "RateLimit-Reset", Value: unfilledHeader}}
+				return []step{
+					{name: "setup", setup: true, req: req("different-domain", 10, d("foo", r+"4"))},
+					{name: "over the limit, with the fields", req: req("different-domain", 1, d("foo", r+"4"), d("hello", "world")), want: w},
+				}
+			}},
+		{name: "service, empty requests", from: "test/service TestEmptyDomain, TestEmptyDescriptors", ours: serviceFiles, steps: func(string) []step {
+			return []step{
+				{name: "empty domain", req: req("", 1, d("hello", "world")), wantErr: codes.Unknown},
+				{name: "no descriptors", req: req("domain", 1), wantErr: codes.Unknown},
+			}
+		}},
+		{name: "service, unlimited", from: "test/service TestUnlimited", ours: serviceFiles, steps: func(r string) []step {
+			return []step{
+				{name: "limited, none, unlimited", req: req("some-domain", 1, d("foo", r+"5"), d("hello", "world"), d("baz", "qux")), want: resp(ok, limited(ok, 10, minute, 9), free(), unlimited())},
+			}
+		}},
+		{name: "service, global quota mode", from: "test/service TestServiceGlobalQuotaMode", ours: serviceFiles,
+			envoy: rls.EnvoyOptions{QuotaMode: true}, steps: func(r string) []step {
+				return []step{
+					{name: "setup", setup: true, req: req("quota-domain", 10, d("foo", r+"6"), d("hello", r+"6"))},
+					{name: "both over, answered OK", req: req("quota-domain", 1, d("foo", r+"6"), d("hello", r+"6")), want: resp(ok, quotaOK(10, minute), quotaOK(5, minute))},
+				}
+			}},
+		{name: "service, per-descriptor quota mode", from: "test/service TestServicePerDescriptorQuotaMode", ours: serviceFiles, steps: func(r string) []step {
+			return []step{
+				{name: "setup", setup: true, req: req("quota-domain", 5, d("regular", r+"7"), d("quota", r+"7"))},
+				{name: "both over, the quota one OK", req: req("quota-domain", 1, d("regular", r+"7"), d("quota", r+"7")), want: resp(over, limited(over, 5, minute, 0), quotaOK(3, minute))},
+			}
+		}},
+		{name: "service, quota mode only", from: "test/service TestServiceQuotaModeOnly", ours: serviceFiles, steps: func(r string) []step {
+			return []step{
+				{name: "setup", setup: true, req: req("quota-domain", 5, d("quota1", r+"8"), d("quota2", r+"8"))},
+				{name: "both over, both OK", req: req("quota-domain", 1, d("quota1", r+"8"), d("quota2", r+"8")), want: resp(ok, quotaOK(5, minute), quotaOK(3, minute))},
+			}
+		}},
 	}
+}
+
+// serviceFiles restate the configurations that envoyproxy/ratelimit's service tests
+// stub: limits of 10 a minute in different-domain (one in shadow mode), one beside an
+// unlimited rule in some-domain, and quota-domain's limits, three in quota mode.
+var serviceFiles = map[string]string{
+	"different.yaml": `domain: different-domain
+descriptors:
+  - key: foo
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: bar
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`,
+	"some.yaml": `domain: some-domain
+descriptors:
+  - key: foo
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: baz
+    value: qux
+    rate_limit: {unlimited: true}
+`,
+	"quota.yaml": `domain: quota-domain
+descriptors:
+  - key: foo
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: hello
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: regular
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: quota1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: quota2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
+`,
 }

@@ -164,6 +164,9 @@ func startOurs(t testing.TB, o ourOptions) (target, *server.Server) {
 	if o.redis != "" {
 		cfg.RedisAddrs = []string{o.redis}
 		cfg.RedisKeyPrefix = "slcompat-" + randomHex(6) + ":"
+		// Its own keys in envoyproxy/ratelimit's layout too: the servers of one test
+		// share the Redis, and each starts with counters of its own.
+		cfg.EnvoyKeyPrefix = cfg.RedisKeyPrefix
 		cfg.RedisTimeout = theirRedisTimeout
 	}
 	srv, err := server.New(cfg)

@@ -91,6 +91,12 @@ func replay(t *testing.T, compat rules.Compat) *tally {
 					continue
 				}
 				got, err := tg.rls.ShouldRateLimit(context.Background(), st.req)
+				if st.setup {
+					if err != nil {
+						t.Fatalf("%s: %v", where, err)
+					}
+					continue
+				}
 				switch {
 				case st.wantErr != 0:
 					tl.wholeN++
@@ -200,8 +206,8 @@ func reloads(t *testing.T, srv *server.Server) int {
 	return n
 }
 
-// TestReplay replays the expectations of envoyproxy/ratelimit's integration, config and
-// /json tests against streamlimit with --compat envoy: at least 98% of the answers must
+// TestReplay replays the expectations of envoyproxy/ratelimit's integration, config,
+// service and /json tests against streamlimit with --compat envoy: at least 98% of the answers must
 // be equal as whole messages, and every code.
 func TestReplay(t *testing.T) {
 	tl := replay(t, rules.CompatEnvoy)

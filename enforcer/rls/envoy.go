@@ -3,6 +3,7 @@ package rls
 import (
 	"context"
 	"math"
+	"math/bits"
 	"strconv"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/headers"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 )
 
 // Default names of the fields that EnvoyOptions.ResponseHeaders adds, as
@@ -120,6 +122,17 @@ type envoyOp struct {
 	desc  int
 	limit *rules.Limit
 	site  bool // in the SiteStore; else in the Limiter's Local store
+	// redisKey, when set, is the limit's counter in envoyproxy/ratelimit's Redis layout
+	// (rules.AppendEnvoyKey), counted there by the SiteStore's CountEnvoy, as the Limiter
+	// counts it for every other way to ask; expire is its window.
+	redisKey string
+	expire   time.Duration
+}
+
+// envoyCounter is a SiteStore that keeps counters in envoyproxy/ratelimit's own Redis
+// layout (*sitestore.Store): CountEnvoy is where the Limiter counts them too.
+type envoyCounter interface {
+	CountEnvoy(ctx context.Context, now time.Time, incrs []sitestore.EnvoyIncr, out []int64) (fellBack bool)
 }
 
 // envoy answers req, whose domain is in rules.CompatEnvoy (or unconfigured, with
@@ -262,24 +275,39 @@ func (s *Server) envoyCount(ctx context.Context, now time.Time, domain string, d
 	var refs []envoyOp
 	var ops []algo.Op
 	var buf []byte
+	// ref returns the envoyOp of limit l, with its key in envoyproxy/ratelimit's layout
+	// when it is counted there, as the Limiter counts it (rules.Limit.EnvoyShared, with a
+	// SiteStore that keeps that layout; own: l is the one limit in force of its
+	// descriptor, as every limit of a file written for envoyproxy/ratelimit is; two limits
+	// of one rule would share its key).
+	_, layout := s.site.(envoyCounter)
+	ref := func(i int, l *rules.Limit, r *rules.Rule, own bool) envoyOp {
+		op := envoyOp{desc: i, limit: l, site: l.Scope == rules.Site}
+		if layout && own && l.EnvoyShared() {
+			buf, _ = rules.AppendEnvoyKey(buf[:0], s.lim.Config().EnvoyKeyPrefix, domain, descs[i].entries, r, l, now)
+			op.redisKey, op.expire = string(buf), l.Window
+		}
+		return op
+	}
 	for i := range descs {
 		ed := &descs[i]
 		if ed.kind != envoyCounted {
 			continue
 		}
 		if ed.override != nil {
+			refs = append(refs, ref(i, ed.override, nil, true))
 			buf = rules.AppendOverrideKey(buf[:0], domain, ed.entries, ed.override)
-			refs = append(refs, envoyOp{desc: i, limit: ed.override, site: ed.override.Scope == rules.Site})
 			ops = append(ops, envoyCountOp(string(buf), ed.override, ed.hits))
 			continue
 		}
+		own := bits.OnesCount64(active[i]) == 1
 		for j := range ed.rule.Limits {
 			if active[i]&(1<<uint(j)) == 0 {
 				continue
 			}
 			l := &ed.rule.Limits[j]
+			refs = append(refs, ref(i, l, ed.rule, own))
 			buf = ed.rule.AppendKey(buf[:0], ed.entries, j)
-			refs = append(refs, envoyOp{desc: i, limit: l, site: l.Scope == rules.Site})
 			ops = append(ops, envoyCountOp(string(buf), l, ed.hits))
 		}
 	}
@@ -332,17 +360,31 @@ func envoyCountOp(key string, l *rules.Limit, hits int64) algo.Op {
 	return algo.Op{Key: key, Algorithm: l.Algorithm, Limit: algo.Limit{Requests: noCeiling, Window: l.Window}, N: hits}
 }
 
-// envoyAdd runs ops, each in its limit's store: site ops in the SiteStore, local ones
-// (and site ones when there is no SiteStore) in the Local store. Every op fits (see
-// noCeiling), so each takes its N.
+// envoyAdd runs ops, each in its limit's store: site ops with a key in
+// envoyproxy/ratelimit's layout in that layout, with the SiteStore's CountEnvoy as the
+// Limiter's own decisions count them (in process when Redis cannot be reached, written back to the
+// same keys), the other site ops in the SiteStore,
+// local ones (and site ones when there is no SiteStore) in the Local store. Every op fits (see noCeiling), so each takes
+// its N.
 func (s *Server) envoyAdd(ctx context.Context, now time.Time, refs []envoyOp, ops []algo.Op, out []algo.Decision) {
 	var siteOps, localOps []algo.Op
-	var siteAt, localAt []int
+	var siteAt, localAt, layoutAt []int
+	var incrs []sitestore.EnvoyIncr
 	for k := range ops {
-		if refs[k].site && s.site != nil {
+		switch {
+		case refs[k].redisKey != "":
+			incrs, layoutAt = append(incrs, sitestore.EnvoyIncr{Key: refs[k].redisKey, N: ops[k].N, Expire: refs[k].expire}), append(layoutAt, k)
+		case refs[k].site && s.site != nil:
 			siteOps, siteAt = append(siteOps, ops[k]), append(siteAt, k)
-		} else {
+		default:
 			localOps, localAt = append(localOps, ops[k]), append(localAt, k)
+		}
+	}
+	if len(incrs) > 0 {
+		counts := make([]int64, len(incrs))
+		s.site.(envoyCounter).CountEnvoy(ctx, now, incrs, counts)
+		for i, k := range layoutAt {
+			out[k] = algo.Decision{Allowed: true, Limit: noCeiling, Remaining: noCeiling - counts[i]}
 		}
 	}
 	if len(siteOps) > 0 {

@@ -161,6 +161,10 @@ type Config struct {
 	DenyUnknownDomain bool
 	// Envoy configures the gRPC and /json answers of domains in rules.CompatEnvoy.
 	Envoy rls.EnvoyOptions
+	// EnvoyKeyPrefix (envoyproxy/ratelimit's CACHE_KEY_PREFIX) starts the Redis keys of the
+	// limits of domains in rules.CompatEnvoy counted in envoyproxy/ratelimit's layout
+	// (enforcer.Config). Default "", as there.
+	EnvoyKeyPrefix string
 	// RLQSAddr serves Envoy's Rate Limit Quota Service (package rlqs) on its own gRPC
 	// listener, with the Limits, TLS and AuthTokens of GRPCAddr. Default "": not served.
 	RLQSAddr string
@@ -358,8 +362,8 @@ func New(cfg Config) (_ *Server, err error) {
 		SiteEnforcers: cfg.SiteEnforcers,
 		DefaultShare:  cfg.DefaultShare, MinShare: cfg.MinShare, SiteStaleAfter: cfg.SiteStaleAfter, CrashHold: cfg.CrashHold,
 		ReserveMargin:     cfg.ReserveMargin,
-		DenyUnknownDomain: cfg.DenyUnknownDomain,
-		SubBuckets:        cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxMemory: cfg.MaxMemory - 2*rlqsBytes,
+		DenyUnknownDomain: cfg.DenyUnknownDomain, EnvoyKeyPrefix: cfg.EnvoyKeyPrefix,
+		SubBuckets: cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxMemory: cfg.MaxMemory - 2*rlqsBytes,
 		Clock: cfg.Clock, Logger: s.log, Registerer: reg,
 	})
 	if err != nil {

@@ -118,6 +118,10 @@ type writeBack struct {
 	gop    sitecount.Op  // N is the batch's total
 	last   int64         // unix ns of the batch's newest hit
 	window time.Duration // hits older than this at write-back time no longer matter
+	// envoy marks FallbackEnvoy's hits of op.Key, a key in envoyproxy/ratelimit's layout,
+	// whose window ends at end (unix ns).
+	envoy bool
+	end   int64
 }
 
 // pending holds the write backs not yet in Redis: open batches (still growing, one per
@@ -275,6 +279,9 @@ func (s *Store) flush(ctx context.Context, now time.Time) error {
 // writeBackOne adds one batch to Redis at now (hits that happened earlier are counted as
 // if now: never less than they were), unless they have all left their window.
 func (s *Store) writeBackOne(ctx context.Context, now time.Time, wb *writeBack) error {
+	if wb.envoy {
+		return s.writeBackEnvoy(ctx, now, wb)
+	}
 	t := now.UnixNano()
 	if t-wb.last >= int64(wb.window) {
 		return nil

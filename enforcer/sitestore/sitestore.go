@@ -78,6 +78,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -314,11 +315,16 @@ func New(cfg Config) (*Store, error) {
 		s.returnHold = 0
 	}
 	bopts.OnStateChange = func(st breaker.State) {
-		switch st {
-		case breaker.Open:
+		switch {
+		case st == breaker.Open:
 			s.outage.Add(1)
-		case breaker.Closed:
-			s.extendHold()
+			s.holdUntil.Store(0) // decided in process, the outage's way
+		case s.returnHold <= 0:
+		case st == breaker.HalfOpen:
+			// Probes are decided in Redis while the others may still be on their shares.
+			s.holdUntil.Store(math.MaxInt64)
+		case st == breaker.Closed:
+			s.holdUntil.Store(s.clk.Now().Add(s.returnHold).UnixNano())
 		}
 		m.breakerState.Set(float64(st))
 		s.log.Info("sitestore: redis circuit breaker", "state", st.String())
@@ -365,9 +371,10 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 		return ok, true
 	}
 	held, stamped := false, now
-	if start.UnixNano() < s.holdUntil.Load() && s.breaker.State() == breaker.Closed {
-		// Back from an outage (Config.ReturnHold): the share decides first, and Redis
-		// then decides what the share admitted.
+	if start.UnixNano() < s.holdUntil.Load() {
+		// Back from an outage (Config.ReturnHold): the share decides first, from this
+		// process's share of the last known use, and Redis then decides what it admitted.
+		s.seedFallback(now, ops)
 		if !s.fallbackAllowAll(now, ops, out, false) {
 			s.m.fallback.WithLabelValues(reasonReturnHold).Inc()
 			if s.decided != nil {
@@ -402,7 +409,9 @@ func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out 
 		return false, false
 	}
 	s.m.fallback.WithLabelValues(reason).Inc()
-	s.extendHold()
+	if reason != "breaker_open" {
+		s.extendHold()
+	}
 	now = s.after(now, start)
 	if held {
 		// The share has admitted and counted the request already: it is kept to be

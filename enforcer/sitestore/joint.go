@@ -70,6 +70,9 @@ func (c *Counter) CommitWithSite(ctx context.Context, now time.Time, site any, o
 		}
 		j.Taken = j.SiteOK
 		c.noteCounts(now, ops, counts, j.Taken)
+		if s.decided != nil {
+			s.decided(now, j.Taken, false)
+		}
 		return j
 	case reasonCanceled:
 		// Nobody will receive the answer: refuse, take nothing.
@@ -93,6 +96,9 @@ func (c *Counter) CommitWithSite(ctx context.Context, now time.Time, site any, o
 	j.Taken, _ = c.fallbackCommit(ctx, now, ops, counts)
 	if j.Taken {
 		c.pendCounts(now, ops)
+		if s.decided != nil {
+			s.decided(now, true, true)
+		}
 	}
 	return j
 }

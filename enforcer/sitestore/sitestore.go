@@ -215,9 +215,9 @@ type Store struct {
 	// which decisions made in Redis must also fit the share (extendHold).
 	returnHold time.Duration
 	holdUntil  atomic.Int64
-	// decided, when set (by tests), sees each AllowAll decision made in Redis or in
-	// process, with the time it was made at: a decision in process after a failed call is
-	// made later than the time the request carries (Store.after).
+	// decided, when set (by tests), sees each AllowAll and Counter.CommitWithSite decision
+	// made in Redis or in process, with the time it was counted at: a decision in process
+	// after a failed call is made later than the time the request carries (Store.after).
 	decided func(at time.Time, allowed, fellBack bool)
 	log     *slog.Logger
 	script  *redis.Script

@@ -33,12 +33,13 @@ type outageRun struct {
 	adm []admission
 }
 
-// admission is when a request was admitted, as closely as the test can tell. The Store's
-// decided hook gives a site-scope decision's own time (from = to). A joint decision
-// (Counter.CommitWithSite) made in Redis is made at the time the request carries
-// (from = to); one made in process after a failed call at that time moved on by the
-// call's duration (Store.after), somewhere in [from, to]: on a loaded machine that span can
-// be long, and the test counts only what it can place.
+// admission is when a request was admitted: the span [from, to] it was certainly counted
+// in. The Store's decided hook gives the instant itself (from = to), for AllowAll and
+// Counter.CommitWithSite alike, in Redis or in process: a decision in process after a
+// failed call is made after the call (Store.after), and a sliding window counts a request
+// stamped before a sub-bucket another decision already started in that one (decidedAt).
+// Stamped by the caller instead, admissions were placed up to a call's timeout off, and
+// on a loaded machine the test could not tell a second over the bound.
 type admission struct {
 	from, to time.Time
 	// store is the index of the Store that decided it (-1: not known), fellBack whether
@@ -86,27 +87,16 @@ func (r *outageRun) run(fault func(), after time.Duration) {
 						return
 					default:
 					}
-					var ok, fellBack bool
+					// Admissions are recorded by the Store's decided hook, at the
+					// instants they were counted at.
 					now := time.Now()
 					if r.counters != nil {
 						j := r.counters[i].CommitWithSite(context.Background(), now, s, r.gop, counts, []algo.Op{r.op}, out)
 						r.mu.Lock()
 						r.joints = append(r.joints, j)
 						r.mu.Unlock()
-						ok, fellBack = j.Taken, j.GlobalFellBack || j.SiteFellBack
 					} else {
-						// Recorded by the Store's decided hook, at the decision's own time.
 						_, _ = s.AllowAll(context.Background(), now, []algo.Op{r.op}, out)
-						continue
-					}
-					if ok {
-						a := admission{from: now, to: now, store: -1, fellBack: fellBack}
-						if fellBack {
-							a.to = time.Now()
-						}
-						r.mu.Lock()
-						r.adm = append(r.adm, a)
-						r.mu.Unlock()
 					}
 				}
 			}()

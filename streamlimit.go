@@ -78,33 +78,19 @@ type Config struct {
 	// shares (default snapshot.DefaultMaxStaleness).
 	MaxStaleness time.Duration
 
-	// Redis, when its Addrs are set, holds site limits and this site's count of global
-	// limits for every enforcer of the site (sitestore.Config; Fallback, FallbackShare,
-	// Clock, Logger and Registerer are set here). Default: counted in process.
-	Redis sitestore.Config
+	// Redis, when its Addrs (or Client) are set, holds site limits and this site's count
+	// of global limits for every enforcer of the site. Default: counted in process.
+	Redis sitestore.Redis
 	// SiteEnforcers is the number of enforcers sharing Redis: while it is down each keeps
 	// to 1/SiteEnforcers of the site's limits. Default 1.
 	SiteEnforcers int
 
-	// The global decision's settings (enforcer.Config, whose defaults apply).
-	DefaultShare float64
-	MinShare     float64
-	// DenyUnknownDomain denies requests of a domain no rule configures; see
-	// enforcer.Config. Default false: admitted with no limit.
-	DenyUnknownDomain bool
-	// EnvoyKeyPrefix starts the keys of the limits counted in envoyproxy/ratelimit's Redis
-	// layout; see enforcer.Config. Default "".
-	EnvoyKeyPrefix string
-	SiteStaleAfter time.Duration
-	CrashHold      time.Duration
-	// ReserveMargin: see enforcer.Config (enforcer.Defaults().ReserveMargin).
-	ReserveMargin time.Duration
-	// SubBuckets splits every window, as the aggregators do (window.DefaultSubBuckets).
-	SubBuckets int
-
-	// MaxKeys bounds each per-key structure (enforcer.Defaults().MaxKeys); MaxMemory is their
-	// memory target in bytes, half of it kept alive (0: no bound in bytes).
-	MaxKeys   int
+	// Tuning is the global decision's settings and the bounds of the per-key structures
+	// (enforcer.Tuning, whose zero fields take enforcer.Defaults; MaxKeys bounds every
+	// per-key structure here, not only the enforcer's).
+	enforcer.Tuning
+	// MaxMemory is the per-key structures' memory target in bytes, half of it kept alive
+	// (0: no bound in bytes).
 	MaxMemory int64
 
 	// Clock defaults to the wall clock, Logger to slog.Default(); Registerer receives the
@@ -163,18 +149,21 @@ func New(cfg Config) (_ *Limiter, err error) {
 	l.local = algo.New(algo.Options{MaxKeys: cfg.MaxKeys, MaxBytes: mem.Local})
 	l.counter = sitecount.NewLocal(sitecount.LocalOptions{SubBuckets: cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxBytes: mem.Counter})
 	ecfg := enforcer.Config{
-		Rules: l.reloader.Current, Site: cfg.Site, Local: l.local, Counter: l.counter,
-		MaxKeys: cfg.MaxKeys, KeyCacheBytes: mem.KeyCache, SubBuckets: cfg.SubBuckets,
-		DefaultShare: cfg.DefaultShare, MinShare: cfg.MinShare, SiteStaleAfter: cfg.SiteStaleAfter, CrashHold: cfg.CrashHold,
-		ReserveMargin: cfg.ReserveMargin, DenyUnknownDomain: cfg.DenyUnknownDomain, EnvoyKeyPrefix: cfg.EnvoyKeyPrefix,
-		Clock: cfg.Clock, Logger: l.log, Registerer: cfg.Registerer,
+		Tuning:        cfg.Tuning,
+		Rules:         l.reloader.Current,
+		Site:          cfg.Site,
+		Local:         l.local,
+		Counter:       l.counter,
+		KeyCacheBytes: mem.KeyCache,
+		Clock:         cfg.Clock,
+		Logger:        l.log,
+		Registerer:    cfg.Registerer,
 	}
 	share := fallbackShare(cfg.SiteEnforcers)
 	redis := len(cfg.Redis.Addrs) > 0 || cfg.Redis.Client != nil
 	if redis {
-		rc := cfg.Redis
-		rc.Fallback, rc.FallbackShare, rc.Clock, rc.Logger, rc.Registerer = l.local, share, cfg.Clock, l.log, cfg.Registerer
-		if l.site, err = sitestore.New(rc); err != nil {
+		if l.site, err = sitestore.New(sitestore.Config{Redis: cfg.Redis, Fallback: l.local, FallbackShare: share,
+			Clock: cfg.Clock, Logger: l.log, Registerer: cfg.Registerer}); err != nil {
 			return nil, fmt.Errorf("streamlimit: redis: %w", err)
 		}
 		ecfg.SiteStore = l.site

@@ -14,6 +14,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/aggregator"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
@@ -92,8 +93,18 @@ func BenchmarkPropagation(b *testing.B) {
 		}
 	})
 	site := func(name string) *server.Server {
-		s, err := server.New(server.Config{Site: name, RulesPath: rulesPath, Brokers: brokers,
-			HitsTopic: hits, CountsTopic: counts, HTTPAddr: "127.0.0.1:0", GRPCAddr: "off", Logger: discard})
+		s, err := server.New(server.Config{
+			Config: streamlimit.Config{
+				Site:        name,
+				Rules:       rulesPath,
+				Brokers:     brokers,
+				HitsTopic:   hits,
+				CountsTopic: counts,
+				Logger:      discard,
+			},
+			HTTPAddr: "127.0.0.1:0",
+			GRPCAddr: "off",
+		})
 		if err != nil {
 			b.Fatal(err)
 		}

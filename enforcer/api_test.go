@@ -11,8 +11,8 @@ import (
 )
 
 // TestExportedNames holds the package's exported surface (names, and methods of exported
-// types) to this list, at most 30 names: the package is the Limiter and what a caller
-// passes to it or gets back. A new exported name is a choice made here, with the package
+// types) to this list, at most 31 names: the package is the Limiter and what a caller
+// passes to it or gets back (31 since Tuning, the settings every layer above embeds). A new exported name is a choice made here, with the package
 // documentation, not a side effect; a plug point or a helper belongs in a package of its
 // own (as sitecount does) or unexported.
 func TestExportedNames(t *testing.T) {
@@ -22,7 +22,7 @@ func TestExportedNames(t *testing.T) {
 		"Limiter", "Limiter.Await", "Limiter.Config", "Limiter.Decide", "Limiter.DecideAt",
 		"Limiter.DecideInto", "Limiter.RecentDenials", "Limiter.Reporter", "Limiter.Sites",
 		"New", "Override", "Publisher", "Quota", "Reporter", "Reporter.Report",
-		"Request", "Result", "SiteStatus", "SiteStore", "Status", "Status.Soft",
+		"Request", "Result", "SiteStatus", "SiteStore", "Status", "Status.Soft", "Tuning",
 	}
 	fset := token.NewFileSet()
 	entries, err := os.ReadDir(".")
@@ -80,7 +80,7 @@ func TestExportedNames(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("exported names:\n got %d %v\nwant %d %v", len(got), got, len(want), want)
 	}
-	if len(want) > 30 {
-		t.Errorf("%d exported names, the bound is 30", len(want))
+	if len(want) > 31 {
+		t.Errorf("%d exported names, the bound is 31", len(want))
 	}
 }

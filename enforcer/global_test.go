@@ -45,7 +45,7 @@ func newGlobal(t *testing.T, sites map[string]float64, mods ...func(*Config)) (*
 		putCount(t, sn, clk, globalKey, sites, nil)
 	}
 	pub := &recorder{}
-	cfg := Config{Rules: rules.Static(loadRules(t, globalRules)), Site: "eu", Clock: clk, Snapshot: sn, Publisher: pub, DefaultShare: 1.0 / 3}
+	cfg := Config{Tuning: Tuning{DefaultShare: 1.0 / 3}, Rules: rules.Static(loadRules(t, globalRules)), Site: "eu", Clock: clk, Snapshot: sn, Publisher: pub}
 	for _, m := range mods {
 		m(&cfg)
 	}
@@ -158,7 +158,7 @@ func siteLimiters(t *testing.T, clk *clock.Fake, sites map[string]float64, mods 
 		}
 		heartbeat(t, sn, clk)
 		putCount(t, sn, clk, globalKey, sites, nil)
-		cfg := Config{Rules: rules.Static(loadRules(t, globalRules)), Site: name, Clock: clk, Snapshot: sn, DefaultShare: 1.0 / 3}
+		cfg := Config{Tuning: Tuning{DefaultShare: 1.0 / 3}, Rules: rules.Static(loadRules(t, globalRules)), Site: name, Clock: clk, Snapshot: sn}
 		for _, m := range mods {
 			m(&cfg)
 		}
@@ -559,8 +559,13 @@ func TestGlobalCountsThisSiteAsTheOthersSeeIt(t *testing.T) {
 			t.Fatal(err)
 		}
 		heartbeat(t, sn, clk)
-		l, err := New(Config{Rules: rules.Static(loadRules(t, globalRules)), Site: "eu", Clock: clk, Snapshot: sn,
-			DefaultShare: 1.0 / 3, NewKeyHold: -1, ShareDamping: -1, DemandPrior: -1})
+		l, err := New(Config{
+			Tuning:   Tuning{DefaultShare: 1.0 / 3, NewKeyHold: -1, ShareDamping: -1, DemandPrior: -1},
+			Rules:    rules.Static(loadRules(t, globalRules)),
+			Site:     "eu",
+			Clock:    clk,
+			Snapshot: sn,
+		})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -80,8 +80,13 @@ func run(keys, maxKeys int, maxMemory, logHits int64) error {
 	local := algo.New(algo.Options{MaxKeys: maxKeys, MaxBytes: mem.Local})
 	counter := sitecount.NewLocal(sitecount.LocalOptions{MaxKeys: maxKeys, MaxBytes: mem.Counter})
 	lim, err := enforcer.New(enforcer.Config{
-		Rules: rules.Static(rc), Site: "eu", Snapshot: snap, Local: local, Counter: counter,
-		MaxKeys: maxKeys, KeyCacheBytes: mem.KeyCache,
+		Tuning:        enforcer.Tuning{MaxKeys: maxKeys},
+		Rules:         rules.Static(rc),
+		Site:          "eu",
+		Snapshot:      snap,
+		Local:         local,
+		Counter:       counter,
+		KeyCacheBytes: mem.KeyCache,
 	})
 	if err != nil {
 		return err

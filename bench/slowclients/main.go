@@ -33,6 +33,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 )
 
@@ -64,8 +65,12 @@ func run(n int, dur, every time.Duration, unbounded bool) error {
 	if unbounded {
 		lim = server.Limits{ReadHeaderTimeout: 10 * time.Second, ReadTimeout: -1, WriteTimeout: -1, IdleTimeout: -1, MaxConns: -1}
 	}
-	srv, err := server.New(server.Config{Site: "bench", RulesPath: rules, HTTPAddr: "127.0.0.1:0", GRPCAddr: "off", Limits: lim,
-		Logger: slog.New(slog.DiscardHandler)})
+	srv, err := server.New(server.Config{
+		Config:   streamlimit.Config{Site: "bench", Rules: rules, Logger: slog.New(slog.DiscardHandler)},
+		HTTPAddr: "127.0.0.1:0",
+		GRPCAddr: "off",
+		Limits:   lim,
+	})
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/aggregator"
 	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/demo"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
@@ -148,9 +149,19 @@ func (df *devFlags) run(cmd *cobra.Command) error {
 		return err
 	}
 	srv, err := server.New(server.Config{
-		Site: df.site, RulesPath: rulesPath, Brokers: brokers,
-		HTTPAddr: df.httpAddr, GRPCAddr: df.grpcAddr, HTTP: httpCfg, Logger: log, Registry: reg,
-		MaxMemory: int64(df.maxMemory), RLQSAddr: df.rlqsAddr, RLQS: df.rlqs,
+		Config: streamlimit.Config{
+			Site:      df.site,
+			Rules:     rulesPath,
+			Brokers:   brokers,
+			Logger:    log,
+			MaxMemory: int64(df.maxMemory),
+		},
+		HTTPAddr: df.httpAddr,
+		GRPCAddr: df.grpcAddr,
+		HTTP:     httpCfg,
+		Registry: reg,
+		RLQSAddr: df.rlqsAddr,
+		RLQS:     df.rlqs,
 	})
 	if err != nil {
 		return err

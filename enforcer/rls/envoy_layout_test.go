@@ -92,7 +92,7 @@ descriptors:
 
 func layoutServer(t *testing.T, st *layoutStore, prefix string) *Server {
 	t.Helper()
-	l, err := enforcer.New(enforcer.Config{Rules: rules.Static(loadRules(t, layoutRules)), Site: "t", Clock: clock.NewFake(t0), SiteStore: st, EnvoyKeyPrefix: prefix})
+	l, err := enforcer.New(enforcer.Config{Tuning: enforcer.Tuning{EnvoyKeyPrefix: prefix}, Rules: rules.Static(loadRules(t, layoutRules)), Site: "t", Clock: clock.NewFake(t0), SiteStore: st})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 )
 
@@ -27,8 +28,12 @@ func TestCheckWaitOutlastsWriteTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	const writeTimeout = 100 * time.Millisecond
-	srv, err := server.New(server.Config{Site: "eu", RulesPath: rules, HTTPAddr: "127.0.0.1:0", GRPCAddr: "off",
-		Limits: server.Limits{WriteTimeout: writeTimeout, ReadTimeout: writeTimeout}})
+	srv, err := server.New(server.Config{
+		Config:   streamlimit.Config{Site: "eu", Rules: rules},
+		HTTPAddr: "127.0.0.1:0",
+		GRPCAddr: "off",
+		Limits:   server.Limits{WriteTimeout: writeTimeout, ReadTimeout: writeTimeout},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/enforcer/server/console"
 )
@@ -21,7 +22,7 @@ func startConsoleServer(t *testing.T, tokens ...string) string {
 	if err := os.WriteFile(p, []byte(openAPIRules), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	srv := runServer(t, server.Config{Site: "eu", RulesPath: p, HTTPAddr: "127.0.0.1:0", GRPCAddr: "off", AuthTokens: tokens})
+	srv := runServer(t, server.Config{Config: streamlimit.Config{Site: "eu", Rules: p}, HTTPAddr: "127.0.0.1:0", GRPCAddr: "off", AuthTokens: tokens})
 	return "http://" + srv.HTTPAddr()
 }
 

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/internal/testenv"
@@ -38,9 +39,20 @@ func TestDelayInsteadOf429(t *testing.T) {
 	upstream, _ := url.Parse("http://" + upLn.Addr().String())
 
 	srv, err := server.New(server.Config{
-		Site: "eu", RulesPath: rulesPath, Brokers: brokers, HitsTopic: hits, CountsTopic: counts,
-		HTTPAddr: "127.0.0.1:0", GRPCAddr: "off", Upstream: upstream, ProxyAddr: "127.0.0.1:0", ProxyMaxDelay: httplimit.MaxDelay, AuthMaxDelay: httplimit.MaxDelay,
-		HTTP: httplimit.Config{Domain: "api", Descriptors: []httplimit.Descriptor{{Entries: []httplimit.Source{{Type: "header", Name: "X-User", Key: "user"}}}}},
+		Config: streamlimit.Config{
+			Site:        "eu",
+			Rules:       rulesPath,
+			Brokers:     brokers,
+			HitsTopic:   hits,
+			CountsTopic: counts,
+		},
+		HTTPAddr:      "127.0.0.1:0",
+		GRPCAddr:      "off",
+		Upstream:      upstream,
+		ProxyAddr:     "127.0.0.1:0",
+		ProxyMaxDelay: httplimit.MaxDelay,
+		AuthMaxDelay:  httplimit.MaxDelay,
+		HTTP:          httplimit.Config{Domain: "api", Descriptors: []httplimit.Descriptor{{Entries: []httplimit.Source{{Type: "header", Name: "X-User", Key: "user"}}}}},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer/rls"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/topics"
@@ -43,8 +44,11 @@ func TestGRPCHealthFollowsReadiness(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(cluster.Close)
-	srv := startServer(t, server.Config{Brokers: cluster.ListenAddrs(), HitsTopic: "hits", CountsTopic: counts,
-		GRPCAddr: "127.0.0.1:0", RLQSAddr: "127.0.0.1:0"})
+	srv := startServer(t, server.Config{
+		Config:   streamlimit.Config{Brokers: cluster.ListenAddrs(), HitsTopic: "hits", CountsTopic: counts},
+		GRPCAddr: "127.0.0.1:0",
+		RLQSAddr: "127.0.0.1:0",
+	})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -170,8 +174,10 @@ func TestReadinessFollowsClockSkew(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(cluster.Close)
-	srv := startServer(t, server.Config{Brokers: cluster.ListenAddrs(), HitsTopic: "hits", CountsTopic: "counts",
-		GRPCAddr: "127.0.0.1:0"})
+	srv := startServer(t, server.Config{
+		Config:   streamlimit.Config{Brokers: cluster.ListenAddrs(), HitsTopic: "hits", CountsTopic: "counts"},
+		GRPCAddr: "127.0.0.1:0",
+	})
 	health := healthpb.NewHealthClient(dialGRPC(t, srv.GRPCAddr()))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -21,7 +21,7 @@ import (
 // stops it at the end of the test.
 func startServer(t testing.TB, cfg server.Config) *server.Server {
 	t.Helper()
-	cfg.Site, cfg.RulesPath = "eu", writeRules(t)
+	cfg.Site, cfg.Rules = "eu", writeRules(t)
 	if cfg.HTTPAddr == "" {
 		cfg.HTTPAddr = "127.0.0.1:0"
 	}

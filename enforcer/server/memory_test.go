@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 )
 
@@ -14,7 +15,7 @@ import (
 // structure holds.
 func TestMaxMemoryBoundsStructures(t *testing.T) {
 	const target = 1 << 20
-	srv := startServer(t, server.Config{MaxMemory: target})
+	srv := startServer(t, server.Config{Config: streamlimit.Config{MaxMemory: target}})
 	base := "http://" + srv.HTTPAddr()
 	waitFor(t, func() bool { code, _ := get(t, base+"/readyz"); return code == 200 })
 	for i := range 3000 {

@@ -15,6 +15,7 @@ import (
 	"github.com/pb33f/libopenapi-validator/config"
 	vErrors "github.com/pb33f/libopenapi-validator/errors"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 )
@@ -114,7 +115,10 @@ func startOpenAPIServer(t *testing.T, tokens ...string) string {
 		t.Fatal(err)
 	}
 	srv := runServer(t, server.Config{
-		Site: "eu", RulesPath: p, HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", AuthTokens: tokens,
+		Config:     streamlimit.Config{Site: "eu", Rules: p},
+		HTTPAddr:   "127.0.0.1:0",
+		GRPCAddr:   "127.0.0.1:0",
+		AuthTokens: tokens,
 		HTTP: httplimit.Config{Domain: "api", TrustedProxies: []string{"127.0.0.0/8"},
 			Descriptors: []httplimit.Descriptor{{Entries: []httplimit.Source{{Type: "remote_address", Key: "user"}}}}},
 	})

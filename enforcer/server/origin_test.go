@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 )
@@ -92,8 +93,12 @@ func TestCrossOriginRefused(t *testing.T) {
 // and is an accepted Origin too (a proxy in front that rewrites Host). Without it any
 // Host is served, as before (TestCrossOriginRefused).
 func TestAllowedHosts(t *testing.T) {
-	if _, err := server.New(server.Config{Site: "eu", RulesPath: writeRules(t), GRPCAddr: "off", HTTPAddr: "127.0.0.1:0",
-		AllowedHosts: []string{"enforcer.internal:8081"}}); err == nil || !strings.Contains(err.Error(), "without a port") {
+	if _, err := server.New(server.Config{
+		Config:       streamlimit.Config{Site: "eu", Rules: writeRules(t)},
+		GRPCAddr:     "off",
+		HTTPAddr:     "127.0.0.1:0",
+		AllowedHosts: []string{"enforcer.internal:8081"},
+	}); err == nil || !strings.Contains(err.Error(), "without a port") {
 		t.Errorf("an allowed host with a port: %v, want an error", err)
 	}
 	srv := startServer(t, server.Config{AllowedHosts: []string{"enforcer.internal", "127.0.0.1", "[::1]"}})

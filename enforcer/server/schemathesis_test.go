@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/internal/testenv"
@@ -90,7 +91,9 @@ func TestSchemathesis(t *testing.T) {
 		}
 	}
 	srv := runServer(t, server.Config{
-		Site: "eu", RulesPath: rulesPath, HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
+		Config:   streamlimit.Config{Site: "eu", Rules: rulesPath},
+		HTTPAddr: "127.0.0.1:0",
+		GRPCAddr: "127.0.0.1:0",
 		HTTP: httplimit.Config{Domain: "api", TrustedProxies: []string{"127.0.0.0/8"},
 			Descriptors: []httplimit.Descriptor{{Entries: []httplimit.Source{{Type: "remote_address", Key: "user"}}}}},
 	})

@@ -27,7 +27,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -40,101 +39,20 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/rlqs"
 	"github.com/streamlimit/streamlimit/enforcer/rls"
-	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/internal/memsize"
 	"github.com/streamlimit/streamlimit/producer"
-	"github.com/streamlimit/streamlimit/topics"
 )
 
-// Config configures a Server. Site and RulesPath are required; every other field has the
-// default written in its comment.
+// Config configures a Server: the enforcer it assembles (streamlimit.Config, whose Site and
+// Rules are required) and the listeners that serve it. Every zero field takes the default
+// written in its comment, applied once, by the layer that owns the field; the one default
+// the Server changes is MaxMemory's, DefaultMaxMemory (a server process bounds its memory
+// unless told not to: negative means no bound in bytes). With RLQSAddr, the RLQS streams
+// and buckets first get memsize.RLQSPart of MaxMemory.
 type Config struct {
-	// Site names this enforcer's site: the process itself, or the data center whose Redis
-	// it shares with the site's other enforcers.
-	Site string
-	// RulesPath is a rules file or a directory of them (one domain per file).
-	RulesPath string
-	// ReloadInterval is how often the rules are checked for changes. Default
-	// rules.DefaultReloadInterval.
-	ReloadInterval time.Duration
-	// ReloadSettle is how long a changed rules file must stay as it is before it is
-	// loaded (rules.ReloaderOptions.Settle). Default rules.DefaultReloadSettle.
-	ReloadSettle time.Duration
-	// RulesMaxBytes bounds each rules file (rules.LoadOptions.MaxFileBytes): a larger one
-	// is refused at start and at reload. Default rules.DefaultMaxFileBytes; negative: none.
-	RulesMaxBytes int64
-
-	// Brokers are the Kafka bootstrap brokers. Default none: no hits are published and no
-	// snapshot is followed, so global limits are decided on DefaultShare of the limit.
-	Brokers []string
-	// KafkaOpts carry TLS, SASL and the like for every Kafka client (internal/kafkaopt).
-	KafkaOpts []kgo.Opt
-	// HitsTopic receives this site's hits. Default "hits".
-	HitsTopic string
-	// CountsTopic is followed into the snapshot. Default "counts".
-	CountsTopic string
-	// Aggregators, when set, are the instance IDs of the aggregators that write
-	// CountsTopic; records of any other writer are skipped (snapshot.Config.Aggregators).
-	// Default none: every record is believed.
-	Aggregators []string
-	// SiteKey, when set, is Site's key, with which every record published to HitsTopic is
-	// signed (producer.Config.SiteKey). Default none: records are not signed.
-	SiteKey []byte
-	// MaxStaleness is how old the aggregator's heartbeats may be before global limits
-	// fall back to local shares. Default snapshot.DefaultMaxStaleness.
-	MaxStaleness time.Duration
-	// DefaultShare is this site's share of a global limit for keys the snapshot never
-	// showed. Default 0: 1/the number of sites that may spend them (see enforcer.Config).
-	DefaultShare float64
-	// SiteStaleAfter is how long a site may go unheard before it is taken as silent and
-	// reserved its share of the keys it served. Default enforcer.Defaults().SiteStaleAfter.
-	SiteStaleAfter time.Duration
-	// CrashHold is how long a site silent while the rest of its data center speaks keeps
-	// its reservation, fading. Default enforcer.Defaults().CrashHold.
-	CrashHold time.Duration
-	// ReserveMargin is added to the pipeline's lag in the time over which the other sites'
-	// recent rate of a key is kept back from the room this site may spend. Default
-	// enforcer.Defaults().ReserveMargin; negative: none.
-	ReserveMargin time.Duration
-	// SubBuckets of the site's own sliding-window counts; must equal the aggregator's.
-	// Default window.DefaultSubBuckets.
-	SubBuckets int
-	// MaxKeys bounds each per-key structure of the enforcer: local counters, this site's
-	// global counts, the snapshot and the key cache. Idle keys are dropped first; evictions
-	// are counted. Default enforcer.Defaults().MaxKeys, for each.
-	MaxKeys int
-	// MaxMemory is the memory target of the enforcer's per-key structures, in bytes: they
-	// keep at most half of it alive, split as memsize.Split says (with RLQSAddr, the RLQS
-	// streams and buckets first get memsize.RLQSPart of it), the other half
-	// being the garbage collector's room. MaxKeys applies too. Default DefaultMaxMemory;
-	// negative: no bound in bytes.
-	MaxMemory int64
-	// MinShare tunes the global decision for hot keys; see enforcer.Config. Default: the
-	// enforcer's.
-	MinShare float64
-
-	// RedisAddrs are the site's Redis (several: Cluster). Default none: site-scope limits
-	// and this site's global counts are kept in process.
-	RedisAddrs []string
-	// RedisMasterName makes RedisAddrs the addresses of Redis Sentinels that watch the
-	// master of this name (sitestore.Config.MasterName). Default none.
-	RedisMasterName string
-	// RedisUsername and RedisPassword authenticate to Redis (ACL user).
-	RedisUsername, RedisPassword string
-	// RedisTLS enables TLS to Redis.
-	RedisTLS *tls.Config
-	// RedisTimeout bounds every Redis call on the request path. Default sitestore.DefaultTimeout.
-	RedisTimeout time.Duration
-	// RedisKeyPrefix starts every Redis key of this site's counters, so that sites (or
-	// test runs) can share one Redis apart. Default sitestore's.
-	RedisKeyPrefix string
-	// SiteEnforcers is the number of enforcers sharing the site's Redis. While Redis is
-	// unavailable each counts only itself, so each keeps to 1/SiteEnforcers of every site
-	// limit and of the site's part of every global limit. Default 1.
-	SiteEnforcers int
+	streamlimit.Config
 
 	// HTTPAddr serves POST /v1/check, the nginx endpoint /v1/auth, envoyproxy/ratelimit's
 	// POST /json (unless GRPCAddr is "off"), /metrics, /healthz, /readyz and the API's
@@ -150,21 +68,8 @@ type Config struct {
 	// LimitOverrides says what the gRPC service and /json do with a descriptor's own
 	// limit. Default rls.HonourOverrides, as envoyproxy/ratelimit.
 	LimitOverrides rls.OverrideMode
-	// Compat is whose answers a domain gets when its rules file does not say (compat:),
-	// and a domain no file configures. Default rules.DefaultCompat.
-	Compat rules.Compat
-	// MergeDomains lets several rules files configure one domain
-	// (rules.LoadOptions.MergeDomains). Default false.
-	MergeDomains bool
-	// DenyUnknownDomain denies requests of a domain no rule configures
-	// (enforcer.Config). Default false: admitted with no limit, as envoyproxy/ratelimit.
-	DenyUnknownDomain bool
 	// Envoy configures the gRPC and /json answers of domains in rules.CompatEnvoy.
 	Envoy rls.EnvoyOptions
-	// EnvoyKeyPrefix (envoyproxy/ratelimit's CACHE_KEY_PREFIX) starts the Redis keys of the
-	// limits of domains in rules.CompatEnvoy counted in envoyproxy/ratelimit's layout
-	// (enforcer.Config). Default "", as there.
-	EnvoyKeyPrefix string
 	// RLQSAddr serves Envoy's Rate Limit Quota Service (package rlqs) on its own gRPC
 	// listener, with the Limits, TLS and AuthTokens of GRPCAddr. Default "": not served.
 	RLQSAddr string
@@ -215,10 +120,6 @@ type Config struct {
 	// ShutdownTimeout bounds the graceful shutdown (draining requests, flushing hits).
 	// Default DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
-	// Clock defaults to the wall clock.
-	Clock clock.Clock
-	// Logger defaults to slog.Default().
-	Logger *slog.Logger
 	// Registry receives every metric and is served on /metrics. Default: a new registry.
 	Registry *prometheus.Registry
 }
@@ -228,14 +129,8 @@ func (c Config) normalize() (Config, error) {
 	if c.Site == "" {
 		errs = append(errs, errors.New("site is required"))
 	}
-	if c.RulesPath == "" {
+	if c.Rules == "" {
 		errs = append(errs, errors.New("rules path is required"))
-	}
-	if c.HitsTopic == "" {
-		c.HitsTopic = topics.DefaultHitsTopic
-	}
-	if c.CountsTopic == "" {
-		c.CountsTopic = topics.DefaultCountsTopic
 	}
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = DefaultHTTPAddr
@@ -253,15 +148,14 @@ func (c Config) normalize() (Config, error) {
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
-	if c.MaxKeys <= 0 {
-		c.MaxKeys = enforcer.Defaults().MaxKeys
-	}
 	if c.MaxMemory == 0 {
 		c.MaxMemory = DefaultMaxMemory
 	}
 	if c.Upstream != nil && c.HTTP.Domain == "" {
 		errs = append(errs, errors.New("a reverse proxy needs the HTTP descriptor config (domain and descriptors)"))
 	}
+	// The clock and logger are shared with the parts the Server builds around the
+	// Limiter, so they are settled here rather than left to streamlimit.New.
 	c.Clock = clock.Or(c.Clock)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -352,20 +246,12 @@ func New(cfg Config) (_ *Server, err error) {
 	if cfg.RLQSAddr != "" {
 		rlqsBytes = memsize.RLQSPart(cfg.MaxMemory)
 	}
-	s.core, err = streamlimit.New(streamlimit.Config{
-		Site: cfg.Site, Rules: cfg.RulesPath, ReloadInterval: cfg.ReloadInterval, ReloadSettle: cfg.ReloadSettle,
-		Load:    rules.LoadOptions{Compat: cfg.Compat, MergeDomains: cfg.MergeDomains, MaxFileBytes: cfg.RulesMaxBytes},
-		Brokers: cfg.Brokers, KafkaOpts: cfg.KafkaOpts, HitsTopic: cfg.HitsTopic, CountsTopic: cfg.CountsTopic,
-		Aggregators: cfg.Aggregators, MaxStaleness: cfg.MaxStaleness, SiteKey: cfg.SiteKey,
-		Redis: sitestore.Config{Addrs: cfg.RedisAddrs, MasterName: cfg.RedisMasterName, Username: cfg.RedisUsername,
-			Password: cfg.RedisPassword, TLS: cfg.RedisTLS, KeyPrefix: cfg.RedisKeyPrefix, Timeout: cfg.RedisTimeout},
-		SiteEnforcers: cfg.SiteEnforcers,
-		DefaultShare:  cfg.DefaultShare, MinShare: cfg.MinShare, SiteStaleAfter: cfg.SiteStaleAfter, CrashHold: cfg.CrashHold,
-		ReserveMargin:     cfg.ReserveMargin,
-		DenyUnknownDomain: cfg.DenyUnknownDomain, EnvoyKeyPrefix: cfg.EnvoyKeyPrefix,
-		SubBuckets: cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxMemory: cfg.MaxMemory - 2*rlqsBytes,
-		Clock: cfg.Clock, Logger: s.log, Registerer: reg,
-	})
+	core := cfg.Config
+	core.Registerer = reg
+	if cfg.MaxMemory > 0 {
+		core.MaxMemory = cfg.MaxMemory - 2*rlqsBytes
+	}
+	s.core, err = streamlimit.New(core)
 	if err != nil {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
@@ -383,7 +269,7 @@ func New(cfg Config) (_ *Server, err error) {
 		}
 	}
 	if cfg.GRPCAddr != "off" {
-		s.rls, err = rls.NewServer(s.lim, rls.Options{Logger: s.log, Registerer: reg, Overrides: cfg.LimitOverrides, Compat: cfg.Compat, Envoy: cfg.Envoy})
+		s.rls, err = rls.NewServer(s.lim, rls.Options{Logger: s.log, Registerer: reg, Overrides: cfg.LimitOverrides, Compat: cfg.Load.Compat, Envoy: cfg.Envoy})
 		if err != nil {
 			return nil, err
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/internal/testenv"
@@ -80,8 +81,15 @@ func TestServerServesAndShutsDownCleanly(t *testing.T) {
 	before := runtime.NumGoroutine()
 
 	srv, err := server.New(server.Config{
-		Site: "eu", RulesPath: writeRules(t), Brokers: brokers, HitsTopic: hits, CountsTopic: counts,
-		HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
+		Config: streamlimit.Config{
+			Site:        "eu",
+			Rules:       writeRules(t),
+			Brokers:     brokers,
+			HitsTopic:   hits,
+			CountsTopic: counts,
+		},
+		HTTPAddr: "127.0.0.1:0",
+		GRPCAddr: "127.0.0.1:0",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -164,9 +172,12 @@ func TestReverseProxy(t *testing.T) {
 	upstream, _ := url.Parse("http://" + upLn.Addr().String())
 
 	srv, err := server.New(server.Config{
-		Site: "eu", RulesPath: writeRules(t), HTTPAddr: "127.0.0.1:0", GRPCAddr: "off",
-		Upstream: upstream, ProxyAddr: "127.0.0.1:0",
-		HTTP: httplimit.Config{Domain: "api", Descriptors: []httplimit.Descriptor{{Entries: []httplimit.Source{{Type: "remote_address"}}}}},
+		Config:    streamlimit.Config{Site: "eu", Rules: writeRules(t)},
+		HTTPAddr:  "127.0.0.1:0",
+		GRPCAddr:  "off",
+		Upstream:  upstream,
+		ProxyAddr: "127.0.0.1:0",
+		HTTP:      httplimit.Config{Domain: "api", Descriptors: []httplimit.Descriptor{{Entries: []httplimit.Source{{Type: "remote_address"}}}}},
 	})
 	if err != nil {
 		t.Fatal(err)

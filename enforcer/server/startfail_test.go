@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer/server"
 )
 
@@ -30,9 +31,18 @@ func TestFailedStartPublishesNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = taken.Close() })
-			cfg := server.Config{Site: "eu", RulesPath: writeRules(t), Brokers: cluster.ListenAddrs(),
-				HitsTopic: "hits", CountsTopic: "counts",
-				HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", RLQSAddr: "127.0.0.1:0"}
+			cfg := server.Config{
+				Config: streamlimit.Config{
+					Site:        "eu",
+					Rules:       writeRules(t),
+					Brokers:     cluster.ListenAddrs(),
+					HitsTopic:   "hits",
+					CountsTopic: "counts",
+				},
+				HTTPAddr: "127.0.0.1:0",
+				GRPCAddr: "127.0.0.1:0",
+				RLQSAddr: "127.0.0.1:0",
+			}
 			switch which {
 			case "http":
 				cfg.HTTPAddr = taken.Addr().String()

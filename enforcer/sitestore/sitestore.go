@@ -99,8 +99,9 @@ import (
 //go:embed script.lua
 var scriptSrc string
 
-// Config configures a Store.
-type Config struct {
+// Redis says which Redis holds a site's counters, how to reach it and how to use it: what
+// a deployment sets. Config adds the parts the process that assembles a Store provides.
+type Redis struct {
 	// Client is the Redis (single, Sentinel or Cluster) to use; the Store does not close
 	// it. Set ContextTimeoutEnabled on it, or Timeout cannot interrupt a call. Default
 	// (nil): a client built from Addrs, Username, Password and TLS, closed by Close.
@@ -136,11 +137,6 @@ type Config struct {
 	// ExpirySlack is added to every key's TTL beyond the time its state takes to become
 	// empty, to absorb clock skew between enforcers and Redis. Default: 1 s.
 	ExpirySlack time.Duration
-	// FallbackShare is the part of each site limit this process may use while Redis is
-	// unavailable, when every enforcer of the site counts only itself: 1/number of
-	// enforcers sharing the Redis, so that together they stay within the limit. Requests
-	// and Burst are scaled down (at least 1 each). Default 1.
-	FallbackShare float64
 	// ReturnHold is how long, after the breaker closes again at the end of an outage or
 	// after any call that failed, a decision made in Redis must also fit this process's
 	// FallbackShare (the in-process count, its outage hits included): the site's other
@@ -154,6 +150,16 @@ type Config struct {
 	Lanes int
 	// MaxBatch is the most requests one batch carries. Default DefaultMaxBatch.
 	MaxBatch int
+}
+
+// Config configures a Store.
+type Config struct {
+	Redis
+	// FallbackShare is the part of each site limit this process may use while Redis is
+	// unavailable, when every enforcer of the site counts only itself: 1/number of
+	// enforcers sharing the Redis, so that together they stay within the limit. Requests
+	// and Burst are scaled down (at least 1 each). Default 1.
+	FallbackShare float64
 	// Fallback decides requests while Redis is unavailable. Default (nil): a new
 	// algo.Store with default options.
 	Fallback *algo.Store

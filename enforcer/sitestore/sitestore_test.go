@@ -27,7 +27,7 @@ const testTimeout = 2 * time.Second
 
 func newStore(t testing.TB, client redis.UniversalClient, prefix string, mod func(*Config)) *Store {
 	t.Helper()
-	cfg := Config{Client: client, KeyPrefix: prefix, Timeout: testTimeout}
+	cfg := Config{Redis: Redis{Client: client, KeyPrefix: prefix, Timeout: testTimeout}}
 	if mod != nil {
 		mod(&cfg)
 	}

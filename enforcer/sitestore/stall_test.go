@@ -52,7 +52,7 @@ func newOutageRun(t *testing.T, addr string, enforcers int) *outageRun {
 	r := &outageRun{t: t, op: algo.Op{Key: "api|user=mallory#1s", Algorithm: algo.SlidingWindow,
 		Limit: algo.Limit{Requests: 50, Window: time.Second}, N: 1}}
 	for range enforcers {
-		s, err := New(Config{Addrs: []string{addr}, FallbackShare: 1 / float64(enforcers), Registerer: prometheus.NewRegistry()})
+		s, err := New(Config{Redis: Redis{Addrs: []string{addr}}, FallbackShare: 1 / float64(enforcers), Registerer: prometheus.NewRegistry()})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -346,14 +346,13 @@ func newSite(name string, brokers []string, rcfg *rules.Config, opts Options, lo
 	}
 	counter := sitecount.NewLocal(sitecount.LocalOptions{SubBuckets: subBuckets})
 	lim, err := enforcer.New(enforcer.Config{
-		Rules:        rules.Static(rcfg),
-		Site:         name,
-		Counter:      counter,
-		Snapshot:     snap,
-		Publisher:    prod,
-		DefaultShare: 1 / float64(opts.Sites),
-		SubBuckets:   subBuckets,
-		Logger:       log,
+		Tuning:    enforcer.Tuning{DefaultShare: 1 / float64(opts.Sites), SubBuckets: subBuckets},
+		Rules:     rules.Static(rcfg),
+		Site:      name,
+		Counter:   counter,
+		Snapshot:  snap,
+		Publisher: prod,
+		Logger:    log,
 	})
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -280,10 +280,12 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 		}
 		p.pub = &publisher{clk: clk, sub: cfg.SubBuckets, widthMs: 100}
 		p.lim, err = enforcer.New(enforcer.Config{
-			Rules: rules.Static(rc), Site: name, Snapshot: p.snap, Publisher: p.pub, Clock: clk,
-			SubBuckets: cfg.SubBuckets, MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter,
-			ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior, CrashHold: cfg.Tuning.CrashHold,
-			ReserveMargin: cfg.Tuning.ReserveMargin,
+			Tuning:    enforcer.Tuning{SubBuckets: cfg.SubBuckets, MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter, ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior, CrashHold: cfg.Tuning.CrashHold, ReserveMargin: cfg.Tuning.ReserveMargin},
+			Rules:     rules.Static(rc),
+			Site:      name,
+			Snapshot:  p.snap,
+			Publisher: p.pub,
+			Clock:     clk,
 		})
 		if err != nil {
 			return err

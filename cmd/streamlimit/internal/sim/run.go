@@ -280,9 +280,13 @@ func run(ctx context.Context, cfg Config, rc *rules.Config) (Result, error) {
 		s.ctr = sitecount.NewLocal(sitecount.LocalOptions{SubBuckets: cfg.SubBuckets})
 		s.pub = &publisher{clk: clk, sub: cfg.SubBuckets, widthMs: cfg.ProducerBucket.Milliseconds()}
 		s.lim, err = enforcer.New(enforcer.Config{
-			Rules: rules.Static(rc), Site: s.name, Counter: s.ctr, Snapshot: s.snap, Publisher: s.pub, Clock: clk,
-			MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter, SubBuckets: cfg.SubBuckets, ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior, ReserveMargin: cfg.Tuning.ReserveMargin,
-			DefaultShare: 1 / float64(cfg.Sites),
+			Tuning:    enforcer.Tuning{MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter, SubBuckets: cfg.SubBuckets, ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior, ReserveMargin: cfg.Tuning.ReserveMargin, DefaultShare: 1 / float64(cfg.Sites)},
+			Rules:     rules.Static(rc),
+			Site:      s.name,
+			Counter:   s.ctr,
+			Snapshot:  s.snap,
+			Publisher: s.pub,
+			Clock:     clk,
 		})
 		if err != nil {
 			return Result{}, err

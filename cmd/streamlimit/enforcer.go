@@ -128,6 +128,7 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 	f.StringVar(&ef.siteKeys, "site-keys", "", "file of site keys (a site name and a hex key per line; docs/hardening.md): every record published to the hits topic is signed with --site's key, which aggregators given the keys require (default: unsigned)")
 	f.DurationVar(&c.MaxStaleness, "max-staleness", snapshot.DefaultMaxStaleness, "age of the aggregator's heartbeats past which global limits use local shares")
 	f.Float64Var(&c.DefaultShare, "default-share", 0, "this site's share of a global limit for keys new to the counts (0: 1/the number of sites that may spend them: live, or cut off from here)")
+	f.Float64Var(&c.MinShare, "min-share", enforcer.Defaults().MinShare, "smallest share of a hot key's room the sites of one data center hold together, so that one the counts do not show yet (a client just arrived there) is not shut out for the pipeline's lag")
 	f.DurationVar(&c.SiteStaleAfter, "site-stale-after", enforcer.Defaults().SiteStaleAfter, "how long a site may go unheard before it is taken as silent and reserved its share of the keys it served")
 	f.DurationVar(&c.CrashHold, "crash-hold", enforcer.Defaults().CrashHold, "how long a site silent while the rest of its data center speaks (a crash) keeps its reservation, fading (negative: none)")
 	f.DurationVar(&c.ReserveMargin, "reserve-margin", enforcer.Defaults().ReserveMargin, "added to the pipeline lag over which the other sites' recent rate of a key is kept back from the room this site may spend (negative: none)")

@@ -46,6 +46,7 @@ func TestFlagDefaultsAreTheLibraries(t *testing.T) {
 			"hits-topic":                topics.DefaultHitsTopic,
 			"counts-topic":              topics.DefaultCountsTopic,
 			"max-staleness":             d(snapshot.DefaultMaxStaleness),
+			"min-share":                 fmt.Sprint(enforcer.Defaults().MinShare),
 			"site-stale-after":          d(enforcer.Defaults().SiteStaleAfter),
 			"crash-hold":                d(enforcer.Defaults().CrashHold),
 			"reserve-margin":            d(enforcer.Defaults().ReserveMargin),

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/serve/server"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 

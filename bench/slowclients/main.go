@@ -34,7 +34,7 @@ import (
 	"time"
 
 	"github.com/streamlimit/streamlimit"
-	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/serve/server"
 )
 
 func main() {

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamlimit/streamlimit/enforcer/server"
-	"github.com/streamlimit/streamlimit/enforcer/server/console"
+	"github.com/streamlimit/streamlimit/serve/server"
+	"github.com/streamlimit/streamlimit/serve/server/console"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamlimit/streamlimit/enforcer/httplimit"
+	"github.com/streamlimit/streamlimit/serve/httplimit"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 

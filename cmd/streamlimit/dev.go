@@ -19,10 +19,10 @@ import (
 	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/aggregator"
 	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/demo"
-	"github.com/streamlimit/streamlimit/enforcer/httplimit"
-	"github.com/streamlimit/streamlimit/enforcer/rlqs"
+	"github.com/streamlimit/streamlimit/serve/httplimit"
+	"github.com/streamlimit/streamlimit/serve/rlqs"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/serve/server"
 	"github.com/streamlimit/streamlimit/topicadmin"
 	"github.com/streamlimit/streamlimit/topics"
 )

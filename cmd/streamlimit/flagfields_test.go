@@ -11,11 +11,11 @@ import (
 
 	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer"
-	"github.com/streamlimit/streamlimit/enforcer/httplimit"
-	"github.com/streamlimit/streamlimit/enforcer/rlqs"
-	"github.com/streamlimit/streamlimit/enforcer/rls"
+	"github.com/streamlimit/streamlimit/serve/httplimit"
+	"github.com/streamlimit/streamlimit/serve/rlqs"
+	"github.com/streamlimit/streamlimit/serve/rls"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/serve/server"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 )
 

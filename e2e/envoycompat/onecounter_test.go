@@ -17,8 +17,8 @@ import (
 
 	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer"
-	"github.com/streamlimit/streamlimit/enforcer/httplimit"
-	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/serve/httplimit"
+	"github.com/streamlimit/streamlimit/serve/server"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 )

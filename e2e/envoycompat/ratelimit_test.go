@@ -28,9 +28,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/streamlimit/streamlimit"
-	"github.com/streamlimit/streamlimit/enforcer/rls"
+	"github.com/streamlimit/streamlimit/serve/rls"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/serve/server"
 	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 )

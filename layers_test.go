@@ -20,7 +20,7 @@ var layers = []struct {
 	name     string
 	prefixes []string
 }{
-	{"foundations", []string{"topics", "topicadmin", "window", "internal"}},
+	{"foundations", []string{"clock", "topics", "topicadmin", "window", "internal"}},
 	{"the three sides", []string{"producer", "aggregator", "enforcer"}},
 	{"serving", []string{".", "serve"}},
 	{"command", []string{"cmd"}},

@@ -11,7 +11,7 @@
 //	if !lim.Allow(ctx, "api", "user", "42") { /* 429 */ }
 //
 // Without Brokers nothing is shared with other sites: every limit, global ones included, is
-// counted by this process alone. The parts are reachable (Enforcer, Snapshot, Producer) for
+// counted by this process alone. The parts are reachable (Engine, Snapshot, Producer) for
 // what the Limiter does not wrap: package enforcer's Await, package httplimit's middleware.
 package streamlimit
 
@@ -30,21 +30,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
-	"github.com/streamlimit/streamlimit/serve/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/internal/memsize"
 	"github.com/streamlimit/streamlimit/producer"
+	"github.com/streamlimit/streamlimit/serve/httplimit"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
-// Config configures a Limiter. Site and Rules are required; every other zero field takes the
-// default of the package that owns the setting, named in its comment.
+// Config configures a Limiter. Site is required, and one of Rules and RuleSet; every other
+// zero field takes the default of the package that owns the setting, named in its comment.
 type Config struct {
 	// Site names this process's site: the process itself, or, with Redis, the data center
 	// whose enforcers share it (docs/sites.md).
@@ -57,6 +57,9 @@ type Config struct {
 	Rules          string
 	ReloadInterval time.Duration
 	ReloadSettle   time.Duration
+	// RuleSet, set instead of Rules, is the rules in force for the Limiter's life: rules
+	// made in code (rules.Parse of a document the service holds). Nothing is reloaded.
+	RuleSet *rules.Config
 	// Load says how the rules files are read (envoyproxy/ratelimit compatibility, domain
 	// merge, the bound on a file's size).
 	Load rules.LoadOptions
@@ -112,7 +115,7 @@ type Limiter struct {
 	site     *sitestore.Store
 	snap     *snapshot.Snapshot
 	prod     *producer.Producer
-	lim      *enforcer.Limiter
+	lim      *enforcer.Engine
 
 	closeOnce sync.Once
 	closeErr  error
@@ -120,8 +123,11 @@ type Limiter struct {
 
 // New assembles a Limiter. On error nothing is left open.
 func New(cfg Config) (_ *Limiter, err error) {
-	if cfg.Site == "" || cfg.Rules == "" {
-		return nil, errors.New("streamlimit: Config.Site and Config.Rules are required")
+	if cfg.Site == "" {
+		return nil, errors.New("streamlimit: Config.Site is required")
+	}
+	if (cfg.Rules == "") == (cfg.RuleSet == nil) {
+		return nil, errors.New("streamlimit: one of Config.Rules (a path) and Config.RuleSet is required")
 	}
 	if cfg.HitsTopic == "" {
 		cfg.HitsTopic = topics.DefaultHitsTopic
@@ -142,15 +148,19 @@ func New(cfg Config) (_ *Limiter, err error) {
 			l.release(context.Background())
 		}
 	}()
-	if l.reloader, err = rules.NewReloader(cfg.Rules, rules.ReloaderOptions{Interval: cfg.ReloadInterval, Settle: cfg.ReloadSettle, Logger: l.log, Clock: cfg.Clock, Load: cfg.Load}); err != nil {
-		return nil, err
+	current := rules.Static(cfg.RuleSet)
+	if cfg.RuleSet == nil {
+		if l.reloader, err = rules.NewReloader(cfg.Rules, rules.ReloaderOptions{Interval: cfg.ReloadInterval, Settle: cfg.ReloadSettle, Logger: l.log, Clock: cfg.Clock, Load: cfg.Load}); err != nil {
+			return nil, err
+		}
+		current = l.reloader.Current
 	}
 	mem := memsize.Split(cfg.MaxMemory)
 	l.local = algo.New(algo.Options{MaxKeys: cfg.MaxKeys, MaxBytes: mem.Local})
 	l.counter = sitecount.NewLocal(sitecount.LocalOptions{SubBuckets: cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxBytes: mem.Counter})
 	ecfg := enforcer.Config{
 		Tuning:        cfg.Tuning,
-		Rules:         l.reloader.Current,
+		Rules:         current,
 		Site:          cfg.Site,
 		Local:         l.local,
 		Counter:       l.counter,
@@ -226,7 +236,9 @@ func (l *Limiter) Run(ctx context.Context) error {
 			}
 		})
 	}
-	goRun("rules reloader", func() error { return l.reloader.Run(ctx) })
+	if l.reloader != nil {
+		goRun("rules reloader", func() error { return l.reloader.Run(ctx) })
+	}
 	if l.snap != nil {
 		goRun("snapshot", func() error { return l.snap.Run(ctx) })
 	}
@@ -285,8 +297,13 @@ func (l *Limiter) Decide(ctx context.Context, req enforcer.Request) enforcer.Res
 }
 
 // Allow decides one request of one descriptor, given as key, value pairs in order ("user",
-// "42", "method", "POST"), in domain, and reports whether it is admitted.
+// "42", "method", "POST"), in domain, and reports whether it is admitted. An odd number of
+// kv is a programming error, and Allow panics (as strings.NewReplacer does) rather than
+// decide on a descriptor without its last key.
 func (l *Limiter) Allow(ctx context.Context, domain string, kv ...string) bool {
+	if len(kv)%2 != 0 {
+		panic(fmt.Sprintf("streamlimit: Allow with an odd number of key, value arguments (%d)", len(kv)))
+	}
 	entries := make([]rules.Entry, 0, len(kv)/2)
 	for i := 0; i+1 < len(kv); i += 2 {
 		entries = append(entries, rules.Entry{Key: kv[i], Value: kv[i+1]})
@@ -301,9 +318,9 @@ func (l *Limiter) Middleware(cfg httplimit.Config) (*httplimit.Middleware, error
 	return httplimit.New(l.lim, httplimit.Options{Config: cfg, Logger: l.log})
 }
 
-// Enforcer returns the decision engine, for what the Limiter does not wrap (Await, or a
-// front door of one's own).
-func (l *Limiter) Enforcer() *enforcer.Limiter { return l.lim }
+// Engine returns the decision engine, for what the Limiter does not wrap (Await, or a front
+// door of one's own).
+func (l *Limiter) Engine() *enforcer.Engine { return l.lim }
 
 // Snapshot returns the snapshot of the counts topic, nil without Kafka.
 func (l *Limiter) Snapshot() *snapshot.Snapshot { return l.snap }
@@ -352,6 +369,15 @@ func (l *Limiter) registerMetrics(reg prometheus.Registerer) {
 		counter("global_evicted_total", "Global site counters dropped to keep within the bound.", func() float64 { return float64(l.counter.Evicted()) }),
 		gauge("local_bytes", "Bytes the local counters keep alive, by the estimate --max-memory bounds.", func() float64 { return float64(l.local.Bytes()) }),
 		gauge("global_bytes", "Bytes this site's in-process global counters keep alive, by the estimate --max-memory bounds.", func() float64 { return float64(l.counter.Bytes()) }),
+	} {
+		if err := reg.Register(c); err != nil {
+			l.log.Warn("metric not registered", "err", err)
+		}
+	}
+	if l.reloader == nil {
+		return
+	}
+	for _, c := range []prometheus.Collector{
 		counter("rules_reloads_total", "Successful rules reloads.", func() float64 { return float64(l.reloader.Stats().Reloads) }),
 		counter("rules_reload_errors_total", "Rejected rules edits (the last good rules stay in force).", func() float64 { return float64(l.reloader.Stats().Failures) }),
 	} {

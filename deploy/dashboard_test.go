@@ -19,9 +19,9 @@ import (
 
 	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/aggregator"
-	"github.com/streamlimit/streamlimit/serve/server"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/serve/server"
 )
 
 // TestGrafanaDashboardMetricsExist checks deploy/grafana/streamlimit.json against the

@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/streamlimit/streamlimit/internal/envoyfilter"
-	"github.com/streamlimit/streamlimit/serve/server"
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/serve/server"
 )
 
 // The RLQS test's rule: a global limit large enough that every one of 60 Envoys holds a

@@ -7,11 +7,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
 )
@@ -31,9 +31,9 @@ type SiteStore interface {
 	AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out []algo.Decision) (allowed, fellBack bool)
 }
 
-// Tuning is what a deployment may tune of a Limiter: the global decision's settings and the
+// Tuning is what a deployment may tune of an Engine: the global decision's settings and the
 // bounds of its own structures. Config embeds it, and so do the configurations that
-// assemble a Limiter (package streamlimit's, the enforcer server's), so that a setting
+// assemble an Engine (package streamlimit's, the enforcer server's), so that a setting
 // added here reaches every layer. Zero fields take Defaults.
 type Tuning struct {
 	// SubBuckets is the number of sub-buckets windows are split into, as the aggregators
@@ -104,7 +104,7 @@ type Tuning struct {
 	// outage are still being delivered and counted, so the first fresh counts are low, and
 	// every site would spend the room they seem to leave. Default: Defaults.
 	RecoveryHold time.Duration
-	// MaxKeys bounds the counter keys the Limiter interns (its key cache; the counters
+	// MaxKeys bounds the counter keys the Engine interns (its key cache; the counters
 	// have their own bounds). A full part of the cache is emptied, which costs only
 	// interning the keys again. Default: Defaults.
 	MaxKeys int
@@ -124,7 +124,7 @@ type Tuning struct {
 	EnvoyKeyPrefix string
 }
 
-// Config configures a Limiter. Only Rules and Site are required.
+// Config configures an Engine. Only Rules and Site are required.
 type Config struct {
 	Tuning
 	// Rules returns the rules in force, read once per decision: a rules.Reloader's Current,
@@ -163,7 +163,7 @@ type Config struct {
 	Clock clock.Clock
 	// Logger defaults to a logger that discards.
 	Logger *slog.Logger
-	// Registerer receives the Limiter's metrics; nil registers nothing.
+	// Registerer receives the Engine's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 }
 

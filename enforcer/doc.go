@@ -1,13 +1,13 @@
 // Package enforcer decides whether a request is admitted, against rules of three scopes,
-// without ever waiting on Kafka or on another data center. New makes a Limiter from a
+// without ever waiting on Kafka or on another data center. New makes an Engine from a
 // Config (the rules and the site's name are required; everything else has a default,
 // Defaults); Decide, DecideInto (no allocation) and DecideAt (the caller's clock) decide a
 // Request — a domain and descriptors, as Envoy sends them — into a Result with one Status
-// per descriptor; Await waits for room instead of refusing. The Limiter's plug points are
+// per descriptor; Await waits for room instead of refusing. The Engine's plug points are
 // a SiteStore for site-scope limits (package sitestore, in Redis), a sitecount.Counter for
 // this site's own count of global limits, the snapshot of the other sites' counts (package
 // snapshot) and a Publisher of hits (package producer). Package streamlimit assembles all
-// of them for a Go service; the rest of this documentation is the model the Limiter
+// of them for a Go service; the rest of this documentation is the model the Engine
 // follows.
 //
 // Each descriptor is matched most-specific-first against the rules of package rules (a
@@ -18,7 +18,7 @@
 //   - scope site: shared by all enforcers of one site through a SiteStore (package
 //     sitestore: Lua scripts in a data center's Redis, falling back to process-local
 //     counting when Redis fails);
-//   - scope global: across all sites. The Limiter estimates the key's use from the
+//   - scope global: across all sites. The Engine estimates the key's use from the
 //     snapshot of the counts topic (package snapshot), which holds every site's count as
 //     the aggregator last saw it, late by the pipeline's lag, and from this site's own
 //     exact count (a sitecount.Counter: in process, or in the data center's Redis),
@@ -112,7 +112,7 @@
 //
 // Room reserved for a silent site is not a fallback (Status.Fallback is only for the
 // degraded path below); such caps are counted in
-// streamlimit_enforcer_silent_site_reservations_total. A Limiter younger than a key's
+// streamlimit_enforcer_silent_site_reservations_total. An Engine younger than a key's
 // window also gives its in-process count what the snapshot shows of its own site's hits of
 // the key (a process restarted under the same site name lost its count, which the
 // aggregators still have), so that a restart admits nothing twice. Such a process is
@@ -160,7 +160,7 @@
 // (rules.Limit.EnvoyShared: a fixed window of one of its units, in site scope, the one
 // limit in force of its descriptor) is counted at its key in envoyproxy/ratelimit's Redis
 // layout (rules.AppendEnvoyKey, Config.EnvoyKeyPrefix), with the SiteStore's CountEnvoy
-// (sitestore.Store.CountEnvoy), by the Limiter's decisions and by package rls's answers
+// (sitestore.Store.CountEnvoy), by the Engine's decisions and by package rls's answers
 // alike: one counter per limit, whichever way a
 // client asks, shared with a deployment of envoyproxy/ratelimit on the same Redis. As
 // there, such a limit counts every request that reaches it, over the limit or not, before

@@ -11,18 +11,19 @@ import (
 
 	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/serve/httplimit"
 	"github.com/streamlimit/streamlimit/serve/rlqs"
 	"github.com/streamlimit/streamlimit/serve/rls"
-	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/serve/server"
-	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 )
 
 // notFlags are the settings of server.Config that no flag of `streamlimit enforcer` writes
 // directly, each with how the command sets it, or why it has no flag.
 var notFlags = map[string]string{
 	"Config.Load.MaxFileBytes":        "--rules-max-bytes (a byte size, parsed first)",
+	"Config.RuleSet":                  "--rules names a file; rules made in code are for library callers",
 	"Config.Brokers":                  "--brokers, unless --no-kafka",
 	"Config.KafkaOpts":                "--kafka-tls-*, --kafka-sasl-* (built into client options)",
 	"Config.SiteKey":                  "--site-keys (the file's line for --site)",

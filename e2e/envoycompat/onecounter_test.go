@@ -17,10 +17,10 @@ import (
 
 	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/enforcer"
-	"github.com/streamlimit/streamlimit/serve/httplimit"
-	"github.com/streamlimit/streamlimit/serve/server"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/serve/httplimit"
+	"github.com/streamlimit/streamlimit/serve/server"
 )
 
 // TestOneCounterEveryAPI: in a compat: envoy domain, a limit that envoyproxy/ratelimit

@@ -28,11 +28,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/streamlimit/streamlimit"
-	"github.com/streamlimit/streamlimit/serve/rls"
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/serve/server"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/serve/rls"
+	"github.com/streamlimit/streamlimit/serve/server"
 )
 
 // The envoyproxy/ratelimit whose tests and binary the package compares with.

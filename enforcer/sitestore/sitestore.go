@@ -60,7 +60,7 @@
 // # Failures
 //
 // Every call has a timeout (Config.Timeout) and goes through a circuit breaker (package
-// internal/breaker, judging the error rate over a window). When Redis fails, times out or
+// breaker, judging the error rate over a window). When Redis fails, times out or
 // the breaker is open, the request is decided by an in-process algo.Store instead; no
 // error ever reaches the caller, which learns of it from the fellBack result and the
 // metrics (for a Counter, from counter_fallback_total). The fallback keeps to
@@ -89,9 +89,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
-	"github.com/streamlimit/streamlimit/internal/breaker"
-	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/enforcer/sitestore/breaker"
 )
 
 // scriptSrc is the site-scope script without its algorithms (see siteScript).

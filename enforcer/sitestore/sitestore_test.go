@@ -15,10 +15,10 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
-	"github.com/streamlimit/streamlimit/internal/breaker"
-	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/enforcer/sitestore/breaker"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 

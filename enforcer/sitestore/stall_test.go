@@ -11,7 +11,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
-	"github.com/streamlimit/streamlimit/internal/breaker"
+	"github.com/streamlimit/streamlimit/enforcer/sitestore/breaker"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 

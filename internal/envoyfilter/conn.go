@@ -8,7 +8,7 @@ import (
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/grpc"
 
-	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/clock"
 )
 
 // Conn runs a Filter against an RLQS server over one gRPC connection, as Envoy's global

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/internal/sftest"
 )
 
@@ -32,7 +32,7 @@ descriptors:
 
 var t0 = time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
 
-func newLimiter(t testing.TB) (*enforcer.Limiter, *clock.Fake) {
+func newLimiter(t testing.TB) (*enforcer.Engine, *clock.Fake) {
 	t.Helper()
 	cfg, err := rules.Parse("rules.yaml", []byte(testRules))
 	if err != nil {

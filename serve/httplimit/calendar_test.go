@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
 // A limit with align: calendar resets at the calendar boundary, and the reset and

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/streamlimit/streamlimit/enforcer"
-	"github.com/streamlimit/streamlimit/serve/headers"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/serve/headers"
 )
 
 // Check API limits.

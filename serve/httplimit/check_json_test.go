@@ -16,8 +16,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/streamlimit/streamlimit/enforcer"
-	"github.com/streamlimit/streamlimit/serve/headers"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/serve/headers"
 )
 
 // TestAppendCheckResponseMatchesEncodingJSON checks the hand-written encoder against

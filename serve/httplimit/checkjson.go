@@ -8,8 +8,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/streamlimit/streamlimit/enforcer"
-	"github.com/streamlimit/streamlimit/serve/headers"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/serve/headers"
 )
 
 // checkState is one check request's working memory, pooled by the handler so that a

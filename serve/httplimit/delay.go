@@ -14,7 +14,7 @@ import (
 const MaxDelay = time.Minute
 
 // Awaiter decides a request, waiting up to maxDelay for room instead of refusing it when
-// its limits say room will come by then; *enforcer.Limiter is one (see its Await: the
+// its limits say room will come by then; *enforcer.Engine is one (see its Await: the
 // waiters are bounded, a wait ends when ctx does, quota is taken only when admitted). It
 // writes the last decision to res and returns how long it waited.
 type Awaiter interface {

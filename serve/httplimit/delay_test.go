@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
 // Two requests per second for a user, globally (this site's share without a snapshot: all
@@ -30,7 +30,7 @@ descriptors:
 
 // newDelayLimiter returns a limiter on a fake clock whose waits advance the clock, so
 // that tests wait no real time.
-func newDelayLimiter(t *testing.T, mod func(*enforcer.Config)) (*enforcer.Limiter, *clock.Fake) {
+func newDelayLimiter(t *testing.T, mod func(*enforcer.Config)) (*enforcer.Engine, *clock.Fake) {
 	t.Helper()
 	rc, err := rules.Parse("rules.yaml", []byte(delayRules))
 	if err != nil {

@@ -4,7 +4,7 @@
 //
 // All of them turn a request into enforcer descriptors by a Config (client address,
 // headers, method, path or route, query parameters, constants), decide with an
-// enforcer.Limiter, and answer a denied request with 429 Too Many Requests, the fields of
+// enforcer.Engine, and answer a denied request with 429 Too Many Requests, the fields of
 // package headers (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After) and an RFC 9457
 // application/problem+json body that names the policy that was exceeded. Admitted
 // requests carry the same RateLimit fields. Shadow-mode rules never deny; the middleware
@@ -27,11 +27,11 @@ import (
 	"sync"
 
 	"github.com/streamlimit/streamlimit/enforcer"
-	"github.com/streamlimit/streamlimit/serve/headers"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/serve/headers"
 )
 
-// Decider decides a request; *enforcer.Limiter is one. DecideInto must be safe for
+// Decider decides a request; *enforcer.Engine is one. DecideInto must be safe for
 // simultaneous use and should not allocate.
 type Decider interface {
 	DecideInto(ctx context.Context, req enforcer.Request, res *enforcer.Result)

@@ -20,9 +20,9 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/producer"
 	"github.com/streamlimit/streamlimit/topics"
 )

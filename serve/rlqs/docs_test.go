@@ -20,8 +20,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"gopkg.in/yaml.v3"
 
-	"github.com/streamlimit/streamlimit/internal/envoyfilter"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/internal/envoyfilter"
 )
 
 // fromYAML decodes a YAML form of a protobuf message (as Envoy reads its configuration)

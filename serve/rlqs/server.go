@@ -25,11 +25,11 @@ import (
 	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/internal/clientaddr"
-	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
 // ServiceName is the full gRPC name of the Rate Limit Quota Service.
@@ -146,12 +146,12 @@ type Options struct {
 	Registerer prometheus.Registerer
 }
 
-// Server serves StreamRateLimitQuotas from an enforcer.Limiter; see the package
+// Server serves StreamRateLimitQuotas from an enforcer.Engine; see the package
 // documentation. It is safe for simultaneous use by multiple goroutines.
 type Server struct {
 	rlqsv3.UnimplementedRateLimitQuotaServiceServer
 
-	lim      *enforcer.Limiter
+	lim      *enforcer.Engine
 	rules    func() *rules.Config
 	opts     Options
 	ttl      time.Duration
@@ -180,7 +180,7 @@ type mapperFor struct {
 var _ rlqsv3.RateLimitQuotaServiceServer = (*Server)(nil)
 
 // NewServer returns a Server that counts reports in l and assigns from its global limits.
-func NewServer(l *enforcer.Limiter, opts Options) (*Server, error) {
+func NewServer(l *enforcer.Engine, opts Options) (*Server, error) {
 	if l == nil {
 		return nil, errors.New("rlqs: nil Limiter")
 	}

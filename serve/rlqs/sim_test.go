@@ -12,11 +12,11 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/streamlimit/streamlimit/aggregator"
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
-	"github.com/streamlimit/streamlimit/internal/envoyfilter"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/internal/envoyfilter"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
 )

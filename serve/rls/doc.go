@@ -1,4 +1,4 @@
-// Package rls serves an enforcer.Limiter as Envoy's rate limit service: the gRPC method
+// Package rls serves an enforcer.Engine as Envoy's rate limit service: the gRPC method
 // envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit, with the official
 // go-control-plane messages, so that Envoy's ratelimit filters (HTTP, network, Thrift) and
 // any other RLS client can use streamlimit in place of envoyproxy/ratelimit.

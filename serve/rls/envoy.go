@@ -17,9 +17,9 @@ import (
 
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
-	"github.com/streamlimit/streamlimit/serve/headers"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
+	"github.com/streamlimit/streamlimit/serve/headers"
 )
 
 // Default names of the fields that EnvoyOptions.ResponseHeaders adds, as

@@ -12,11 +12,11 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
-	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
 // layoutStore is a SiteStore that keeps envoyproxy/ratelimit's layout as a map (what

@@ -16,9 +16,9 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/serve/headers"
 	"github.com/streamlimit/streamlimit/serve/httplimit"
-	"github.com/streamlimit/streamlimit/enforcer/rules"
 )
 
 // edgeRules has a ban (envoyproxy/ratelimit's requests_per_unit: 0), a limit of 2 that a

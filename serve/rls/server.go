@@ -22,11 +22,11 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
-	"github.com/streamlimit/streamlimit/serve/headers"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/serve/headers"
 )
 
 // ServiceName is the full gRPC name of the rate limit service, as registered and as
@@ -54,13 +54,13 @@ type Options struct {
 	Envoy EnvoyOptions
 }
 
-// Server answers ShouldRateLimit with an enforcer.Limiter; see the package documentation
+// Server answers ShouldRateLimit with an enforcer.Engine; see the package documentation
 // for the mapping. It implements rlsv3.RateLimitServiceServer and is safe for simultaneous
 // use by multiple goroutines.
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
-	lim     *enforcer.Limiter
+	lim     *enforcer.Engine
 	rules   func() *rules.Config
 	clock   clock.Clock
 	local   *algo.Store
@@ -75,7 +75,7 @@ var _ rlsv3.RateLimitServiceServer = (*Server)(nil)
 
 // NewServer returns a Server that decides with l. It fails only when the metrics cannot be
 // registered on opts.Registerer.
-func NewServer(l *enforcer.Limiter, opts Options) (*Server, error) {
+func NewServer(l *enforcer.Engine, opts Options) (*Server, error) {
 	if l == nil {
 		return nil, fmt.Errorf("rls: nil Limiter")
 	}

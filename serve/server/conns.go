@@ -9,8 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/streamlimit/streamlimit/serve/headers"
 	"github.com/streamlimit/streamlimit/internal/clientaddr"
+	"github.com/streamlimit/streamlimit/serve/headers"
 )
 
 // perAddrListener holds at most max connections from one client address at once (IPv6

@@ -13,9 +13,9 @@ import (
 	"testing"
 
 	"github.com/streamlimit/streamlimit"
+	"github.com/streamlimit/streamlimit/internal/testenv"
 	"github.com/streamlimit/streamlimit/serve/httplimit"
 	"github.com/streamlimit/streamlimit/serve/server"
-	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
 // TestDelayInsteadOf429 runs an enforcer on the real broker with a global limit of 2 per

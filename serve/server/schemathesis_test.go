@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/streamlimit/streamlimit"
+	"github.com/streamlimit/streamlimit/internal/testenv"
 	"github.com/streamlimit/streamlimit/serve/httplimit"
 	"github.com/streamlimit/streamlimit/serve/server"
-	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
 // schemathesisBin finds schemathesis: in the virtual environment that

@@ -20,8 +20,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/serve/headers"
-	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
 // TLSFiles configures TLS for the HTTP API and the gRPC service. The zero value means

@@ -34,15 +34,15 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/streamlimit/streamlimit"
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/snapshot"
+	"github.com/streamlimit/streamlimit/internal/memsize"
+	"github.com/streamlimit/streamlimit/producer"
 	"github.com/streamlimit/streamlimit/serve/headers"
 	"github.com/streamlimit/streamlimit/serve/httplimit"
 	"github.com/streamlimit/streamlimit/serve/rlqs"
 	"github.com/streamlimit/streamlimit/serve/rls"
-	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
-	"github.com/streamlimit/streamlimit/internal/memsize"
-	"github.com/streamlimit/streamlimit/producer"
 )
 
 // Config configures a Server: the enforcer it assembles (streamlimit.Config, whose Site and
@@ -172,7 +172,7 @@ type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	core    *streamlimit.Limiter // the rules, counters, snapshot and producer
-	lim     *enforcer.Limiter
+	lim     *enforcer.Engine
 	mw      *httplimit.Middleware
 	proxyMW *httplimit.Middleware // mw, or one that waits up to ProxyMaxDelay
 	authMW  *httplimit.Middleware // mw, or one that waits up to AuthMaxDelay
@@ -255,7 +255,7 @@ func New(cfg Config) (_ *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
-	s.lim = s.core.Enforcer()
+	s.lim = s.core.Engine()
 	if cfg.HTTP.Domain != "" {
 		s.mw, err = httplimit.New(s.lim, httplimit.Options{Config: cfg.HTTP, Logger: s.log})
 		if err != nil {
@@ -413,7 +413,7 @@ func fallbackShare(n int) float64 {
 }
 
 // Limiter returns the Server's Limiter, to embed it or to decide in tests.
-func (s *Server) Limiter() *enforcer.Limiter { return s.lim }
+func (s *Server) Limiter() *enforcer.Engine { return s.lim }
 
 // Snapshot returns the snapshot of the counts topic, nil without Kafka.
 func (s *Server) Snapshot() *snapshot.Snapshot { return s.core.Snapshot() }

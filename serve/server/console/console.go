@@ -29,10 +29,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
 //go:embed static
@@ -56,7 +56,7 @@ const decisionsMetric = "streamlimit_enforcer_decisions_total"
 type Options struct {
 	// Limiter is the enforcer's Limiter, whose sites, snapshot, rules and recent denials
 	// the console shows.
-	Limiter *enforcer.Limiter
+	Limiter *enforcer.Engine
 	// Gatherer holds the Limiter's metrics (its Config.Registerer), from which the
 	// decisions per second are read. Default nil: none are shown.
 	Gatherer prometheus.Gatherer

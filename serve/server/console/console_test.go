@@ -13,10 +13,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -41,7 +41,7 @@ descriptors:
 type fixture struct {
 	clk *clock.Fake
 	sn  *snapshot.Snapshot
-	lim *enforcer.Limiter
+	lim *enforcer.Engine
 	c   *Console
 }
 

@@ -146,7 +146,7 @@ type site struct {
 	snap    *snapshot.Snapshot
 	prod    *producer.Producer
 	counter *sitecount.Local
-	lim     *enforcer.Limiter
+	lim     *enforcer.Engine
 }
 
 // LoadRules parses RulesYAML.

@@ -6,7 +6,7 @@
 // ("eu", "us", "ap", …), each enforcer with its own snapshot of the counts topic, its own
 // producer of hits and its own exact site counter, all sharing the rules in rules.yaml
 // (one global limit on the client descriptor). It then drives synthetic clients against
-// the enforcers with the real clock, calling enforcer.Limiter.Decide directly:
+// the enforcers with the real clock, calling enforcer.Engine.Decide directly:
 //
 //   - light clients, each well under the limit and always on its home site;
 //   - one abusive client sending five times its limit, spread evenly over all sites, so that

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/streamlimit/streamlimit/aggregator"
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -171,7 +171,7 @@ type dcSite struct {
 type dcProc struct {
 	name     string // its site
 	instance string // its producer instance: a restart under the same site is another
-	lim      *enforcer.Limiter
+	lim      *enforcer.Engine
 	snap     *snapshot.Snapshot
 	pub      *publisher
 	// lastHB is when this process last sent site heartbeats (ms since start).

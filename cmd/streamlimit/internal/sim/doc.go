@@ -1,5 +1,5 @@
 // Package sim is the accuracy simulator behind `streamlimit sim`: it runs the real
-// enforcer (one enforcer.Limiter per site, each with its own in-memory snapshot and
+// enforcer (one enforcer.Engine per site, each with its own in-memory snapshot and
 // in-process site counter) and the real aggregator counting (aggregator.Memory) on a
 // virtual clock advanced in 1 ms steps, joined by an in-memory transport with a
 // configurable pipeline lag, and measures the decisions against an exact global

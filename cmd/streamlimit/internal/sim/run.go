@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/streamlimit/streamlimit/aggregator"
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/producer"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
@@ -34,7 +34,7 @@ type Tuning struct {
 type Config struct {
 	// Scenario is the heavy client's traffic shape. Default Uniform.
 	Scenario Scenario
-	// Sites is the number of sites, each one enforcer.Limiter with its own in-memory
+	// Sites is the number of sites, each one enforcer.Engine with its own in-memory
 	// snapshot and in-process LocalCounter. Default 3.
 	Sites int
 	// Lag is the pipeline lag added by the transport: half of it (rounded down to the
@@ -225,7 +225,7 @@ type countMsg struct {
 
 type site struct {
 	name string
-	lim  *enforcer.Limiter
+	lim  *enforcer.Engine
 	snap *snapshot.Snapshot
 	ctr  *sitecount.Local
 	pub  *publisher

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/clock"
 )
 
 func allowed(b *Breaker) bool {

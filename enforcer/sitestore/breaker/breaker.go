@@ -27,7 +27,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/clock"
 )
 
 // State is the breaker's state. The numeric values are what the enforcer exports as a gauge.

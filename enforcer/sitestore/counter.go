@@ -48,7 +48,7 @@ type CounterOptions struct {
 // Config.ExpirySlack: by then the count is zero, so expiry loses nothing. Counts is one
 // read-only script call for all ops; Commit is one atomic script call that checks every op
 // and adds all of them, or none. On a Redis Cluster with ops of several hash tags, there is
-// one call per tag, each all-or-nothing on its own (see the package doc).
+// one call per tag, each all-or-nothing on its own (docs/redis.md, hash tags).
 //
 // Counter uses the Store's client, timeout, circuit breaker and metrics. It never returns
 // an error: when Redis fails, times out or the breaker is open, the call is answered by

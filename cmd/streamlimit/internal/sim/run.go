@@ -31,6 +31,14 @@ type Tuning struct {
 }
 
 // Config is one simulation run. Every zero field takes the default written in its comment.
+//
+// Every millisecond, in this order: each site's producer model releases the (key, 100 ms
+// bucket) counts whose bucket has ended, at the 50 ms flush period of producer.Producer;
+// the aggregator counts the hits whose transport delay (Lag/2) has passed; every
+// EmitInterval it emits counts and a heartbeat, which reach every site's snapshot after
+// the rest of Lag; then the requests of that millisecond are decided, in arrival order.
+// Traffic comes from math/rand/v2's PCG with a seed derived from Seed and the traffic
+// parameters, so a run is a pure function of its Config.
 type Config struct {
 	// Scenario is the heavy client's traffic shape. Default Uniform.
 	Scenario Scenario

@@ -38,7 +38,7 @@ type CounterOptions struct {
 // sub-buckets per key, so for the same sequence of calls it gives the same counts and the
 // same Commit answers as sitecount.Local (see below for the one difference), and
 // counts by the aggregator's rule, except for an op with Hard set, whose oldest sub-bucket
-// counts whole until it has left the window (window.Ring.CountHard), as LocalCounter
+// counts whole until it has left the window (window.Ring.CountHard), as sitecount.Local
 // counts it: this site then never admits more than the cap in any window.
 //
 // Each counter key is one Redis hash, KeyPrefix + "g{" + HashTag(key) + "}" + key, with the
@@ -60,7 +60,7 @@ type CounterOptions struct {
 // Differences from sitecount.Local: keys expire by their TTL in Redis's clock
 // rather than being evicted when idle, so a caller whose clock runs far behind Redis's
 // (beyond the slack) may find a key gone whose count it would still see as non-zero; a
-// denied Commit reports the counts of all ops, where LocalCounter stops at the first op
+// denied Commit reports the counts of all ops, where sitecount.Local stops at the first op
 // that does not fit; and the interpolated count (whole + oldest × fraction, computed in
 // Lua) may differ in the last bit where the Go compiler fuses that multiply-add (e.g. on
 // arm64), which can flip a Commit only when count + N equals Cap to the last bit.

@@ -43,13 +43,13 @@ type Config struct {
 	// Scenario is the heavy client's traffic shape. Default Uniform.
 	Scenario Scenario
 	// Sites is the number of sites, each one enforcer.Limiter with its own in-memory
-	// snapshot and in-process LocalCounter. Default 3.
+	// snapshot and in-process site counter (sitecount.Local). Default 3.
 	Sites int
 	// Lag is the pipeline lag added by the transport: half of it (rounded down to the
 	// millisecond) delays hits from the producers to the aggregator, the rest delays the
 	// aggregator's counts and heartbeats to every site's snapshot. The producer's
 	// coalescing (ProducerBucket, FlushInterval) and the emission period (EmitInterval)
-	// add their own delay on top (see the package documentation). Zero is a valid lag.
+	// add their own delay on top (see Config). Zero is a valid lag.
 	Lag time.Duration
 	// Load is the heavy client's offered load as a multiple of the limit. Default 2.
 	Load float64
@@ -76,7 +76,7 @@ type Config struct {
 	FlushInterval time.Duration
 	// EmitInterval is the aggregator's emission period. Default aggregator.DefaultEmitInterval.
 	EmitInterval time.Duration
-	// SubBuckets is the aggregator's and the LocalCounters' sub-buckets per window.
+	// SubBuckets is the aggregator's and the site counters' sub-buckets per window.
 	// Default window.DefaultSubBuckets.
 	SubBuckets int
 	// Trace, when set, records the series of Result.Trace, as seen from site 0.

@@ -5,7 +5,7 @@
 // An Aggregator is one member of a Kafka consumer group over the local hits topic and its
 // MirrorMaker-2 copies ("hits", "us.hits", ..., by list or pattern). New makes one from a
 // Config (every zero field has a default); Run consumes, counts and publishes until its context ends, then leaves the
-// group; Ready says whether every assigned partition has been replayed:
+// group; Ready says whether no assigned partition is replaying (for /readyz):
 //
 //	agg, err := aggregator.New(aggregator.Config{Brokers: []string{"localhost:9092"}})
 //	go agg.Run(ctx)

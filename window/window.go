@@ -1,6 +1,6 @@
 // Package window is the sliding-window counting rule that producer, aggregator and
-// enforcer share: per counter and per site, a ring of sub-window buckets (Ring, or a
-// Counter of every site's rings), the rule that turns the ring into a count at any
+// enforcer share: per counter and per site, a ring of sub-window buckets (Ring; a Counter
+// keeps every site's buckets of one counter), the rule that turns the ring into a count at any
 // instant (Count, and CountHard, which never counts less than the hits in the window),
 // and each site's demand (Decay). It knows nothing of Kafka. NewSpec sizes a ring for a
 // window; package internal/windowref states the rule by brute force for tests.

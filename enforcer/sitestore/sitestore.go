@@ -3,7 +3,7 @@
 // enforcers of one data center so that they count exactly together. Each request is one
 // atomic Lua script call over all of its counters: every op takes its N or none does.
 //
-// New makes a Store from a Config (a go-redis client); the Limiter uses it as its
+// New makes a Store from a Config (a go-redis client, or the addresses to make one); the Limiter uses it as its
 // enforcer.SiteStore. NewCounter makes, on a Store, the Redis sitecount.Counter: this
 // site's exact count of each global key. Both decide in process (algo.Store,
 // sitecount.Local) while Redis fails, times out or the breaker is open, and never return

@@ -40,7 +40,7 @@ type Tuning struct {
 	// split them. Default: Defaults (window.DefaultSubBuckets).
 	SubBuckets int
 	// MinShare is the smallest share of a hot key's room a data center's fresh sites may
-	// hold together (the sites heard on one hits topic; see the package documentation,
+	// hold together (the sites heard on one hits topic; see docs/decisions.md,
 	// "Global limits"), so that a data center the snapshot does not show yet — where a
 	// client has just arrived — is not shut out for the pipeline's lag. Default:
 	// Defaults.
@@ -93,7 +93,7 @@ type Tuning struct {
 	// spend of a key is reserved: a site may spend of a key under its limit all the room
 	// it sees, less what the other fresh sites may admit before its hits reach them —
 	// their request rate for the key over the snapshot's age, the lag and ReserveMargin,
-	// never more than their shares of the room (see the package documentation, "Global
+	// never more than their shares of the room (see docs/decisions.md, "Global
 	// limits"). Longer keeps more back for a client that surges at several sites at once
 	// (less over-admission); shorter refuses less of a client near its limit. Default:
 	// Defaults, chosen with the accuracy simulation (docs/accuracy.md); negative: none.

@@ -96,7 +96,7 @@ type allotment struct {
 
 // sharing is the global-share policy: how much of a global limit this site may hold, given
 // the snapshot's view of every site. It is the whole of what makes a global limit global;
-// see the package documentation ("Global limits") for the rule and why.
+// see docs/decisions.md ("Global limits") for the rule and why.
 type sharing struct {
 	site         string
 	minShare     float64

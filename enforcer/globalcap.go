@@ -1,5 +1,5 @@
 // The global cap: what this site may count of a global limit, from the snapshot and its
-// own exact count (see the package documentation, "Global limits").
+// own exact count (docs/decisions.md, "Global limits").
 
 package enforcer
 

@@ -253,7 +253,7 @@ func (l *Engine) DecideInto(ctx context.Context, req Request, res *Result) {
 // request takes nothing (but from the limits of a compat: envoy domain kept in
 // envoyproxy/ratelimit's layout, which count every request, as there: see the package
 // documentation), and its global keys are published as denied (demand). Errors of
-// Redis or Kafka never reach the caller (see the package documentation on degradation);
+// Redis or Kafka never reach the caller (docs/decisions.md, "Degradation");
 // ctx bounds the SiteStore call.
 func (l *Engine) DecideAt(ctx context.Context, now time.Time, req Request, res *Result) {
 	n := req.Hits
@@ -610,7 +610,7 @@ func (l *Engine) finish(req Request, res *Result, s *scratch, admitted, siteFell
 		}
 	}
 	if !admitted && res.Code == CodeOK {
-		// A race between check and commit denied the request (see the package doc);
+		// A race between check and commit denied the request (docs/decisions.md, "All or nothing");
 		// report the descriptors of the stage that refused it.
 		res.Code = CodeOverLimit
 	}

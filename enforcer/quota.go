@@ -25,7 +25,7 @@ type Quota struct {
 	// for a pool, the part of it the request's priority may fill).
 	Limit int64
 	// Cap is the most this site's exact count may reach now: the cap of the global
-	// decision (see the package documentation, "Global limits").
+	// decision (docs/decisions.md, "Global limits").
 	Cap float64
 	// Count is this site's exact count now, the reported usage included, and Later the
 	// count it will have after ahead if nothing more is counted.

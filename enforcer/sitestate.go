@@ -24,8 +24,8 @@ func (s siteState) String() string {
 type SiteStatus struct {
 	// Site is the site's name.
 	Site string
-	// State is "fresh", "cut", "crashed" or "left", by the rule the package documentation
-	// gives under "Sites that come and go".
+	// State is "fresh", "cut", "crashed" or "left", by the rule docs/sites.md
+	// gives under "The four states".
 	State string
 	// Self reports that the site is the Engine's own, which is always fresh to itself.
 	Self bool

@@ -1,18 +1,10 @@
 // Command slowclients measures how long an enforcer's HTTP API lets careless or hostile
 // clients hold connections: it starts a Kafka-less enforcer in process (with the default
-// server limits, or none with -unbounded, as before they existed), opens -n connections of
-// each kind below, prints at every -every how many of each the server still holds, and at
-// the end how long the server held each kind (from each connection's open to its close).
+// server limits, or none with -unbounded), opens -n connections of each kind (idle,
+// half-headers, slow-body at 1 byte a second, keepalive), prints at every -every how many
+// of each the server still holds, and at the end how long it held each kind.
 //
-//   - idle: connects and sends nothing
-//   - half-headers: sends half a request's headers, then nothing
-//   - slow-body: sends complete headers, then a 1 KiB body at 1 byte a second
-//   - keepalive: makes one request, then keeps the connection idle
-//
-// Run it with the defaults, then as before the limits existed:
-//
-//	go run ./bench/slowclients -n 1000 -for 75s
-//	go run ./bench/slowclients -n 1000 -for 75s -unbounded
+//	go run ./bench/slowclients -n 1000 -for 75s [-unbounded]
 //
 // docs/hardening.md has the figures.
 package main

@@ -6,59 +6,9 @@
 // can run it on a virtual clock; Conn runs it over a real gRPC stream with the filter's
 // timers and reconnects.
 //
-// It follows envoyproxy/envoy's source/extensions/filters/http/rate_limit_quota/ as read at
-// filter.cc 1736899111be41f7567a2c4a16af886291db8151, global_client_impl.cc
-// c33e7f824b9946853a80e839d6e80ef2a09f3bb4 and filter_persistence.cc
-// 93e15bfadb68f6b98ebe422d6f73205c3d532970, and source/common/common/token_bucket_impl.cc
-// (AtomicTokenBucketImpl), function by function:
-//
-//   - A request of a bucket not yet cached (filter.cc, recordBucketUsage) is decided by the
-//     bucket settings' no_assignment_behavior: denied only by a blanket DENY_ALL, admitted
-//     otherwise (noAssignmentBehaviorShouldAllow), and the bucket is created with that one
-//     request counted and reported at once, alone in its message (global_client_impl.cc,
-//     createBucketImpl: "Send initial usage report for this new bucket"). The first bucket
-//     ever created starts the stream and the report timer.
-//   - A cached bucket's request (filter.cc, shouldAllowRequest) follows the bucket's action,
-//     else its default action (no_assignment_behavior's fallback_rate_limit, ALLOW_ALL when
-//     unset): ALLOW_ALL admits, DENY_ALL denies, a token bucket admits when it holds a
-//     whole token and takes it; requests_per_time_unit admits everything ("not yet
-//     supported by RLQS"), and so does a missing strategy.
-//   - Every report interval (one timer for all buckets: startSendReportsTimerImpl,
-//     onSendReportsTimer) every bucket is reported, with the requests allowed and denied
-//     since its last report and time_elapsed in whole seconds (getUsageFromBucket), and its
-//     counters reset — before the stream is (re)started, so that the usage of a tick whose
-//     stream cannot start is lost ("Dropping the collected usage reports"). Envoy's
-//     interval is fixed at 5 s at the commit read (filter_persistence.cc: "Currently this is
-//     not supported and all usage is reported on a hardcoded interval"): ReportInterval,
-//     unless Options.Interval asks for another.
-//   - A response (onQuotaResponseImpl) is applied action by action: without a bucket id, or
-//     for a bucket not cached, skipped; abandon erases the bucket (its next request makes
-//     it anew, reported at once); a quota assignment replaces the bucket's action and
-//     starts its expiration timer at assignment_time_to_live's whole seconds
-//     (startActionExpirationTimer: an unset TTL expires at once), except a
-//     requests_per_time_unit or unset strategy, which is skipped whole. A token bucket
-//     equal to the one held (max_tokens, tokens_per_fill and fill_interval's nanoseconds:
-//     protoTokenBucketsEq) keeps its tokens; another is made anew
-//     (createTokenBucketFromAction) at tokens_per_fill per fill_interval's whole seconds,
-//     and starts full when the old bucket's fraction of its max_tokens times the new
-//     max_tokens, rounded down, is at least one (that count is passed where
-//     AtomicTokenBucketImpl's constructor takes init_fill), empty otherwise, and full when
-//     there was none.
-//   - When an assignment expires (onActionExpirationTimer) the bucket goes to
-//     expired_assignment_behavior's fallback_rate_limit for
-//     expired_assignment_behavior_timeout's whole seconds (startFallbackExpirationTimer),
-//     then to its default action (onFallbackExpirationTimer); without that fallback
-//     (reuse_last_assignment is not implemented there either), straight to its default.
-//   - The token bucket refills continuously: it holds min(max_tokens, (now − t) × rate)
-//     where t moves forward by 1/rate for each token taken (AtomicTokenBucketImpl).
-//   - A stream the server closes (onRemoteClose) is started again at the next report tick;
-//     buckets keep deciding on their actions until these expire.
-//
-// Where Envoy would crash (a token bucket as no_assignment_behavior: its default action
-// has no token bucket behind it), SettingsFrom refuses the settings instead.
-// Options.EnforceRequestsPerTimeUnit makes the model enforce requests_per_time_unit as the
-// API describes it (a fixed window of that many requests per unit, from the assignment),
-// for clients other than Envoy.
+// The model's function-by-function account of Envoy's filter, with the commits it was
+// read at, is Filter's documentation; how streamlimit's RLQS server and Envoy work
+// together is docs/rlqs.md.
 package envoyfilter
 
 import (
@@ -131,12 +81,66 @@ type Options struct {
 	// worst case. Default false: the release read, which fills by the count passed.
 	PrefillNeedsUptime bool
 	// EnforceRequestsPerTimeUnit enforces requests_per_time_unit assignments as fixed
-	// windows; Envoy's filter skips them (see the package documentation). Default false.
+	// windows; Envoy's filter skips them (see Filter). Default false.
 	EnforceRequestsPerTimeUnit bool
 }
 
 // Filter is one Envoy's rate_limit_quota filter state: its bucket cache. It is safe for
 // simultaneous use by multiple goroutines.
+//
+// The model follows envoyproxy/envoy's source/extensions/filters/http/rate_limit_quota/ as read at
+// filter.cc 1736899111be41f7567a2c4a16af886291db8151, global_client_impl.cc
+// c33e7f824b9946853a80e839d6e80ef2a09f3bb4 and filter_persistence.cc
+// 93e15bfadb68f6b98ebe422d6f73205c3d532970, and source/common/common/token_bucket_impl.cc
+// (AtomicTokenBucketImpl), function by function:
+//
+//   - A request of a bucket not yet cached (filter.cc, recordBucketUsage) is decided by the
+//     bucket settings' no_assignment_behavior: denied only by a blanket DENY_ALL, admitted
+//     otherwise (noAssignmentBehaviorShouldAllow), and the bucket is created with that one
+//     request counted and reported at once, alone in its message (global_client_impl.cc,
+//     createBucketImpl: "Send initial usage report for this new bucket"). The first bucket
+//     ever created starts the stream and the report timer.
+//   - A cached bucket's request (filter.cc, shouldAllowRequest) follows the bucket's action,
+//     else its default action (no_assignment_behavior's fallback_rate_limit, ALLOW_ALL when
+//     unset): ALLOW_ALL admits, DENY_ALL denies, a token bucket admits when it holds a
+//     whole token and takes it; requests_per_time_unit admits everything ("not yet
+//     supported by RLQS"), and so does a missing strategy.
+//   - Every report interval (one timer for all buckets: startSendReportsTimerImpl,
+//     onSendReportsTimer) every bucket is reported, with the requests allowed and denied
+//     since its last report and time_elapsed in whole seconds (getUsageFromBucket), and its
+//     counters reset — before the stream is (re)started, so that the usage of a tick whose
+//     stream cannot start is lost ("Dropping the collected usage reports"). Envoy's
+//     interval is fixed at 5 s at the commit read (filter_persistence.cc: "Currently this is
+//     not supported and all usage is reported on a hardcoded interval"): ReportInterval,
+//     unless Options.Interval asks for another.
+//   - A response (onQuotaResponseImpl) is applied action by action: without a bucket id, or
+//     for a bucket not cached, skipped; abandon erases the bucket (its next request makes
+//     it anew, reported at once); a quota assignment replaces the bucket's action and
+//     starts its expiration timer at assignment_time_to_live's whole seconds
+//     (startActionExpirationTimer: an unset TTL expires at once), except a
+//     requests_per_time_unit or unset strategy, which is skipped whole. A token bucket
+//     equal to the one held (max_tokens, tokens_per_fill and fill_interval's nanoseconds:
+//     protoTokenBucketsEq) keeps its tokens; another is made anew
+//     (createTokenBucketFromAction) at tokens_per_fill per fill_interval's whole seconds,
+//     and starts full when the old bucket's fraction of its max_tokens times the new
+//     max_tokens, rounded down, is at least one (that count is passed where
+//     AtomicTokenBucketImpl's constructor takes init_fill), empty otherwise, and full when
+//     there was none.
+//   - When an assignment expires (onActionExpirationTimer) the bucket goes to
+//     expired_assignment_behavior's fallback_rate_limit for
+//     expired_assignment_behavior_timeout's whole seconds (startFallbackExpirationTimer),
+//     then to its default action (onFallbackExpirationTimer); without that fallback
+//     (reuse_last_assignment is not implemented there either), straight to its default.
+//   - The token bucket refills continuously: it holds min(max_tokens, (now − t) × rate)
+//     where t moves forward by 1/rate for each token taken (AtomicTokenBucketImpl).
+//   - A stream the server closes (onRemoteClose) is started again at the next report tick;
+//     buckets keep deciding on their actions until these expire.
+//
+// Where Envoy would crash (a token bucket as no_assignment_behavior: its default action
+// has no token bucket behind it), SettingsFrom refuses the settings instead.
+// Options.EnforceRequestsPerTimeUnit makes the model enforce requests_per_time_unit as the
+// API describes it (a fixed window of that many requests per unit, from the assignment),
+// for clients other than Envoy.
 type Filter struct {
 	mu      sync.Mutex
 	opts    Options

@@ -2,39 +2,11 @@
 // RateLimit-Policy and RateLimit fields of draft-ietf-httpapi-ratelimit-headers-10, the
 // de-facto X-RateLimit-* fields and Retry-After. The net/http middleware, the nginx
 // auth_request endpoint and the Envoy gRPC service all use it, so every integration sends
-// the same fields.
+// the same fields. Values.Render renders them for a Result; Primary picks the status
+// they describe.
 //
-// For a result with two limited descriptors, one of them denied, whose user rule has two
-// limits (3 per minute and 10 per hour), the fields are:
-//
-//	RateLimit-Policy: "api.user-60s";q=3;w=60, "api.user-3600s";q=10;w=3600, "api.ip-1s";q=10;w=1
-//	RateLimit: "api.user-60s";r=0;t=30
-//	X-RateLimit-Limit: 3
-//	X-RateLimit-Remaining: 0
-//	X-RateLimit-Reset: 60
-//	Retry-After: 30
-//
-// Both IETF fields are Structured Field Lists (RFC 9651) of Strings naming a policy, with
-// the draft's parameters: q (quota: requests per window, soft raise included), w (window,
-// whole seconds rounded up), r (remaining requests, never negative) and t (seconds until
-// the quota resets; for a denied descriptor, until a retry can succeed, so that t and
-// Retry-After name the same instant as the draft asks). RateLimit-Policy lists every limit
-// that applied to the request, once each (all the limits of every matched rule, except
-// those another matched limit replaces), so that a client can pace itself on all of them;
-// RateLimit gives the state of the one closest to exhaustion, the Primary status.
-//
-// When that limit admitted the request in its soft band (past requests_per_unit, within
-// soft_percent: enforcer.Status.Soft), RateLimit carries the boolean parameter soft
-// ("api.user-60s";r=3;t=40;soft), which clients that do not know it ignore.
-//
-// No wait is reported longer than MaxRetryAfter: a request that can never be admitted (a
-// limit of 0, a cost above the limit) is told to come back after MaxRetryAfter.
-//
-// Descriptors of shadow-mode rules are left out: a rule in shadow mode is being tried by
-// the operator and must not change what clients see or how they pace themselves.
-//
-// X-RateLimit-Limit, -Remaining and -Reset (delta seconds, not a timestamp) describe the
-// primary status only (see Primary), as clients of those fields expect one limit.
+// The fields, with an example and their parameters: docs/api.md, "Rate-limit header
+// fields".
 package headers
 
 import (
@@ -237,7 +209,7 @@ func (v *Values) start(i int) int {
 	return v.ends[i-1]
 }
 
-// Render renders res and returns Len(). See the package documentation for the fields.
+// Render renders res and returns Len(). See docs/api.md for the fields.
 func (v *Values) Render(res *enforcer.Result) int {
 	v.buf = v.buf[:0]
 	v.n = 0

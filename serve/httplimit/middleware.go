@@ -4,16 +4,10 @@
 //
 // All of them turn a request into enforcer descriptors by a Config (client address,
 // headers, method, path or route, query parameters, constants), decide with an
-// enforcer.Engine, and answer a denied request with 429 Too Many Requests, the fields of
-// package headers (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After) and an RFC 9457
-// application/problem+json body that names the policy that was exceeded. Admitted
-// requests carry the same RateLimit fields. Shadow-mode rules never deny; the middleware
-// logs what they would have done, and the enforcer counts it.
-//
-// The client address is the connection's peer unless that peer is one of
-// Config.TrustedProxies; only then are X-Forwarded-For and Forwarded (RFC 7239) believed
-// (see Middleware.ClientIP). IPv6 clients are grouped by Config.IPv6Prefix, default /64,
-// since one subscriber commonly owns a whole /64.
+// enforcer.Engine, and answer a denied request with 429, the fields of package headers
+// and an RFC 9457 application/problem+json body. The client address is the peer's unless
+// it is one of Config.TrustedProxies (see Middleware.ClientIP); IPv6 clients are grouped
+// by Config.IPv6Prefix. The answers, field by field: docs/api.md.
 package httplimit
 
 import (

@@ -136,7 +136,7 @@ type envoyCounter interface {
 }
 
 // envoy answers req, whose domain is in rules.CompatEnvoy (or unconfigured, with
-// Options.Compat so), as envoyproxy/ratelimit answers it. See the package documentation.
+// Options.Compat so), as envoyproxy/ratelimit answers it. See docs/rls.md.
 func (s *Server) envoy(ctx context.Context, req *rlsv3.RateLimitRequest, cfg *rules.Config) (*rlsv3.RateLimitResponse, error) {
 	domain := req.GetDomain()
 	switch {

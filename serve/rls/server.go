@@ -54,7 +54,7 @@ type Options struct {
 	Envoy EnvoyOptions
 }
 
-// Server answers ShouldRateLimit with an enforcer.Engine; see the package documentation
+// Server answers ShouldRateLimit with an enforcer.Engine; see docs/rls.md
 // for the mapping. It implements rlsv3.RateLimitServiceServer and is safe for simultaneous
 // use by multiple goroutines.
 type Server struct {

@@ -2,25 +2,12 @@
 // (Redis in the enforcer), so that a failing dependency costs one fast local decision per
 // request instead of one timeout per request (docs/architecture.md, invariant 4).
 //
-// The model: Closed lets every call through and keeps the outcomes of the last
-// Options.Window in buckets. It opens when, within that window, at least
-// Options.MinFailures calls failed and they are at least Options.ErrorRate of all calls.
-// Judging a rate rather than a run of failures is what lets the defaults survive load: a
-// busy but healthy dependency whose slowest calls now and then pass the caller's timeout
-// fails a tiny fraction of calls and keeps the breaker closed, while a dependency that is
-// down fails them all and opens it after MinFailures calls. The rate alone is slow to
-// judge a dependency that stops answering after a busy spell: the window's earlier
-// successes outweigh the new failures until they leave it, up to a whole Window later. So
-// a dependency that has answered nothing for Options.Silence, while at least MinFailures
-// calls failed, opens the breaker too: a busy but healthy one answers something every
-// moment.
-//
-// Open lets nothing through. Once Options.ProbeInterval has passed since it opened, the
-// next Allow is let through as a probe and the breaker is HalfOpen: one probe at a time,
-// and Options.ProbeSuccesses successful probes in a row close it (with a clean window); a
-// failed probe opens it again for another interval. A probe whose outcome is never
-// reported (Cancel, or a lost report) is replaced by a new one after another
-// ProbeInterval, so a lost report cannot wedge the breaker.
+// New makes a Breaker from Options; Allow asks whether a call may go, and Success,
+// Failure or Cancel reports its outcome. It opens on an error rate over a window
+// (Options.ErrorRate, Options.MinFailures, Options.Window) or on Options.Silence without an
+// answer, and closes after Options.ProbeSuccesses successful probes in a row. Why a rate
+// and not a run of failures, with the defaults: docs/redis.md, "Timeout and circuit
+// breaker".
 package breaker
 
 import (

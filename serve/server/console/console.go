@@ -1,18 +1,9 @@
-// Package console serves the live console of an enforcer: one page, for operators and
-// newcomers, that shows the sites and the state global decisions take each to be in
-// (fresh, cut, crashed, left), the top keys of the counts topic with their per-site counts
-// and limits, the decisions per second by result, the rules with their soft bands and the
-// keys denied recently, updated every second.
-//
-// The page is static HTML, CSS and JavaScript embedded in the binary (no framework, no
-// build step); it polls one JSON document, the State, from StatePath. Every string the
-// page shows that a client could have chosen (keys, descriptor values) is inserted as
-// text, never as markup, and the answers forbid framing and scripts from elsewhere.
-//
-// The console reads what the Limiter exposes for diagnostics (Limiter.Sites,
-// Limiter.RecentDenials, the snapshot's Top and the rules) and the decision counters of
-// the Prometheus registry: it adds nothing to the request path. Package server mounts it
-// at /ui/ behind the same token as /metrics.
+// Package console serves the live console of an enforcer: one page that shows the sites
+// and their states, the top keys of the counts topic with their per-site counts, the
+// decisions per second, the rules and the keys denied recently, updated every second.
+// New makes a Console from Options; package server mounts it at /ui/ behind the same
+// token as /metrics. What the page shows and how to read it: docs/operations.md,
+// "Console".
 package console
 
 import (
@@ -70,6 +61,14 @@ type Options struct {
 }
 
 // Console serves the page and its State.
+//
+// The page is static HTML, CSS and JavaScript embedded in the binary (no framework, no
+// build step); it polls one JSON document, the State, from StatePath. Every string the
+// page shows that a client could have chosen (keys, descriptor values) is inserted as
+// text, never as markup, and the answers forbid framing and scripts from elsewhere. It
+// reads what the Limiter exposes for diagnostics (Limiter.Sites, Limiter.RecentDenials,
+// the snapshot's Top and the rules) and the decision counters of the Prometheus
+// registry: it adds nothing to the request path.
 type Console struct {
 	opts  Options
 	clk   clock.Clock

@@ -33,15 +33,7 @@ func TestExportedNames(t *testing.T) {
 // Rules made in code (Config.RuleSet) decide as a file's would, and a Config with both a
 // path and a rule set, or neither, is refused.
 func TestRuleSetFromCode(t *testing.T) {
-	rs, err := rules.Parse("in code", []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim, err := streamlimit.New(streamlimit.Config{Site: "eu-1", RuleSet: rs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lim.Close(context.Background())
+	lim, rs := inCode(t)
 	ctx := context.Background()
 	var got []bool
 	for range 3 {
@@ -63,6 +55,19 @@ func TestRuleSetFromCode(t *testing.T) {
 // Allow with a key and no value is a caller's mistake: it panics instead of deciding a
 // descriptor without its last key.
 func TestAllowOddArgumentsPanics(t *testing.T) {
+	lim, _ := inCode(t)
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(r.(string), "odd number") {
+			t.Errorf("Allow(ctx, api, user): recovered %v, want a panic about an odd number of arguments", r)
+		}
+	}()
+	lim.Allow(context.Background(), "api", "user")
+}
+
+// inCode returns a Limiter on rules made in code (user two a minute in domain api), closed
+// when t ends, and the rules.
+func inCode(t *testing.T) (*streamlimit.Limiter, *rules.Config) {
+	t.Helper()
 	rs, err := rules.Parse("in code", []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -71,11 +76,6 @@ func TestAllowOddArgumentsPanics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lim.Close(context.Background())
-	defer func() {
-		if r := recover(); r == nil || !strings.Contains(r.(string), "odd number") {
-			t.Errorf("Allow(ctx, api, user): recovered %v, want a panic about an odd number of arguments", r)
-		}
-	}()
-	lim.Allow(context.Background(), "api", "user")
+	t.Cleanup(func() { lim.Close(context.Background()) })
+	return lim, rs
 }

@@ -126,7 +126,7 @@ func BenchmarkPropagation(b *testing.B) {
 	for i := 0; ; i++ {
 		entries := []rules.Entry{{Key: "user", Value: fmt.Sprintf("warm-%d", i)}}
 		key := rcfg.Match("api", entries).Key(entries, 0)
-		siteA.Limiter().Decide(ctx, enforcer.Request{Domain: "api", Descriptors: [][]rules.Entry{entries}})
+		siteA.Engine().Decide(ctx, enforcer.Request{Domain: "api", Descriptors: [][]rules.Entry{entries}})
 		deadline := time.Now().Add(time.Second)
 		for time.Now().Before(deadline) {
 			if e, ok := siteB.Snapshot().Get(key); ok && e.Total >= 1 {
@@ -193,7 +193,7 @@ func BenchmarkPropagation(b *testing.B) {
 			mu.Lock()
 			pending[s.key] = s
 			mu.Unlock()
-			res := siteA.Limiter().Decide(ctx, enforcer.Request{Domain: "api", Descriptors: [][]rules.Entry{entries}})
+			res := siteA.Engine().Decide(ctx, enforcer.Request{Domain: "api", Descriptors: [][]rules.Entry{entries}})
 			s.decided = time.Now()
 			if res.Code != enforcer.CodeOK {
 				b.Fatalf("sample %d denied", i)

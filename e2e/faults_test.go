@@ -631,7 +631,7 @@ func TestFaultKeyFlood(t *testing.T) {
 	aggRSSBefore, _, _ := vmRSS(agg.pid())
 
 	const keys = 1_000_000
-	lim := srv.Limiter()
+	lim := srv.Engine()
 	var next, admitted atomic.Int64
 	start := time.Now()
 	var wg sync.WaitGroup

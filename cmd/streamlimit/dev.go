@@ -189,7 +189,7 @@ func (df *devFlags) run(cmd *cobra.Command) error {
 `,
 		broker, tcfg.HitsTopic, tcfg.HitsPartitions, tcfg.CountsTopic, tcfg.CountsPartitions, created, data,
 		tcfg.HitsTopic, tcfg.CountsTopic, df.site, srv.HTTPAddr(), orNone(srv.GRPCAddr()), orNone(srv.RLQSAddr()), srv.HTTPAddr(), server.ConsolePath, rulesPath)
-	if ex, ok := devExample(srv.Limiter().Config().Rules()); ok {
+	if ex, ok := devExample(srv.Engine().Config().Rules()); ok {
 		fmt.Fprintf(out, `Publish a hit as JSON with kcat (murmur2_random places keys as the Go producer does):
   echo '%s@{"key":"%s","site":"eu","ts":'$(date +%%s%%3N)',"w":%d,"n":1}' | kcat -P -b %s -t %s -K@ -X topic.partitioner=murmur2_random
 Read its count:

@@ -280,7 +280,7 @@ func New(cfg Config) (_ *Server, err error) {
 			o.TTL = cfg.MaxStaleness
 		}
 		if o.SiteShare == 0 {
-			o.SiteShare = fallbackShare(cfg.SiteEnforcers)
+			o.SiteShare = 1 / float64(max(cfg.SiteEnforcers, 1)) // each enforcer's part while Redis is away, as streamlimit.New gives it
 		}
 		if o.MaxBytes == 0 {
 			o.MaxBytes = rlqsBytes
@@ -404,16 +404,8 @@ func (s *Server) registerMetrics(reg prometheus.Registerer) {
 	}
 }
 
-// fallbackShare is each enforcer's part of the site's limits while Redis is down.
-func fallbackShare(n int) float64 {
-	if n <= 1 {
-		return 1
-	}
-	return 1 / float64(n)
-}
-
-// Limiter returns the Server's Limiter, to embed it or to decide in tests.
-func (s *Server) Limiter() *enforcer.Engine { return s.lim }
+// Engine returns the Server's decision engine, to embed it or to decide in tests.
+func (s *Server) Engine() *enforcer.Engine { return s.lim }
 
 // Snapshot returns the snapshot of the counts topic, nil without Kafka.
 func (s *Server) Snapshot() *snapshot.Snapshot { return s.core.Snapshot() }

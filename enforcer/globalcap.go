@@ -143,7 +143,8 @@ func (l *Limiter) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *s
 	l.restarted(now, op, &e, known, st)
 	k := capKey{ver: v, sites: st, states: sig, allow: allowance, known: known, newKey: newKey, salt: salt(&e, known, now)}
 	var a allotment
-	if own, ok := withDemand(&e, l.cfg.Site, reported); ok && known {
+	var sites [8]topics.SiteCount // withDemand's, without an allocation per report (most keys)
+	if own, ok := withDemand(&e, l.cfg.Site, reported, sites[:0]); ok && known {
 		// A report's quota: shared by the demand its report stands for, not cached (the
 		// cache is the decisions').
 		a = l.share.capFor(now, op.Key, allowance, &own, known, newKey, st, g.frozen, g.frozenAt, &g.past)
@@ -179,7 +180,7 @@ func (l *Limiter) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *s
 
 // withDemand returns e with site's demand raised to reported, and true, when reported is
 // above the demand e shows for site; e itself is left as it is (its Sites are shared with
-// the snapshot).
+// the snapshot). The returned entry's Sites are appended to buf.
 //
 // A caller that decides requests itself and reports their usage every few seconds (an
 // Envoy of the Rate Limit Quota Service: every 5 s) reaches the counts in lumps. Its
@@ -192,7 +193,7 @@ func (l *Limiter) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *s
 // what a steady client's demand would show, and what the lumps show on average; it is
 // not the lump itself, which would weigh as five seconds of requests against the others'
 // one and take most of the room at each site's own reports.
-func withDemand(e *snapshot.Entry, site string, reported float64) (snapshot.Entry, bool) {
+func withDemand(e *snapshot.Entry, site string, reported float64, buf []topics.SiteCount) (snapshot.Entry, bool) {
 	if reported <= 0 {
 		return snapshot.Entry{}, false
 	}
@@ -201,8 +202,7 @@ func withDemand(e *snapshot.Entry, site string, reported float64) (snapshot.Entr
 		return snapshot.Entry{}, false
 	}
 	own := *e
-	own.Sites = make([]topics.SiteCount, 0, len(e.Sites)+1)
-	own.Sites = append(own.Sites, e.Sites[:i]...)
+	own.Sites = append(buf[:0], e.Sites[:i]...)
 	if found {
 		c := e.Sites[i]
 		c.Demand = reported

@@ -14,8 +14,11 @@
 # RLQS_CONNS (100), RLQS_KEYS (10000: distinct bucket ids, so each is held by
 # STREAMS × BUCKETS / KEYS streams), RLQS_INTERVAL (5s; 1s for the extra row of a filter
 # reporting faster than Envoy does), RLQS_WARMUP (15s), RLQS_DURATION (20s),
-# RLQS_SERVERS ("streamlimit": no Kafka; "streamlimit-kafka" also publishes every report's
-# hits to STREAMLIMIT_KAFKA_BROKERS), RLQS_MAX_MEMORY (32GiB: the server's --max-memory),
+# RLQS_SERVERS ("streamlimit": no Kafka, so no counts: a global limit is the server's
+# default share and a report's quota skips the share computation; "streamlimit-kafka", the
+# path of a deployment: it publishes every report's hits to STREAMLIMIT_KAFKA_BROKERS, and an
+# aggregator pinned beside the load generator counts them back into its snapshot, so that
+# each report's quota is computed from fresh counts), RLQS_MAX_MEMORY (32GiB: the server's --max-memory),
 # GO (go). Every stream comes from one address, so the server's bounds per client address
 # are lifted: --rlqs-max-streams-per-addr above RLQS_STREAMS, and a --max-memory whose RLQS
 # part's eighth holds them all (1 000 streams of 100 buckets need about 180 MiB of it);
@@ -39,6 +42,7 @@ work=$(mktemp -d)
 spid=""
 cleanup() {
   [ -z "$spid" ] || kill "$spid" 2>/dev/null || true
+  [ -z "${apid:-}" ] || kill "$apid" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -59,13 +63,20 @@ descriptors:
 YAML
 brokers=${STREAMLIMIT_KAFKA_BROKERS:-}
 run_id=$$-$RANDOM
+apid=""
 
 for round in $(seq "$rounds"); do
   for name in $servers; do
     kafka=(--no-kafka)
     if [ "$name" = streamlimit-kafka ]; then
       [ -n "$brokers" ] || { log "skip $name: STREAMLIMIT_KAFKA_BROKERS unset"; continue; }
-      kafka=(--brokers "$brokers" --hits-topic "bench-rlqs-hits-$run_id" --counts-topic "bench-rlqs-counts-$run_id")
+      kafka=(--brokers "$brokers" --hits-topic "bench-rlqs-hits-$run_id-$round" --counts-topic "bench-rlqs-counts-$run_id-$round")
+      "$work/streamlimit" topics ensure "${kafka[@]}" --replication-factor 1 >"$work/topics-$round.out" 2>&1 ||
+        { log "topics: $(cat "$work/topics-$round.out")"; echo "--- FAIL: BenchmarkRLQS/server=$name: topics"; continue; }
+      # The aggregator shares the load generator's core: the server's core is measured.
+      env -i PATH="$PATH" HOME="$HOME" GOMAXPROCS=1 $pin_load "$work/streamlimit" aggregator "${kafka[@]}" \
+        --group "bench-rlqs-$run_id-$round" --admin-listen 127.0.0.1:0 --log-level warn >"$work/aggregator-$round.out" 2>&1 &
+      apid=$!
     fi
     out="$work/$name-$round.out"
     # A clean environment: every flag also reads STREAMLIMIT_<FLAG>. Long HTTP timeouts:
@@ -90,6 +101,8 @@ for round in $(seq "$rounds"); do
       echo "--- FAIL: BenchmarkRLQS/server=$name: did not start"
       kill "$spid" 2>/dev/null || true
       spid=""
+      [ -z "$apid" ] || kill "$apid" 2>/dev/null || true
+      apid=""
       continue
     fi
     GOMAXPROCS=1 $pin_load "$work/rlqsload" -addr "$q" -metrics "http://$h/metrics" -server-pid "$spid" \
@@ -98,5 +111,10 @@ for round in $(seq "$rounds"); do
     kill "$spid" 2>/dev/null || true
     wait "$spid" 2>/dev/null || true
     spid=""
+    if [ -n "$apid" ]; then
+      kill "$apid" 2>/dev/null || true
+      wait "$apid" 2>/dev/null || true
+      apid=""
+    fi
   done
 done

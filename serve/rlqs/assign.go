@@ -221,8 +221,12 @@ func allot(q *enforcer.Quota, others contribution, t, h, own float64, open int, 
 	k := keyState{tok: others.tok, rate: others.rate, rateAt: others.rateAt, rateH: others.rateH}
 	held := k.held(t)
 	f := share(own, others.demand+own, open)
-	if long := longHorizon(others.hzp+horizonPower(h), open); h < long {
-		f *= (h + BurstSeconds) / (long + BurstSeconds)
+	// The power mean is h when every holder's horizon is h, or the others' are shorter:
+	// the root is taken only when some other holder reports less often.
+	if hp := horizonPower(h); others.hzp > float64(open-1)*hp*(1+1e-9) {
+		if long := longHorizon(others.hzp+hp, open); h < long {
+			f *= (h + BurstSeconds) / (long + BurstSeconds)
+		}
 	}
 	ahead := k.ahead(t)
 	room := part * (q.Cap - q.Later)

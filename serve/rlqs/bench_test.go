@@ -17,29 +17,96 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/streamlimit/streamlimit/aggregator"
 	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/enforcer/snapshot"
+	"github.com/streamlimit/streamlimit/topics"
 )
 
 // BenchmarkHandle times one stream's report of 100 buckets (keys shared with 99 other
-// streams), from the decoded message to the response: the server's work per report
-// message, without gRPC. b.N counts messages; ns/bucket is per bucket report.
+// streams), from the message in wire form to the response: the server's work per report
+// message, without gRPC. b.N counts messages; cpu-ns/bucket is per bucket report.
+//
+// snapshot=3dc is the path of a deployment: the enforcer has the counts of three data
+// centers (this site's and two others', fresh), and each report's quota is shared among
+// them by the demand its report stands for. snapshot=none is a single site (--no-kafka),
+// whose global limits are its default share.
 func BenchmarkHandle(b *testing.B) {
+	for _, snap := range []string{"none", "3dc"} {
+		b.Run("snapshot="+snap, func(b *testing.B) { benchHandle(b, snap == "3dc") })
+	}
+}
+
+func benchHandle(b *testing.B, withSnapshot bool) {
 	cfg, err := rules.Parse("bench.yaml", []byte(userRules))
 	if err != nil {
 		b.Fatal(err)
 	}
+	const streams, buckets, keys = 100, 100, 1000
 	clk := clock.NewFake(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))
-	lim, err := enforcer.New(enforcer.Config{Rules: rules.Static(cfg), Site: "eu", Clock: clk})
+	ecfg := enforcer.Config{Rules: rules.Static(cfg), Site: "eu", Clock: clk}
+	var sn *snapshot.Snapshot
+	if withSnapshot {
+		if sn, err = snapshot.NewMemory(snapshot.Config{Site: "eu", Clock: clk}); err != nil {
+			b.Fatal(err)
+		}
+		ecfg.Snapshot = sn
+	}
+	lim, err := enforcer.New(ecfg)
 	if err != nil {
 		b.Fatal(err)
+	}
+	ctx := context.Background()
+	userOf := func(k int) enforcer.Request {
+		return enforcer.Request{Domain: "api", Descriptors: [][]rules.Entry{{{Key: "user", Value: fmt.Sprint(k)}}}}
+	}
+	var feed func() // keeps the snapshot fresh: heartbeats and counts of three sites
+	if withSnapshot {
+		agg, err := aggregator.NewMemory(aggregator.Config{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		names := make([]string, keys)
+		for k := range names {
+			qs, _ := lim.Reporter(userOf(k)).Report(ctx, clk.Now(), 0, 0, time.Second, nil)
+			names[k] = qs[0].Key
+		}
+		feed = func() {
+			now := clk.Now()
+			ms := now.UnixMilli()
+			for _, site := range []string{"eu", "us", "ap"} {
+				topic := topics.DefaultHitsTopic
+				if site != "eu" {
+					topic = topics.RemoteHitsTopic(site, topics.DefaultHitsTopic)
+				}
+				add := func(h topics.Hit) {
+					h.Site = site
+					if err := agg.AddFrom(now, topic, h); err != nil {
+						b.Fatal(err)
+					}
+				}
+				add(topics.Hit{Key: topics.SiteHeartbeatKey, BucketStart: ms})
+				if site == "eu" {
+					continue // its own hits are its reports'
+				}
+				for _, k := range names {
+					add(topics.Hit{Key: k, BucketStart: ms - ms%100, Window: (10 * time.Second).Milliseconds(), Count: 1})
+				}
+			}
+			for _, e := range agg.Emit(now) {
+				if err := sn.Apply(e.Key, e.Value); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		feed()
 	}
 	srv, err := NewServer(lim, Options{Clock: clk, ReportingInterval: time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}
-	const streams, buckets, keys = 100, 100, 1000
 	sess := make([]*session, streams)
 	msgs := make([]*rlqsv3.RateLimitQuotaUsageReports, streams)
 	for i := range sess {
@@ -52,25 +119,41 @@ func BenchmarkHandle(b *testing.B) {
 		}
 		msgs[i] = m
 	}
-	ctx := context.Background()
 	// Warm: every bucket exists on its stream.
 	for i := range sess {
 		if _, err := sess[i].handle(ctx, clk.Now(), msgs[i].GetDomain(), usagesOf(msgs[i], nil)); err != nil {
 			b.Fatal(err)
 		}
 	}
+	if withSnapshot {
+		// The path measured is the shared one: fresh counts, not a fallback.
+		qs, _ := lim.Reporter(userOf(1)).Report(ctx, clk.Now(), 0, 0, time.Second, nil)
+		if len(qs) != 1 || qs[0].Fallback {
+			b.Fatalf("quotas %+v: want one, not a fallback", qs)
+		}
+	}
 	wires := make([][]byte, streams)
 	for i := range wires {
-		wires[i], _ = proto.Marshal(msgs[i])
+		wires[i], _ = proto.MarshalOptions{Deterministic: true}.Marshal(msgs[i]) // one wire form per bucket id, as Envoy sends
 	}
 	b.SetBytes(int64(len(wires[0])))
 	b.ReportAllocs()
-	var ru0, ru1 syscall.Rusage
+	var ru0, ru1, f0, f1 syscall.Rusage
+	var feedCPU time.Duration
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
 	b.ResetTimer()
 	var r wireReports
 	for i := range b.N {
 		clk.Advance(time.Second / streams)
+		if feed != nil && i%(streams/10) == 0 {
+			// Every 100 ms of the clock, as the aggregator emits; not counted.
+			b.StopTimer()
+			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &f0)
+			feed()
+			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &f1)
+			feedCPU += cpuOf(&f1) - cpuOf(&f0)
+			b.StartTimer()
+		}
 		r.buf = append(r.buf[:0], wires[i%streams]...) // as the codec copies the message
 		if err := r.decode(); err != nil {
 			b.Fatal(err)
@@ -81,8 +164,13 @@ func BenchmarkHandle(b *testing.B) {
 	}
 	b.StopTimer()
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
-	cpu := time.Duration(ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano())
+	cpu := cpuOf(&ru1) - cpuOf(&ru0) - feedCPU
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N*buckets), "cpu-ns/bucket")
+}
+
+// cpuOf is the user and system time of ru.
+func cpuOf(ru *syscall.Rusage) time.Duration {
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkGRPC sends b.N report messages of 100 buckets over 100 streams (4 connections)
@@ -172,8 +260,7 @@ func BenchmarkGRPC(b *testing.B) {
 	}
 	b.StopTimer()
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
-	cpu := time.Duration(ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano())
-	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N*buckets), "cpu-ns/bucket")
+	b.ReportMetric(float64((cpuOf(&ru1)-cpuOf(&ru0)).Nanoseconds())/float64(b.N*buckets), "cpu-ns/bucket")
 }
 
 // rawCodec sends pre-encoded messages and discards what it receives.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -37,6 +38,11 @@ const (
 	forgeTolerance = 0.02
 )
 
+// forgeWithoutKeys makes TestKafkaForgedSiteRecords measure the attack without site keys,
+// each forgery alone and all together, for docs/hardening.md's "before" figures: it logs
+// them (FIGURE lines) and holds them to nothing.
+var forgeWithoutKeys = flag.Bool("forge-without-keys", false, "TestKafkaForgedSiteRecords: measure the attack without site keys instead of testing it")
+
 // forgeAttack says which forgeries the attacker writes.
 type forgeAttack struct {
 	// leaves: leave records for eu and us on every partition every 100 ms, from each
@@ -65,8 +71,9 @@ type forgePhase struct {
 type forgeResult struct {
 	base, attack forgePhase
 	// maxFresh is the most sites an enforcer took as fresh during the attack, itself
-	// included; left the samples in which an enforcer took eu or us as left.
-	maxFresh, left int
+	// included; left the samples in which an enforcer took eu or us as left, of samples
+	// (each enforcer's every 100 ms or so).
+	maxFresh, left, samples int
 	// bad is the aggregator's bad_records_total by reason at the end, every record the
 	// attacker wrote read (with site keys) or once the attack stopped (without).
 	bad map[string]float64
@@ -99,6 +106,20 @@ type forgeResult struct {
 // a real site was taken as silent by the other or a decision fell back fails as
 // inconclusive, not on its figures.
 func TestKafkaForgedSiteRecords(t *testing.T) {
+	if *forgeWithoutKeys {
+		for _, c := range []struct {
+			name string
+			atk  forgeAttack
+		}{
+			{"leaves", forgeAttack{leaves: true}},
+			{"ghosts", forgeAttack{ghosts: true}},
+			{"hits", forgeAttack{hits: true}},
+			{"all", forgeAttack{leaves: true, ghosts: true, hits: true}},
+		} {
+			t.Run(c.name, func(t *testing.T) { runForgery(t, false, c.atk) })
+		}
+		return
+	}
 	r := runForgery(t, true, forgeAttack{leaves: true, ghosts: true, hits: true})
 	if t.Failed() {
 		return
@@ -460,6 +481,7 @@ func runForgery(t *testing.T, keys bool, atk forgeAttack) forgeResult {
 
 	var samples []siteSample
 	res.attack, samples = phase("under the attack", "burst-2", "client-2")
+	res.samples = len(samples)
 	for _, s := range samples {
 		res.maxFresh = max(res.maxFresh, int(s.fresh))
 		if s.left > 0 || s.otherLeft {
@@ -493,10 +515,10 @@ func runForgery(t *testing.T, keys bool, atk forgeAttack) forgeResult {
 		return true
 	})
 	t.Logf("FIGURE forged site records (site keys %v, attack %+v): burst on a new user %d then %d of %d admitted (limit %d); "+
-		"client at 80%%: %d then %d of %d denied; most sites fresh under the attack %d, eu or us left in %d samples; "+
+		"client at 80%%: %d then %d of %d denied; most sites fresh under the attack %d, eu or us left in %d of %d samples; "+
 		"written %v (unacknowledged %v); refused %v",
 		keys, atk, res.base.burst, res.attack.burst, 2*forgeBurst, forgeLimit, res.base.denied, res.attack.denied, forgeClient,
-		res.maxFresh, res.left, res.written, res.unsure, res.bad)
+		res.maxFresh, res.left, res.samples, res.written, res.unsure, res.bad)
 	return res
 }
 

@@ -48,7 +48,8 @@ type forgeAttack struct {
 	// leaves: leave records for eu and us on every partition every 100 ms, from each
 	// site's real instance and from a stranger, dated now and 25 s ahead.
 	leaves bool
-	// ghosts: heartbeats for forgeGhosts made-up sites on every partition every 400 ms.
+	// ghosts: heartbeats for forgeGhosts made-up sites on every partition every 400 ms,
+	// every other site's signed.
 	ghosts bool
 	// hits: hits of the client's key in us's name, forgeLimit a record, two records every
 	// 100 ms: they would leave eu no room for the client.
@@ -441,7 +442,6 @@ func runForgery(t *testing.T, keys bool, atk forgeAttack) forgeResult {
 	// The attack is under way once the aggregator refused some of it; the enforcers'
 	// snapshots show what it made of it once they hold the aggregator's heartbeats written
 	// after that, the leaves' emission delay (up to five emission intervals) included.
-	var refused time.Time
 	if !waitFor(30*time.Second, func() bool {
 		if !keys {
 			// Without keys the forgeries need not be refused: the attack is under way once
@@ -463,9 +463,12 @@ func runForgery(t *testing.T, keys bool, atk forgeAttack) forgeResult {
 		}
 		return false
 	}) {
-		t.Fatalf("inconclusive: the attack did not reach the aggregator within 30 s: written %v; %s", res.written, nonZero(t, aggMetrics, "streamlimit_aggregator_bad"))
+		amu.Lock()
+		written := fmt.Sprint(res.written)
+		amu.Unlock()
+		t.Fatalf("inconclusive: the attack did not reach the aggregator within 30 s: written %s; %s", written, nonZero(t, aggMetrics, "streamlimit_aggregator_bad"))
 	}
-	refused = time.Now()
+	refused := time.Now()
 	if !waitFor(30*time.Second, func() bool {
 		for _, site := range sites {
 			m := scrape(t, enf[site]+"/metrics")

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -51,16 +52,21 @@ func aclRecipe(t *testing.T, admin string) [][]string {
 	return cmds
 }
 
-// TestKafkaACLRecipe starts a private broker with ACLs on (KRaft's StandardAuthorizer,
-// nothing allowed without an ACL) and a SASL listener with three SCRAM users, applies the
-// ACL recipe of docs/hardening.md with kafka-acls.sh, and checks it: the aggregator and
-// the enforcer, each with its own user, count hits end to end; the enforcer's user, and a
-// user without ACLs, cannot write a count (a forged count, total 0, is refused by the
-// broker), nor can the user without ACLs read one.
-func TestKafkaACLRecipe(t *testing.T) {
-	testenv.RealParts(t)
-	dir := t.TempDir()
-	props := filepath.Join(dir, "acl.properties")
+// aclBroker is a private broker with ACLs on (KRaft's StandardAuthorizer, nothing allowed
+// without an ACL) and a SASL listener with three SCRAM users, aggregator, enforcer and
+// mallory (each's password its name and "-secret"), on which an admin made the topics hits
+// and counts (2 partitions each) and applied the ACL recipe of docs/hardening.md with
+// kafka-acls.sh.
+type aclBroker struct {
+	*testenv.Broker
+	// sasl is the SASL listener's address, the clients'.
+	sasl string
+}
+
+// startACLBroker starts an aclBroker, stopped when the test ends.
+func startACLBroker(t *testing.T) aclBroker {
+	t.Helper()
+	props := filepath.Join(t.TempDir(), "acl.properties")
 	// The PLAINTEXT listener is the admin's (and the controller's) and a super user, as an
 	// operator's admin listener would be; clients use the SASL listener.
 	if err := os.WriteFile(props, []byte(`listeners=PLAINTEXT://127.0.0.1:@PORT@,SASL_PLAINTEXT://127.0.0.1:@XPORT@,CONTROLLER://127.0.0.1:@CPORT@
@@ -74,11 +80,10 @@ allow.everyone.if.no.acl.found=false
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	b := testenv.PrivateKafkaEnv(t, "STREAMLIMIT_KAFKA_EXTRA_PROPERTIES="+props)
-	saslAddr := b.ExtraAddr()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	b := aclBroker{Broker: testenv.PrivateKafkaEnv(t, "STREAMLIMIT_KAFKA_EXTRA_PROPERTIES="+props)}
+	b.sasl = b.ExtraAddr()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-
 	admin, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()))
 	if err != nil {
 		t.Fatal(err)
@@ -104,10 +109,38 @@ allow.everyone.if.no.acl.found=false
 			t.Fatalf("kafka-acls.sh %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
+	return b
+}
 
-	sec := func(user string) []string {
-		return []string{"--brokers", saslAddr, "--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", user, "--kafka-sasl-password", user + "-secret"}
+// sec returns the flags that log a command in on the SASL listener as user.
+func (b aclBroker) sec(user string) []string {
+	return []string{"--brokers", b.sasl, "--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", user, "--kafka-sasl-password", user + "-secret"}
+}
+
+// client returns a client logged in on the SASL listener as user, with opts, closed when
+// the test ends.
+func (b aclBroker) client(t *testing.T, user string, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(b.sasl), kgo.SASL(scram.Auth{User: user, Pass: user + "-secret"}.AsSha512Mechanism())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// TestKafkaACLRecipe starts an aclBroker (the recipe applied) and checks the recipe: the
+// aggregator and the enforcer, each with its own user, count hits end to end; the
+// enforcer's user, and a user without ACLs, cannot write a count (a forged count, total 0,
+// is refused by the broker), nor can the user without ACLs read one.
+func TestKafkaACLRecipe(t *testing.T) {
+	testenv.RealParts(t)
+	b := startACLBroker(t)
+	sec := b.sec
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
 	rules := filepath.Join(dir, "rules.yaml")
 	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -180,13 +213,7 @@ allow.everyone.if.no.acl.found=false
 		t.Fatal(err)
 	}
 	client := func(user string) *kgo.Client {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(saslAddr), kgo.SASL(scram.Auth{User: user, Pass: user + "-secret"}.AsSha512Mechanism()),
-			kgo.RecordRetries(2), kgo.ConsumeTopics("counts"), kgo.FetchMaxWait(time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(cl.Close)
-		return cl
+		return b.client(t, user, kgo.RecordRetries(2), kgo.ConsumeTopics("counts"), kgo.FetchMaxWait(time.Second))
 	}
 	for _, user := range []string{"enforcer", "mallory"} {
 		err := client(user).ProduceSync(ctx, &kgo.Record{Topic: "counts", Key: []byte(c.Key), Value: forged}).FirstErr()
@@ -212,8 +239,14 @@ func scrape(t *testing.T, u string) map[string]float64 {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	return parseMetrics(resp.Body)
+}
+
+// parseMetrics reads Prometheus text into a map from each sample's name with its labels,
+// as written, to its value.
+func parseMetrics(r io.Reader) map[string]float64 {
 	m := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		line := sc.Text()
 		if line == "" || line[0] == '#' {

@@ -104,9 +104,11 @@
 //
 // # Limits
 //
-// Counters are bounded by MaxKeys: hits of new counters beyond it are dropped and counted in
-// refused_keys_total (non-zero counters are never evicted, since that would publish a wrong
-// count; zero counters are forgotten as soon as they are tombstoned). A hit stamped more than
+// Counters are bounded by MaxKeys: a new counter beyond it takes the place of the least
+// recently hit of a sample of 16 (evicted_keys_total), so that a new key is always counted.
+// Nothing is published on eviction: the evicted counter's last count stays in the
+// enforcers' snapshots until its window has passed, as if its key had gone quiet, where a
+// tombstone would free its client at once. A hit stamped more than
 // a quarter window (or MaxClockSkew) ahead of the clock is counted in the furthest future
 // bucket the ring holds. A counter whose hits all left the window while no instance owned its
 // partition is never seen again by the next owner, so its last count is not tombstoned:

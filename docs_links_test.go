@@ -1,9 +1,14 @@
 package streamlimit_test
 
 import (
+	"fmt"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"testing"
 	"unicode"
@@ -85,5 +90,67 @@ func TestDocsLinks(t *testing.T) {
 	}
 	if n < 50 {
 		t.Fatalf("found %d links in README.md and docs/, want the many they have", n)
+	}
+}
+
+// maxPackageDocLines bounds the package comments of the whole module together. A package
+// comment says what the package provides and how to use it, and links to the doc in docs/
+// that explains the concept; the concept itself lives in docs/, in one place.
+const maxPackageDocLines = 400
+
+// TestPackageDocsShort counts the lines of every package comment of the module (the doc
+// comment on the package clause of each non-test Go file) and fails above
+// maxPackageDocLines, naming the longest, so that a model written into a package comment
+// goes to docs/ instead.
+func TestPackageDocsShort(t *testing.T) {
+	type doc struct {
+		file  string
+		lines int
+	}
+	var docs []doc
+	total := 0
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			name := d.Name()
+			if path != "." && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" || name == "node_modules") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.PackageClauseOnly|parser.ParseComments)
+		if err != nil {
+			return err
+		}
+		if f.Doc == nil {
+			return nil
+		}
+		n := 0
+		for _, c := range f.Doc.List {
+			n += strings.Count(c.Text, "\n") + 1
+		}
+		docs = append(docs, doc{path, n})
+		total += n
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(docs) < 30 {
+		t.Fatalf("found %d package comments, want one for each of the module's many packages", len(docs))
+	}
+	if total > maxPackageDocLines {
+		sort.Slice(docs, func(i, j int) bool { return docs[i].lines > docs[j].lines })
+		var longest []string
+		for _, d := range docs[:min(5, len(docs))] {
+			longest = append(longest, fmt.Sprintf("%s %d", d.file, d.lines))
+		}
+		t.Errorf("package comments total %d lines, want at most %d: move what explains a concept to docs/ and link it (longest: %s)",
+			total, maxPackageDocLines, strings.Join(longest, ", "))
 	}
 }

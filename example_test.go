@@ -9,7 +9,7 @@ import (
 	"os"
 
 	"github.com/streamlimit/streamlimit"
-	"github.com/streamlimit/streamlimit/enforcer/httplimit"
+	"github.com/streamlimit/streamlimit/serve/httplimit"
 )
 
 // The README's "In a Go service", run: a service at site eu-1 whose rules allow user 42

@@ -13,14 +13,16 @@ import (
 // The module's layers, bottom up, as docs/architecture.md draws them: a package may import
 // packages of its own layer or below, never above; and the three sides (producer,
 // aggregator, enforcer) never import each other. Each package is placed by its longest
-// matching prefix.
+// matching prefix, and the folders are the layers: everything under enforcer/ is the
+// decision core, everything that serves it is under serve/, and the root package (which
+// assembles a side of each for a Go service) is imported only from serve/ and above.
 var layers = []struct {
 	name     string
 	prefixes []string
 }{
-	{"foundations", []string{"topics", "topicadmin", "window", "internal"}},
+	{"foundations", []string{"clock", "topics", "topicadmin", "window", "internal"}},
 	{"the three sides", []string{"producer", "aggregator", "enforcer"}},
-	{"serving", []string{".", "enforcer/server", "enforcer/httplimit", "enforcer/rls", "enforcer/rlqs", "enforcer/headers"}},
+	{"serving", []string{".", "serve"}},
 	{"command", []string{"cmd"}},
 	{"tools and tests", []string{"bench", "e2e", "deploy", "examples"}},
 }

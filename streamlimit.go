@@ -11,7 +11,7 @@
 //	if !lim.Allow(ctx, "api", "user", "42") { /* 429 */ }
 //
 // Without Brokers nothing is shared with other sites: every limit, global ones included, is
-// counted by this process alone. The parts are reachable (Enforcer, Snapshot, Producer) for
+// counted by this process alone. The parts are reachable (Engine, Snapshot, Producer) for
 // what the Limiter does not wrap: package enforcer's Await, package httplimit's middleware.
 package streamlimit
 
@@ -30,21 +30,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
-	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/internal/memsize"
 	"github.com/streamlimit/streamlimit/producer"
+	"github.com/streamlimit/streamlimit/serve/httplimit"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
-// Config configures a Limiter. Site and Rules are required; every other zero field takes the
-// default of the package that owns the setting, named in its comment.
+// Config configures a Limiter. Site is required, and one of Rules and RuleSet; every other
+// zero field takes the default of the package that owns the setting, named in its comment.
 type Config struct {
 	// Site names this process's site: the process itself, or, with Redis, the data center
 	// whose enforcers share it (docs/sites.md).
@@ -57,6 +57,9 @@ type Config struct {
 	Rules          string
 	ReloadInterval time.Duration
 	ReloadSettle   time.Duration
+	// RuleSet, set instead of Rules, is the rules in force for the Limiter's life: rules
+	// made in code (rules.Parse of a document the service holds). Nothing is reloaded.
+	RuleSet *rules.Config
 	// Load says how the rules files are read (envoyproxy/ratelimit compatibility, domain
 	// merge, the bound on a file's size).
 	Load rules.LoadOptions
@@ -78,33 +81,19 @@ type Config struct {
 	// shares (default snapshot.DefaultMaxStaleness).
 	MaxStaleness time.Duration
 
-	// Redis, when its Addrs are set, holds site limits and this site's count of global
-	// limits for every enforcer of the site (sitestore.Config; Fallback, FallbackShare,
-	// Clock, Logger and Registerer are set here). Default: counted in process.
-	Redis sitestore.Config
+	// Redis, when its Addrs (or Client) are set, holds site limits and this site's count
+	// of global limits for every enforcer of the site. Default: counted in process.
+	Redis sitestore.Redis
 	// SiteEnforcers is the number of enforcers sharing Redis: while it is down each keeps
 	// to 1/SiteEnforcers of the site's limits. Default 1.
 	SiteEnforcers int
 
-	// The global decision's settings (enforcer.Config, whose defaults apply).
-	DefaultShare float64
-	MinShare     float64
-	// DenyUnknownDomain denies requests of a domain no rule configures; see
-	// enforcer.Config. Default false: admitted with no limit.
-	DenyUnknownDomain bool
-	// EnvoyKeyPrefix starts the keys of the limits counted in envoyproxy/ratelimit's Redis
-	// layout; see enforcer.Config. Default "".
-	EnvoyKeyPrefix string
-	SiteStaleAfter time.Duration
-	CrashHold      time.Duration
-	// ReserveMargin: see enforcer.Config (enforcer.Defaults().ReserveMargin).
-	ReserveMargin time.Duration
-	// SubBuckets splits every window, as the aggregators do (window.DefaultSubBuckets).
-	SubBuckets int
-
-	// MaxKeys bounds each per-key structure (enforcer.Defaults().MaxKeys); MaxMemory is their
-	// memory target in bytes, half of it kept alive (0: no bound in bytes).
-	MaxKeys   int
+	// Tuning is the global decision's settings and the bounds of the per-key structures
+	// (enforcer.Tuning, whose zero fields take enforcer.Defaults; MaxKeys bounds every
+	// per-key structure here, not only the enforcer's).
+	enforcer.Tuning
+	// MaxMemory is the per-key structures' memory target in bytes, half of it kept alive
+	// (0: no bound in bytes).
 	MaxMemory int64
 
 	// Clock defaults to the wall clock, Logger to slog.Default(); Registerer receives the
@@ -126,7 +115,7 @@ type Limiter struct {
 	site     *sitestore.Store
 	snap     *snapshot.Snapshot
 	prod     *producer.Producer
-	lim      *enforcer.Limiter
+	lim      *enforcer.Engine
 
 	closeOnce sync.Once
 	closeErr  error
@@ -134,8 +123,11 @@ type Limiter struct {
 
 // New assembles a Limiter. On error nothing is left open.
 func New(cfg Config) (_ *Limiter, err error) {
-	if cfg.Site == "" || cfg.Rules == "" {
-		return nil, errors.New("streamlimit: Config.Site and Config.Rules are required")
+	if cfg.Site == "" {
+		return nil, errors.New("streamlimit: Config.Site is required")
+	}
+	if (cfg.Rules == "") == (cfg.RuleSet == nil) {
+		return nil, errors.New("streamlimit: one of Config.Rules (a path) and Config.RuleSet is required")
 	}
 	if cfg.HitsTopic == "" {
 		cfg.HitsTopic = topics.DefaultHitsTopic
@@ -156,25 +148,32 @@ func New(cfg Config) (_ *Limiter, err error) {
 			l.release(context.Background())
 		}
 	}()
-	if l.reloader, err = rules.NewReloader(cfg.Rules, rules.ReloaderOptions{Interval: cfg.ReloadInterval, Settle: cfg.ReloadSettle, Logger: l.log, Clock: cfg.Clock, Load: cfg.Load}); err != nil {
-		return nil, err
+	current := rules.Static(cfg.RuleSet)
+	if cfg.RuleSet == nil {
+		if l.reloader, err = rules.NewReloader(cfg.Rules, rules.ReloaderOptions{Interval: cfg.ReloadInterval, Settle: cfg.ReloadSettle, Logger: l.log, Clock: cfg.Clock, Load: cfg.Load}); err != nil {
+			return nil, err
+		}
+		current = l.reloader.Current
 	}
 	mem := memsize.Split(cfg.MaxMemory)
 	l.local = algo.New(algo.Options{MaxKeys: cfg.MaxKeys, MaxBytes: mem.Local})
 	l.counter = sitecount.NewLocal(sitecount.LocalOptions{SubBuckets: cfg.SubBuckets, MaxKeys: cfg.MaxKeys, MaxBytes: mem.Counter})
 	ecfg := enforcer.Config{
-		Rules: l.reloader.Current, Site: cfg.Site, Local: l.local, Counter: l.counter,
-		MaxKeys: cfg.MaxKeys, KeyCacheBytes: mem.KeyCache, SubBuckets: cfg.SubBuckets,
-		DefaultShare: cfg.DefaultShare, MinShare: cfg.MinShare, SiteStaleAfter: cfg.SiteStaleAfter, CrashHold: cfg.CrashHold,
-		ReserveMargin: cfg.ReserveMargin, DenyUnknownDomain: cfg.DenyUnknownDomain, EnvoyKeyPrefix: cfg.EnvoyKeyPrefix,
-		Clock: cfg.Clock, Logger: l.log, Registerer: cfg.Registerer,
+		Tuning:        cfg.Tuning,
+		Rules:         current,
+		Site:          cfg.Site,
+		Local:         l.local,
+		Counter:       l.counter,
+		KeyCacheBytes: mem.KeyCache,
+		Clock:         cfg.Clock,
+		Logger:        l.log,
+		Registerer:    cfg.Registerer,
 	}
 	share := fallbackShare(cfg.SiteEnforcers)
 	redis := len(cfg.Redis.Addrs) > 0 || cfg.Redis.Client != nil
 	if redis {
-		rc := cfg.Redis
-		rc.Fallback, rc.FallbackShare, rc.Clock, rc.Logger, rc.Registerer = l.local, share, cfg.Clock, l.log, cfg.Registerer
-		if l.site, err = sitestore.New(rc); err != nil {
+		if l.site, err = sitestore.New(sitestore.Config{Redis: cfg.Redis, Fallback: l.local, FallbackShare: share,
+			Clock: cfg.Clock, Logger: l.log, Registerer: cfg.Registerer}); err != nil {
 			return nil, fmt.Errorf("streamlimit: redis: %w", err)
 		}
 		ecfg.SiteStore = l.site
@@ -237,7 +236,9 @@ func (l *Limiter) Run(ctx context.Context) error {
 			}
 		})
 	}
-	goRun("rules reloader", func() error { return l.reloader.Run(ctx) })
+	if l.reloader != nil {
+		goRun("rules reloader", func() error { return l.reloader.Run(ctx) })
+	}
 	if l.snap != nil {
 		goRun("snapshot", func() error { return l.snap.Run(ctx) })
 	}
@@ -296,8 +297,13 @@ func (l *Limiter) Decide(ctx context.Context, req enforcer.Request) enforcer.Res
 }
 
 // Allow decides one request of one descriptor, given as key, value pairs in order ("user",
-// "42", "method", "POST"), in domain, and reports whether it is admitted.
+// "42", "method", "POST"), in domain, and reports whether it is admitted. An odd number of
+// kv is a programming error, and Allow panics (as strings.NewReplacer does) rather than
+// decide on a descriptor without its last key.
 func (l *Limiter) Allow(ctx context.Context, domain string, kv ...string) bool {
+	if len(kv)%2 != 0 {
+		panic(fmt.Sprintf("streamlimit: Allow with an odd number of key, value arguments (%d)", len(kv)))
+	}
 	entries := make([]rules.Entry, 0, len(kv)/2)
 	for i := 0; i+1 < len(kv); i += 2 {
 		entries = append(entries, rules.Entry{Key: kv[i], Value: kv[i+1]})
@@ -312,9 +318,9 @@ func (l *Limiter) Middleware(cfg httplimit.Config) (*httplimit.Middleware, error
 	return httplimit.New(l.lim, httplimit.Options{Config: cfg, Logger: l.log})
 }
 
-// Enforcer returns the decision engine, for what the Limiter does not wrap (Await, or a
-// front door of one's own).
-func (l *Limiter) Enforcer() *enforcer.Limiter { return l.lim }
+// Engine returns the decision engine, for what the Limiter does not wrap (Await, or a front
+// door of one's own).
+func (l *Limiter) Engine() *enforcer.Engine { return l.lim }
 
 // Snapshot returns the snapshot of the counts topic, nil without Kafka.
 func (l *Limiter) Snapshot() *snapshot.Snapshot { return l.snap }
@@ -363,6 +369,15 @@ func (l *Limiter) registerMetrics(reg prometheus.Registerer) {
 		counter("global_evicted_total", "Global site counters dropped to keep within the bound.", func() float64 { return float64(l.counter.Evicted()) }),
 		gauge("local_bytes", "Bytes the local counters keep alive, by the estimate --max-memory bounds.", func() float64 { return float64(l.local.Bytes()) }),
 		gauge("global_bytes", "Bytes this site's in-process global counters keep alive, by the estimate --max-memory bounds.", func() float64 { return float64(l.counter.Bytes()) }),
+	} {
+		if err := reg.Register(c); err != nil {
+			l.log.Warn("metric not registered", "err", err)
+		}
+	}
+	if l.reloader == nil {
+		return
+	}
+	for _, c := range []prometheus.Collector{
 		counter("rules_reloads_total", "Successful rules reloads.", func() float64 { return float64(l.reloader.Stats().Reloads) }),
 		counter("rules_reload_errors_total", "Rejected rules edits (the last good rules stay in force).", func() float64 { return float64(l.reloader.Stats().Failures) }),
 	} {

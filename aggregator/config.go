@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
 )
@@ -80,7 +80,7 @@ type Config struct {
 	// TopicPattern is a regular expression (Kafka consumer pattern, anchored by the caller)
 	// of hits topics to consume when Topics is empty. Default topics.HitsPattern("hits"):
 	// "hits" and every MirrorMaker-2 copy "<dc>.hits". Every matched topic must have the same
-	// partition count (see the package documentation).
+	// partition count (docs/aggregator.md).
 	TopicPattern string
 	// CountsTopic is the compacted topic counts and heartbeats are written to. It must exist.
 	// Default "counts".

@@ -72,7 +72,7 @@ func (c *counting) apply(now int64, it *held) addResult {
 }
 
 // collect releases what is due and returns the counts and tombstones of one emission
-// round at now (see the package documentation), at most budget of them, in sc.outs.
+// round at now (docs/aggregator.md), at most budget of them, in sc.outs.
 func (c *counting) collect(now int64, budget int, sc *emitScratch) {
 	c.release(now)
 	sc.cands, sc.outs = c.st.collect(now, budget, sc.cands, sc.outs[:0])

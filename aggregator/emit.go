@@ -44,7 +44,7 @@ type emitScratch struct {
 	hbs   []topics.Heartbeat
 }
 
-// emitRound publishes the counts that are due (see the package documentation), then, with
+// emitRound publishes the counts that are due (docs/aggregator.md, "Emission"), then, with
 // withHeartbeats, a heartbeat of every assigned partition that is positioned and not
 // replaying, to every partition of the counts topic; nothing while Run is leaving the group.
 // A partition that replays gets no heartbeat: the latest heartbeat of a partition is then

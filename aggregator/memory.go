@@ -43,7 +43,7 @@ type Emission struct {
 
 // Memory is the aggregator's counting without Kafka: hits go in through Add, counts come
 // out of Emit, computed by the same state, validation and emission rule as an Aggregator
-// that owns every partition (see the package documentation). It is for the accuracy
+// that owns every partition (docs/aggregator.md). It is for the accuracy
 // simulator and tests, which drive time explicitly: every method takes now, and Memory
 // never reads a clock. A Memory is not safe for concurrent use.
 type Memory struct {
@@ -132,7 +132,7 @@ func (m *Memory) AddFrom(now time.Time, topic string, h topics.Hit) error {
 }
 
 // Emit returns the records due at now, in the order the aggregator would publish them:
-// the counts and tombstones of one emission round (see the package documentation), then
+// the counts and tombstones of one emission round (docs/aggregator.md), then
 // a heartbeat for each source (partition 0 of LocalTopic and of every topic a site record
 // came from) if HeartbeatInterval has passed since the last ones (the first Emit always
 // includes them). The returned slice and its values are

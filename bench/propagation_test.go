@@ -14,12 +14,13 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/aggregator"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 	"github.com/streamlimit/streamlimit/producer"
+	"github.com/streamlimit/streamlimit/serve/server"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -92,8 +93,18 @@ func BenchmarkPropagation(b *testing.B) {
 		}
 	})
 	site := func(name string) *server.Server {
-		s, err := server.New(server.Config{Site: name, RulesPath: rulesPath, Brokers: brokers,
-			HitsTopic: hits, CountsTopic: counts, HTTPAddr: "127.0.0.1:0", GRPCAddr: "off", Logger: discard})
+		s, err := server.New(server.Config{
+			Config: streamlimit.Config{
+				Site:        name,
+				Rules:       rulesPath,
+				Brokers:     brokers,
+				HitsTopic:   hits,
+				CountsTopic: counts,
+				Logger:      discard,
+			},
+			HTTPAddr: "127.0.0.1:0",
+			GRPCAddr: "off",
+		})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -115,7 +126,7 @@ func BenchmarkPropagation(b *testing.B) {
 	for i := 0; ; i++ {
 		entries := []rules.Entry{{Key: "user", Value: fmt.Sprintf("warm-%d", i)}}
 		key := rcfg.Match("api", entries).Key(entries, 0)
-		siteA.Limiter().Decide(ctx, enforcer.Request{Domain: "api", Descriptors: [][]rules.Entry{entries}})
+		siteA.Engine().Decide(ctx, enforcer.Request{Domain: "api", Descriptors: [][]rules.Entry{entries}})
 		deadline := time.Now().Add(time.Second)
 		for time.Now().Before(deadline) {
 			if e, ok := siteB.Snapshot().Get(key); ok && e.Total >= 1 {
@@ -182,7 +193,7 @@ func BenchmarkPropagation(b *testing.B) {
 			mu.Lock()
 			pending[s.key] = s
 			mu.Unlock()
-			res := siteA.Limiter().Decide(ctx, enforcer.Request{Domain: "api", Descriptors: [][]rules.Entry{entries}})
+			res := siteA.Engine().Decide(ctx, enforcer.Request{Domain: "api", Descriptors: [][]rules.Entry{entries}})
 			s.decided = time.Now()
 			if res.Code != enforcer.CodeOK {
 				b.Fatalf("sample %d denied", i)

@@ -17,9 +17,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gopkg.in/yaml.v3"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/aggregator"
-	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/serve/server"
 )
 
 // TestGrafanaDashboardMetricsExist checks deploy/grafana/streamlimit.json against the
@@ -83,9 +85,19 @@ func streamlimitMetrics(t *testing.T) *prometheus.Registry {
 		t.Fatal(err)
 	}
 	quiet := slog.New(slog.DiscardHandler)
-	srv, err := server.New(server.Config{Site: "t", RulesPath: rulesPath, Brokers: []string{"127.0.0.1:9"},
-		RedisAddrs: []string{"127.0.0.1:9"}, HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
-		ShutdownTimeout: 100 * time.Millisecond, Logger: quiet, Registry: reg})
+	srv, err := server.New(server.Config{
+		Config: streamlimit.Config{
+			Site:    "t",
+			Rules:   rulesPath,
+			Brokers: []string{"127.0.0.1:9"},
+			Redis:   sitestore.Redis{Addrs: []string{"127.0.0.1:9"}},
+			Logger:  quiet,
+		},
+		HTTPAddr:        "127.0.0.1:0",
+		GRPCAddr:        "127.0.0.1:0",
+		ShutdownTimeout: 100 * time.Millisecond,
+		Registry:        reg,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,12 +19,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/aggregator"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 	"github.com/streamlimit/streamlimit/producer"
+	"github.com/streamlimit/streamlimit/serve/server"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -513,8 +514,19 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 3, scope: local}
 `
 	writeFile(t, path, good)
-	srv, err := server.New(server.Config{Site: "ap", RulesPath: path, ReloadInterval: 100 * time.Millisecond, Brokers: brokers,
-		HitsTopic: hits, CountsTopic: counts, HTTPAddr: "127.0.0.1:0", GRPCAddr: "off", Logger: testLogger(t)})
+	srv, err := server.New(server.Config{
+		Config: streamlimit.Config{
+			Site:           "ap",
+			Rules:          path,
+			ReloadInterval: 100 * time.Millisecond,
+			Brokers:        brokers,
+			HitsTopic:      hits,
+			CountsTopic:    counts,
+			Logger:         testLogger(t),
+		},
+		HTTPAddr: "127.0.0.1:0",
+		GRPCAddr: "off",
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -592,8 +604,20 @@ func TestFaultKeyFlood(t *testing.T) {
 	writeFile(t, path, rulesYAML(5, floodWindow))
 	reg := prometheus.NewRegistry()
 	const maxEnfKeys = 200_000
-	srv, err := server.New(server.Config{Site: "ap", RulesPath: path, Brokers: brokers, HitsTopic: hits, CountsTopic: counts,
-		HTTPAddr: "127.0.0.1:0", GRPCAddr: "off", Logger: testLogger(t), Registry: reg, MaxKeys: maxEnfKeys})
+	srv, err := server.New(server.Config{
+		Config: streamlimit.Config{
+			Site:        "ap",
+			Rules:       path,
+			Brokers:     brokers,
+			HitsTopic:   hits,
+			CountsTopic: counts,
+			Logger:      testLogger(t),
+			Tuning:      enforcer.Tuning{MaxKeys: maxEnfKeys},
+		},
+		HTTPAddr: "127.0.0.1:0",
+		GRPCAddr: "off",
+		Registry: reg,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -607,7 +631,7 @@ func TestFaultKeyFlood(t *testing.T) {
 	aggRSSBefore, _, _ := vmRSS(agg.pid())
 
 	const keys = 1_000_000
-	lim := srv.Limiter()
+	lim := srv.Engine()
 	var next, admitted atomic.Int64
 	start := time.Now()
 	var wg sync.WaitGroup

@@ -20,10 +20,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/aggregator"
-	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/serve/server"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -224,25 +226,27 @@ func startTopology(t *testing.T, o topologyOptions) *topology {
 		for i := range s.enforcers {
 			reg := prometheus.NewRegistry()
 			cfg := server.Config{
-				Site:           s.name,
-				RulesPath:      tp.rules,
-				ReloadInterval: 200 * time.Millisecond,
-				Brokers:        o.brokers,
-				HitsTopic:      s.topic,
-				CountsTopic:    tp.counts,
-				MaxStaleness:   o.maxStaleness,
-				DefaultShare:   1.0 / 3,
-				HTTPAddr:       "127.0.0.1:0",
-				GRPCAddr:       "off",
-				// The default bound, stated here because the load tests read it: an answer
-				// slower than it was decided in process (tested on its own in
-				// TestFaultRedisDown), and checkBound lowers its floor near such answers.
-				RedisTimeout: redisTimeout,
-				Logger:       testLogger(t).With("site", s.name, "enforcer", i),
-				Registry:     reg,
+				Config: streamlimit.Config{
+					Site:           s.name,
+					Rules:          tp.rules,
+					ReloadInterval: 200 * time.Millisecond,
+					Brokers:        o.brokers,
+					HitsTopic:      s.topic,
+					CountsTopic:    tp.counts,
+					MaxStaleness:   o.maxStaleness,
+					Tuning:         enforcer.Tuning{DefaultShare: 1.0 / 3},
+					// The default bound, stated here because the load tests read it: an
+					// answer slower than it was decided in process (tested on its own in
+					// TestFaultRedisDown), and checkBound lowers its floor near such answers.
+					Redis:  sitestore.Redis{Timeout: redisTimeout},
+					Logger: testLogger(t).With("site", s.name, "enforcer", i),
+				},
+				HTTPAddr: "127.0.0.1:0",
+				GRPCAddr: "off",
+				Registry: reg,
 			}
 			if s.redis != nil {
-				cfg.RedisAddrs = []string{s.redis.Addr()}
+				cfg.Redis.Addrs = []string{s.redis.Addr()}
 				cfg.SiteEnforcers = s.enforcers
 			}
 			if o.customize != nil {

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/serve/server"
 )
 
 // result is one request of the load generator. Times are offsets from the generator's

@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/streamlimit/streamlimit/enforcer/rlqs/filter"
-	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/internal/envoyfilter"
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/serve/server"
 )
 
 // The RLQS test's rule: a global limit large enough that every one of 60 Envoys holds a
@@ -24,7 +24,7 @@ const (
 	rlqsWindow   = 10 * time.Second
 	rlqsWindows  = 5 // measured after the first
 	rlqsEnvoys   = 20
-	rlqsInterval = filter.ReportInterval // Envoy's fixed report timer
+	rlqsInterval = envoyfilter.ReportInterval // Envoy's fixed report timer
 )
 
 // TestRLQSMultiDC runs the three data centers of TestMultiDC on the real broker, each
@@ -45,7 +45,7 @@ func TestRLQSMultiDC(t *testing.T) {
 	defer cancel()
 
 	// 20 Envoys per data center, spread over its enforcers.
-	var envoys []*filter.Conn
+	var envoys []*envoyfilter.Conn
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
@@ -65,7 +65,7 @@ func TestRLQSMultiDC(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer cc.Close()
-			c := filter.NewConn(ctx, filter.New(filter.Options{Domain: domain}), cc, nil)
+			c := envoyfilter.NewConn(ctx, envoyfilter.New(envoyfilter.Options{Domain: domain}), cc, nil)
 			wg.Go(func() { _ = c.Run(ctx) })
 			envoys = append(envoys, c)
 		}
@@ -95,7 +95,7 @@ func TestRLQSMultiDC(t *testing.T) {
 	}
 	slices.SortFunc(plan, func(a, b arrival) int { return int(a.at - b.at) })
 
-	s := filter.Settings{ReportingInterval: rlqsInterval}
+	s := envoyfilter.Settings{ReportingInterval: rlqsInterval}
 	var heavy []time.Duration
 	var heavyReqs, lightReqs, lightDenied int
 	late := time.Duration(0)

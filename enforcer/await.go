@@ -23,7 +23,7 @@ var ErrQueueFull = errors.New("enforcer: too many requests waiting")
 //
 // It writes the last decision to res and returns how long it waited. A request denied
 // for good returns no error; ctx's error is returned when ctx ended the wait.
-func (l *Limiter) Await(ctx context.Context, req Request, maxDelay time.Duration, res *Result) (waited time.Duration, err error) {
+func (l *Engine) Await(ctx context.Context, req Request, maxDelay time.Duration, res *Result) (waited time.Duration, err error) {
 	start := l.cfg.Clock.Now()
 	if dl, ok := ctx.Deadline(); ok {
 		maxDelay = min(maxDelay, dl.Sub(start))

@@ -11,9 +11,9 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -111,7 +111,7 @@ func BenchmarkXTimeRateAllow(b *testing.B) {
 	})
 }
 
-// BenchmarkDecideLocal decides one local limit per algorithm through the whole Limiter.
+// BenchmarkDecideLocal decides one local limit per algorithm through the whole Engine.
 func BenchmarkDecideLocal(b *testing.B) {
 	for _, alg := range []string{"token_bucket", "leaky_bucket", "fixed_window", "sliding_log", "sliding_window", "gcra"} {
 		b.Run(alg, func(b *testing.B) {

@@ -7,11 +7,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
 )
@@ -31,39 +31,16 @@ type SiteStore interface {
 	AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out []algo.Decision) (allowed, fellBack bool)
 }
 
-// Config configures a Limiter. Only Rules and Site are required.
-type Config struct {
-	// Rules returns the rules in force, read once per decision: a rules.Reloader's Current,
-	// or rules.Static.
-	Rules func() *rules.Config
-	// Site names this enforcer's site, as in hit records and count breakdowns.
-	Site string
-	// Local holds the local-scope counters. Default: a new algo.Store with default
-	// options.
-	Local *algo.Store
-	// SiteStore decides site-scope limits. Default: nil, and site-scope limits are
-	// decided in Local, as if the site were this process.
-	SiteStore SiteStore
+// Tuning is what a deployment may tune of an Engine: the global decision's settings and the
+// bounds of its own structures. Config embeds it, and so do the configurations that
+// assemble an Engine (package streamlimit's, the enforcer server's), so that a setting
+// added here reaches every layer. Zero fields take Defaults.
+type Tuning struct {
 	// SubBuckets is the number of sub-buckets windows are split into, as the aggregators
 	// split them. Default: Defaults (window.DefaultSubBuckets).
 	SubBuckets int
-	// Counter is this site's exact count of global keys. Default: a new sitecount.Local with
-	// SubBuckets.
-	// Several enforcers of one site must share one, in Redis (sitestore.NewCounter), for
-	// invariant 3 to hold.
-	Counter sitecount.Counter
-	// Snapshot is the view of the counts topic. Default nil: no other site is visible and
-	// global limits are always decided on a local share (DefaultShare).
-	Snapshot *snapshot.Snapshot
-	// Publisher receives every admitted hit of a global limit. Default nil: hits are not
-	// published (a single-site setup, or tests).
-	Publisher Publisher
-	// ReportPublisher receives the usage that Reporters count (clients deciding on their
-	// own, in bulk: RLQS reports), so that it can hold them apart from the decisions' hits
-	// and never let them crowd those out (producer.Producer.Bulk). Default Publisher.
-	ReportPublisher Publisher
 	// MinShare is the smallest share of a hot key's room a data center's fresh sites may
-	// hold together (the sites heard on one hits topic; see the package documentation,
+	// hold together (the sites heard on one hits topic; see docs/decisions.md,
 	// "Global limits"), so that a data center the snapshot does not show yet — where a
 	// client has just arrived — is not shut out for the pipeline's lag. Default:
 	// Defaults.
@@ -116,7 +93,7 @@ type Config struct {
 	// spend of a key is reserved: a site may spend of a key under its limit all the room
 	// it sees, less what the other fresh sites may admit before its hits reach them —
 	// their request rate for the key over the snapshot's age, the lag and ReserveMargin,
-	// never more than their shares of the room (see the package documentation, "Global
+	// never more than their shares of the room (see docs/decisions.md, "Global
 	// limits"). Longer keeps more back for a client that surges at several sites at once
 	// (less over-admission); shorter refuses less of a client near its limit. Default:
 	// Defaults, chosen with the accuracy simulation (docs/accuracy.md); negative: none.
@@ -127,21 +104,13 @@ type Config struct {
 	// outage are still being delivered and counted, so the first fresh counts are low, and
 	// every site would spend the room they seem to leave. Default: Defaults.
 	RecoveryHold time.Duration
-	// MaxKeys bounds the counter keys the Limiter interns (its key cache; the counters
+	// MaxKeys bounds the counter keys the Engine interns (its key cache; the counters
 	// have their own bounds). A full part of the cache is emptied, which costs only
 	// interning the keys again. Default: Defaults.
 	MaxKeys int
-	// KeyCacheBytes bounds the bytes the key cache keeps alive, by an estimate per key;
-	// both bounds apply. Default 0: no bound in bytes (memsize.Split divides a process's target).
-	KeyCacheBytes int64
 	// MaxWaiters bounds the requests Await keeps waiting at once. Default:
 	// Defaults.
 	MaxWaiters int
-	// Sleep is how Await waits: until d has passed or ctx is done. Default algo.Sleep, a
-	// real timer; simulations pass one that advances their clock.
-	Sleep func(ctx context.Context, d time.Duration) error
-	// Clock defaults to the wall clock.
-	Clock clock.Clock
 	// DenyUnknownDomain denies a request of a domain that no rule configures (and that
 	// carries no limit override of its own), every descriptor over its limit, for a
 	// deployment where a typo in a domain must not go unlimited. Default false: such a
@@ -153,17 +122,56 @@ type Config struct {
 	// value a deployment of envoyproxy/ratelimit uses, so that both count on the same keys.
 	// Default "", as there.
 	EnvoyKeyPrefix string
+}
+
+// Config configures an Engine. Only Rules and Site are required.
+type Config struct {
+	Tuning
+	// Rules returns the rules in force, read once per decision: a rules.Reloader's Current,
+	// or rules.Static.
+	Rules func() *rules.Config
+	// Site names this enforcer's site, as in hit records and count breakdowns.
+	Site string
+	// Local holds the local-scope counters. Default: a new algo.Store with default
+	// options.
+	Local *algo.Store
+	// SiteStore decides site-scope limits. Default: nil, and site-scope limits are
+	// decided in Local, as if the site were this process.
+	SiteStore SiteStore
+	// Counter is this site's exact count of global keys. Default: a new sitecount.Local with
+	// SubBuckets.
+	// Several enforcers of one site must share one, in Redis (sitestore.NewCounter), for
+	// invariant 3 to hold.
+	Counter sitecount.Counter
+	// Snapshot is the view of the counts topic. Default nil: no other site is visible and
+	// global limits are always decided on a local share (DefaultShare).
+	Snapshot *snapshot.Snapshot
+	// Publisher receives every admitted hit of a global limit. Default nil: hits are not
+	// published (a single-site setup, or tests).
+	Publisher Publisher
+	// ReportPublisher receives the usage that Reporters count (clients deciding on their
+	// own, in bulk: RLQS reports), so that it can hold them apart from the decisions' hits
+	// and never let them crowd those out (producer.Producer.Bulk). Default Publisher.
+	ReportPublisher Publisher
+	// KeyCacheBytes bounds the bytes the key cache keeps alive, by an estimate per key;
+	// both bounds apply. Default 0: no bound in bytes (memsize.Split divides a process's target).
+	KeyCacheBytes int64
+	// Sleep is how Await waits: until d has passed or ctx is done. Default algo.Sleep, a
+	// real timer; simulations pass one that advances their clock.
+	Sleep func(ctx context.Context, d time.Duration) error
+	// Clock defaults to the wall clock.
+	Clock clock.Clock
 	// Logger defaults to a logger that discards.
 	Logger *slog.Logger
-	// Registerer receives the Limiter's metrics; nil registers nothing.
+	// Registerer receives the Engine's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 }
 
-// Defaults returns the settings New gives a Config's zero fields (the parts New builds,
-// such as Local and Counter, are left nil): the one place each default is stated. Flags
-// and other layers that expose a setting take its default from here.
-func Defaults() Config {
-	return Config{
+// Defaults returns the settings New gives a Tuning's zero fields: the one place each
+// default is stated. Flags and other layers that expose a setting take its default from
+// here.
+func Defaults() Tuning {
+	return Tuning{
 		SubBuckets: window.DefaultSubBuckets,
 		MinShare:   0.05,
 		// Three site heartbeat periods. Until a cut site is taken as silent, the sites on

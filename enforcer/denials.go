@@ -9,7 +9,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 )
 
-// recentDenialKeys is how many recently denied counter keys a Limiter remembers
+// recentDenialKeys is how many recently denied counter keys an Engine remembers
 // (RecentDenials): a key denied again takes its own entry's place, a new key the oldest's.
 const recentDenialKeys = 64
 
@@ -19,11 +19,11 @@ const recentDenialKeys = 64
 // therefore a sample, which still shows every key denied often.
 const denialSampleGap = 50 * time.Microsecond
 
-// Denial is a counter key denied recently (Limiter.RecentDenials).
+// Denial is a counter key denied recently (Engine.RecentDenials).
 type Denial struct {
 	// Time is when the key was last recorded denied.
 	Time time.Time
-	// Site is the Limiter's site, where the request was denied.
+	// Site is the Engine's site, where the request was denied.
 	Site string
 	// Domain is the request's domain.
 	Domain string
@@ -40,11 +40,11 @@ type Denial struct {
 }
 
 // cacheLine keeps denialLog.last on a line of its own: it is read by every denied
-// decision and written by those recorded, and must not make the Limiter's other fields'
+// decision and written by those recorded, and must not make the Engine's other fields'
 // line move with it.
 const cacheLine = 64
 
-// denialLog is the Limiter's record of recently denied keys: a fixed table, so that its
+// denialLog is the Engine's record of recently denied keys: a fixed table, so that its
 // memory is bounded and recording allocates nothing. The zero value is ready.
 type denialLog struct {
 	_    [cacheLine]byte
@@ -109,11 +109,11 @@ func (d *denialLog) put(e denialEntry) {
 	d.ring[slot] = e
 }
 
-// RecentDenials returns the counter keys denied recently at this Limiter, at most
+// RecentDenials returns the counter keys denied recently at this Engine, at most
 // recentDenialKeys, each with its latest recorded denial, newest first. Denied decisions
 // are sampled (denialSampleGap); exact counts are in streamlimit_enforcer_decisions_total.
 // It allocates its result and is meant for diagnostics, not the request path.
-func (l *Limiter) RecentDenials() []Denial {
+func (l *Engine) RecentDenials() []Denial {
 	d := &l.denials
 	d.mu.Lock()
 	out := make([]Denial, 0, len(d.ring))

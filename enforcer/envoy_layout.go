@@ -11,7 +11,7 @@ import (
 
 // envoyCounter is a SiteStore that also keeps counters in envoyproxy/ratelimit's own Redis
 // layout (*sitestore.Store). CountEnvoy is the one place where the limits that
-// rules.Limit.EnvoyShared names are counted, from the Limiter's decisions (the check API,
+// rules.Limit.EnvoyShared names are counted, from the Engine's decisions (the check API,
 // /v1/auth, the middleware, the proxy) and from package rls's answers (the gRPC service,
 // /json) alike.
 type envoyCounter interface {
@@ -21,7 +21,7 @@ type envoyCounter interface {
 // envoyShared reports whether lim, in a request to a domain in rules.CompatEnvoy, is
 // counted in envoyproxy/ratelimit's layout (own: it is the one limit in force of its
 // descriptor).
-func (l *Limiter) envoyShared(lim *rules.Limit, own bool) bool {
+func (l *Engine) envoyShared(lim *rules.Limit, own bool) bool {
 	return own && l.envoy != nil && lim.EnvoyShared()
 }
 
@@ -29,7 +29,7 @@ func (l *Limiter) envoyShared(lim *rules.Limit, own bool) bool {
 // (s.envoyRefs), before any other stage: as there, each takes the hits over its limit or
 // not, and the request is refused when one is over its limit after them (a shadow one is
 // reported only). It reports whether they admit the request.
-func (l *Limiter) commitEnvoy(ctx context.Context, now time.Time, req Request, s *scratch, n int64) bool {
+func (l *Engine) commitEnvoy(ctx context.Context, now time.Time, req Request, s *scratch, n int64) bool {
 	if len(s.envoyRefs) == 0 {
 		return true
 	}

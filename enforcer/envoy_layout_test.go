@@ -43,7 +43,7 @@ descriptors:
       - {unit: hour, requests_per_unit: 50}
 `
 
-// In a compat: envoy domain the Limiter — behind the check API, /v1/auth, the middleware
+// In a compat: envoy domain the Engine — behind the check API, /v1/auth, the middleware
 // and the proxy — counts a limit envoyproxy/ratelimit would count at its key in that
 // layout (the key package rls counts it at), every request, the refused ones too, and
 // refuses past the limit; a rule of two limits (streamlimit's extension) keeps

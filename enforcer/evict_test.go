@@ -6,18 +6,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/internal/memsize"
 )
 
 // TestKeyFloodKeepsLimitedClients is the attack on the memory budget: 20 users exhaust
 // their limits (3 per hour, global: this site's exact count in the sitecount.Local; and per
 // IP, local: algo.Store), then 30 000 requests each name a new user and a new IP, through
-// a Limiter whose structures share a 16 MiB budget (the site counter holds about 5 700
+// an Engine whose structures share a 16 MiB budget (the site counter holds about 5 700
 // keys, the local counters 4 300, the key cache a few thousand). Every exhausted user and
 // IP must still be denied: the budget bounds bytes, never resets a limit. Before, a full
 // structure evicted the oldest entries, the exhausted ones: 20 of 20 were admitted again.

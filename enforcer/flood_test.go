@@ -14,16 +14,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/internal/memsize"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
-// TestKeyFloodAllocatesWithinBudget floods a Limiter, set up as the enforcer command sets
+// TestKeyFloodAllocatesWithinBudget floods an Engine, set up as the enforcer command sets
 // it up for a memory target of 256 MiB, with a million requests, each naming a new user
 // (a global limit: key cache, site counter, and a count applied to the snapshot) and a
 // new IP (a local limit: key cache, local counters), and with the Go soft memory limit at

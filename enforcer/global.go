@@ -58,7 +58,7 @@ type siteView struct {
 func (v *siteView) spends() bool { return v.state == siteFresh || v.state == siteCut }
 
 // allotment is what a global decision gives this site of a key, before the corrections made
-// on every decision with this site's own count (Limiter.finalCap). It is cached per key
+// on every decision with this site's own count (Engine.finalCap). It is cached per key
 // (capCache): kept small.
 type allotment struct {
 	// base is the cap by the shares, which add up to the room.
@@ -67,7 +67,7 @@ type allotment struct {
 	// ahead may give (when ahead: the room is positive).
 	top float64
 	// dcTop is this site's hold plus its data center's share of the room: the most the
-	// room ahead gives a Reporter's quota (Limiter.finalCap).
+	// room ahead gives a Reporter's quota (Engine.finalCap).
 	dcTop float64
 	// rate is the demand rate for the key of the other fresh sites of this site's data
 	// center (requests per ms).
@@ -96,7 +96,7 @@ type allotment struct {
 
 // sharing is the global-share policy: how much of a global limit this site may hold, given
 // the snapshot's view of every site. It is the whole of what makes a global limit global;
-// see the package documentation ("Global limits") for the rule and why.
+// see docs/decisions.md ("Global limits") for the rule and why.
 type sharing struct {
 	site         string
 	minShare     float64
@@ -137,7 +137,7 @@ func (g *sharing) unseen(now int64, st *snapshot.SiteTime) bool {
 // silent, seen at frozenAt (unix ms; nil when unknown), by which silent sites are reserved
 // their shares; it is used for a site only if seen within a window of its silence. The
 // allotment also tells whether the cap reserves room for a silent site, and what
-// Limiter.finalCap needs: the room, the demands, the key's load.
+// Engine.finalCap needs: the room, the demands, the key's load.
 func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapshot.Entry, known, newKey bool, st *snapshot.SiteTimes, frozen []topics.SiteCount, frozenAt int64, past *pastDemand) allotment {
 	var reserved bool
 	var buf [maxSites]siteView
@@ -351,7 +351,7 @@ func (g *sharing) allot(sites []siteView, allowance, u float64, heavy bool, past
 		c := s.hold + f*room
 		s.cap = math.Floor(before+c+u) - math.Floor(before+u)
 		if i == me {
-			// The room ahead (Limiter.finalCap): the whole room, less what the other fresh
+			// The room ahead (Engine.finalCap): the whole room, less what the other fresh
 			// sites may spend before this site's hits reach them, at most their shares.
 			a.base, a.top, a.dcTop = s.cap, s.hold+max(room, 0), s.hold+share(s.group)*room
 			a.peers = uint8(min(gn[s.group]-1, 255))

@@ -9,10 +9,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -33,7 +33,7 @@ func noDamping(c *Config) { c.ShareDamping, c.DemandPrior = -1, -1 }
 
 // newGlobal returns a limiter at site eu with a fresh in-memory snapshot holding, for
 // globalKey, the given per-site counts (each site's demand equal to its count) as of now.
-func newGlobal(t *testing.T, sites map[string]float64, mods ...func(*Config)) (*Limiter, *clock.Fake, *snapshot.Snapshot, *recorder) {
+func newGlobal(t *testing.T, sites map[string]float64, mods ...func(*Config)) (*Engine, *clock.Fake, *snapshot.Snapshot, *recorder) {
 	t.Helper()
 	clk := clock.NewFake(t0)
 	sn, err := snapshot.NewMemory(snapshot.Config{Site: "eu", Clock: clk})
@@ -45,7 +45,7 @@ func newGlobal(t *testing.T, sites map[string]float64, mods ...func(*Config)) (*
 		putCount(t, sn, clk, globalKey, sites, nil)
 	}
 	pub := &recorder{}
-	cfg := Config{Rules: rules.Static(loadRules(t, globalRules)), Site: "eu", Clock: clk, Snapshot: sn, Publisher: pub, DefaultShare: 1.0 / 3}
+	cfg := Config{Tuning: Tuning{DefaultShare: 1.0 / 3}, Rules: rules.Static(loadRules(t, globalRules)), Site: "eu", Clock: clk, Snapshot: sn, Publisher: pub}
 	for _, m := range mods {
 		m(&cfg)
 	}
@@ -95,7 +95,7 @@ func putCount(t *testing.T, sn *snapshot.Snapshot, clk clock.Clock, key string, 
 	}
 }
 
-func admitN(l *Limiter, req Request, tries int) int {
+func admitN(l *Engine, req Request, tries int) int {
 	n := 0
 	for range tries {
 		if l.Decide(context.Background(), req).Code == CodeOK {
@@ -146,11 +146,11 @@ func TestGlobalSharesTheRoomByDemand(t *testing.T) {
 	}
 }
 
-// siteLimiters returns one Limiter per site, each with its own snapshot holding the same
+// siteLimiters returns one Engine per site, each with its own snapshot holding the same
 // count record of globalKey.
-func siteLimiters(t *testing.T, clk *clock.Fake, sites map[string]float64, mods ...func(*Config)) []*Limiter {
+func siteLimiters(t *testing.T, clk *clock.Fake, sites map[string]float64, mods ...func(*Config)) []*Engine {
 	t.Helper()
-	var out []*Limiter
+	var out []*Engine
 	for _, name := range []string{"ap", "eu", "us"} {
 		sn, err := snapshot.NewMemory(snapshot.Config{Site: name, Clock: clk})
 		if err != nil {
@@ -158,7 +158,7 @@ func siteLimiters(t *testing.T, clk *clock.Fake, sites map[string]float64, mods 
 		}
 		heartbeat(t, sn, clk)
 		putCount(t, sn, clk, globalKey, sites, nil)
-		cfg := Config{Rules: rules.Static(loadRules(t, globalRules)), Site: name, Clock: clk, Snapshot: sn, DefaultShare: 1.0 / 3}
+		cfg := Config{Tuning: Tuning{DefaultShare: 1.0 / 3}, Rules: rules.Static(loadRules(t, globalRules)), Site: name, Clock: clk, Snapshot: sn}
 		for _, m := range mods {
 			m(&cfg)
 		}
@@ -168,7 +168,7 @@ func siteLimiters(t *testing.T, clk *clock.Fake, sites map[string]float64, mods 
 		}
 		// Each site's count is in the snapshot and the tests start its counter empty: the
 		// limiters are taken to have run for longer than the window, not to have just
-		// restarted (which Limiter.restarted corrects for).
+		// restarted (which Engine.restarted corrects for).
 		l.born = time.Time{}
 		out = append(out, l)
 	}
@@ -287,7 +287,7 @@ func TestGlobalClientMovesSitesIsNotStarved(t *testing.T) {
 // nearly all of it. Such a decision is not a fallback; it is counted apart.
 func TestGlobalPartitionBounded(t *testing.T) {
 	clk := clock.NewFake(t0)
-	limiters := map[string]*Limiter{}
+	limiters := map[string]*Engine{}
 	reg := prometheus.NewRegistry()
 	for _, site := range []string{"eu", "us"} {
 		sn, err := snapshot.NewMemory(snapshot.Config{Site: site, Clock: clk})
@@ -414,7 +414,7 @@ func TestNoSnapshotMeansDefaultShare(t *testing.T) {
 // miss hits published during the outage; each site keeps to its share of the limit for
 // RecoveryHold (bounded by the window) as well.
 func TestGlobalRecoveryHold(t *testing.T) {
-	fresh := func(mods ...func(*Config)) (*Limiter, *clock.Fake, *snapshot.Snapshot) {
+	fresh := func(mods ...func(*Config)) (*Engine, *clock.Fake, *snapshot.Snapshot) {
 		l, clk, sn, _ := newGlobal(t, nil, mods...)
 		return l, clk, sn
 	}
@@ -559,8 +559,13 @@ func TestGlobalCountsThisSiteAsTheOthersSeeIt(t *testing.T) {
 			t.Fatal(err)
 		}
 		heartbeat(t, sn, clk)
-		l, err := New(Config{Rules: rules.Static(loadRules(t, globalRules)), Site: "eu", Clock: clk, Snapshot: sn,
-			DefaultShare: 1.0 / 3, NewKeyHold: -1, ShareDamping: -1, DemandPrior: -1})
+		l, err := New(Config{
+			Tuning:   Tuning{DefaultShare: 1.0 / 3, NewKeyHold: -1, ShareDamping: -1, DemandPrior: -1},
+			Rules:    rules.Static(loadRules(t, globalRules)),
+			Site:     "eu",
+			Clock:    clk,
+			Snapshot: sn,
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -631,7 +636,7 @@ func TestGlobalCounterFallbackReported(t *testing.T) {
 // spendOTP sends requests for otp x (global, 5 per 10 s, this site's default share of it)
 // with tenant u until the global limit refuses one, and returns how many were admitted
 // (at least one, at most 5) and the refused request's result.
-func spendOTP(t *testing.T, l *Limiter) (int, Result) {
+func spendOTP(t *testing.T, l *Engine) (int, Result) {
 	t.Helper()
 	otp := Request{Domain: "api", Descriptors: [][]rules.Entry{desc("otp", "x"), desc("tenant", "u")}}
 	admitted := 0

@@ -1,5 +1,5 @@
 // The global cap: what this site may count of a global limit, from the snapshot and its
-// own exact count (see the package documentation, "Global limits").
+// own exact count (docs/decisions.md, "Global limits").
 
 package enforcer
 
@@ -29,7 +29,7 @@ import (
 // reported is, for a Reporter's quota, the demand its report stands for in the snapshot's
 // terms (its requests per ms over the reporting period, times τ), which this site's
 // demand is taken to be at least (withDemand); 0 for a decision.
-func (l *Limiter) globalCap(now time.Time, op *sitecount.Op, h *keyHandle, allow int64, horizon time.Duration, reported float64) (capLocal, total float64, fallback bool) {
+func (l *Engine) globalCap(now time.Time, op *sitecount.Op, h *keyHandle, allow int64, horizon time.Duration, reported float64) (capLocal, total float64, fallback bool) {
 	allowance := float64(allow)
 	sn := l.cfg.Snapshot
 	if sn == nil {
@@ -95,7 +95,7 @@ func salt(e *snapshot.Entry, known bool, now time.Time) int64 {
 	return now.Unix()
 }
 
-// capKey is everything a global cap depends on besides the Limiter's fixed settings.
+// capKey is everything a global cap depends on besides the Engine's fixed settings.
 type capKey struct {
 	ver    uint64              // the snapshot's Version when the entry was read
 	sites  *snapshot.SiteTimes // the site freshness in force
@@ -110,7 +110,7 @@ type capKey struct {
 type capCache struct {
 	key capKey
 	set bool
-	a   allotment // before Limiter.finalCap
+	a   allotment // before Engine.finalCap
 }
 
 // cachedCap is the cap of a fresh snapshot's key through its handle: the entry from the
@@ -119,7 +119,7 @@ type capCache struct {
 // rounding salt). A hot key's decision then costs a few comparisons instead of the whole
 // share computation. It also keeps the key's breakdown from before any site went silent
 // (keyGlobal.keepFrozen), by which silent sites are reserved their shares.
-func (l *Limiter) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *snapshot.Snapshot, st *snapshot.SiteTimes, allowance float64, horizon time.Duration, reported float64) (capLocal, total float64, reserved bool, e snapshot.Entry, known bool) {
+func (l *Engine) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *snapshot.Snapshot, st *snapshot.SiteTimes, allowance float64, horizon time.Duration, reported float64) (capLocal, total float64, reserved bool, e snapshot.Entry, known bool) {
 	v := sn.Version()
 	sig, allFresh, cacheable := l.share.stateSig(now, st)
 	g := l.keys.globalOf(h)
@@ -254,7 +254,7 @@ func (g *keyGlobal) keepFrozen(now int64, e *snapshot.Entry, known, allFresh boo
 }
 
 // restarted gives this site's counter what the snapshot shows of this site's hits of a
-// key it has no count of while the Limiter is younger than the key's window: a site that
+// key it has no count of while the Engine is younger than the key's window: a site that
 // restarted under the same name (a process counting in process) lost its count of the hits
 // it admitted before, which the aggregators still count for it, and would otherwise admit
 // them again. They are counted as made at the snapshot's as-of time, so that they leave
@@ -263,7 +263,7 @@ func (g *keyGlobal) keepFrozen(now int64, e *snapshot.Entry, known, allFresh boo
 // counts of this site up to the time it has heard this site up to, less this instance's
 // own hits up to then), and the counter forgets the seeded hits beyond that. A counter
 // that keeps its counts elsewhere (Redis) is not a seeder and needs none of this.
-func (l *Limiter) restarted(now time.Time, op *sitecount.Op, e *snapshot.Entry, known bool, st *snapshot.SiteTimes) {
+func (l *Engine) restarted(now time.Time, op *sitecount.Op, e *snapshot.Entry, known bool, st *snapshot.SiteTimes) {
 	if !known || now.Sub(l.born) >= op.Window {
 		return
 	}
@@ -293,7 +293,7 @@ type seeder interface {
 	Reseed(now time.Time, op *sitecount.Op, mine float64, t int64)
 }
 
-// Constants of the room ahead (Limiter.finalCap), chosen with the accuracy simulation's
+// Constants of the room ahead (Engine.finalCap), chosen with the accuracy simulation's
 // churn and many-process scenarios (docs/accuracy.md).
 const (
 	// demandTau is τ of the sites' demand in ms, by which a demand is a rate (demand / τ
@@ -335,7 +335,7 @@ const (
 // sub-bucket the span count takes as gone and the hard count does not. A surge at several
 // sites before the counts show it is the risk: the other data centers that served the key
 // in the window, and this data center's other sites, are taken to receive at least this
-// site's rate (Limiter.cachedCap). A quota spent over a horizon (a Reporter's) gets the
+// site's rate (Engine.cachedCap). A quota spent over a horizon (a Reporter's) gets the
 // room ahead within its data center's share only.
 //
 // Seen as others. This data center's aggregator counts this site's hits a local hop after
@@ -350,7 +350,7 @@ const (
 // hits, an estimate that a burst of admissions moves, and a correction that could rise
 // with the admissions it caps would feed on itself. It lowers the share's cap only: in the
 // room ahead the others keep back this site's rate instead.
-func (l *Limiter) finalCap(now time.Time, op *sitecount.Op, e *snapshot.Entry, known bool, st *snapshot.SiteTimes, a *allotment, horizon time.Duration) float64 {
+func (l *Engine) finalCap(now time.Time, op *sitecount.Op, e *snapshot.Entry, known bool, st *snapshot.SiteTimes, a *allotment, horizon time.Duration) float64 {
 	rc, ok := l.cfg.Counter.(recentCounter)
 	if !known || !ok {
 		return a.base
@@ -394,7 +394,7 @@ type recentCounter interface {
 // has not changed since it was filled. The cache saves the snapshot's map lookup, a cache
 // miss per decision. A stale result is never returned: Version is read before Get, so an
 // Apply racing with the refresh makes the next decision refresh again.
-func (l *Limiter) snapEntry(sn *snapshot.Snapshot, h *keyHandle) (snapshot.Entry, bool) {
+func (l *Engine) snapEntry(sn *snapshot.Snapshot, h *keyHandle) (snapshot.Entry, bool) {
 	v := sn.Version()
 	g := l.keys.globalOf(h)
 	g.mu.Lock()
@@ -415,7 +415,7 @@ func (g *keyGlobal) refresh(sn *snapshot.Snapshot, v uint64, key string) {
 
 // decideGlobal decides one global limit given this site's count before the request and
 // the key's snapshot total.
-func (l *Limiter) decideGlobal(now time.Time, op *sitecount.Op, allowance int64, local, total float64) algo.Decision {
+func (l *Engine) decideGlobal(now time.Time, op *sitecount.Op, allowance int64, local, total float64) algo.Decision {
 	used := local + float64(op.N)
 	d := algo.Decision{Allowed: used <= op.Cap, Limit: allowance, ResetAfter: op.Window}
 
@@ -433,7 +433,7 @@ func (l *Limiter) decideGlobal(now time.Time, op *sitecount.Op, allowance int64,
 // not evenly). When this site's count alone cannot make room (the other sites hold the
 // limit), it estimates from the key's total as if its hits were spread evenly, at least
 // one sub-bucket. A request larger than the limit never fits (algo.Never).
-func (l *Limiter) globalRetry(now time.Time, op *sitecount.Op, allowance, local, total float64) time.Duration {
+func (l *Engine) globalRetry(now time.Time, op *sitecount.Op, allowance, local, total float64) time.Duration {
 	if float64(op.N) > allowance {
 		return algo.Never
 	}
@@ -454,7 +454,7 @@ func (l *Limiter) globalRetry(now time.Time, op *sitecount.Op, allowance, local,
 
 // commitCounter commits ops to the site counter, and reports whether the counter answered
 // from its fallback (sitecount.FallbackReporter).
-func (l *Limiter) commitCounter(ctx context.Context, now time.Time, ops []sitecount.Op, counts []float64) (ok, fellBack bool, err error) {
+func (l *Engine) commitCounter(ctx context.Context, now time.Time, ops []sitecount.Op, counts []float64) (ok, fellBack bool, err error) {
 	if r, is := l.cfg.Counter.(sitecount.FallbackReporter); is {
 		ok, fellBack, err = r.CommitReport(ctx, now, ops, counts)
 		if fellBack {

@@ -8,10 +8,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -60,8 +60,8 @@ func (d *joinDC) apply(key string, heardAgo map[string]int64, counts, demand map
 	}
 }
 
-// limiter returns a Limiter at site over a snapshot of its own, born at born.
-func (d *joinDC) limiter(site string, born time.Time, mods ...func(*Config)) *Limiter {
+// limiter returns an Engine at site over a snapshot of its own, born at born.
+func (d *joinDC) limiter(site string, born time.Time, mods ...func(*Config)) *Engine {
 	d.t.Helper()
 	sn, err := snapshot.NewMemory(snapshot.Config{Site: site, Clock: d.clk})
 	if err != nil {

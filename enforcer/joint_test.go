@@ -12,11 +12,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
@@ -27,8 +27,10 @@ import (
 func TestGlobalWithSiteOneRedisCall(t *testing.T) {
 	client := testenv.RedisClient(t)
 	reg := prometheus.NewRegistry()
-	store, err := sitestore.New(sitestore.Config{Client: client, KeyPrefix: testenv.KeyPrefix(t), Timeout: 2 * time.Second,
-		ExpirySlack: time.Hour, Registerer: reg})
+	store, err := sitestore.New(sitestore.Config{
+		Redis:      sitestore.Redis{Client: client, KeyPrefix: testenv.KeyPrefix(t), Timeout: 2 * time.Second, ExpirySlack: time.Hour},
+		Registerer: reg,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +99,7 @@ func TestGlobalWithSiteConcurrent(t *testing.T) {
 		{"global binds", 40, 100, 40},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			store, err := sitestore.New(sitestore.Config{Client: client, KeyPrefix: testenv.KeyPrefix(t), Timeout: 5 * time.Second, ExpirySlack: time.Hour})
+			store, err := sitestore.New(sitestore.Config{Redis: sitestore.Redis{Client: client, KeyPrefix: testenv.KeyPrefix(t), Timeout: 5 * time.Second, ExpirySlack: time.Hour}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -148,7 +150,7 @@ func BenchmarkGlobalWithSite(b *testing.B) {
 	for _, mode := range []string{"apart", "joint"} {
 		b.Run(mode, func(b *testing.B) {
 			reg := prometheus.NewRegistry()
-			store, err := sitestore.New(sitestore.Config{Client: client, KeyPrefix: testenv.KeyPrefix(b), Registerer: reg})
+			store, err := sitestore.New(sitestore.Config{Redis: sitestore.Redis{Client: client, KeyPrefix: testenv.KeyPrefix(b)}, Registerer: reg})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -159,15 +161,23 @@ func BenchmarkGlobalWithSite(b *testing.B) {
 				b.Fatal(err)
 			}
 			heartbeat(b, sn, clk)
-			l, err := New(Config{Rules: rules.Static(loadRules(b, `
+			l, err := New(Config{
+				Tuning: Tuning{DefaultShare: 1},
+				Rules: rules.Static(loadRules(b, `
 domain: api
 descriptors:
   - key: user
     rate_limit: {unit: minute, requests_per_unit: 1000000000}
   - key: tenant
     rate_limit: {unit: minute, requests_per_unit: 1000000000, scope: site}
-`)), Site: "eu", Clock: clk, Snapshot: sn, Publisher: discardPublisher{}, DefaultShare: 1,
-				SiteStore: store, Counter: sitestore.NewCounter(store, sitestore.CounterOptions{})})
+`)),
+				Site:      "eu",
+				Clock:     clk,
+				Snapshot:  sn,
+				Publisher: discardPublisher{},
+				SiteStore: store,
+				Counter:   sitestore.NewCounter(store, sitestore.CounterOptions{}),
+			})
 			if err != nil {
 				b.Fatal(err)
 			}

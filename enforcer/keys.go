@@ -100,7 +100,7 @@ type keyGlobal struct {
 	ver     uint64
 	entry   snapshot.Entry
 	known   bool
-	// cc is the key's last global cap (see Limiter.cachedCap).
+	// cc is the key's last global cap (see Engine.cachedCap).
 	cc capCache
 	// unknownAt is when a decision last found no count for the key (unix ns).
 	unknownAt int64
@@ -111,7 +111,7 @@ type keyGlobal struct {
 	frozen, cand     []topics.SiteCount
 	frozenAt, candAt int64
 	// heavyUntil is until when the key counts as in demand beyond its limit (unix ms): it
-	// gets no room ahead (Limiter.finalCap) for a window after its demand was last seen
+	// gets no room ahead (Engine.finalCap) for a window after its demand was last seen
 	// beyond heavyLoad.
 	heavyUntil int64
 	// past keeps the breakdown of a little while ago, by which the other sites' recent

@@ -13,17 +13,17 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
-	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
-// Limiter decides requests against rules of local, site and global scope. See the package
+// Engine decides requests against rules of local, site and global scope. See the package
 // documentation for the model. Decide and DecideInto are safe for simultaneous use by
 // multiple goroutines; DecideInto does not allocate once its keys are known.
-type Limiter struct {
+type Engine struct {
 	cfg     Config
 	share   sharing
 	keys    keyCache
@@ -38,7 +38,7 @@ type Limiter struct {
 	lastUnknown atomic.Int64
 	// waiters counts the requests Await keeps waiting.
 	waiters atomic.Int64
-	// born is when the Limiter was made: its site counter has seen no hit before.
+	// born is when the Engine was made: its site counter has seen no hit before.
 	born time.Time
 	// denials records recently denied keys (RecentDenials).
 	denials denialLog
@@ -50,8 +50,8 @@ type Limiter struct {
 	envoy envoyCounter
 }
 
-// New returns a Limiter.
-func New(cfg Config) (*Limiter, error) {
+// New returns an Engine.
+func New(cfg Config) (*Engine, error) {
 	if cfg.Rules == nil {
 		return nil, errors.New("enforcer: Config.Rules is required")
 	}
@@ -123,7 +123,7 @@ func New(cfg Config) (*Limiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("enforcer: %w", err)
 	}
-	l := &Limiter{cfg: cfg, metrics: m, born: cfg.Clock.Now(),
+	l := &Engine{cfg: cfg, metrics: m, born: cfg.Clock.Now(),
 		share: sharing{site: cfg.Site, minShare: cfg.MinShare, defaultShare: cfg.DefaultShare, siteStale: cfg.SiteStaleAfter,
 			crashHold: cfg.CrashHold, damping: cfg.ShareDamping, prior: cfg.DemandPrior}}
 	if cfg.Registerer != nil {
@@ -151,11 +151,11 @@ func New(cfg Config) (*Limiter, error) {
 	return l, nil
 }
 
-// Config returns the Limiter's configuration with defaults filled in.
-func (l *Limiter) Config() Config { return l.cfg }
+// Config returns the Engine's configuration with defaults filled in.
+func (l *Engine) Config() Config { return l.cfg }
 
 // Decide decides req. See DecideInto.
-func (l *Limiter) Decide(ctx context.Context, req Request) Result {
+func (l *Engine) Decide(ctx context.Context, req Request) Result {
 	var res Result
 	l.DecideInto(ctx, req, &res)
 	return res
@@ -237,8 +237,8 @@ func (s *scratch) reset() {
 }
 
 // DecideInto decides req and writes the result to res, reusing res.Statuses' capacity. It is
-// DecideAt at the Limiter's clock's time.
-func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
+// DecideAt at the Engine's clock's time.
+func (l *Engine) DecideInto(ctx context.Context, req Request, res *Result) {
 	l.DecideAt(ctx, l.cfg.Clock.Now(), req, res)
 }
 
@@ -253,9 +253,9 @@ func (l *Limiter) DecideInto(ctx context.Context, req Request, res *Result) {
 // request takes nothing (but from the limits of a compat: envoy domain kept in
 // envoyproxy/ratelimit's layout, which count every request, as there: see the package
 // documentation), and its global keys are published as denied (demand). Errors of
-// Redis or Kafka never reach the caller (see the package documentation on degradation);
+// Redis or Kafka never reach the caller (docs/decisions.md, "Degradation");
 // ctx bounds the SiteStore call.
-func (l *Limiter) DecideAt(ctx context.Context, now time.Time, req Request, res *Result) {
+func (l *Engine) DecideAt(ctx context.Context, now time.Time, req Request, res *Result) {
 	n := req.Hits
 	if n <= 0 {
 		n = 1
@@ -283,7 +283,7 @@ func (l *Limiter) DecideAt(ctx context.Context, now time.Time, req Request, res 
 // domain: unless it brings a limit override of its own. Such a request is counted, and its
 // domain logged at most once a second (a client sending a wrong domain sends it with every
 // request).
-func (l *Limiter) unknownDomain(now time.Time, req Request) bool {
+func (l *Engine) unknownDomain(now time.Time, req Request) bool {
 	if len(req.Overrides) > 0 {
 		return false
 	}
@@ -301,7 +301,7 @@ func (l *Limiter) unknownDomain(now time.Time, req Request) bool {
 // match finds each descriptor's rule and collects the operations of the limits in force,
 // by scope, into s; res gets one Status per descriptor. It reports whether the rules in
 // force configure req's domain (true when no rules are loaded: nothing is unknown then).
-func (l *Limiter) match(req Request, res *Result, s *scratch, n int64) (known bool) {
+func (l *Engine) match(req Request, res *Result, s *scratch, n int64) (known bool) {
 	cfg := l.cfg.Rules()
 	dom := cfg.Domain(req.Domain)
 	res.Code = CodeOK
@@ -359,7 +359,7 @@ func (l *Limiter) match(req Request, res *Result, s *scratch, n int64) (known bo
 }
 
 // addOp adds the operation of ref to s, by scope.
-func (l *Limiter) addOp(s *scratch, ref opRef, n int64) {
+func (l *Engine) addOp(s *scratch, ref opRef, n int64) {
 	lim := ref.limit
 	switch {
 	case lim.Scope == rules.Global:
@@ -399,7 +399,7 @@ func (ref *opRef) allowance() int64 {
 // too, and is refused when requests of its priority have filled their part. The priority
 // is the most generous that a matched rule of the request names, the rules that overrides
 // stand in for included (a request none of whose rules names one may fill the whole pool).
-func (l *Limiter) addPool(s *scratch, pl *rules.Pool, desc int, n int64) {
+func (l *Engine) addPool(s *scratch, pl *rules.Pool, desc int, n int64) {
 	for i := range s.globRefs {
 		if s.globRefs[i].pooled && s.globRefs[i].key == pl.Key {
 			return
@@ -428,7 +428,7 @@ func (l *Limiter) addPool(s *scratch, pl *rules.Pool, desc int, n int64) {
 
 // elastic returns an elastic limit's allowance now: from its base up to Elastic.Max while
 // its pool, as the snapshot shows it across all sites, has room.
-func (l *Limiter) elastic(lim *rules.Limit) int64 {
+func (l *Engine) elastic(lim *rules.Limit) int64 {
 	used := 0.0
 	if sn := l.cfg.Snapshot; sn != nil {
 		if e, ok := sn.Get(lim.Pool.Key); ok && e.Window == lim.Pool.Limit.Window {
@@ -450,7 +450,7 @@ func (l *Limiter) elastic(lim *rules.Limit) int64 {
 // (and site) hits already counted, an error toward refusing, never toward admitting too
 // many. admitted is false when commitEnvoy refused the request already: then only the
 // counts are asked, as for a request its local limits refuse.
-func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64, admitted bool) (_, fused bool) {
+func (l *Engine) check(ctx context.Context, now time.Time, s *scratch, n int64, admitted bool) (_, fused bool) {
 	for i := range s.localOps {
 		s.localOut[i] = l.cfg.Local.Peek(now, s.localOps[i])
 		if !s.localOut[i].Allowed && !s.localRefs[i].shadow {
@@ -517,7 +517,7 @@ func (l *Limiter) check(ctx context.Context, now time.Time, s *scratch, n int64,
 // commitJoint checks and takes a request's global and site limits in one call of the site
 // counter (sitecount.SiteCommitter), and reports whether it did (done; if not, nothing was
 // taken and the request goes through the stages apart) and whether both admitted it.
-func (l *Limiter) commitJoint(ctx context.Context, now time.Time, s *scratch) (admitted, done bool) {
+func (l *Engine) commitJoint(ctx context.Context, now time.Time, s *scratch) (admitted, done bool) {
 	j := l.joint.CommitWithSite(ctx, now, l.cfg.SiteStore, s.globOps, s.globCount, s.siteOps, s.siteOut)
 	if !j.Done {
 		return true, false
@@ -542,7 +542,7 @@ func (l *Limiter) commitJoint(ctx context.Context, now time.Time, s *scratch) (a
 // commit takes the request's limits when it was admitted, in the order site (one remote
 // call), local, global, each atomic over the request's non-shadow limits of its scope, then
 // the shadow limits; a denied request publishes its global keys as denied.
-func (l *Limiter) commit(ctx context.Context, now time.Time, s *scratch, n int64, admitted, fused bool) (ok, siteFellBack bool) {
+func (l *Engine) commit(ctx context.Context, now time.Time, s *scratch, n int64, admitted, fused bool) (ok, siteFellBack bool) {
 	siteFellBack = s.siteFellBack
 	if admitted && len(s.siteOps) > 0 && !s.siteRan {
 		admitted, siteFellBack = l.commitAlgo(ctx, now, s, s.siteOps, s.siteRefs, s.siteOut, true)
@@ -573,7 +573,7 @@ func (l *Limiter) commit(ctx context.Context, now time.Time, s *scratch, n int64
 
 // finish reports, per descriptor, the limit that denied, else the one with least room, and
 // the overall code, and counts the decision in the metrics.
-func (l *Limiter) finish(req Request, res *Result, s *scratch, admitted, siteFellBack bool) {
+func (l *Engine) finish(req Request, res *Result, s *scratch, admitted, siteFellBack bool) {
 	if !admitted {
 		// Global limits that passed were checked as if the request would take its cost;
 		// it took nothing from them unless their stage was committed (local limits are
@@ -610,7 +610,7 @@ func (l *Limiter) finish(req Request, res *Result, s *scratch, admitted, siteFel
 		}
 	}
 	if !admitted && res.Code == CodeOK {
-		// A race between check and commit denied the request (see the package doc);
+		// A race between check and commit denied the request (docs/decisions.md, "All or nothing");
 		// report the descriptors of the stage that refused it.
 		res.Code = CodeOverLimit
 	}
@@ -619,7 +619,7 @@ func (l *Limiter) finish(req Request, res *Result, s *scratch, admitted, siteFel
 
 // commitAlgo takes the non-shadow ops of one scope atomically. Shadow ops are left for
 // commitShadow.
-func (l *Limiter) commitAlgo(ctx context.Context, now time.Time, s *scratch, ops []algo.Op, refs []opRef, out []algo.Decision, site bool) (ok, fellBack bool) {
+func (l *Engine) commitAlgo(ctx context.Context, now time.Time, s *scratch, ops []algo.Op, refs []opRef, out []algo.Decision, site bool) (ok, fellBack bool) {
 	// Shadow ops must not make the atomic step fail; take them out by asking for 0.
 	s.shadowN = grow(s.shadowN, len(ops))
 	shadowN := s.shadowN
@@ -665,7 +665,7 @@ func refusedStage(out []algo.Decision) {
 }
 
 // commitGlobal takes the non-shadow global ops and publishes their hits.
-func (l *Limiter) commitGlobal(ctx context.Context, now time.Time, s *scratch, n int64) bool {
+func (l *Engine) commitGlobal(ctx context.Context, now time.Time, s *scratch, n int64) bool {
 	ops := s.globOps
 	// Shadow ops are committed separately so they cannot fail the request.
 	k := 0
@@ -701,7 +701,7 @@ func (l *Limiter) commitGlobal(ctx context.Context, now time.Time, s *scratch, n
 
 // commitShadow takes the shadow-mode limits of an admitted request, each on its own, so
 // that their counters reflect real traffic.
-func (l *Limiter) commitShadow(ctx context.Context, now time.Time, s *scratch) {
+func (l *Engine) commitShadow(ctx context.Context, now time.Time, s *scratch) {
 	for i := range s.localOps {
 		if s.localRefs[i].shadow && s.localOut[i].Allowed {
 			s.localOut[i] = l.cfg.Local.Allow(now, s.localOps[i])
@@ -725,7 +725,7 @@ func (l *Limiter) commitShadow(ctx context.Context, now time.Time, s *scratch) {
 }
 
 // report folds op decisions into the descriptors' statuses.
-func (l *Limiter) report(res *Result, refs []opRef, out []algo.Decision, stale []bool) {
+func (l *Engine) report(res *Result, refs []opRef, out []algo.Decision, stale []bool) {
 	for i, ref := range refs {
 		d := out[i]
 		st := &res.Statuses[ref.desc]

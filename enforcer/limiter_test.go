@@ -11,9 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/internal/clock"
 )
 
 var t0 = time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
@@ -65,7 +65,7 @@ func desc(kv ...string) []rules.Entry {
 	return out
 }
 
-func newLimiter(t testing.TB, yaml string, mod func(*Config)) (*Limiter, *clock.Fake) {
+func newLimiter(t testing.TB, yaml string, mod func(*Config)) (*Engine, *clock.Fake) {
 	t.Helper()
 	clk := clock.NewFake(t0)
 	cfg := Config{Rules: rules.Static(loadRules(t, yaml)), Site: "eu", Clock: clk}
@@ -181,9 +181,9 @@ func TestShadowModeNeverDeniesPast64Limits(t *testing.T) {
 	}
 }
 
-// DecideAt decides at the caller's instant, not the Limiter's clock: a limit of 3 per
+// DecideAt decides at the caller's instant, not the Engine's clock: a limit of 3 per
 // minute admits 3 at t, denies the 4th at t+59 s, and admits again at t+61 s, while the
-// Limiter's own clock never moves.
+// Engine's own clock never moves.
 func TestDecideAt(t *testing.T) {
 	l, clk := newLimiter(t, localRules, nil)
 	req := Request{Domain: "api", Descriptors: [][]rules.Entry{desc("user", "1")}}
@@ -205,7 +205,7 @@ func TestDecideAt(t *testing.T) {
 		t.Fatalf("at +121 s: %v, want OK", got)
 	}
 	if !clk.Now().Equal(t0) {
-		t.Fatalf("the Limiter's clock moved to %v", clk.Now())
+		t.Fatalf("the Engine's clock moved to %v", clk.Now())
 	}
 }
 

@@ -12,7 +12,7 @@ import (
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 )
 
-// maxDetailedSeries bounds the per-value series of detailed_metric rules in one Limiter:
+// maxDetailedSeries bounds the per-value series of detailed_metric rules in one Engine:
 // the values of requests are in the hands of whoever sends them, so past this many
 // distinct keys further values are counted under the key "other".
 const maxDetailedSeries = 1000
@@ -30,7 +30,7 @@ type metrics struct {
 	reserved prometheus.Counter
 	// unknownDomain counts requests of a domain no rule configures.
 	unknownDomain prometheus.Counter
-	// waiting, waited and awaited measure Limiter.Await: requests waiting now, how long
+	// waiting, waited and awaited measure Engine.Await: requests waiting now, how long
 	// they waited, and how their waits ended.
 	waiting prometheus.Gauge
 	waited  prometheus.Histogram
@@ -215,7 +215,7 @@ func (m *metrics) shadowDenied(_ *rules.Limit, r *rules.Rule) {
 // state (sharing.classify): fresh, cut (silent with every site of its data center), crashed
 // (silent while others of its data center speak) or left.
 type siteStates struct {
-	l    *Limiter
+	l    *Engine
 	desc *prometheus.Desc
 }
 

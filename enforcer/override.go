@@ -34,7 +34,7 @@ type Override struct {
 // overridden reports whether descriptor d of req carries an override in force (its
 // domain is configured), and if so adds the operation of its limit to s; r is the rule the
 // descriptor matched, or nil.
-func (l *Limiter) overridden(cfg *rules.Config, req Request, d int, r *rules.Rule, s *scratch, n int64) bool {
+func (l *Engine) overridden(cfg *rules.Config, req Request, d int, r *rules.Rule, s *scratch, n int64) bool {
 	if d >= len(req.Overrides) || req.Overrides[d].Window <= 0 || !cfg.HasDomain(req.Domain) {
 		return false
 	}

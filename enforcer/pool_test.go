@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -100,7 +100,7 @@ func TestElasticFollowsThePool(t *testing.T) {
 		clk.Advance(2 * time.Minute) // the client's previous requests leave its window
 		heartbeat(t, sn, clk)
 		setPool(c.pool)
-		l, err := New(Config{Rules: rules.Static(cfg), Site: "eu", Clock: clk, Snapshot: sn, DefaultShare: 1, ShareDamping: -1, DemandPrior: -1})
+		l, err := New(Config{Tuning: Tuning{DefaultShare: 1, ShareDamping: -1, DemandPrior: -1}, Rules: rules.Static(cfg), Site: "eu", Clock: clk, Snapshot: sn})
 		if err != nil {
 			t.Fatal(err)
 		}

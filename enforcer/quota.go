@@ -25,7 +25,7 @@ type Quota struct {
 	// for a pool, the part of it the request's priority may fill).
 	Limit int64
 	// Cap is the most this site's exact count may reach now: the cap of the global
-	// decision (see the package documentation, "Global limits").
+	// decision (docs/decisions.md, "Global limits").
 	Cap float64
 	// Count is this site's exact count now, the reported usage included, and Later the
 	// count it will have after ahead if nothing more is counted.
@@ -41,7 +41,7 @@ type Quota struct {
 // every reporting interval): it matches the request against the rules once, and again
 // only when the rules change. A Reporter is not safe for simultaneous use.
 type Reporter struct {
-	l     *Limiter
+	l     *Engine
 	req   Request
 	cfg   *rules.Config // the rules ops were matched with
 	ops   []sitecount.Op
@@ -51,7 +51,7 @@ type Reporter struct {
 }
 
 // Reporter returns a Reporter of req's usage (req.Hits is ignored).
-func (l *Limiter) Reporter(req Request) *Reporter { return &Reporter{l: l, req: req} }
+func (l *Engine) Reporter(req Request) *Reporter { return &Reporter{l: l, req: req} }
 
 // Report counts usage that the caller decided itself against the global limits in force
 // for the Reporter's request: admitted requests are added to this site's exact count

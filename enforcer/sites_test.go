@@ -8,10 +8,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -31,7 +31,7 @@ func sourceHeartbeat(t testing.TB, sn *snapshot.Snapshot, clk clock.Clock, topic
 
 // sitesLimiter returns a limiter at site eu, running for longer than any window, over a
 // snapshot whose sources are eu's local hits topic and us's replicated one.
-func sitesLimiter(t *testing.T, mods ...func(*Config)) (*Limiter, *clock.Fake, *snapshot.Snapshot) {
+func sitesLimiter(t *testing.T, mods ...func(*Config)) (*Engine, *clock.Fake, *snapshot.Snapshot) {
 	t.Helper()
 	clk := clock.NewFake(t0)
 	sn, err := snapshot.NewMemory(snapshot.Config{Site: "eu", Clock: clk})
@@ -195,7 +195,7 @@ func TestGlobalRestartedSiteForgetsWhatLeft(t *testing.T) {
 
 // The first decision of a restarted process, with another site holding most of the key's
 // demand: the hits given from the snapshot are not taken for new hits the other site has
-// not seen yet (Limiter.finalCap), which lowered the cap by the other data centers'
+// not seen yet (Engine.finalCap), which lowered the cap by the other data centers'
 // share of them and refused it.
 func TestGlobalRestartedSiteFirstDecision(t *testing.T) {
 	l, clk, sn := sitesLimiter(t, noDamping)
@@ -244,7 +244,7 @@ func TestGlobalRestartedSiteKeepsItsCount(t *testing.T) {
 	if got := admitN(l, req42, 200); got != 40 {
 		t.Fatalf("admitted %d, want 40 (the 60 the site admitted before its restart count)", got)
 	}
-	// A Limiter that has run for a whole window has seen every hit in it itself.
+	// An Engine that has run for a whole window has seen every hit in it itself.
 	clk.Advance(2 * time.Minute)
 	putCount(t, sn, clk, "api|user=8#60s", map[string]float64{"eu": 60}, nil)
 	sourceHeartbeat(t, sn, clk, "hits", map[string]int64{"eu": clk.Now().UnixMilli()}, nil)

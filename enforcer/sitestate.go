@@ -20,14 +20,14 @@ func (s siteState) String() string {
 	return "fresh"
 }
 
-// SiteStatus is one site as global decisions take it at an instant (Limiter.Sites).
+// SiteStatus is one site as global decisions take it at an instant (Engine.Sites).
 type SiteStatus struct {
 	// Site is the site's name.
 	Site string
-	// State is "fresh", "cut", "crashed" or "left", by the rule the package documentation
-	// gives under "Sites that come and go".
+	// State is "fresh", "cut", "crashed" or "left", by the rule docs/sites.md
+	// gives under "The four states".
 	State string
-	// Self reports that the site is the Limiter's own, which is always fresh to itself.
+	// Self reports that the site is the Engine's own, which is always fresh to itself.
 	Self bool
 	// Heard is the time up to which the site's hits have been counted (for a site that
 	// left, the time it left); zero when no aggregator heartbeat lists the site.
@@ -41,11 +41,11 @@ type SiteStatus struct {
 	Peer time.Time
 }
 
-// Sites returns every site the snapshot's aggregator heartbeats list, and this Limiter's
+// Sites returns every site the snapshot's aggregator heartbeats list, and this Engine's
 // own, in the state a global decision at now takes each to be in, sorted by name. It reads
 // what the decisions read and classifies with the same rule; it allocates its result and
 // is meant for diagnostics (the console, tests), not the request path.
-func (l *Limiter) Sites(now time.Time) []SiteStatus {
+func (l *Engine) Sites(now time.Time) []SiteStatus {
 	var out []SiteStatus
 	ms := now.UnixMilli()
 	if sn := l.cfg.Snapshot; sn != nil {

@@ -8,7 +8,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 )
 
-// Limiter.Sites classifies as the decisions and streamlimit_enforcer_sites do: eu (this
+// Engine.Sites classifies as the decisions and streamlimit_enforcer_sites do: eu (this
 // site) fresh, ap silent while its data center's other site speaks (crashed), us and ca
 // silent on a topic where nobody speaks (cut), jp left.
 func TestSitesClassifiesAsTheDecisions(t *testing.T) {
@@ -58,7 +58,7 @@ func TestSitesClassifiesAsTheDecisions(t *testing.T) {
 	}
 }
 
-// Without a snapshot, or before any heartbeat, the Limiter's own site is listed, fresh.
+// Without a snapshot, or before any heartbeat, the Engine's own site is listed, fresh.
 func TestSitesListsThisSiteAlone(t *testing.T) {
 	l, clk := newLimiter(t, localRules, nil)
 	got := l.Sites(clk.Now())

@@ -3,7 +3,7 @@
 # the Python client library of examples/python (from PyPI), promtool (Debian's
 # prometheus package, for deploy/prometheus/alerts.yml), schemathesis (PyPI, in a
 # virtual environment of its own, ~/.cache/streamlimit/venv, where
-# enforcer/server's TestSchemathesis finds it), and Chromium (Debian's chromium package,
+# serve/server's TestSchemathesis finds it), and Chromium (Debian's chromium package,
 # which cmd/streamlimit's TestConsoleInABrowser drives headless), and nginx (Debian's nginx-light,
 # in which TestNginxBlocksInRealNginx runs the docs' auth_request blocks). Each is installed only when missing;
 # `make test` runs this first. Java and Kafka's client jars come with

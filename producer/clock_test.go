@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/clock"
 )
 
 // With the real clock, nowMs tells the wall clock's time from the monotonic clock: not

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/clock"
 )
 
 // A flood of new keys, twice the buffer bound per second, must not cost the keys that

@@ -154,7 +154,7 @@ func (s *shard) put(h uint64, e *entry) { s.tab.put(h, e) }
 func (s *shard) drop(r int, n int64) { satAddAtomic(&s.dropped[r], n) }
 
 // Producer publishes hits to the Kafka hits topic, coalesced per (key, window, bucket). See
-// the package documentation for the model. Create one with New; it is safe for
+// docs/producer.md for the model. Create one with New; it is safe for
 // simultaneous use by multiple goroutines.
 type Producer struct {
 	cfg       Config

@@ -125,7 +125,7 @@ func TestEnsureTopicsRejectsMisconfiguredTopics(t *testing.T) {
 
 func ptr(s string) *string { return &s }
 
-// TestCountsTopicCompacts proves that the counts topic, as EnsureTopics configures it,
+// TestCountsTopicCompacts proves that the counts topic, as Ensure configures it,
 // really compacts on a real broker: after several counts for one key only the last is read
 // back, and a tombstoned key's values are gone.
 func TestCountsTopicCompacts(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 // HitBatchKey is the record key of a hit batch: several hit records of one site in one
 // Kafka record, written by streamlimit's producer to the partition that owns every key in
 // it. Kafka's own costs (the client's and the broker's) are per record, so that a batch of
-// a hundred hits costs about what one hit record does; see the package documentation.
+// a hundred hits costs about what one hit record does; see docs/records.md.
 const HitBatchKey = ReservedPrefix + "hits"
 
 // hitBatchVersion is the first byte of a hit batch's value.

@@ -11,7 +11,7 @@ import (
 	"unicode/utf8"
 )
 
-// Record limits, part of the contract (see the package documentation).
+// Record limits, part of the contract (docs/records.md).
 const (
 	// MaxKeyLen is the longest counter key, in bytes.
 	MaxKeyLen = 1024

@@ -1,52 +1,11 @@
-// Package window is the sliding-window counting rule that producer, aggregator and enforcer
-// share: per counter and per site, a ring of sub-window buckets, and the rule that turns the
-// ring into a count at any instant. It knows nothing of Kafka; the aggregator feeds it hits
-// and asks it for counts, the enforcer counts its own site with the same rings, and tests
-// compare it with Reference, a brute-force statement of the same rule.
+// Package window is the sliding-window counting rule that producer, aggregator and
+// enforcer share: per counter and per site, a ring of sub-window buckets (Ring; a Counter
+// keeps every site's buckets of one counter), the rule that turns the ring into a count at any
+// instant (Count, and CountHard, which never counts less than the hits in the window),
+// and each site's demand (Decay). It knows nothing of Kafka. NewSpec sizes a ring for a
+// window; package internal/windowref states the rule by brute force for tests.
 //
-// # The rule
-//
-// A counter has a window of W milliseconds split into sub-buckets of width
-// b = ceil(W / N) milliseconds (N sub-buckets, at least 1 ms each). Bucket i covers
-// [i·b, (i+1)·b) in unix milliseconds; a hit stamped BucketStart s lies in bucket
-// floor(s / b) whatever the producer's own bucket width was. The count at instant t is
-//
-//	count(t) = Σ hits in buckets i > i₀  +  hits in bucket i₀ × ((i₀+1)·b − (t−W)) / b
-//
-// where i₀ = floor((t−W) / b) is the bucket that contains the window's start t−W. Whole
-// buckets that start after the window start count fully (the bucket holding t, and any
-// bucket ahead of t that a slightly fast producer clock stamped); the oldest bucket, which
-// the sliding window (t−W, t] only partly covers, counts by the fraction of it still inside,
-// as if its hits were spread evenly over it. This is the sliding-window counter of the
-// classic two-window counter with N sub-windows instead of two: at 00:01:43 with one-minute
-// buckets it is the current minute plus 17/60 of the previous one. The fraction is in (0, 1],
-// so a count is zero exactly when no hit lies in bucket i₀ or later, and then it stays zero
-// until a new hit arrives.
-//
-// Hard counting (Ring.CountHard) takes the oldest bucket whole until it has wholly left the
-// window: it never counts less than the hits in (t−W, t], so a site that admits against it
-// never admits more than the limit in any window, at the price of up to one bucket's hits.
-//
-// # Demand
-//
-// Beside its ring, each site of a counter keeps its demand (Decay): every request for the
-// key at that site, admitted or denied, weighted by e^(−age/τ). Sites share a hot key's
-// room in proportion to it, so that a site where a client has just arrived gets the room
-// the client left behind elsewhere within a few τ.
-//
-// # Bounds
-//
-// A ring holds Spec.Slots buckets: ceil(W/b) + 1 for the window and its partial oldest
-// bucket, plus Spec.Ahead buckets for hits stamped ahead of the aggregator's clock. A hit more
-// than Ahead buckets ahead of the clock at the time it is added is counted in the furthest
-// bucket the ring can hold (Ahead is at least a quarter of the window or the clock skew bound,
-// whichever is smaller, given to NewSpec; the aggregator gives it a few buckets at most); that
-// clamping is the one place where the state depends on when a hit was added rather than on
-// the hit alone.
-//
-// A Counter keeps every site's buckets side by side in one allocation and the sites'
-// headers in another: 44 bytes per (key, site), plus 8 bytes per bucket the site has hits
-// in, up to 4 bytes × Slots once it has hits in about half of them (counter.go).
+// The rule, demand and the bounds, with the formula: docs/counting.md.
 package window
 
 import (

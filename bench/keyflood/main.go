@@ -1,15 +1,11 @@
 // Command keyflood measures what a flood of distinct keys, and a few very large requests,
-// make an enforcer's decision structures hold: it builds a Limiter in process (a global
-// limit per user, counted in this site's in-process counter and the snapshot, and a local
-// limit per IP), decides -keys requests each naming a new user and a new IP, applies a
-// count per user to the snapshot as the counts topic would, and prints the process's
-// resident memory and Go heap after each step, and the bytes each structure accounts for.
-// With -max-memory the structures get the byte budgets, and the Go runtime the soft memory
-// limit, that `streamlimit enforcer --max-memory` gives them. With -log-hits it then sends
-// two requests of that many hits and of twice as many to a sliding_log limit.
+// make an enforcer's decision structures hold: it decides -keys requests each naming a new
+// user and IP on a Limiter in process, applies a count per user to the snapshot, and
+// prints resident memory, Go heap and each structure's bytes after each step (-max-memory
+// as `streamlimit enforcer --max-memory`; -log-hits then sends two requests of that many
+// hits and twice as many to a sliding_log limit).
 //
 //	go run ./bench/keyflood -keys 1000000 -log-hits 10000000
-//	go run ./bench/keyflood -keys 1000000 -log-hits 0 -max-memory 268435456
 //
 // docs/hardening.md has the figures.
 package main
@@ -80,8 +76,13 @@ func run(keys, maxKeys int, maxMemory, logHits int64) error {
 	local := algo.New(algo.Options{MaxKeys: maxKeys, MaxBytes: mem.Local})
 	counter := sitecount.NewLocal(sitecount.LocalOptions{MaxKeys: maxKeys, MaxBytes: mem.Counter})
 	lim, err := enforcer.New(enforcer.Config{
-		Rules: rules.Static(rc), Site: "eu", Snapshot: snap, Local: local, Counter: counter,
-		MaxKeys: maxKeys, KeyCacheBytes: mem.KeyCache,
+		Tuning:        enforcer.Tuning{MaxKeys: maxKeys},
+		Rules:         rules.Static(rc),
+		Site:          "eu",
+		Snapshot:      snap,
+		Local:         local,
+		Counter:       counter,
+		KeyCacheBytes: mem.KeyCache,
 	})
 	if err != nil {
 		return err

@@ -1,18 +1,8 @@
 // Package loadgen drives a rate-limit service with Envoy's RLS v3 gRPC call
 // (ShouldRateLimit) or streamlimit's HTTP check API (POST /v1/check) and measures what it
 // answers: throughput, the p50 and p99 of per-call latency, and how many calls were
-// admitted, in total and per key.
-//
-// Keys are the values of one descriptor entry ("user" = "0" … "Keys−1", with Prefix), used
-// round-robin by every caller. With Rate > 0 the calls are paced open-loop: call i is due
-// at start + i/Rate whichever caller sends it, and its latency is measured from when it was
-// due, so that a server that falls behind shows it in the percentiles instead of slowing
-// the generator down. With Rate 0 every caller sends its next call as soon as the last one
-// returns (closed loop: the throughput the server can sustain).
-//
-// It is the engine of bench/cmd/loadgen and of the serving benchmark (bench/serving.sh),
-// and general enough for other tables: a hot-key run is Keys 10 with a per-key Rate and
-// PerKey set, or HotKeys among many cold keys with HotShare of the calls.
+// admitted, in total and per key. Run sends what a Config says. It is the engine of
+// bench/cmd/loadgen and of the serving benchmark (docs/performance.md).
 package loadgen
 
 import (
@@ -46,6 +36,15 @@ const (
 )
 
 // Config says what to send where. Zero fields take the default written in their comment.
+//
+// Keys are the values of one descriptor entry ("user" = "0" … "Keys−1", with Prefix), used
+// round-robin by every caller. With Rate > 0 the calls are paced open-loop: call i is due
+// at start + i/Rate whichever caller sends it, and its latency is measured from when it was
+// due, so that a server that falls behind shows it in the percentiles instead of slowing
+// the generator down. With Rate 0 every caller sends its next call as soon as the last one
+// returns (closed loop: the throughput the server can sustain). A hot-key run is Keys 10
+// with a per-key Rate and PerKey set, or HotKeys among many cold keys with HotShare of
+// the calls.
 type Config struct {
 	// API is GRPC or HTTP. Default GRPC.
 	API API

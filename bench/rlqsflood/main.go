@@ -1,20 +1,12 @@
 // Command rlqsflood is a hostile RLQS client, for measuring what the enforcer's Rate
 // Limit Quota Service holds under it (docs/hardening.md, "Envoys on the Rate Limit Quota
-// Service"). Against an enforcer started with
-//
-//	streamlimit enforcer --site eu --rules rules.yaml --no-kafka --rlqs-addr 127.0.0.1:18083 \
-//	    --http-listen 127.0.0.1:18081 --grpc-listen off --max-memory 256MiB
-//
-// (rules.yaml limiting the key user of domain api), it runs one of:
-//
-//	go run ./bench/rlqsflood -addr 127.0.0.1:18083 -mode ids -dur 60s              # 2 streams, 40 000 new bucket ids a report
-//	go run ./bench/rlqsflood -addr 127.0.0.1:18083 -mode noread -n 400 -srcs 4 -dur 40s # 400 streams that never read
-//	go run ./bench/rlqsflood -addr 127.0.0.1:18083 -mode idle -n 30000 -srcs 100 -dur 75s # 30 000 idle streams
-//
-// -srcs spreads the streams over that many source addresses, 127.0.0.2 on (Linux routes
-// all of 127/8 to the loopback). In noread mode a normal client, on 127.0.0.250, reports
-// one bucket every 100 ms and the latency of its responses is printed. The enforcer's
+// Service", has the commands and the figures). -mode ids sends 40 000 new bucket ids a
+// report on two streams, noread opens -n streams that never read (a normal client on
+// 127.0.0.250 reports meanwhile, and its latency is printed), idle opens -n idle streams;
+// -srcs spreads the streams over that many source addresses from 127.0.0.2. The enforcer's
 // resident memory is read from /proc and its RLQS series from /metrics meanwhile.
+//
+//	go run ./bench/rlqsflood -addr 127.0.0.1:18083 -mode noread -n 400 -srcs 4 -dur 40s
 package main
 
 import (

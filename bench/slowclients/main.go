@@ -1,18 +1,10 @@
 // Command slowclients measures how long an enforcer's HTTP API lets careless or hostile
 // clients hold connections: it starts a Kafka-less enforcer in process (with the default
-// server limits, or none with -unbounded, as before they existed), opens -n connections of
-// each kind below, prints at every -every how many of each the server still holds, and at
-// the end how long the server held each kind (from each connection's open to its close).
+// server limits, or none with -unbounded), opens -n connections of each kind (idle,
+// half-headers, slow-body at 1 byte a second, keepalive), prints at every -every how many
+// of each the server still holds, and at the end how long it held each kind.
 //
-//   - idle: connects and sends nothing
-//   - half-headers: sends half a request's headers, then nothing
-//   - slow-body: sends complete headers, then a 1 KiB body at 1 byte a second
-//   - keepalive: makes one request, then keeps the connection idle
-//
-// Run it with the defaults, then as before the limits existed:
-//
-//	go run ./bench/slowclients -n 1000 -for 75s
-//	go run ./bench/slowclients -n 1000 -for 75s -unbounded
+//	go run ./bench/slowclients -n 1000 -for 75s [-unbounded]
 //
 // docs/hardening.md has the figures.
 package main
@@ -33,7 +25,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit"
+	"github.com/streamlimit/streamlimit/serve/server"
 )
 
 func main() {
@@ -64,8 +57,12 @@ func run(n int, dur, every time.Duration, unbounded bool) error {
 	if unbounded {
 		lim = server.Limits{ReadHeaderTimeout: 10 * time.Second, ReadTimeout: -1, WriteTimeout: -1, IdleTimeout: -1, MaxConns: -1}
 	}
-	srv, err := server.New(server.Config{Site: "bench", RulesPath: rules, HTTPAddr: "127.0.0.1:0", GRPCAddr: "off", Limits: lim,
-		Logger: slog.New(slog.DiscardHandler)})
+	srv, err := server.New(server.Config{
+		Config:   streamlimit.Config{Site: "bench", Rules: rules, Logger: slog.New(slog.DiscardHandler)},
+		HTTPAddr: "127.0.0.1:0",
+		GRPCAddr: "off",
+		Limits:   lim,
+	})
 	if err != nil {
 		return err
 	}

@@ -72,6 +72,6 @@ func writeRLQS(w io.Writer, r *run) {
 	}
 	p("\nA server that falls behind (served ÷ offered below 1) is read with care: the reports it has not read wait in gRPC's " +
 		"buffers and its heap grows, so its CPU per report is no longer the cost of a report, and the capacity column is then a " +
-		"floor. The in-process cost of a report, without gRPC, is `enforcer/rlqs BenchmarkHandle` (cpu-ns/bucket); " +
+		"floor. The in-process cost of a report, without gRPC, is `serve/rlqs BenchmarkHandle` (cpu-ns/bucket); " +
 		"[rlqs.md](rlqs.md#serving-cost) reads these figures.\n\n")
 }

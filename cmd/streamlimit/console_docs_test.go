@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamlimit/streamlimit/enforcer/server"
-	"github.com/streamlimit/streamlimit/enforcer/server/console"
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/serve/server"
+	"github.com/streamlimit/streamlimit/serve/server/console"
 )
 
 // docSection returns the part of a Markdown file from the heading title to the next heading

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamlimit/streamlimit/enforcer/httplimit"
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/serve/httplimit"
 )
 
 // TestDocsAPIDelay runs docs/api.md's "Delay instead of 429" commands: the enforcer command

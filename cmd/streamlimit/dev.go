@@ -16,12 +16,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/streamlimit/streamlimit"
 	"github.com/streamlimit/streamlimit/aggregator"
 	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/demo"
-	"github.com/streamlimit/streamlimit/enforcer/httplimit"
-	"github.com/streamlimit/streamlimit/enforcer/rlqs"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/serve/httplimit"
+	"github.com/streamlimit/streamlimit/serve/rlqs"
+	"github.com/streamlimit/streamlimit/serve/server"
 	"github.com/streamlimit/streamlimit/topicadmin"
 	"github.com/streamlimit/streamlimit/topics"
 )
@@ -148,9 +149,19 @@ func (df *devFlags) run(cmd *cobra.Command) error {
 		return err
 	}
 	srv, err := server.New(server.Config{
-		Site: df.site, RulesPath: rulesPath, Brokers: brokers,
-		HTTPAddr: df.httpAddr, GRPCAddr: df.grpcAddr, HTTP: httpCfg, Logger: log, Registry: reg,
-		MaxMemory: int64(df.maxMemory), RLQSAddr: df.rlqsAddr, RLQS: df.rlqs,
+		Config: streamlimit.Config{
+			Site:      df.site,
+			Rules:     rulesPath,
+			Brokers:   brokers,
+			Logger:    log,
+			MaxMemory: int64(df.maxMemory),
+		},
+		HTTPAddr: df.httpAddr,
+		GRPCAddr: df.grpcAddr,
+		HTTP:     httpCfg,
+		Registry: reg,
+		RLQSAddr: df.rlqsAddr,
+		RLQS:     df.rlqs,
 	})
 	if err != nil {
 		return err
@@ -178,7 +189,7 @@ func (df *devFlags) run(cmd *cobra.Command) error {
 `,
 		broker, tcfg.HitsTopic, tcfg.HitsPartitions, tcfg.CountsTopic, tcfg.CountsPartitions, created, data,
 		tcfg.HitsTopic, tcfg.CountsTopic, df.site, srv.HTTPAddr(), orNone(srv.GRPCAddr()), orNone(srv.RLQSAddr()), srv.HTTPAddr(), server.ConsolePath, rulesPath)
-	if ex, ok := devExample(srv.Limiter().Config().Rules()); ok {
+	if ex, ok := devExample(srv.Engine().Config().Rules()); ok {
 		fmt.Fprintf(out, `Publish a hit as JSON with kcat (murmur2_random places keys as the Go producer does):
   echo '%s@{"key":"%s","site":"eu","ts":'$(date +%%s%%3N)',"w":%d,"n":1}' | kcat -P -b %s -t %s -K@ -X topic.partitioner=murmur2_random
 Read its count:

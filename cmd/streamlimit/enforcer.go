@@ -17,14 +17,14 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/streamlimit/streamlimit/enforcer"
-	"github.com/streamlimit/streamlimit/enforcer/httplimit"
-	"github.com/streamlimit/streamlimit/enforcer/rlqs"
-	"github.com/streamlimit/streamlimit/enforcer/rls"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
 	"github.com/streamlimit/streamlimit/internal/safefile"
+	"github.com/streamlimit/streamlimit/serve/httplimit"
+	"github.com/streamlimit/streamlimit/serve/rlqs"
+	"github.com/streamlimit/streamlimit/serve/rls"
+	"github.com/streamlimit/streamlimit/serve/server"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
 )
@@ -51,8 +51,11 @@ type enforcerFlags struct {
 	logFormat, logLevel string
 }
 
-func newEnforcerCmd() *cobra.Command {
-	var ef enforcerFlags
+func newEnforcerCmd() *cobra.Command { return newEnforcerCmdOn(new(enforcerFlags)) }
+
+// newEnforcerCmdOn is newEnforcerCmd with its flags bound to ef (tests look at which
+// setting each flag writes).
+func newEnforcerCmdOn(ef *enforcerFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "enforcer",
 		Short: "Serve rate-limit decisions: HTTP check API, nginx auth_request, Envoy gRPC, reverse proxy",
@@ -82,7 +85,7 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 			if cmd.Flags().Changed("redis-key-prefix") {
 				// envoyproxy/ratelimit's CACHE_KEY_PREFIX, set: its keys start with it too;
 				// unset, they start with nothing, as there.
-				ef.cfg.EnvoyKeyPrefix = ef.cfg.RedisKeyPrefix
+				ef.cfg.EnvoyKeyPrefix = ef.cfg.Redis.KeyPrefix
 			}
 			cfg, err := ef.serverConfig()
 			if err != nil {
@@ -90,7 +93,7 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 			}
 			tuneGC(cmd.Context())
 			limitMemory(cfg.MaxMemory)
-			if len(cfg.RedisAddrs) > 0 {
+			if len(cfg.Redis.Addrs) > 0 {
 				// go-redis keeps one logger per process; this command is the process.
 				redis.SetLogger(sitestore.GoRedisLogger{Logger: cfg.Logger})
 			}
@@ -113,7 +116,7 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 	f := cmd.Flags()
 	c := &ef.cfg
 	f.StringVar(&c.Site, "site", "", "this enforcer's site: the process, or the data center sharing --redis-addr (required)")
-	f.StringVar(&c.RulesPath, "rules", "", "rules file or directory (required)")
+	f.StringVar(&c.Rules, "rules", "", "rules file or directory (required)")
 	f.DurationVar(&c.ReloadInterval, "rules-reload-interval", rules.DefaultReloadInterval, "how often the rules are checked for changes")
 	f.DurationVar(&c.ReloadSettle, "rules-reload-settle", rules.DefaultReloadSettle, "how long a changed rules file must stay unchanged (content, size, modification time) before it is loaded, so that one rewritten in place is not loaded half-written")
 	ef.rulesMaxBytes = rules.DefaultMaxFileBytes
@@ -125,6 +128,7 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 	f.StringVar(&ef.siteKeys, "site-keys", "", "file of site keys (a site name and a hex key per line; docs/hardening.md): every record published to the hits topic is signed with --site's key, which aggregators given the keys require (default: unsigned)")
 	f.DurationVar(&c.MaxStaleness, "max-staleness", snapshot.DefaultMaxStaleness, "age of the aggregator's heartbeats past which global limits use local shares")
 	f.Float64Var(&c.DefaultShare, "default-share", 0, "this site's share of a global limit for keys new to the counts (0: 1/the number of sites that may spend them: live, or cut off from here)")
+	f.Float64Var(&c.MinShare, "min-share", enforcer.Defaults().MinShare, "smallest share of a hot key's room the sites of one data center hold together, so that one the counts do not show yet (a client just arrived there) is not shut out for the pipeline's lag")
 	f.DurationVar(&c.SiteStaleAfter, "site-stale-after", enforcer.Defaults().SiteStaleAfter, "how long a site may go unheard before it is taken as silent and reserved its share of the keys it served")
 	f.DurationVar(&c.CrashHold, "crash-hold", enforcer.Defaults().CrashHold, "how long a site silent while the rest of its data center speaks (a crash) keeps its reservation, fading (negative: none)")
 	f.DurationVar(&c.ReserveMargin, "reserve-margin", enforcer.Defaults().ReserveMargin, "added to the pipeline lag over which the other sites' recent rate of a key is kept back from the room this site may spend (negative: none)")
@@ -132,14 +136,14 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 	f.IntVar(&c.MaxKeys, "max-keys", enforcer.Defaults().MaxKeys, "bound on keys held per structure (local counters, site counts, snapshot, key cache); idle keys go first")
 	ef.maxMemory = server.DefaultMaxMemory
 	f.Var(&ef.maxMemory, "max-memory", memoryUsage)
-	f.StringSliceVar(&c.RedisAddrs, "redis-addr", nil, "the site's Redis (several: Cluster); default none: site counts in process")
-	f.StringVar(&c.RedisMasterName, "redis-sentinel-master", "", "name of the master the Redis Sentinels at --redis-addr watch; default none: --redis-addr is Redis itself")
-	f.StringVar(&c.RedisUsername, "redis-username", "", "Redis ACL user")
-	f.StringVar(&c.RedisPassword, "redis-password", "", "Redis password (prefer env STREAMLIMIT_REDIS_PASSWORD)")
+	f.StringSliceVar(&c.Redis.Addrs, "redis-addr", nil, "the site's Redis (several: Cluster); default none: site counts in process")
+	f.StringVar(&c.Redis.MasterName, "redis-sentinel-master", "", "name of the master the Redis Sentinels at --redis-addr watch; default none: --redis-addr is Redis itself")
+	f.StringVar(&c.Redis.Username, "redis-username", "", "Redis ACL user")
+	f.StringVar(&c.Redis.Password, "redis-password", "", "Redis password (prefer env STREAMLIMIT_REDIS_PASSWORD)")
 	ef.redisTLS.register(cmd, "redis")
 	f.IntVar(&c.SiteEnforcers, "site-enforcers", 1, "enforcers sharing --redis-addr; while Redis is down each keeps to 1/N of the site's limits")
-	f.DurationVar(&c.RedisTimeout, "redis-timeout", sitestore.DefaultTimeout, "bound on each Redis call (a hung Redis, not a latency target); past it, decide in process")
-	f.StringVar(&c.RedisKeyPrefix, "redis-key-prefix", sitestore.DefaultKeyPrefix, "start of every Redis key of this site's counters (no '{' or '}')")
+	f.DurationVar(&c.Redis.Timeout, "redis-timeout", sitestore.DefaultTimeout, "bound on each Redis call (a hung Redis, not a latency target); past it, decide in process")
+	f.StringVar(&c.Redis.KeyPrefix, "redis-key-prefix", sitestore.DefaultKeyPrefix, "start of every Redis key of this site's counters (no '{' or '}')")
 	f.StringVar(&c.HTTPAddr, "http-listen", server.DefaultHTTPAddr, "address of the check API, auth endpoint and admin endpoints")
 	f.StringVar(&c.GRPCAddr, "grpc-listen", server.DefaultGRPCAddr, `address of the Envoy rate-limit gRPC service ("off" to disable)`)
 	f.BoolVar(&ef.grpcReflection, "grpc-reflection", true, "serve gRPC server reflection on the gRPC listeners, for grpcurl and the like (--grpc-reflection=false: off)")
@@ -150,7 +154,7 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 		"whose answers a domain gets when its rules file does not say (compat:): none (streamlimit's) or envoy (envoyproxy/ratelimit's, for its files and clients; docs/envoy-compat.md)")
 	f.StringVar(&ef.unknownDomain, "unknown-domain", "allow",
 		"what a request of a domain no rules file configures gets: allow (no limit, as envoyproxy/ratelimit) or deny; either way counted and logged")
-	f.BoolVar(&c.MergeDomains, "merge-domains", false, "let several rules files configure one domain, their descriptors put together (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG)")
+	f.BoolVar(&c.Load.MergeDomains, "merge-domains", false, "let several rules files configure one domain, their descriptors put together (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG)")
 	e := &c.Envoy
 	f.BoolVar(&e.StopIncrementWhenOverLimit, "envoy-stop-increment-when-over-limit", false,
 		"compat: envoy: when a request takes one of its limits over, only the limits it takes over count it (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT)")
@@ -314,13 +318,13 @@ func orNone(s string) string {
 func (ef *enforcerFlags) serverConfig() (server.Config, error) {
 	cfg := ef.cfg
 	cfg.MaxMemory = int64(ef.maxMemory)
-	cfg.RulesMaxBytes = int64(ef.rulesMaxBytes)
+	cfg.Load.MaxFileBytes = int64(ef.rulesMaxBytes)
 	cfg.NoGRPCReflection = !ef.grpcReflection
 	var errs []error
 	if cfg.Site == "" {
 		errs = append(errs, errors.New("--site is required"))
 	}
-	if cfg.RulesPath == "" {
+	if cfg.Rules == "" {
 		errs = append(errs, errors.New("--rules is required"))
 	}
 	if ef.siteKeys != "" {
@@ -348,10 +352,10 @@ func (ef *enforcerFlags) serverConfig() (server.Config, error) {
 			errs = append(errs, err)
 		}
 	}
-	if cfg.RedisMasterName != "" && len(cfg.RedisAddrs) == 0 {
+	if cfg.Redis.MasterName != "" && len(cfg.Redis.Addrs) == 0 {
 		errs = append(errs, errors.New("--redis-sentinel-master needs --redis-addr: the addresses of the Sentinels"))
 	}
-	if cfg.RedisTLS, err = ef.redisTLS.config(); err != nil {
+	if cfg.Redis.TLS, err = ef.redisTLS.config(); err != nil {
 		errs = append(errs, fmt.Errorf("redis TLS: %w", err))
 	}
 	if ef.upstream != "" {
@@ -378,7 +382,7 @@ func (ef *enforcerFlags) serverConfig() (server.Config, error) {
 	if cfg.LimitOverrides, err = rls.ParseOverrideMode(ef.limitOverrides); err != nil {
 		errs = append(errs, fmt.Errorf("--limit-overrides: %w", err))
 	}
-	if cfg.Compat, err = rules.ParseCompat(ef.compat); err != nil {
+	if cfg.Load.Compat, err = rules.ParseCompat(ef.compat); err != nil {
 		errs = append(errs, fmt.Errorf("--compat: %w", err))
 	}
 	switch ef.unknownDomain {

@@ -10,12 +10,12 @@ import (
 
 	"github.com/streamlimit/streamlimit/aggregator"
 	"github.com/streamlimit/streamlimit/enforcer"
-	"github.com/streamlimit/streamlimit/enforcer/httplimit"
-	"github.com/streamlimit/streamlimit/enforcer/rlqs"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
+	"github.com/streamlimit/streamlimit/serve/httplimit"
+	"github.com/streamlimit/streamlimit/serve/rlqs"
+	"github.com/streamlimit/streamlimit/serve/server"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
 
@@ -46,6 +46,7 @@ func TestFlagDefaultsAreTheLibraries(t *testing.T) {
 			"hits-topic":                topics.DefaultHitsTopic,
 			"counts-topic":              topics.DefaultCountsTopic,
 			"max-staleness":             d(snapshot.DefaultMaxStaleness),
+			"min-share":                 fmt.Sprint(enforcer.Defaults().MinShare),
 			"site-stale-after":          d(enforcer.Defaults().SiteStaleAfter),
 			"crash-hold":                d(enforcer.Defaults().CrashHold),
 			"reserve-margin":            d(enforcer.Defaults().ReserveMargin),

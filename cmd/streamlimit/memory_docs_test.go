@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit/serve/server"
 )
 
 // TestDocsMemoryFlags keeps docs/operations.md's table of memory bounds true: each row's default

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamlimit/streamlimit/enforcer/server"
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/serve/server"
 )
 
 // TestDocsAPIOpenAPI runs docs/api.md's curl command for the OpenAPI document against

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/streamlimit/streamlimit/enforcer/rlqs/filter"
+	"github.com/streamlimit/streamlimit/internal/envoyfilter"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
@@ -56,9 +56,9 @@ func assignedOver(t *testing.T, addr, domain string, id map[string]string) {
 	defer cc.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	c := filter.NewConn(ctx, filter.New(filter.Options{Domain: domain}), cc, nil)
+	c := envoyfilter.NewConn(ctx, envoyfilter.New(envoyfilter.Options{Domain: domain}), cc, nil)
 	go func() { _ = c.Run(ctx) }()
-	c.Decide(id, filter.Settings{ReportingInterval: time.Second})
+	c.Decide(id, envoyfilter.Settings{ReportingInterval: time.Second})
 	testenv.Eventually(t, 30*time.Second, "an assignment", func() bool { return c.Stats().Responses > 0 })
 	if st, _ := c.Filter().Strategy(time.Now(), id); st.GetTokenBucket() == nil {
 		t.Errorf("assignment %v, want a token bucket", st)

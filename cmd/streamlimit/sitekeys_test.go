@@ -21,7 +21,7 @@ func TestSiteKeysFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	ef := enforcerFlags{siteKeys: good, logFormat: "text", logLevel: "info", limitOverrides: "honour", compat: "none", unknownDomain: "allow"}
-	ef.cfg.Site, ef.cfg.RulesPath = "eu", "r.yaml"
+	ef.cfg.Site, ef.cfg.Rules = "eu", "r.yaml"
 	cfg, err := ef.serverConfig()
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +39,7 @@ func TestSiteKeysFlag(t *testing.T) {
 		{"eu", good, true, "not with --no-kafka"},
 	} {
 		ef := enforcerFlags{siteKeys: c.file, noKafka: c.noKafka, logFormat: "text", logLevel: "info", limitOverrides: "honour", compat: "none", unknownDomain: "allow"}
-		ef.cfg.Site, ef.cfg.RulesPath = c.site, "r.yaml"
+		ef.cfg.Site, ef.cfg.Rules = c.site, "r.yaml"
 		if _, err := ef.serverConfig(); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("site %s, file %s, no-kafka %v: %v, want %q", c.site, filepath.Base(c.file), c.noKafka, err, c.want)
 		}

@@ -34,7 +34,7 @@ func settingOf(d topicDesc, name string) topicSetting {
 	return topicSetting{}
 }
 
-// Topics made by EnsureTopics, plus a MirrorMaker-style copy of hits, match.
+// Topics made by topicadmin.Ensure, plus a MirrorMaker-style copy of hits, match.
 func TestTopicsDescribeMatches(t *testing.T) {
 	brokers := testenv.Kafka(t)
 	adm := testenv.AdminClient(t)

@@ -15,9 +15,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/streamlimit/streamlimit/enforcer/httplimit"
-	"github.com/streamlimit/streamlimit/enforcer/server"
+	"github.com/streamlimit/streamlimit"
+	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/enforcer/sitestore"
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/serve/httplimit"
+	"github.com/streamlimit/streamlimit/serve/server"
 )
 
 // TestOneCounterEveryAPI: in a compat: envoy domain, a limit that envoyproxy/ratelimit
@@ -37,11 +40,18 @@ func TestOneCounterEveryAPI(t *testing.T) {
 	}
 	prefix := "every-" + randomHex(6) + ":"
 	srv, err := server.New(server.Config{
-		Site: "compat", RulesPath: dir, HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
-		RedisAddrs: []string{redisAddr}, RedisKeyPrefix: prefix, EnvoyKeyPrefix: prefix, RedisTimeout: theirRedisTimeout,
+		Config: streamlimit.Config{
+			Site:   "compat",
+			Rules:  dir,
+			Redis:  sitestore.Redis{Addrs: []string{redisAddr}, KeyPrefix: prefix, Timeout: theirRedisTimeout},
+			Tuning: enforcer.Tuning{EnvoyKeyPrefix: prefix},
+			Logger: slog.New(slog.DiscardHandler),
+		},
+		HTTPAddr: "127.0.0.1:0",
+		GRPCAddr: "127.0.0.1:0",
 		HTTP: httplimit.Config{Domain: "every", Descriptors: []httplimit.Descriptor{{Entries: []httplimit.Source{
 			{Type: httplimit.SourceHeader, Name: "X-User", Key: "user"}}}}},
-		Registry: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler),
+		Registry: prometheus.NewRegistry(),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -27,11 +27,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/streamlimit/streamlimit/enforcer/rls"
+	"github.com/streamlimit/streamlimit"
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
-	"github.com/streamlimit/streamlimit/enforcer/server"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/internal/testenv"
+	"github.com/streamlimit/streamlimit/serve/rls"
+	"github.com/streamlimit/streamlimit/serve/server"
 )
 
 // The envoyproxy/ratelimit whose tests and binary the package compares with.
@@ -156,18 +157,26 @@ const theirRedisTimeout = 10 * time.Second
 func startOurs(t testing.TB, o ourOptions) (target, *server.Server) {
 	t.Helper()
 	cfg := server.Config{
-		Site: "compat", RulesPath: o.rulesDir, ReloadInterval: 20 * time.Millisecond,
-		HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
-		Compat: o.compat, MergeDomains: o.merge, Envoy: o.envoy,
-		Clock: o.clock, Registry: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler),
+		Config: streamlimit.Config{
+			Site:           "compat",
+			Rules:          o.rulesDir,
+			ReloadInterval: 20 * time.Millisecond,
+			Load:           rules.LoadOptions{Compat: o.compat, MergeDomains: o.merge},
+			Clock:          o.clock,
+			Logger:         slog.New(slog.DiscardHandler),
+		},
+		HTTPAddr: "127.0.0.1:0",
+		GRPCAddr: "127.0.0.1:0",
+		Envoy:    o.envoy,
+		Registry: prometheus.NewRegistry(),
 	}
 	if o.redis != "" {
-		cfg.RedisAddrs = []string{o.redis}
-		cfg.RedisKeyPrefix = "slcompat-" + randomHex(6) + ":"
+		cfg.Redis.Addrs = []string{o.redis}
+		cfg.Redis.KeyPrefix = "slcompat-" + randomHex(6) + ":"
 		// Its own keys in envoyproxy/ratelimit's layout too: the servers of one test
 		// share the Redis, and each starts with counters of its own.
-		cfg.EnvoyKeyPrefix = cfg.RedisKeyPrefix
-		cfg.RedisTimeout = theirRedisTimeout
+		cfg.EnvoyKeyPrefix = cfg.Redis.KeyPrefix
+		cfg.Redis.Timeout = theirRedisTimeout
 	}
 	srv, err := server.New(cfg)
 	if err != nil {

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/internal/exact"
 )
 

@@ -9,7 +9,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/internal/memsize"
 )
 

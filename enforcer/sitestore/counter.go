@@ -38,7 +38,7 @@ type CounterOptions struct {
 // sub-buckets per key, so for the same sequence of calls it gives the same counts and the
 // same Commit answers as sitecount.Local (see below for the one difference), and
 // counts by the aggregator's rule, except for an op with Hard set, whose oldest sub-bucket
-// counts whole until it has left the window (window.Ring.CountHard), as LocalCounter
+// counts whole until it has left the window (window.Ring.CountHard), as sitecount.Local
 // counts it: this site then never admits more than the cap in any window.
 //
 // Each counter key is one Redis hash, KeyPrefix + "g{" + HashTag(key) + "}" + key, with the
@@ -48,7 +48,7 @@ type CounterOptions struct {
 // Config.ExpirySlack: by then the count is zero, so expiry loses nothing. Counts is one
 // read-only script call for all ops; Commit is one atomic script call that checks every op
 // and adds all of them, or none. On a Redis Cluster with ops of several hash tags, there is
-// one call per tag, each all-or-nothing on its own (see the package doc).
+// one call per tag, each all-or-nothing on its own (docs/redis.md, hash tags).
 //
 // Counter uses the Store's client, timeout, circuit breaker and metrics. It never returns
 // an error: when Redis fails, times out or the breaker is open, the call is answered by
@@ -60,7 +60,7 @@ type CounterOptions struct {
 // Differences from sitecount.Local: keys expire by their TTL in Redis's clock
 // rather than being evicted when idle, so a caller whose clock runs far behind Redis's
 // (beyond the slack) may find a key gone whose count it would still see as non-zero; a
-// denied Commit reports the counts of all ops, where LocalCounter stops at the first op
+// denied Commit reports the counts of all ops, where sitecount.Local stops at the first op
 // that does not fit; and the interpolated count (whole + oldest × fraction, computed in
 // Lua) may differ in the last bit where the Go compiler fuses that multiply-add (e.g. on
 // arm64), which can flip a Commit only when count + N equals Cap to the last bit.

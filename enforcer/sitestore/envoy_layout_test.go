@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/streamlimit/streamlimit/internal/breaker"
+	"github.com/streamlimit/streamlimit/enforcer/sitestore/breaker"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 

@@ -27,7 +27,7 @@ func TestDefaultsUnderConcurrency(t *testing.T) {
 	pauser := pausableRedis(t)
 	addr := pauser.Options().Addr
 	reg := prometheus.NewRegistry()
-	s, err := New(Config{Addrs: []string{addr}, KeyPrefix: "defaults:", Registerer: reg})
+	s, err := New(Config{Redis: Redis{Addrs: []string{addr}, KeyPrefix: "defaults:"}, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,74 +1,17 @@
-// Package sitestore is the site-scope counter store (docs/architecture.md, invariant 3): the six
-// algorithms of package algo, with algo.Store's exact semantics and Decisions, kept in a
-// Redis shared by all the enforcers of one data center so that they count exactly
-// together. Each request is one atomic Lua script call (EVALSHA, re-sent with EVAL when the
-// server answers NOSCRIPT) over all of the request's counters: either every op takes its N
-// or none does.
+// Package sitestore is the site-scope counter store: the six algorithms of package algo,
+// with algo.Store's exact semantics and Decisions, kept in a Redis shared by all the
+// enforcers of one data center so that they count exactly together. Each request is one
+// atomic Lua script call over all of its counters: every op takes its N or none does.
 //
-// # Time
+// New makes a Store from a Config (a go-redis client, or the addresses to make one); the Limiter uses it as its
+// enforcer.SiteStore. NewCounter makes, on a Store, the Redis sitecount.Counter: this
+// site's exact count of each global key. Both decide in process (algo.Store,
+// sitecount.Local) while Redis fails, times out or the breaker is open, and never return
+// Redis's error to the caller. CheckLimit tells a rules loader whether a limit is within
+// the store's exact range.
 //
-// Decisions use the time the caller passes (its injected clock), not Redis TIME. Tests and
-// the accuracy simulator then drive site scope deterministically, and a decision made in
-// the in-process fallback uses the same time base as one made in Redis. The price is that
-// the enforcers of a data center must keep NTP-synchronised clocks: an enforcer whose
-// clock is d ahead of the others sees windows roll over and buckets refill d early, so it
-// may admit up to d's worth of the rate early (a bucket refill of rate × d, or a window
-// boundary crossed d early), and one d behind is stricter by the same amount. With NTP
-// (skew well under a millisecond) this is far below any limit's granularity. Keys' TTLs
-// carry Config.ExpirySlack on top of the exact idle time, so a skewed clock does not make
-// Redis drop live state.
-//
-// # Numbers in Lua
-//
-// Redis runs Lua 5.1, whose numbers are doubles, exact for integers below 2⁵³ (2⁵³ ns ≈
-// 104 days). Absolute Unix nanoseconds (≈ 2⁶⁰) are therefore never used in arithmetic: the
-// caller's time goes in as (seconds, nanoseconds), stored instants as (seconds,
-// nanoseconds) fields or decimal strings compared for equality, and arithmetic is done on
-// offsets from now. The bucket family's fractions of a nanosecond (rem/allowance) are kept
-// exactly as in algo, with the spans Capacity×Window/Allowance and N×Window/Allowance
-// computed in Go; the sliding window's weighted estimate is compared exactly with 24-bit
-// limbs. Only the Decision's counts and durations are derived in Go from the state the
-// script reports, with algo's own arithmetic. The exact range is: Allowance, Capacity and
-// N at most 2⁵², a time not before 1970, and per algorithm (its check in the registration
-// table): Window and the bucket capacity as time at most 2⁵² ns (52 days) for every
-// algorithm but the fixed window, whose Lua counts time in milliseconds. A request with an
-// op outside it is decided by the fallback store and counted as
-// fallback_decisions_total{reason="out_of_range"}; CheckLimit lets a rules loader reject
-// such limits up front.
-//
-// # Hash tags
-//
-// Redis Cluster runs a script only on keys of one hash slot. A counter's Redis key is
-// KeyPrefix + "{" + HashTag(counterKey) + "}" + counterKey, and the default HashTag is the
-// counter key's domain (the text before its first '|' or '#'), so every counter of one
-// request (requests are per domain) shares a slot and AllowAll stays all-or-nothing. The
-// trade-off: a domain's whole traffic lands on one shard (a hot slot). A finer tag (e.g.
-// the whole counter key) spreads load across shards, but then the ops of one request may
-// span slots: on a Cluster client such a request is run as one script call per tag, each
-// all-or-nothing on its own but not together (an earlier group may take while a later one
-// denies). On a single Redis all keys go in one call whatever the tags.
-//
-// # Global-scope site counts
-//
-// Counter (NewCounter, on a Store) is the Redis sitecount.Counter: the exact count of
-// this site's hits of each global key, shared by all the enforcers of a data center
-// (docs/architecture.md, invariant 3). It keeps package window's ring of sub-buckets in one hash per key,
-// counts by the aggregator's rule, and answers exactly as sitecount.Local would for
-// the same calls. It uses the Store's client, key prefix, hash tags, timeout, breaker and
-// metrics, and falls back to an in-process sitecount.Local like the Store does.
-//
-// # Failures
-//
-// Every call has a timeout (Config.Timeout) and goes through a circuit breaker (package
-// internal/breaker, judging the error rate over a window). When Redis fails, times out or
-// the breaker is open, the request is decided by an in-process algo.Store instead; no
-// error ever reaches the caller, which learns of it from the fellBack result and the
-// metrics (for a Counter, from counter_fallback_total). The fallback keeps to
-// Config.FallbackShare of each limit starting from that share of the counter's last use
-// Redis reported, and the hits it admits are written back to Redis, once, before Redis
-// decides anything again; a Redis that came back without its data also gets this
-// process's share of the last known counts (outage.go, docs/redis.md). A caller that gives up before Redis
-// answers is refused without counting anything, and is not a failure of Redis.
+// How it shares round trips, its timeout and breaker, what it does while Redis is away,
+// its time base, Lua's numbers and hash tags: docs/redis.md.
 package sitestore
 
 import (
@@ -89,9 +32,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
-	"github.com/streamlimit/streamlimit/internal/breaker"
-	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/enforcer/sitestore/breaker"
 )
 
 // scriptSrc is the site-scope script without its algorithms (see siteScript).
@@ -99,8 +42,9 @@ import (
 //go:embed script.lua
 var scriptSrc string
 
-// Config configures a Store.
-type Config struct {
+// Redis says which Redis holds a site's counters, how to reach it and how to use it: what
+// a deployment sets. Config adds the parts the process that assembles a Store provides.
+type Redis struct {
 	// Client is the Redis (single, Sentinel or Cluster) to use; the Store does not close
 	// it. Set ContextTimeoutEnabled on it, or Timeout cannot interrupt a call. Default
 	// (nil): a client built from Addrs, Username, Password and TLS, closed by Close.
@@ -121,7 +65,7 @@ type Config struct {
 	// KeyPrefix starts every Redis key. It must not contain '{' or '}'. Default
 	// DefaultKeyPrefix.
 	KeyPrefix string
-	// HashTag maps a counter key to the hash tag of its Redis key (see the package doc).
+	// HashTag maps a counter key to the hash tag of its Redis key (docs/redis.md).
 	// Default (nil): DomainTag.
 	HashTag func(counterKey string) string
 	// Timeout bounds each Redis call, including its wait for a pooled connection. It is a
@@ -136,11 +80,6 @@ type Config struct {
 	// ExpirySlack is added to every key's TTL beyond the time its state takes to become
 	// empty, to absorb clock skew between enforcers and Redis. Default: 1 s.
 	ExpirySlack time.Duration
-	// FallbackShare is the part of each site limit this process may use while Redis is
-	// unavailable, when every enforcer of the site counts only itself: 1/number of
-	// enforcers sharing the Redis, so that together they stay within the limit. Requests
-	// and Burst are scaled down (at least 1 each). Default 1.
-	FallbackShare float64
 	// ReturnHold is how long, after the breaker closes again at the end of an outage or
 	// after any call that failed, a decision made in Redis must also fit this process's
 	// FallbackShare (the in-process count, its outage hits included): the site's other
@@ -154,6 +93,16 @@ type Config struct {
 	Lanes int
 	// MaxBatch is the most requests one batch carries. Default DefaultMaxBatch.
 	MaxBatch int
+}
+
+// Config configures a Store.
+type Config struct {
+	Redis
+	// FallbackShare is the part of each site limit this process may use while Redis is
+	// unavailable, when every enforcer of the site counts only itself: 1/number of
+	// enforcers sharing the Redis, so that together they stay within the limit. Requests
+	// and Burst are scaled down (at least 1 each). Default 1.
+	FallbackShare float64
 	// Fallback decides requests while Redis is unavailable. Default (nil): a new
 	// algo.Store with default options.
 	Fallback *algo.Store
@@ -350,7 +299,7 @@ func (s *Store) BreakerState() breaker.State { return s.breaker.State() }
 // fits, each takes its N and allowed is true; if any does not, none takes anything.
 // out[i] receives op i's Decision (len(out) must be ≥ len(ops)), identical to what
 // algo.Store would return for the same history. fellBack reports that Redis was not used
-// (failure, timeout, open breaker, or an op outside the exact range, see the package doc)
+// (failure, timeout, open breaker, or an op outside the exact range, see docs/redis.md)
 // and the decision came from the in-process fallback store.
 func (s *Store) AllowAll(ctx context.Context, now time.Time, ops []algo.Op, out []algo.Decision) (allowed, fellBack bool) {
 	out = out[:len(ops)]
@@ -612,11 +561,11 @@ func (s *Store) allowGroups(ctx context.Context, now time.Time, ops []algo.Op, o
 	return all, fell
 }
 
-// maxExact bounds every quantity the script does arithmetic on (see the package doc).
+// maxExact bounds every quantity the script does arithmetic on (docs/redis.md).
 const maxExact = 1 << 52
 
-// CheckLimit reports whether lim with alg is within site scope's exact range (see the
-// package doc); outside it, requests are decided in process.
+// CheckLimit reports whether lim with alg is within site scope's exact range (see
+// docs/redis.md); outside it, requests are decided in process.
 func CheckLimit(alg algo.Algorithm, lim algo.Limit) error {
 	if err := lim.Validate(); err != nil {
 		return err

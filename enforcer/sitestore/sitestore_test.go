@@ -15,10 +15,10 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
-	"github.com/streamlimit/streamlimit/internal/breaker"
-	"github.com/streamlimit/streamlimit/internal/clock"
+	"github.com/streamlimit/streamlimit/enforcer/sitestore/breaker"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
@@ -27,7 +27,7 @@ const testTimeout = 2 * time.Second
 
 func newStore(t testing.TB, client redis.UniversalClient, prefix string, mod func(*Config)) *Store {
 	t.Helper()
-	cfg := Config{Client: client, KeyPrefix: prefix, Timeout: testTimeout}
+	cfg := Config{Redis: Redis{Client: client, KeyPrefix: prefix, Timeout: testTimeout}}
 	if mod != nil {
 		mod(&cfg)
 	}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/streamlimit/streamlimit/enforcer/algo"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
-	"github.com/streamlimit/streamlimit/internal/breaker"
+	"github.com/streamlimit/streamlimit/enforcer/sitestore/breaker"
 	"github.com/streamlimit/streamlimit/internal/testenv"
 )
 
@@ -52,7 +52,7 @@ func newOutageRun(t *testing.T, addr string, enforcers int) *outageRun {
 	r := &outageRun{t: t, op: algo.Op{Key: "api|user=mallory#1s", Algorithm: algo.SlidingWindow,
 		Limit: algo.Limit{Requests: 50, Window: time.Second}, N: 1}}
 	for range enforcers {
-		s, err := New(Config{Addrs: []string{addr}, FallbackShare: 1 / float64(enforcers), Registerer: prometheus.NewRegistry()})
+		s, err := New(Config{Redis: Redis{Addrs: []string{addr}}, FallbackShare: 1 / float64(enforcers), Registerer: prometheus.NewRegistry()})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,22 +1,10 @@
 // Command testtier runs the two test tiers of `make test` so that each test runs in
-// exactly one of them and none is left out.
-//
-// The unit tier has a first, race-free pass, `testtier racefree -- FLAGS...`: the tests
-// of the files that compile only without -race (//go:build !race), found by reading the
-// files, run without -race; the -race pass after it cannot compile them, so none runs
-// twice (raceFreeTests says which tests belong there).
-//
-// The unit tier is `go test -short -race -json ./...` piped through `testtier unit -o
-// FILE`: it prints the run as go test does without -v (the output of failed tests, the
-// package lines) and writes to FILE the top-level tests that skipped with the real-parts
-// message (testenv.RealParts), one "package test" a line. The e2e tier, `testtier e2e
-// -list FILE -- FLAGS...`, runs exactly those tests without -short (FLAGS go to go test),
-// the tests named by -alone after the others and on their own, and fails when one of them
-// is skipped under CI=true or does not run at all.
-//
-// The list is computed rather than declared: a test is real-parts when it skips under
-// -short through testenv.RealParts, so a new test needs no registration and cannot be
-// left out of both tiers.
+// exactly one of them and none is left out: `testtier racefree -- FLAGS...` runs the
+// tests of //go:build !race files without -race; `go test -short -race -json ./...`
+// piped through `testtier unit -o FILE` prints the run and writes the tests that skipped
+// as real-parts (testenv.RealParts) to FILE; `testtier e2e -list FILE -- FLAGS...` runs
+// exactly those without -short (the tests named by -alone last, on their own) and fails
+// when one is skipped under CI=true or does not run. How the tiers work: docs/testing.md.
 package main
 
 import (

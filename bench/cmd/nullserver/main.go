@@ -71,7 +71,7 @@ func run(httpAddr, grpcAddr string) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/check", nullCheck)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	// The same gRPC server options as the enforcer's (enforcer/server), so that the
+	// The same gRPC server options as the enforcer's (serve/server), so that the
 	// comparison measures what the enforcer does per call, not a transport setting.
 	gs := grpc.NewServer(grpc.NumStreamWorkers(uint32(64 * runtime.GOMAXPROCS(0))))
 	rlsv3.RegisterRateLimitServiceServer(gs, nullRLS{})

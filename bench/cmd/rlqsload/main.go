@@ -1,16 +1,10 @@
 // Command rlqsload drives an RLQS server (envoy.service.rate_limit_quota.v3) as a fleet of
-// Envoys would: -streams streams over -conns connections, each reporting the usage of its
-// -buckets buckets every -interval (phases spread evenly), reading and discarding the
-// responses. The messages are encoded once, so that the load generator's own cost is
-// gRPC's. It measures, over -duration after -warmup, the bucket reports the server counted
-// (its streamlimit_rlqs_bucket_reports_total at -metrics) per second and, given
-// -server-pid, the server process's CPU time (user + system, from /proc) per bucket report.
+// Envoys would (-streams streams over -conns connections, each reporting -buckets buckets
+// every -interval) and measures the bucket reports the server counted per second and,
+// given -server-pid, its CPU time per report. With -bench NAME it prints one line in
+// `go test -bench` format for bench/summarize.
 //
 //	go run ./bench/cmd/rlqsload -addr 127.0.0.1:8083 -metrics http://127.0.0.1:8081/metrics -streams 10000 -buckets 100
-//
-// With -bench NAME it prints one line in `go test -bench` format ("BenchmarkNAME 1 <ns/op>
-// ns/op <n> reports/s <n> offered-reports/s <µs> server-cpu-µs/report <cores>
-// server-cores …"), which bench/summarize reads.
 package main
 
 import (

@@ -146,7 +146,7 @@ type site struct {
 	snap    *snapshot.Snapshot
 	prod    *producer.Producer
 	counter *sitecount.Local
-	lim     *enforcer.Limiter
+	lim     *enforcer.Engine
 }
 
 // LoadRules parses RulesYAML.
@@ -161,6 +161,17 @@ func LoadRules() (*rules.Config, error) {
 // Run runs the demo: it starts the embedded pipeline, drives the synthetic clients for
 // opts.Duration or until ctx is done, shuts everything down, writes the status output and
 // then the summary to w, and returns the Summary.
+//
+// Each enforcer has its own snapshot of the counts topic, its own producer of hits and
+// its own exact site counter, all sharing one global limit on the client descriptor
+// (rules.yaml). The clients call enforcer.Engine.Decide directly, on the real clock:
+// light clients, each well under the limit and always on its home site; one abusive
+// client sending five times its limit, spread evenly over all sites, so that each site
+// alone sees less than the limit and only a global count can stop it; one burst, at one
+// site, of three times the limit within a second. Every decision is recorded with its
+// time and site; the Summary sets the abusive client's exact maximum and mean over every
+// sliding window against the limit and against what independent per-site limiters would
+// have admitted (the limit times the number of sites).
 //
 // Cancelling ctx during the traffic ends it early: the summary covers what ran, with
 // Interrupted set, and the error is nil. Cancelling ctx while the pipeline starts returns
@@ -346,14 +357,13 @@ func newSite(name string, brokers []string, rcfg *rules.Config, opts Options, lo
 	}
 	counter := sitecount.NewLocal(sitecount.LocalOptions{SubBuckets: subBuckets})
 	lim, err := enforcer.New(enforcer.Config{
-		Rules:        rules.Static(rcfg),
-		Site:         name,
-		Counter:      counter,
-		Snapshot:     snap,
-		Publisher:    prod,
-		DefaultShare: 1 / float64(opts.Sites),
-		SubBuckets:   subBuckets,
-		Logger:       log,
+		Tuning:    enforcer.Tuning{DefaultShare: 1 / float64(opts.Sites), SubBuckets: subBuckets},
+		Rules:     rules.Static(rcfg),
+		Site:      name,
+		Counter:   counter,
+		Snapshot:  snap,
+		Publisher: prod,
+		Logger:    log,
 	})
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/streamlimit/streamlimit/aggregator"
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/topics"
 )
 
@@ -184,7 +184,7 @@ type dcProc struct {
 	name     string // its site
 	clk      offsetClock
 	instance string // its producer instance: a restart under the same site is another
-	lim      *enforcer.Limiter
+	lim      *enforcer.Engine
 	snap     *snapshot.Snapshot
 	pub      *publisher
 	// lastHB is when this process last sent site heartbeats (ms since start).
@@ -300,10 +300,12 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 		}
 		p.pub = &publisher{clk: p.clk, sub: cfg.SubBuckets, widthMs: 100}
 		p.lim, err = enforcer.New(enforcer.Config{
-			Rules: rules.Static(rc), Site: name, Snapshot: p.snap, Publisher: p.pub, Clock: p.clk,
-			SubBuckets: cfg.SubBuckets, MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter,
-			ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior, CrashHold: cfg.Tuning.CrashHold,
-			ReserveMargin: cfg.Tuning.ReserveMargin,
+			Tuning:    enforcer.Tuning{SubBuckets: cfg.SubBuckets, MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter, ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior, CrashHold: cfg.Tuning.CrashHold, ReserveMargin: cfg.Tuning.ReserveMargin},
+			Rules:     rules.Static(rc),
+			Site:      name,
+			Snapshot:  p.snap,
+			Publisher: p.pub,
+			Clock:     p.clk,
 		})
 		if err != nil {
 			return err

@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/streamlimit/streamlimit/aggregator"
+	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
 	"github.com/streamlimit/streamlimit/enforcer/snapshot"
-	"github.com/streamlimit/streamlimit/internal/clock"
 	"github.com/streamlimit/streamlimit/producer"
 	"github.com/streamlimit/streamlimit/topics"
 	"github.com/streamlimit/streamlimit/window"
@@ -31,17 +31,25 @@ type Tuning struct {
 }
 
 // Config is one simulation run. Every zero field takes the default written in its comment.
+//
+// Every millisecond, in this order: each site's producer model releases the (key, 100 ms
+// bucket) counts whose bucket has ended, at the 50 ms flush period of producer.Producer;
+// the aggregator counts the hits whose transport delay (Lag/2) has passed; every
+// EmitInterval it emits counts and a heartbeat, which reach every site's snapshot after
+// the rest of Lag; then the requests of that millisecond are decided, in arrival order.
+// Traffic comes from math/rand/v2's PCG with a seed derived from Seed and the traffic
+// parameters, so a run is a pure function of its Config.
 type Config struct {
 	// Scenario is the heavy client's traffic shape. Default Uniform.
 	Scenario Scenario
-	// Sites is the number of sites, each one enforcer.Limiter with its own in-memory
-	// snapshot and in-process LocalCounter. Default 3.
+	// Sites is the number of sites, each one enforcer.Engine with its own in-memory
+	// snapshot and in-process site counter (sitecount.Local). Default 3.
 	Sites int
 	// Lag is the pipeline lag added by the transport: half of it (rounded down to the
 	// millisecond) delays hits from the producers to the aggregator, the rest delays the
 	// aggregator's counts and heartbeats to every site's snapshot. The producer's
 	// coalescing (ProducerBucket, FlushInterval) and the emission period (EmitInterval)
-	// add their own delay on top (see the package documentation). Zero is a valid lag.
+	// add their own delay on top (see Config). Zero is a valid lag.
 	Lag time.Duration
 	// Load is the heavy client's offered load as a multiple of the limit. Default 2.
 	Load float64
@@ -68,7 +76,7 @@ type Config struct {
 	FlushInterval time.Duration
 	// EmitInterval is the aggregator's emission period. Default aggregator.DefaultEmitInterval.
 	EmitInterval time.Duration
-	// SubBuckets is the aggregator's and the LocalCounters' sub-buckets per window.
+	// SubBuckets is the aggregator's and the site counters' sub-buckets per window.
 	// Default window.DefaultSubBuckets.
 	SubBuckets int
 	// Trace, when set, records the series of Result.Trace, as seen from site 0.
@@ -225,7 +233,7 @@ type countMsg struct {
 
 type site struct {
 	name string
-	lim  *enforcer.Limiter
+	lim  *enforcer.Engine
 	snap *snapshot.Snapshot
 	ctr  *sitecount.Local
 	pub  *publisher
@@ -280,9 +288,13 @@ func run(ctx context.Context, cfg Config, rc *rules.Config) (Result, error) {
 		s.ctr = sitecount.NewLocal(sitecount.LocalOptions{SubBuckets: cfg.SubBuckets})
 		s.pub = &publisher{clk: clk, sub: cfg.SubBuckets, widthMs: cfg.ProducerBucket.Milliseconds()}
 		s.lim, err = enforcer.New(enforcer.Config{
-			Rules: rules.Static(rc), Site: s.name, Counter: s.ctr, Snapshot: s.snap, Publisher: s.pub, Clock: clk,
-			MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter, SubBuckets: cfg.SubBuckets, ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior, ReserveMargin: cfg.Tuning.ReserveMargin,
-			DefaultShare: 1 / float64(cfg.Sites),
+			Tuning:    enforcer.Tuning{MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter, SubBuckets: cfg.SubBuckets, ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior, ReserveMargin: cfg.Tuning.ReserveMargin, DefaultShare: 1 / float64(cfg.Sites)},
+			Rules:     rules.Static(rc),
+			Site:      s.name,
+			Counter:   s.ctr,
+			Snapshot:  s.snap,
+			Publisher: s.pub,
+			Clock:     clk,
 		})
 		if err != nil {
 			return Result{}, err

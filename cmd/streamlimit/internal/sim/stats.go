@@ -1,7 +1,12 @@
 package sim
 
 // Result is what one run measured. Counts cover the steady state: requests at or after the
-// end of the warm-up.
+// end of the warm-up. In short: the number of admitted requests in the sliding window
+// (t−W, t] over all sites, divided by the limit (max and mean); admitted requests against
+// an exact global log run separately on the same requests (Oracle); and, decision by
+// decision, whether streamlimit admitted a request although its own admitted history
+// already held the limit in (t−W, t] (wrongly allowed), or denied one although it held
+// less (wrongly denied).
 type Result struct {
 	// Config is the run's configuration with defaults filled in.
 	Config Config

@@ -129,8 +129,9 @@ type Config struct {
 	// timestamp) a hit's bucket start may be. Default DefaultMaxClockSkew.
 	MaxClockSkew time.Duration
 	// MaxKeys bounds the counters held (and, separately, the re-routed hits remembered for
-	// de-duplication). Hits for new counters beyond it are dropped and counted in
-	// refused_keys_total. Default DefaultMaxKeys.
+	// de-duplication). A new counter beyond it takes the place of the least recently hit
+	// of a sample (evicted_keys_total); a re-routed hit beyond the dedupe bound is dropped
+	// (refused_keys_total). Default DefaultMaxKeys.
 	MaxKeys int
 	// DefaultWindow is the window of JSON hits without "w". Default DefaultDefaultWindow.
 	DefaultWindow time.Duration

@@ -61,6 +61,8 @@ func (c *counting) apply(now int64, it *held) addResult {
 	}
 	r := c.st.addRaw(now, it.slot, it.h, it.origin, it.expiry)
 	switch r {
+	case addedEvicting:
+		c.m.evicted.Inc()
 	case refusedKey:
 		c.m.refused.Inc()
 	case duplicate:

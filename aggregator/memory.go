@@ -9,8 +9,10 @@ import (
 	"github.com/streamlimit/streamlimit/topics"
 )
 
-// ErrRefused is returned by Memory.Add for a hit of a new counter while MaxKeys counters
-// are held (the Kafka path counts these in refused_keys_total).
+// ErrRefused is returned by Memory.Add for a hit refused for want of room. Memory has no
+// re-routed hits to remember, and a new counter while MaxKeys are held evicts the least
+// recently hit (evicted_keys_total), so it is not returned today; it is kept for callers
+// that test for it.
 var ErrRefused = errors.New("aggregator: counter refused: MaxKeys reached")
 
 // BadHitError is returned by Memory.Add for a hit that the aggregator skips; Reason is its
@@ -88,17 +90,16 @@ func NewMemory(cfg Config) (*Memory, error) {
 // Add counts hit h at aggregator time now, as the Kafka path counts a hit record consumed
 // at now from the partition of the local hits topic (Config.LocalTopic) that owns its key.
 // A hit the aggregator would skip returns a *BadHitError (invalid fields, too far in the
-// future, too old, window too long), a hit of a new counter beyond MaxKeys returns
-// ErrRefused; both are counted in the metrics as on the Kafka path. A hit older than every
+// future, too old, window too long), counted in the metrics as on the Kafka path; a hit of
+// a new counter while MaxKeys are held evicts the least recently hit counter. A hit older than every
 // bucket the counter still holds is ignored. Site records (heartbeats and leaves) are
 // recorded for their source, as the Kafka path does.
 func (m *Memory) Add(now time.Time, h topics.Hit) error { return m.AddFrom(now, m.cfg.LocalTopic, h) }
 
 // AddFrom is Add for a hit consumed from topic: the local hits topic (Config.LocalTopic),
 // or another data center's, replicated here ("<dc>.hits"), whose lag is what local hits
-// are held back by. A held local hit is counted at a later Add, AddFrom or Emit; if its
-// counter is then refused, that is counted in the metrics, not returned. Site records are
-// recorded per topic, as they are per source partition on the Kafka path, and Emit writes
+// are held back by. A held local hit is counted at a later Add, AddFrom or Emit. Site
+// records are recorded per topic, as they are per source partition on the Kafka path, and Emit writes
 // a heartbeat for each topic heard from.
 func (m *Memory) AddFrom(now time.Time, topic string, h topics.Hit) error {
 	m.release(now.UnixMilli())

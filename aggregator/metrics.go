@@ -38,6 +38,8 @@ type metrics struct {
 	rerouted   prometheus.Counter
 	duplicates prometheus.Counter
 	refused    prometheus.Counter
+	// evicted counts the counters evicted to make room for new ones (state.leastRecentlyHit).
+	evicted    prometheus.Counter
 	heartbeats prometheus.Counter
 	// siteHeartbeats counts the site heartbeats consumed from the hits topics.
 	siteHeartbeats prometheus.Counter
@@ -90,7 +92,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		duplicates: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "rerouted_duplicates_total",
 			Help: "Re-routed hits skipped because a copy with the same origin was already counted."}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "refused_keys_total",
-			Help: "Hits dropped because MaxKeys counters (or dedupe entries) were already held."}),
+			Help: "Re-routed hits dropped because MaxKeys dedupe entries were already held (a full table of counters evicts instead)."}),
+		evicted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "evicted_keys_total",
+			Help: "Counters evicted, the least recently hit of a sample, to make room for a new counter while MaxKeys were held (the evicted counter's last published count stays in the enforcers' snapshots until its window passes)."}),
 		siteConflicts: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "site_conflicts",
 			Help: "Sites that two or more live instances announce while counting apart (at least one in its own process)."}),
 		siteHeartbeats: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "site_heartbeats_total",
@@ -121,7 +125,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.lag, m.keys, m.recordsIn, m.countsOut, m.tombstones, m.emitDur,
-			m.bad, m.replayDur, m.rerouted, m.duplicates, m.refused, m.heartbeats, m.siteHeartbeats, m.siteLeaves, m.siteConflicts,
+			m.bad, m.replayDur, m.rerouted, m.duplicates, m.refused, m.evicted, m.heartbeats, m.siteHeartbeats, m.siteLeaves, m.siteConflicts,
 			m.groupEvents, m.groupPartitions, m.joinDur, m.joinWaiting, m.replaying} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("aggregator: register metrics: %w", err)

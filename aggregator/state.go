@@ -31,7 +31,10 @@ type entry struct {
 	nextEval    int64   // ms: re-evaluate for decay no later than this
 
 	// The compact counter's one record: its bucket start, its hits, its hits and denied
-	// requests together (the demand it added), and its site (state.names).
+	// requests together (the demand it added), and its site (state.names). Once the
+	// counter is full, start is when its latest record came (ms, the aggregator's clock);
+	// either way it is how recently the counter was hit (lastHit), by which a full table
+	// evicts.
 	start  int64
 	hits   uint32
 	demand uint32
@@ -63,6 +66,9 @@ type addResult int
 
 const (
 	added addResult = iota
+	// addedEvicting: added as a new counter, in the place of the least recently hit of a
+	// sample (MaxKeys were held).
+	addedEvicting
 	refusedKey
 	outsideRing
 	duplicate
@@ -112,6 +118,8 @@ type state struct {
 	// instances holds, per site, the producer instances heard from and what each counts
 	// its site with, to find two instances of one site that count apart.
 	instances map[string]map[string]instanceSeen
+	// sampler draws the counters a full table compares for eviction (splitmix64).
+	sampler uint64
 }
 
 // instanceSeen is one producer instance's latest site heartbeat.
@@ -282,27 +290,67 @@ func (s *state) addRaw(now int64, slot int32, h hitRef, origin string, expiry in
 	}
 	pos := s.lookup(h.hash, h.key, h.window)
 	var e *entry
+	res := added
 	if pos < 0 {
 		if int(s.n) >= s.cfg.maxKeys {
-			return refusedKey
+			s.remove(s.leastRecentlyHit())
+			res = addedEvicting
 		}
 		pos = s.push(entry{key: string(h.key), spec: s.spec(h.window), slot: slot})
 		s.m.insert(h.hash, pos)
 		e = s.at(pos)
 		if s.compactAdd(e, now, &h) {
 			e.dirty = true
-			return added
+			return res
 		}
 		e.full = new(window.Counter)
 	} else if e = s.at(pos); e.full == nil {
 		s.materialize(e)
 	}
+	e.start = now
 	if !e.full.AddSite(e.spec, now, h.site, s.intern, h.bucketStart, h.count, h.denied) {
 		return outsideRing
 	}
 	e.dirty = true
-	return added
+	return res
 }
+
+// evictSample is how many counters a full table compares to choose the one to evict.
+const evictSample = 16
+
+// leastRecentlyHit returns the position of the counter hit least recently (lastHit) of a
+// sample of evictSample (of every counter, when there are no more), for a new counter to
+// take its place. The least recently hit costs least: its last published count stays in
+// the enforcers' snapshots until its window has passed since, which is what its count
+// would have done had its key gone quiet; only if its key is hit again within that window
+// does the new counter count from zero. Called with at least one counter held.
+func (s *state) leastRecentlyHit() int32 {
+	best := int32(-1)
+	consider := func(pos int32) {
+		if best < 0 || s.at(pos).lastHit() < s.at(best).lastHit() {
+			best = pos
+		}
+	}
+	if s.n <= evictSample {
+		for pos := range s.n {
+			consider(pos)
+		}
+		return best
+	}
+	for range evictSample {
+		s.sampler += 0x9e3779b97f4a7c15
+		z := s.sampler
+		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		z ^= z >> 31
+		consider(int32(z % uint64(s.n)))
+	}
+	return best
+}
+
+// lastHit returns when e was last hit (ms): the bucket start of a compact counter's one
+// record, when a full counter's latest record came.
+func (e *entry) lastHit() int64 { return e.start }
 
 // at returns the counter at position pos (0 ≤ pos < n).
 func (s *state) at(pos int32) *entry {

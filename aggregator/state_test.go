@@ -122,11 +122,18 @@ func TestPausedSlotAndDropSlot(t *testing.T) {
 func TestMaxKeysAndDedupe(t *testing.T) {
 	s := testState(2)
 	now := int64(1_763_740_000_000)
-	for i, want := range []addResult{added, added, refusedKey} {
+	// k1 is hit least recently: the third key takes its place.
+	for i, want := range []addResult{added, added, addedEvicting} {
 		h := topics.Hit{Key: "k" + strconv.Itoa(i), Site: "eu", BucketStart: now, Window: 10_000, Count: 1}
+		if i == 1 {
+			h.BucketStart -= 1000
+		}
 		if r := s.add(now, 0, &h, "", 0); r != want {
 			t.Fatalf("key %d: %v, want %v", i, r, want)
 		}
+	}
+	if s.size() != 2 || s.get("k1", 10_000) != nil || s.get("k2", 10_000) == nil {
+		t.Fatalf("%d counters, k1 %v, k2 %v: want k1 evicted for k2", s.size(), s.get("k1", 10_000), s.get("k2", 10_000))
 	}
 	h := topics.Hit{Key: "k0", Site: "eu", BucketStart: now, Window: 10_000, Count: 1}
 	if r := s.add(now, 0, &h, "hits/1/7", now+1000); r != added {

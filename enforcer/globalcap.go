@@ -267,7 +267,7 @@ func (g *keyGlobal) keepFrozen(now int64, e *snapshot.Entry, known, allFresh boo
 // own hits up to then), and the counter forgets the seeded hits beyond that. A counter
 // that keeps its counts elsewhere (Redis) is not a seeder and needs none of this.
 func (l *Engine) restarted(now time.Time, op *sitecount.Op, e *snapshot.Entry, known bool, st *snapshot.SiteTimes) {
-	if !known || now.Sub(l.born) >= op.Window || e.AsOf > now.UnixMilli() {
+	if !known || now.Sub(l.born) >= op.Window {
 		return
 	}
 	sd, ok := l.cfg.Counter.(seeder)
@@ -275,7 +275,10 @@ func (l *Engine) restarted(now time.Time, op *sitecount.Op, e *snapshot.Entry, k
 		return
 	}
 	if e.Mine > 0 {
-		sd.Seed(now, op, int64(math.Ceil(e.Mine)), e.AsOf)
+		// A count dated ahead of this clock (by less than the snapshot's MaxCountAhead,
+		// which refuses the rest) comes from an aggregator whose clock is ahead: its hits
+		// are seeded now, which they were made before.
+		sd.Seed(now, op, int64(math.Ceil(e.Mine)), min(e.AsOf, now.UnixMilli()))
 	}
 	if self, ok := st.Get(l.share.site); ok && !self.Left {
 		sd.Reseed(now, op, e.Mine, min(self.Heard, e.AsOf))

@@ -210,6 +210,29 @@ func TestGlobalRestartedSiteFirstDecision(t *testing.T) {
 	}
 }
 
+// aheadClock is a clock ahead of another by d: an aggregator whose clock is ahead.
+type aheadClock struct {
+	c interface{ Now() time.Time }
+	d time.Duration
+}
+
+func (a aheadClock) Now() time.Time { return a.c.Now().Add(a.d) }
+
+// A restarted process behind its aggregators' clock (within the bound counts are taken
+// at) still gets its site's count from before the restart: the count is dated ahead of
+// its clock. It was skipped as from the future, and with every process 100 ms behind the
+// aggregators the simulator's rolling restarts gave 1.33× the limit.
+func TestGlobalRestartedSiteBehindAggregatorKeepsItsCount(t *testing.T) {
+	l, clk, sn := sitesLimiter(t)
+	l.born = clk.Now() // just started
+	agg := aheadClock{clk, 100 * time.Millisecond}
+	sourceHeartbeat(t, sn, agg, "hits", map[string]int64{"eu": clk.Now().UnixMilli()}, nil)
+	putCount(t, sn, agg, globalKey, map[string]float64{"eu": 60}, nil)
+	if got := admitN(l, req42, 200); got != 40 {
+		t.Fatalf("admitted %d, want 40 (the 60 the site admitted before its restart count)", got)
+	}
+}
+
 // A process that restarts under its site's name has lost its count; the snapshot still
 // shows it, and the new process does not admit those hits again.
 func TestGlobalRestartedSiteKeepsItsCount(t *testing.T) {

@@ -103,7 +103,7 @@ Once --admin-listen is bound it prints "aggregator: admin ADDR" to standard outp
 	f.IntVar(&cfg.MaxEmitPerSecond, "max-emit-per-second", aggregator.DefaultMaxEmitPerSecond, "cap on count records per second")
 	f.DurationVar(&cfg.Lateness, "lateness", aggregator.DefaultLateness, "how late a hit may arrive and still count")
 	f.DurationVar(&cfg.MaxClockSkew, "max-clock-skew", aggregator.DefaultMaxClockSkew, "how far in the future a hit's time may be")
-	f.IntVar(&cfg.MaxKeys, "max-keys", aggregator.DefaultMaxKeys, "bound on counters held")
+	f.IntVar(&cfg.MaxKeys, "max-keys", aggregator.DefaultMaxKeys, "bound on counters held (a new counter beyond it takes the place of the least recently hit)")
 	f.DurationVar(&cfg.DefaultWindow, "default-window", aggregator.DefaultDefaultWindow, "window of JSON hits without \"w\"")
 	f.DurationVar(&cfg.MaxWindow, "max-window", topics.DefaultMaxWindow, "longest window accepted; recovery replays this much")
 	f.DurationVar(&cfg.MetadataMaxAge, "metadata-max-age", aggregator.DefaultMetadataMaxAge, "how soon a new <dc>.hits topic matching the pattern is consumed")

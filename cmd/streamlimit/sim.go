@@ -312,6 +312,8 @@ its first admission there. Each target is then reported as met or MISSED.`,
 	fs.IntVar(&base.Clients, "clients", 0, "clients (0: the scenario's default)")
 	fs.IntVar(&base.Procs, "procs", 0, "enforcer processes per data center, each a site of its own (0: 1, or 6 for the churn scenarios)")
 	fs.BoolVar(&base.NoChurn, "no-churn", false, "run the churn scenarios without starting or stopping any process (their control)")
+	fs.DurationVar(&base.ClockSkew, "clock-skew", 0, "put every host's clock (each data center's aggregator and enforcer processes) off true time by offsets spread evenly within ± this, in an order drawn from the seed")
+	fs.DurationSliceVar(&base.ClockOffsets, "clock-offsets", nil, "offsets added to each data center's enforcer processes' clocks, in data center order (e.g. 0,0,2s: the third site 2 s ahead)")
 	fs.IntVar(&base.Windows, "windows", 0, "measured windows after one warm-up window (0: the scenario's default)")
 	fs.Int64Var(&base.Limit, "limit", 100, "every client's global limit, requests per window")
 	fs.DurationVar(&base.Window, "window", 10*time.Second, "the rule's sliding window")

@@ -36,6 +36,20 @@ func TestSimDCCommand(t *testing.T) {
 	if err != nil || !strings.Contains(out, "| leave without churn | 20 |") {
 		t.Fatalf("--no-churn: %v\n%s", err, out)
 	}
+	// docs/operations.md's clock runs (small here): --clock-skew spreads offsets over the
+	// hosts, --clock-offsets puts a data center's processes off, and the clocks line says
+	// which processes' skew meters took them out of service.
+	out, _, err = runSplit(t, "sim", "dc", "--scenarios", "mix", "--clients", "20", "--windows", "2", "--clock-skew", "500ms")
+	if err != nil || !strings.Contains(out, "- clocks, mix: processes -500ms to 500ms off true time") {
+		t.Fatalf("--clock-skew 500ms: %v\n%s", err, out)
+	}
+	out, _, err = runSplit(t, "sim", "dc", "--scenarios", "mix", "--clients", "20", "--windows", "2", "--clock-offsets", "0,0,-2s")
+	if err != nil || !strings.Contains(out, "unready (CheckClock): dc3 -2s") {
+		t.Fatalf("--clock-offsets 0,0,-2s: %v\n%s", err, out)
+	}
+	if _, _, err := runSplit(t, "sim", "dc", "--scenarios", "mix", "--clock-offsets", "0,0,0,1s"); err == nil {
+		t.Fatal("--clock-offsets for 4 data centers of 3 accepted")
+	}
 	if _, _, err := runSplit(t, "sim", "dc", "--scenarios", "mix", "--procs", "17"); err == nil {
 		t.Fatal("--procs 17 accepted, want out of range")
 	}

@@ -53,6 +53,11 @@ func (s *Snapshot) applyHeartbeat(key, value []byte) error {
 	var aheadMs int64
 	if mine, ok := h.Sites[s.cfg.Site]; ok && s.cfg.Site != "" {
 		aheadMs = mine - h.AsOf
+		s.listing.listed(nowMs)
+	} else if _, ok := h.Left[s.cfg.Site]; ok && s.cfg.Site != "" {
+		s.listing.listed(nowMs)
+	} else if s.cfg.Site != "" && s.listing.unlisted(nowMs) {
+		s.logSkew(time.UnixMilli(nowMs)) // refused as dated ahead, most likely (CheckClock)
 	}
 	s.skew.observe(nowMs, aheadMs, h.AsOf-nowMs)
 	if bound := s.cfg.MaxCountAhead.Milliseconds(); aheadMs > bound || h.AsOf-nowMs > bound {

@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/streamlimit/streamlimit/topics"
 )
 
 // ErrClockSkew is CheckClock's error: this process's clock is off the aggregators' by more
@@ -86,6 +89,12 @@ func (s *Snapshot) ClockSkew() (ahead, behind time.Duration) {
 // every count is refused as from the future and global limits are decided on local
 // shares alone; ahead, fresh counts look old. Clocks kept by NTP agree within
 // milliseconds.
+//
+// A clock ahead by more than topics.MaxSiteRecordAhead (the same 500 ms) leaves no
+// heartbeat evidence: the aggregators refuse this site's heartbeats as dated ahead, so no
+// heartbeat lists the site. CheckClock also fails, then, when this site's hits have been
+// counted (counts show it) for unlistedAfter while no heartbeat listed it: its site
+// records are refused or never sent, and the other sites take it for silent.
 func (s *Snapshot) CheckClock() error {
 	ahead, behind := s.ClockSkew()
 	switch bound := s.cfg.MaxCountAhead; {
@@ -94,7 +103,48 @@ func (s *Snapshot) CheckClock() error {
 	case ahead > bound:
 		return fmt.Errorf("%w: at least %v ahead of them (bound %v): is this host's clock kept by NTP?", ErrClockSkew, ahead, bound)
 	}
+	if s.cfg.Site != "" && s.listing.unlisted(s.cfg.Clock.Now().UnixMilli()) {
+		return fmt.Errorf("%w: this site's hits are counted but no aggregator heartbeat has listed it for %v: its site heartbeats are refused, most likely as dated ahead (is this host's clock more than %v ahead of the aggregators'? the aggregators count them in bad_records_total{reason=\"too_far_future\"}), or not sent",
+			ErrClockSkew, unlistedAfter, topics.MaxSiteRecordAhead)
+	}
 	return nil
+}
+
+// unlistedAfter is how long this site's hits must have been counted with no heartbeat
+// listing the site before CheckClock takes it for refused: several site heartbeat
+// intervals (500 ms) and pipeline lags, so that a process that has just started, whose
+// first heartbeats are on their way while counts of its predecessor's hits show the site,
+// is not taken for one.
+const unlistedAfter = 10 * time.Second
+
+// siteListing tells whether this site is counted but never listed: the times (unix ms of
+// this clock; 0: never) of the latest heartbeat that listed this site, of the first count
+// that showed its hits since then, and of the latest such count.
+type siteListing struct {
+	listedAt, countedFrom, countedAt atomic.Int64
+}
+
+// listed records a heartbeat listing this site (heard or left) at now.
+func (l *siteListing) listed(now int64) {
+	l.listedAt.Store(now)
+	l.countedFrom.Store(0)
+}
+
+// counted records a count showing this site's hits, applied at now. The latest time is
+// stored at most once a second: every count of a key this site serves goes through here.
+func (l *siteListing) counted(now int64) {
+	if now-l.countedAt.Load() >= 1000 {
+		l.countedAt.Store(now)
+	}
+	l.countedFrom.CompareAndSwap(0, now)
+}
+
+// unlisted reports whether, at now, this site's hits have been counted for unlistedAfter,
+// recently, with no heartbeat listing the site meanwhile.
+func (l *siteListing) unlisted(now int64) bool {
+	from := l.countedFrom.Load()
+	return from != 0 && now-from >= unlistedAfter.Milliseconds() &&
+		now-l.countedAt.Load() < skewSpan.Milliseconds() && now-l.listedAt.Load() >= unlistedAfter.Milliseconds()
 }
 
 // logSkew logs, at most every skewLogEvery, that this clock is off past the bound.

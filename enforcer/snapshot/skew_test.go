@@ -74,3 +74,60 @@ func TestClockSkew(t *testing.T) {
 	}
 	check("30 s after the clock was put right", 0, 0, true)
 }
+
+// A clock ahead by more than topics.MaxSiteRecordAhead leaves no heartbeat evidence: the
+// aggregators refuse the site's heartbeats as dated ahead, and no heartbeat lists the
+// site. Counts still show its hits; after 10 s of that with no heartbeat listing the site,
+// CheckClock fails (ErrClockSkew), and passes again once one does. A process whose counts
+// show its site before its own first heartbeats are listed (a restart) is not taken for
+// one.
+func TestClockAheadPastSiteRecordBound(t *testing.T) {
+	f := newFixture(t, Config{Site: "eu"})
+	step := func(listEU bool) {
+		t.Helper()
+		f.clk.Advance(500 * time.Millisecond)
+		now := f.clk.Now().UnixMilli()
+		sites := map[string]int64{"us": now - 200}
+		if listEU {
+			sites["eu"] = now - 100
+		}
+		h := topics.Heartbeat{Instance: "agg-1", Topic: "hits", Partition: 0, AsOf: now - 50, Sites: sites}
+		v, err := h.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.s.Apply([]byte(topics.HeartbeatKey("hits", 0)), v); err != nil {
+			t.Fatal(err)
+		}
+		c := topics.Count{Key: "k", Window: 60_000, AsOf: now - 50, Total: 7, Sites: []topics.SiteCount{{Site: "eu", Count: 4}, {Site: "us", Count: 3}}}
+		if v, err = c.MarshalBinary(); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.s.Apply([]byte("k"), v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A restart: counts show eu for a second before its heartbeats are listed.
+	for i := range 40 {
+		step(i >= 2)
+		if err := f.s.CheckClock(); err != nil {
+			t.Fatalf("step %d, eu listed: %v", i, err)
+		}
+	}
+	// eu's heartbeats are refused from now on.
+	for i := range 19 {
+		step(false)
+		if err := f.s.CheckClock(); err != nil {
+			t.Fatalf("%d ms unlisted: %v", 500*(i+1), err)
+		}
+	}
+	step(false)
+	err := f.s.CheckClock()
+	if !errors.Is(err, ErrClockSkew) || !strings.Contains(err.Error(), "no aggregator heartbeat has listed it") {
+		t.Fatalf("10 s counted and unlisted: CheckClock %v", err)
+	}
+	step(true)
+	if err := f.s.CheckClock(); err != nil {
+		t.Fatalf("listed again: %v", err)
+	}
+}

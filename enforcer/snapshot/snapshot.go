@@ -273,6 +273,9 @@ type Snapshot struct {
 	// when a skew past the bound was last logged (unix ns).
 	skew        skewMeter
 	lastSkewLog atomic.Int64
+	// listing is what tells a clock ahead past the bound, whose site records the
+	// aggregators refuse (see unlisted).
+	listing siteListing
 
 	srcMu   sync.Mutex
 	sources map[string]topics.Heartbeat // by heartbeat key
@@ -424,6 +427,9 @@ func (s *Snapshot) Apply(key, value []byte) error {
 		c.Sites[i].Site = s.internSite(c.Sites[i].Site)
 	}
 	e := &Entry{Total: c.Total, Mine: c.Site(s.cfg.Site), Window: c.WindowDuration(), AsOf: c.AsOf, Sites: c.Sites}
+	if e.Mine > 0 {
+		s.listing.counted(s.cfg.Clock.Now().UnixMilli())
+	}
 
 	if err := s.set(c.Key, e); err != nil {
 		return err

@@ -69,6 +69,15 @@ type DCConfig struct {
 	// from what the many small sites cost.
 	NoChurn bool
 
+	// ClockSkew, when set, puts every host's clock off true time by up to ClockSkew either
+	// way: each data center's aggregator and each of its enforcer processes gets an offset,
+	// spread evenly from −ClockSkew to +ClockSkew over the hosts in an order drawn from
+	// Seed. Default 0: every clock is right.
+	ClockSkew time.Duration
+	// ClockOffsets are added to the clocks of data center i's enforcer processes (its
+	// aggregator keeps its own): a site whose clock is off.
+	ClockOffsets []time.Duration
+
 	// heartbeatsCrossCuts lets site heartbeats through cut links while hits stay cut: a
 	// broken replicator that the sites cannot notice, for the tests' control runs.
 	heartbeatsCrossCuts bool
@@ -139,6 +148,9 @@ func (c DCConfig) normalize() (DCConfig, error) {
 	if c.Jitter >= c.WAN && c.WAN > 0 {
 		errs = append(errs, fmt.Errorf("sim: Jitter %v must be below WAN %v", c.Jitter, c.WAN))
 	}
+	if c.ClockSkew < 0 || len(c.ClockOffsets) > c.DCs {
+		errs = append(errs, fmt.Errorf("sim: ClockSkew %v must not be negative, and ClockOffsets (%d) name at most DCs (%d)", c.ClockSkew, len(c.ClockOffsets), c.DCs))
+	}
 	if c.Limit < 1 || c.Windows < 1 || c.Clients < 0 {
 		errs = append(errs, fmt.Errorf("sim: Limit %d and Windows %d must be positive, Clients %d not negative", c.Limit, c.Windows, c.Clients))
 	}
@@ -170,6 +182,7 @@ type dcSite struct {
 // counts, producer model and site heartbeats.
 type dcProc struct {
 	name     string // its site
+	clk      offsetClock
 	instance string // its producer instance: a restart under the same site is another
 	lim      *enforcer.Engine
 	snap     *snapshot.Snapshot
@@ -246,7 +259,7 @@ func RunDC(ctx context.Context, cfg DCConfig) (DCResult, error) {
 	}
 	acc := newDCAccounting(cfg, load, lim.GlobalAllowance(), lim.CountWindow())
 	var res DCResult
-	res.AggregatorErrors, res.SnapshotErrors, err = simulateDCs(ctx, cfg, rc, seed, durMs, load.arrivals, load.cuts, load.churn, reqs, len(load.clients), acc.decide)
+	res.AggregatorErrors, res.SnapshotErrors, res.Clocks, err = simulateDCs(ctx, cfg, rc, seed, durMs, load.arrivals, load.cuts, load.churn, reqs, len(load.clients), acc.decide)
 	if err != nil {
 		return DCResult{}, err
 	}
@@ -258,18 +271,25 @@ func RunDC(ctx context.Context, cfg DCConfig) (DCResult, error) {
 // simulateDCs runs cfg's data centers under rc for durMs: arrivals (in time order) are
 // decided by one of their data center's serving processes with reqs[client], and every
 // decision goes to decided; churn starts and stops processes. It returns the records the
-// aggregators and snapshots refused.
+// aggregators and snapshots refused, and what each process's snapshot showed of its clock.
 func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint64, durMs int64, arrivals []dcArrival, cuts []cut,
-	churn []churnEvent, reqs []enforcer.Request, clients int, decided func(dcArrival, bool)) (aggErrs, snapErrs int64, err error) {
+	churn []churnEvent, reqs []enforcer.Request, clients int, decided func(dcArrival, bool)) (aggErrs, snapErrs int64, clocks []ProcClock, err error) {
 	clk := clock.NewFake(Start())
 	startMs := Start().UnixMilli()
 	sites := make([]*dcSite, cfg.DCs)
+	hc := newHostClocks(cfg, seed)
+	clockOf := map[string]int{} // process name → its index in clocks
 	incarnation := 0
-	startProc := func(dc *dcSite, name string) error {
+	startProc := func(dc *dcSite, d int, name string) error {
 		incarnation++
-		p := &dcProc{name: name, instance: fmt.Sprintf("%s#%d", name, incarnation), lastHB: -1 << 40}
+		p := &dcProc{name: name, instance: fmt.Sprintf("%s#%d", name, incarnation), lastHB: -1 << 40,
+			clk: offsetClock{base: clk, off: hc.proc(d, name)}}
+		if _, ok := clockOf[name]; !ok {
+			clockOf[name] = len(clocks)
+			clocks = append(clocks, ProcClock{Site: name, Offset: p.clk.off})
+		}
 		var err error
-		if p.snap, err = snapshot.NewMemory(snapshot.Config{Site: name, Clock: clk, SubBuckets: cfg.SubBuckets}); err != nil {
+		if p.snap, err = snapshot.NewMemory(snapshot.Config{Site: name, Clock: p.clk, SubBuckets: cfg.SubBuckets}); err != nil {
 			return err
 		}
 		// A new process reads the compacted counts topic before it serves.
@@ -278,14 +298,14 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 				snapErrs++
 			}
 		}
-		p.pub = &publisher{clk: clk, sub: cfg.SubBuckets, widthMs: 100}
+		p.pub = &publisher{clk: p.clk, sub: cfg.SubBuckets, widthMs: 100}
 		p.lim, err = enforcer.New(enforcer.Config{
 			Tuning:    enforcer.Tuning{SubBuckets: cfg.SubBuckets, MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter, ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior, CrashHold: cfg.Tuning.CrashHold, ReserveMargin: cfg.Tuning.ReserveMargin},
 			Rules:     rules.Static(rc),
 			Site:      name,
 			Snapshot:  p.snap,
 			Publisher: p.pub,
-			Clock:     clk,
+			Clock:     p.clk,
 		})
 		if err != nil {
 			return err
@@ -296,12 +316,12 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 	for i := range sites {
 		s := &dcSite{name: siteName(i), compacted: map[string][]byte{}}
 		if s.agg, err = aggregator.NewMemory(aggregator.Config{SubBuckets: cfg.SubBuckets, MaxKeys: 10 * (clients + 10)}); err != nil {
-			return 0, 0, err
+			return 0, 0, nil, err
 		}
 		sites[i] = s
 		for k := range cfg.Procs {
-			if err := startProc(s, procName(s.name, k, cfg.Procs)); err != nil {
-				return 0, 0, err
+			if err := startProc(s, i, procName(s.name, k, cfg.Procs)); err != nil {
+				return 0, 0, nil, err
 			}
 		}
 	}
@@ -367,7 +387,7 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 	next, nextChurn := 0, 0
 	for t := int64(0); t < durMs; t++ {
 		if t%1024 == 0 && ctx.Err() != nil {
-			return 0, 0, ctx.Err()
+			return 0, 0, nil, ctx.Err()
 		}
 		now := time.UnixMilli(startMs + t).UTC()
 		clk.Set(now)
@@ -376,8 +396,8 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 			ev := churn[nextChurn]
 			dc := sites[ev.dc]
 			if ev.kind == churnStart {
-				if err := startProc(dc, ev.proc); err != nil {
-					return 0, 0, err
+				if err := startProc(dc, ev.dc, ev.proc); err != nil {
+					return 0, 0, nil, err
 				}
 				continue
 			}
@@ -391,26 +411,30 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 				// Close: everything pending is delivered, then a leave record.
 				recs = p.pub.flush(math.MaxInt64, recs[:0])
 				send(ev.dc, p, t, recs)
-				siteRecord(ev.dc, p, t, topics.Hit{Key: topics.SiteLeaveKey, Site: p.name, BucketStart: startMs + t, Instance: p.instance})
+				siteRecord(ev.dc, p, t, topics.Hit{Key: topics.SiteLeaveKey, Site: p.name, BucketStart: p.clk.Now().UnixMilli(), Instance: p.instance})
 			}
 			// A crash loses what was pending and says nothing.
 		}
-		// 1. Producers: finished buckets every 50 ms, then site heartbeats every 500 ms,
-		// stamped with the oldest bucket still held back.
-		if t%50 == 0 {
-			for i, s := range sites {
-				for _, p := range s.procs {
-					recs = p.pub.flush(startMs+t, recs[:0])
-					send(i, p, t, recs)
-					if t-p.lastHB >= 500 {
-						p.lastHB = t
-						siteRecord(i, p, t, topics.Hit{Key: topics.SiteHeartbeatKey, Site: p.name, BucketStart: p.pub.watermark(startMs + t), Instance: p.instance})
-					}
+		// 1. Producers: finished buckets every 50 ms of their own clock (so that a clock
+		// off true time does not move the flushes against the buckets' ends), then site
+		// heartbeats every 500 ms, stamped with the oldest bucket still held back.
+		for i, s := range sites {
+			for _, p := range s.procs {
+				pms := p.clk.Now().UnixMilli()
+				if pms%50 != 0 {
+					continue
+				}
+				recs = p.pub.flush(pms, recs[:0])
+				send(i, p, t, recs)
+				if t-p.lastHB >= 500 {
+					p.lastHB = t
+					siteRecord(i, p, t, topics.Hit{Key: topics.SiteHeartbeatKey, Site: p.name, BucketStart: p.pub.watermark(pms), Instance: p.instance})
 				}
 			}
 		}
-		// 2. Every aggregator counts what has reached it.
+		// 2. Every aggregator counts what has reached it, at its own clock.
 		for j, s := range sites {
+			now := now.Add(hc.agg[j])
 			for i := range sites {
 				if cfg.forge != nil {
 					for _, h := range cfg.forge(t, i) {
@@ -438,8 +462,8 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 				}
 				st.q = st.q[k:]
 			}
-			// 3. It emits every 100 ms, to its own data center's processes.
-			if t%100 == 0 {
+			// 3. It emits every 100 ms of its clock, to its own data center's processes.
+			if now.UnixMilli()%100 == 0 {
 				for _, e := range s.agg.Emit(now) {
 					counts[j].push(transit{at: t + localMs, em: e})
 				}
@@ -461,6 +485,20 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 			}
 			st.q = st.q[k:]
 		}
+		// What each process's snapshot shows of its clock, every second after the warm-up.
+		if t%1000 == 0 && t >= cfg.Window.Milliseconds() {
+			for _, s := range sites {
+				for _, p := range s.procs {
+					c := &clocks[clockOf[p.name]]
+					ahead, behind := p.snap.ClockSkew()
+					c.Ahead, c.Behind = max(c.Ahead, ahead), max(c.Behind, behind)
+					if p.snap.CheckClock() != nil {
+						c.Unready++
+					}
+					c.Checks++
+				}
+			}
+		}
 		// 4. Requests, in arrival order, each to one of its data center's serving processes.
 		for ; next < len(arrivals) && arrivals[next].t == t; next++ {
 			a := arrivals[next]
@@ -477,7 +515,7 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 			decided(a, out.Code == enforcer.CodeOK)
 		}
 	}
-	return aggErrs, snapErrs, nil
+	return aggErrs, snapErrs, clocks, nil
 }
 
 // watermark is the start of the oldest bucket the producer model still holds back, or

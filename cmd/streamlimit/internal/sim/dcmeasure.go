@@ -38,6 +38,22 @@ type DCResult struct {
 	Phases []PhaseResult
 	// AggregatorErrors and SnapshotErrors count records refused; they should be zero.
 	AggregatorErrors, SnapshotErrors int64
+	// Clocks are the enforcer processes' clocks and what their snapshots showed of them
+	// (DCConfig.ClockSkew, ClockOffsets), in the order the processes first started.
+	Clocks []ProcClock
+}
+
+// ProcClock is one enforcer process's clock offset from true time and what its snapshot's
+// skew meter (snapshot.Snapshot.ClockSkew, CheckClock) showed of it, sampled every second
+// after the warm-up.
+type ProcClock struct {
+	Site   string
+	Offset time.Duration
+	// Ahead and Behind are the largest ClockSkew readings.
+	Ahead, Behind time.Duration
+	// Checks counts the samples, Unready those at which CheckClock failed (the process
+	// would have been taken out of service).
+	Checks, Unready int
 }
 
 // PhaseResult is the largest ratio of admissions in a window to the limit, over the

@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"time"
 )
 
 // DCTargets are the figures a data-center run is held to (see WriteDCTable).
@@ -95,6 +96,11 @@ func WriteDCTable(w io.Writer, rs []DCResult, t DCTargets) error {
 			pct(r.MigratingFalse, r.MigratingRequests), move, strings.Join(ph, ", "))
 	}
 	b.WriteString("\n")
+	for _, r := range rs {
+		if line := r.clockLine(); line != "" {
+			fmt.Fprintf(&b, "- clocks, %s: %s\n", r.Config.label(), line)
+		}
+	}
 	for _, c := range dcChecks(rs, t) {
 		verdict := "met"
 		if !c.ok {
@@ -148,4 +154,32 @@ func (c DCConfig) label() string {
 		return string(c.Scenario) + " without churn"
 	}
 	return string(c.Scenario)
+}
+
+// clockLine summarizes the processes' clocks of a run with clock offsets
+// (DCConfig.ClockSkew, ClockOffsets) and what their snapshots' skew meters showed; "" when
+// every clock was right.
+func (r *DCResult) clockLine() string {
+	if r.Config.ClockSkew == 0 && len(r.Config.ClockOffsets) == 0 {
+		return ""
+	}
+	var lo, hi, ahead, behind time.Duration
+	var unready []string
+	for i, c := range r.Clocks {
+		if i == 0 || c.Offset < lo {
+			lo = c.Offset
+		}
+		if i == 0 || c.Offset > hi {
+			hi = c.Offset
+		}
+		ahead, behind = max(ahead, c.Ahead), max(behind, c.Behind)
+		if c.Unready > 0 {
+			unready = append(unready, fmt.Sprintf("%s %+v (%d of %d samples)", c.Site, c.Offset, c.Unready, c.Checks))
+		}
+	}
+	line := fmt.Sprintf("processes %v to %v off true time; skew meters showed at most %v ahead, %v behind", lo, hi, ahead, behind)
+	if len(unready) == 0 {
+		return line + "; none unready"
+	}
+	return line + "; unready (CheckClock): " + strings.Join(unready, ", ")
 }

@@ -269,7 +269,7 @@ func RunTiers(ctx context.Context, c TiersConfig) (TiersResult, error) {
 			ph.AboveBase++
 		}
 	}
-	res.AggregatorErrors, res.SnapshotErrors, err = simulateDCs(ctx, c.Links, rc, seed, durMs, arrivals, nil, nil, reqs, c.Clients, decided)
+	res.AggregatorErrors, res.SnapshotErrors, _, err = simulateDCs(ctx, c.Links, rc, seed, durMs, arrivals, nil, nil, reqs, c.Clients, decided)
 	if err != nil {
 		return TiersResult{}, err
 	}

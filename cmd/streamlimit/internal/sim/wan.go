@@ -149,7 +149,7 @@ func RunWAN(ctx context.Context, c WANConfig) ([]WANRow, error) {
 		}
 	}
 	seed := links.Seed*0x9e3779b97f4a7c15 + 0x3a9
-	if _, _, err := simulateDCs(ctx, links, rc, seed, wanEnd, arrivals, cuts, nil, reqs, len(clients), decided); err != nil {
+	if _, _, _, err := simulateDCs(ctx, links, rc, seed, wanEnd, arrivals, cuts, nil, reqs, len(clients), decided); err != nil {
 		return nil, err
 	}
 	return rows, nil

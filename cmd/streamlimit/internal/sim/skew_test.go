@@ -13,11 +13,12 @@ import (
 	"time"
 )
 
-// Clocks off true time, every scenario of `streamlimit sim dc` at full size, seeds 1–6:
+// Clocks off true time, every scenario of `streamlimit sim dc` at full size, seeds 1–3:
 // each data center's aggregator and enforcer process off by an offset spread within ±D
 // (DCConfig.ClockSkew). The target is max/limit ≤ 1.05 in every scenario with every clock
-// within ±500 ms of true time. It is MISSED: each bound below is the worst of the six
-// seeds as measured, so that none can regress, and docs/operations.md ("Clocks") has the
+// within ±500 ms of true time. It is MISSED: each bound below is the worst of seeds 1–6
+// as measured, so that none can regress (the test runs three of them: all six take
+// 106 s of two cores, three half that, in a unit tier held to minutes), and docs/operations.md ("Clocks") has the
 // figures and their causes. Within ±20 ms every scenario but the bursty client holds 1.05;
 // within ±500 ms two hosts may be a second apart, past the 500 ms within which counts and
 // site records are taken. The under-limit false 429s are logged, to set beside those
@@ -38,7 +39,7 @@ func TestDCSimulationClockSkewSeeds(t *testing.T) {
 		}},
 	} {
 		worst := map[DCScenario]float64{}
-		for seed := uint64(1); seed <= 6; seed++ {
+		for seed := uint64(1); seed <= 3; seed++ {
 			rs, err := RunDCScenarios(context.Background(), DCConfig{Seed: seed, ClockSkew: tc.skew}, DCScenarios(), runtime.GOMAXPROCS(0))
 			if err != nil {
 				t.Fatal(err)

@@ -22,6 +22,9 @@ var layers = []struct {
 }{
 	{"foundations", []string{"clock", "topics", "topicadmin", "window", "internal"}},
 	{"the three sides", []string{"producer", "aggregator", "enforcer"}},
+	// The accuracy simulator runs the three sides together on a virtual clock, for the
+	// command's `sim` and for the tests of the layers above.
+	{"simulation", []string{"internal/sim"}},
 	{"serving", []string{".", "serve"}},
 	{"command", []string{"cmd"}},
 	{"tools and tests", []string{"bench", "e2e", "deploy", "examples"}},

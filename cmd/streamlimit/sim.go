@@ -10,7 +10,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/sim"
+	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/internal/sim"
 	"github.com/streamlimit/streamlimit/window"
 )
 
@@ -22,7 +23,7 @@ type simFlags struct {
 	windows, warmup, light        int
 	seed                          uint64
 	subBuckets                    int
-	tuning                        sim.Tuning
+	tuning                        enforcer.Tuning
 	parallel                      int
 
 	svg                string
@@ -224,7 +225,7 @@ func splitList(s string) []string {
 }
 
 // registerTuning adds the enforcer's global-share settings under test.
-func registerTuning(fs *pflag.FlagSet, t *sim.Tuning) {
+func registerTuning(fs *pflag.FlagSet, t *enforcer.Tuning) {
 	fs.Float64Var(&t.MinShare, "min-share", 0, "enforcer MinShare (0: the enforcer's default)")
 	fs.DurationVar(&t.SiteStaleAfter, "site-stale-after", 0, "enforcer SiteStaleAfter (0: the enforcer's default)")
 	fs.Float64Var(&t.ShareDamping, "share-damping", 0, "enforcer ShareDamping (0: the enforcer's default, negative: off)")

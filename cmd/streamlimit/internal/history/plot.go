@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/svgplot"
+	"github.com/streamlimit/streamlimit/internal/svgplot"
 )
 
 // PlotOptions says what WritePlot draws. Key, From, To and Step are required.

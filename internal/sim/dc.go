@@ -49,8 +49,9 @@ type DCConfig struct {
 	Clients int
 	// Seed seeds the traffic. Default 0 is a valid seed.
 	Seed uint64
-	// Tuning is passed to every enforcer.
-	Tuning Tuning
+	// Tuning is passed to every enforcer (with SubBuckets); zero fields take the
+	// enforcer's defaults.
+	Tuning enforcer.Tuning
 	// SubBuckets is every part's sub-bucket count. Default 60.
 	SubBuckets int
 	// Algorithm is the global limit's algorithm: "" (sliding window), "token_bucket" or
@@ -299,8 +300,10 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 			}
 		}
 		p.pub = &publisher{clk: p.clk, sub: cfg.SubBuckets, widthMs: 100}
+		tuning := cfg.Tuning
+		tuning.SubBuckets = cfg.SubBuckets
 		p.lim, err = enforcer.New(enforcer.Config{
-			Tuning:    enforcer.Tuning{SubBuckets: cfg.SubBuckets, MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter, ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior, CrashHold: cfg.Tuning.CrashHold, ReserveMargin: cfg.Tuning.ReserveMargin},
+			Tuning:    tuning,
 			Rules:     rules.Static(rc),
 			Site:      name,
 			Snapshot:  p.snap,

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/svgplot"
 	"github.com/streamlimit/streamlimit/enforcer"
+	"github.com/streamlimit/streamlimit/internal/svgplot"
 )
 
 // DefaultSweepMargins are the reserve margins SweepReserveMargin tries by default: none,

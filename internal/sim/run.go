@@ -19,17 +19,6 @@ import (
 	"github.com/streamlimit/streamlimit/window"
 )
 
-// Tuning is the enforcer's hot-key settings under test (enforcer.Config fields of the same
-// names). Zero fields take the enforcer's defaults.
-type Tuning struct {
-	MinShare       float64
-	SiteStaleAfter time.Duration
-	ShareDamping   float64
-	DemandPrior    float64
-	CrashHold      time.Duration
-	ReserveMargin  time.Duration
-}
-
 // Config is one simulation run. Every zero field takes the default written in its comment.
 //
 // Every millisecond, in this order: each site's producer model releases the (key, 100 ms
@@ -67,8 +56,9 @@ type Config struct {
 	// Seed seeds the traffic (math/rand/v2 PCG). Runs with the same Seed, Scenario, Sites
 	// and Load get the same requests whatever the lag. Default 0 is a valid seed.
 	Seed uint64
-	// Tuning is passed to every enforcer.
-	Tuning Tuning
+	// Tuning is passed to every enforcer (with SubBuckets and, here, a default share of
+	// 1/Sites); zero fields take the enforcer's defaults.
+	Tuning enforcer.Tuning
 	// ProducerBucket is the producers' coalescing bucket. Default producer.DefaultBucketWidth.
 	ProducerBucket time.Duration
 	// FlushInterval is the producers' flush period; a flush releases finished buckets.
@@ -287,8 +277,10 @@ func run(ctx context.Context, cfg Config, rc *rules.Config) (Result, error) {
 		}
 		s.ctr = sitecount.NewLocal(sitecount.LocalOptions{SubBuckets: cfg.SubBuckets})
 		s.pub = &publisher{clk: clk, sub: cfg.SubBuckets, widthMs: cfg.ProducerBucket.Milliseconds()}
+		tuning := cfg.Tuning
+		tuning.SubBuckets, tuning.DefaultShare = cfg.SubBuckets, 1/float64(cfg.Sites)
 		s.lim, err = enforcer.New(enforcer.Config{
-			Tuning:    enforcer.Tuning{MinShare: cfg.Tuning.MinShare, SiteStaleAfter: cfg.Tuning.SiteStaleAfter, SubBuckets: cfg.SubBuckets, ShareDamping: cfg.Tuning.ShareDamping, DemandPrior: cfg.Tuning.DemandPrior, ReserveMargin: cfg.Tuning.ReserveMargin, DefaultShare: 1 / float64(cfg.Sites)},
+			Tuning:    tuning,
 			Rules:     rules.Static(rc),
 			Site:      s.name,
 			Counter:   s.ctr,

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/svgplot"
 	"github.com/streamlimit/streamlimit/enforcer"
 	"github.com/streamlimit/streamlimit/enforcer/rules"
+	"github.com/streamlimit/streamlimit/internal/svgplot"
 )
 
 // TiersConfig is one run of the tiers simulation: many clients of two priorities sharing

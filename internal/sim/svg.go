@@ -7,7 +7,7 @@ import (
 	"math"
 	"strings"
 
-	"github.com/streamlimit/streamlimit/cmd/streamlimit/internal/svgplot"
+	"github.com/streamlimit/streamlimit/internal/svgplot"
 )
 
 // PlotOptions selects what WriteSVG draws.

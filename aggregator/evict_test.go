@@ -19,18 +19,8 @@ const hour = time.Hour / time.Millisecond
 // site decided them alone.
 func TestFullTableCountsNewKey(t *testing.T) {
 	const maxKeys = 1000
-	reg := prometheus.NewRegistry()
-	m, err := NewMemory(Config{MaxKeys: maxKeys, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	for i := range maxKeys {
-		h := topics.Hit{Key: fmt.Sprintf("old-%d", i), Site: "eu", BucketStart: t0.UnixMilli(), Window: int64(hour), Count: 1}
-		if err := m.Add(t0, h); err != nil {
-			t.Fatal(err)
-		}
-	}
+	m, reg := tableOfOldKeys(t, maxKeys, maxKeys, t0)
 	m.Emit(t0)
 	// Half an hour later, every old counter still counts its hit; the table is full.
 	now := t0.Add(30 * time.Minute)
@@ -73,19 +63,8 @@ func TestFullTableCountsNewKey(t *testing.T) {
 // would get its hour's limit again).
 func TestFullTableKeepsRecentlyHitLongWindow(t *testing.T) {
 	const maxKeys = 100
-	reg := prometheus.NewRegistry()
-	m, err := NewMemory(Config{MaxKeys: maxKeys, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	old := t0.Add(-10 * time.Minute)
-	for i := range maxKeys - 1 {
-		h := topics.Hit{Key: fmt.Sprintf("old-%d", i), Site: "eu", BucketStart: old.UnixMilli(), Window: int64(hour), Count: 1}
-		if err := m.Add(old, h); err != nil {
-			t.Fatal(err)
-		}
-	}
+	m, reg := tableOfOldKeys(t, maxKeys, maxKeys-1, t0.Add(-10*time.Minute))
 	// The hourly client's 5 hits, at two sites, in two records (a full counter).
 	for _, site := range []string{"eu", "us"} {
 		n := int64(3)
@@ -129,4 +108,22 @@ func TestFullTableKeepsRecentlyHitLongWindow(t *testing.T) {
 	if c := cs["hourly"]; c.Total != 6 {
 		t.Errorf("hourly published as %+v after its sixth hit, want 6", c)
 	}
+}
+
+// tableOfOldKeys returns an aggregator that holds at most maxKeys counters, with its
+// registry, after n keys ("old-0", ...) were hit once each at at, in an hour's window.
+func tableOfOldKeys(t *testing.T, maxKeys, n int, at time.Time) (*Memory, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	m, err := NewMemory(Config{MaxKeys: maxKeys, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		h := topics.Hit{Key: fmt.Sprintf("old-%d", i), Site: "eu", BucketStart: at.UnixMilli(), Window: int64(hour), Count: 1}
+		if err := m.Add(at, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return m, reg
 }

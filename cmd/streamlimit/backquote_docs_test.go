@@ -63,6 +63,35 @@ var (
 
 // moduleNames indexes the Go names declared in the module (test files included, since the
 // docs name tests): every top-level name, every struct field and method as Type.Member,
+// eachDeclared calls f with every name decls declare: each top-level name alone, and each
+// method, struct field and interface method with its type's name first.
+func eachDeclared(decls []ast.Decl, f func(parts ...string)) {
+	for _, decl := range decls {
+		switch d := decl.(type) {
+		case *ast.FuncDecl:
+			if d.Recv == nil {
+				f(d.Name.Name)
+			} else if len(d.Recv.List) == 1 {
+				if recv := recvName(d.Recv.List[0].Type); recv != "" {
+					f(recv, d.Name.Name)
+				}
+			}
+		case *ast.GenDecl:
+			for _, sp := range d.Specs {
+				switch sp := sp.(type) {
+				case *ast.ValueSpec:
+					for _, n := range sp.Names {
+						f(n.Name)
+					}
+				case *ast.TypeSpec:
+					f(sp.Name.Name)
+					members(sp.Type, func(m string) { f(sp.Name.Name, m) })
+				}
+			}
+		}
+	}
+}
+
 // each also qualified by its package's name.
 type moduleNames struct {
 	bare      map[string]bool // Name, and every field and method name
@@ -102,36 +131,10 @@ func indexModule(t *testing.T, root string) *moduleNames {
 				m.qualified[q+"."+n] = true
 			}
 		}
-		for _, decl := range f.Decls {
-			switch d := decl.(type) {
-			case *ast.FuncDecl:
-				m.bare[d.Name.Name] = true
-				if d.Recv != nil && len(d.Recv.List) == 1 {
-					if recv := recvName(d.Recv.List[0].Type); recv != "" {
-						add(recv, d.Name.Name)
-					}
-				} else {
-					add(d.Name.Name)
-				}
-			case *ast.GenDecl:
-				for _, s := range d.Specs {
-					switch s := s.(type) {
-					case *ast.ValueSpec:
-						for _, n := range s.Names {
-							m.bare[n.Name] = true
-							add(n.Name)
-						}
-					case *ast.TypeSpec:
-						m.bare[s.Name.Name] = true
-						add(s.Name.Name)
-						members(s.Type, func(member string) {
-							m.bare[member] = true
-							add(s.Name.Name, member)
-						})
-					}
-				}
-			}
-		}
+		eachDeclared(f.Decls, func(parts ...string) {
+			m.bare[parts[len(parts)-1]] = true
+			add(parts...)
+		})
 		return nil
 	})
 	if err != nil {
@@ -228,28 +231,7 @@ func (s *stdNames) has(pkg, name string) bool {
 				if err != nil {
 					continue
 				}
-				for _, decl := range f.Decls {
-					switch d := decl.(type) {
-					case *ast.FuncDecl:
-						if d.Recv == nil {
-							names[d.Name.Name] = true
-						} else if r := recvName(d.Recv.List[0].Type); r != "" {
-							names[r+"."+d.Name.Name] = true
-						}
-					case *ast.GenDecl:
-						for _, sp := range d.Specs {
-							switch sp := sp.(type) {
-							case *ast.ValueSpec:
-								for _, n := range sp.Names {
-									names[n.Name] = true
-								}
-							case *ast.TypeSpec:
-								names[sp.Name.Name] = true
-								members(sp.Type, func(m string) { names[sp.Name.Name+"."+m] = true })
-							}
-						}
-					}
-				}
+				eachDeclared(f.Decls, func(parts ...string) { names[strings.Join(parts, ".")] = true })
 			}
 			s.parsed[dir] = names
 		}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"go/ast"
 	"go/build"
 	"go/parser"
 	"go/token"
@@ -15,6 +14,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/streamlimit/streamlimit/internal/apisurface"
 )
 
 // outsideNames are backquoted names the docs give that are not Go names of this module nor
@@ -63,35 +64,6 @@ var (
 
 // moduleNames indexes the Go names declared in the module (test files included, since the
 // docs name tests): every top-level name, every struct field and method as Type.Member,
-// eachDeclared calls f with every name decls declare: each top-level name alone, and each
-// method, struct field and interface method with its type's name first.
-func eachDeclared(decls []ast.Decl, f func(parts ...string)) {
-	for _, decl := range decls {
-		switch d := decl.(type) {
-		case *ast.FuncDecl:
-			if d.Recv == nil {
-				f(d.Name.Name)
-			} else if len(d.Recv.List) == 1 {
-				if recv := recvName(d.Recv.List[0].Type); recv != "" {
-					f(recv, d.Name.Name)
-				}
-			}
-		case *ast.GenDecl:
-			for _, sp := range d.Specs {
-				switch sp := sp.(type) {
-				case *ast.ValueSpec:
-					for _, n := range sp.Names {
-						f(n.Name)
-					}
-				case *ast.TypeSpec:
-					f(sp.Name.Name)
-					members(sp.Type, func(m string) { f(sp.Name.Name, m) })
-				}
-			}
-		}
-	}
-}
-
 // each also qualified by its package's name.
 type moduleNames struct {
 	bare      map[string]bool // Name, and every field and method name
@@ -131,7 +103,7 @@ func indexModule(t *testing.T, root string) *moduleNames {
 				m.qualified[q+"."+n] = true
 			}
 		}
-		eachDeclared(f.Decls, func(parts ...string) {
+		apisurface.Each(f.Decls, true, func(parts ...string) {
 			m.bare[parts[len(parts)-1]] = true
 			add(parts...)
 		})
@@ -141,49 +113,6 @@ func indexModule(t *testing.T, root string) *moduleNames {
 		t.Fatal(err)
 	}
 	return m
-}
-
-func recvName(e ast.Expr) string {
-	switch e := e.(type) {
-	case *ast.StarExpr:
-		return recvName(e.X)
-	case *ast.Ident:
-		return e.Name
-	case *ast.IndexExpr:
-		return recvName(e.X)
-	case *ast.IndexListExpr:
-		return recvName(e.X)
-	}
-	return ""
-}
-
-// members calls f with each field and method name of a struct or interface type.
-func members(e ast.Expr, f func(string)) {
-	var list *ast.FieldList
-	switch e := e.(type) {
-	case *ast.StructType:
-		list = e.Fields
-	case *ast.InterfaceType:
-		list = e.Methods
-	default:
-		return
-	}
-	for _, fld := range list.List {
-		for _, n := range fld.Names {
-			f(n.Name)
-		}
-		if len(fld.Names) == 0 { // embedded
-			if n := recvName(fld.Type); n != "" {
-				f(n)
-			} else if sel, ok := fld.Type.(*ast.SelectorExpr); ok {
-				f(sel.Sel.Name)
-			} else if st, ok := fld.Type.(*ast.StarExpr); ok {
-				if sel, ok := st.X.(*ast.SelectorExpr); ok {
-					f(sel.Sel.Name)
-				}
-			}
-		}
-	}
 }
 
 // stdNames answers whether the standard library's package named pkg (any of them, when
@@ -231,7 +160,7 @@ func (s *stdNames) has(pkg, name string) bool {
 				if err != nil {
 					continue
 				}
-				eachDeclared(f.Decls, func(parts ...string) { names[strings.Join(parts, ".")] = true })
+				apisurface.Each(f.Decls, true, func(parts ...string) { names[strings.Join(parts, ".")] = true })
 			}
 			s.parsed[dir] = names
 		}

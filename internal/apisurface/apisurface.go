@@ -30,50 +30,92 @@ func Exported(dir string) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		for _, d := range f.Decls {
-			got = append(got, declared(d)...)
-		}
+		Each(f.Decls, false, func(parts ...string) {
+			for _, p := range parts {
+				if !ast.IsExported(p) {
+					return
+				}
+			}
+			got = append(got, strings.Join(parts, "."))
+		})
 	}
 	slices.Sort(got)
 	return got, nil
 }
 
-// declared returns the exported names d declares.
-func declared(d ast.Decl) []string {
-	var out []string
-	switch d := d.(type) {
-	case *ast.FuncDecl:
-		if !d.Name.IsExported() {
-			return nil
-		}
-		name := d.Name.Name
-		if d.Recv != nil {
-			typ := d.Recv.List[0].Type
-			if star, ok := typ.(*ast.StarExpr); ok {
-				typ = star.X
-			}
-			id, ok := typ.(*ast.Ident)
-			if !ok || !id.IsExported() {
-				return nil
-			}
-			name = id.Name + "." + name
-		}
-		out = append(out, name)
-	case *ast.GenDecl:
-		for _, spec := range d.Specs {
-			switch spec := spec.(type) {
-			case *ast.TypeSpec:
-				if spec.Name.IsExported() {
-					out = append(out, spec.Name.Name)
+// Each calls f with every name decls declare, exported or not: each top-level name alone,
+// each method with its receiver's type name first, and, with members, each struct field
+// and interface method (embedded ones by their type's name) with its type's name first.
+func Each(decls []ast.Decl, members bool, f func(parts ...string)) {
+	for _, decl := range decls {
+		switch d := decl.(type) {
+		case *ast.FuncDecl:
+			if d.Recv == nil {
+				f(d.Name.Name)
+			} else if len(d.Recv.List) == 1 {
+				if recv := typeName(d.Recv.List[0].Type); recv != "" {
+					f(recv, d.Name.Name)
 				}
-			case *ast.ValueSpec:
-				for _, n := range spec.Names {
-					if n.IsExported() {
-						out = append(out, n.Name)
+			}
+		case *ast.GenDecl:
+			for _, sp := range d.Specs {
+				switch sp := sp.(type) {
+				case *ast.ValueSpec:
+					for _, n := range sp.Names {
+						f(n.Name)
+					}
+				case *ast.TypeSpec:
+					f(sp.Name.Name)
+					if members {
+						eachMember(sp.Type, func(m string) { f(sp.Name.Name, m) })
 					}
 				}
 			}
 		}
 	}
-	return out
+}
+
+// typeName returns the name of the type e refers to (through pointers and type
+// arguments), or "".
+func typeName(e ast.Expr) string {
+	switch e := e.(type) {
+	case *ast.StarExpr:
+		return typeName(e.X)
+	case *ast.Ident:
+		return e.Name
+	case *ast.IndexExpr:
+		return typeName(e.X)
+	case *ast.IndexListExpr:
+		return typeName(e.X)
+	}
+	return ""
+}
+
+// eachMember calls f with each field and method name of a struct or interface type.
+func eachMember(e ast.Expr, f func(string)) {
+	var list *ast.FieldList
+	switch e := e.(type) {
+	case *ast.StructType:
+		list = e.Fields
+	case *ast.InterfaceType:
+		list = e.Methods
+	default:
+		return
+	}
+	for _, fld := range list.List {
+		for _, n := range fld.Names {
+			f(n.Name)
+		}
+		if len(fld.Names) == 0 { // embedded
+			if n := typeName(fld.Type); n != "" {
+				f(n)
+			} else if sel, ok := fld.Type.(*ast.SelectorExpr); ok {
+				f(sel.Sel.Name)
+			} else if st, ok := fld.Type.(*ast.StarExpr); ok {
+				if sel, ok := st.X.(*ast.SelectorExpr); ok {
+					f(sel.Sel.Name)
+				}
+			}
+		}
+	}
 }

@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -142,6 +143,58 @@ func TestChecksFloorExceptions(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			r := &reportT{TB: t}
 			checkBound(r, "bound", admittedOf(heavyRun(c.admit), heavyClient), ruleLimit, ruleWindow, 2*time.Second, 40*time.Second, c.ex, stallClock{})
+			if len(r.errs) != len(c.want) {
+				t.Fatalf("errors %q, want %d matching %q", r.errs, len(c.want), c.want)
+			}
+			for i, w := range c.want {
+				if !strings.Contains(r.errs[i], w) {
+					t.Errorf("error %d: %q, want it to say %q", i, r.errs[i], w)
+				}
+			}
+		})
+	}
+}
+
+// TestCheckColdSeesThroughStalls: the cold check holds each new key to its bound in every
+// phase that stalls left measurable, so one stall early in the run no longer leaves
+// nothing to measure; only when every phase is stalled is it inconclusive.
+func TestCheckColdSeesThroughStalls(t *testing.T) {
+	start := time.Unix(1000, 0)
+	phases := []burst{
+		{client: heavyClient, from: 0, to: coldSpan},
+		{client: "cold-1", from: coldSpan, to: 2 * coldSpan},
+		{client: "cold-2", from: 2 * coldSpan, to: 3 * coldSpan},
+	}
+	// run is every phase's key at 100 requests a second over its span, of which one in
+	// five is admitted (20 per second: the limit of 100 per 5 s), or two in five for the
+	// keys named in broken.
+	run := func(broken ...string) []result {
+		var rs []result
+		for _, p := range phases {
+			for i := 0; time.Duration(i)*10*time.Millisecond < p.to-p.from; i++ {
+				sent := p.from + time.Duration(i)*10*time.Millisecond
+				admit := i%5 == 0 || i%5 == 1 && slices.Contains(broken, p.client)
+				rs = append(rs, result{client: p.client, sent: sent, recv: sent + 2*time.Millisecond, status: 200, admitted: admit})
+			}
+		}
+		return rs
+	}
+	early := span{1 * time.Second, 1300 * time.Millisecond}
+	for _, c := range []struct {
+		name   string
+		rs     []result
+		stalls stallClock
+		want   []string
+	}{
+		{"good", run(), stallClock{}, nil},
+		{"every key broken", run(heavyClient, "cold-1", "cold-2"), stallClock{}, []string{"heavy:", "cold-1:", "cold-2:"}},
+		{"an early stall sets the first phase aside", run(heavyClient), stallsAt(start, early), nil},
+		{"an early stall, a later key broken", run("cold-2"), stallsAt(start, early), []string{"cold-2:"}},
+		{"every phase stalled", run(), stallsAt(start, early, span{14 * time.Second, 14300 * time.Millisecond}, span{26 * time.Second, 26300 * time.Millisecond}), []string{"inconclusive"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := &reportT{TB: t}
+			checkCold(r, "cold", c.rs, phases, 1.25, c.stalls)
 			if len(r.errs) != len(c.want) {
 				t.Fatalf("errors %q, want %d matching %q", r.errs, len(c.want), c.want)
 			}

@@ -11,6 +11,7 @@ import (
 	"net/http/httptrace"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -52,6 +53,8 @@ type loadGen struct {
 	// lightClients each send lightRate requests per second to node i % len(nodes).
 	lightClients int
 	lightRate    float64
+	// bursts are further clients, each sending at its own rate over its own span.
+	bursts []burst
 
 	client *http.Client
 	start  time.Time
@@ -63,6 +66,17 @@ type loadGen struct {
 }
 
 const heavyClient = "heavy"
+
+// lightPrefix starts the name of every light client.
+const lightPrefix = "light-"
+
+// burst is a client that sends rate requests per second, spread over the nodes like the
+// heavy client, from from to to on the generator's clock.
+type burst struct {
+	client   string
+	rate     float64
+	from, to time.Duration
+}
 
 func newLoadGen(nodes []*node, heavyRate float64, lightClients int, lightRate float64) *loadGen {
 	return &loadGen{
@@ -123,6 +137,19 @@ func (g *loadGen) run(ctx context.Context) {
 			}
 		})
 	}
+	for _, b := range g.bursts {
+		sched.Go(func() {
+			interval := time.Duration(float64(time.Second) / b.rate)
+			next := g.start.Add(b.from)
+			for i := 0; next.Before(g.start.Add(b.to)); i++ {
+				if !sleepUntil(ctx, next) {
+					return
+				}
+				fire(b.client, i%len(g.nodes))
+				next = next.Add(interval)
+			}
+		})
+	}
 	for c := range g.lightClients {
 		sched.Go(func() {
 			interval := time.Duration(float64(time.Second) / g.lightRate)
@@ -131,7 +158,7 @@ func (g *loadGen) run(ctx context.Context) {
 				if !sleepUntil(ctx, next) {
 					return
 				}
-				fire(fmt.Sprintf("light-%02d", c), c%len(g.nodes))
+				fire(fmt.Sprintf("%s%02d", lightPrefix, c), c%len(g.nodes))
 				next = next.Add(interval)
 			}
 		})
@@ -312,12 +339,13 @@ func summarize(rs []result, from, to time.Duration) summary {
 		if r.fallback {
 			s.fallback++
 		}
-		if r.client == heavyClient {
+		switch {
+		case r.client == heavyClient:
 			s.heavyRequests++
 			if r.admitted {
 				s.heavyAdmitted++
 			}
-		} else {
+		case strings.HasPrefix(r.client, lightPrefix):
 			s.lightRequests++
 			if !r.admitted {
 				s.lightDenied++

@@ -55,7 +55,10 @@ func (c *counting) apply(now int64, it *held) addResult {
 			return added
 		}
 		c.m.siteHeartbeats.Inc()
-		c.st.heardFrom(src, string(it.h.site), it.inst, it.h.bucketStart)
+		if c.st.heardFrom(src, string(it.h.site), it.inst, it.h.bucketStart) {
+			c.m.bad.WithLabelValues(ReasonReplayedHeartbeat).Inc()
+			return added
+		}
 		c.st.sawInstance(now, string(it.h.site), it.inst, it.counter)
 		return added
 	}

@@ -24,6 +24,10 @@ const (
 	// for a site not heard on the partition at all changes nothing either and is not
 	// counted: a producer stopped before its heartbeats reached every partition writes it.
 	ReasonStrangerLeave = "stranger_leave"
+	// ReasonReplayedHeartbeat: a site heartbeat of an instance whose leave was taken on
+	// that partition: an old record written again, which would bring back a site that left.
+	// It changes nothing.
+	ReasonReplayedHeartbeat = "replayed_heartbeat"
 )
 
 type metrics struct {
@@ -120,7 +124,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, e := range []string{eventAssigned, eventRevoked, eventLost} {
 		m.groupPartitions.WithLabelValues(e)
 	}
-	for _, r := range append(topics.Reasons(), ReasonTooFarFuture, ReasonTooOld, ReasonWindowTooLong, ReasonStrangerLeave) {
+	for _, r := range append(topics.Reasons(), ReasonTooFarFuture, ReasonTooOld, ReasonWindowTooLong, ReasonStrangerLeave, ReasonReplayedHeartbeat) {
 		m.bad.WithLabelValues(r)
 	}
 	if reg != nil {

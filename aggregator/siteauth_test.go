@@ -215,3 +215,46 @@ func TestLeaveWhereTheSiteWasNeverHeard(t *testing.T) {
 		t.Errorf("leave of us-1 where it was heard: taken %v, stranger %v; want taken", taken, stranger)
 	}
 }
+
+// A heartbeat of an instance that left, written again later (a replay of its old, signed
+// records by someone who can read the topic), must not bring its site back: the site
+// would be live as of its leave, soon silent, and kept counted as cut off. Instance us-1
+// heartbeats every 500 ms and leaves at 2 s; then its heartbeats of the first two seconds
+// are written again every 100 ms for 5 s. us stays listed as left, every replay is counted,
+// and a new instance of us (a restart under the name) still brings it back.
+func TestMemoryRefusesReplayedHeartbeats(t *testing.T) {
+	m, err := NewMemory(Config{HeartbeatInterval: time.Millisecond, MaxClockSkew: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	add := func(at time.Duration, key, inst string, ts time.Time) {
+		t.Helper()
+		if err := m.AddFrom(t0.Add(at), "hits", topics.Hit{Key: key, Site: "us", BucketStart: ts.UnixMilli(), Instance: inst}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for at := time.Duration(0); at < 2*time.Second; at += 500 * time.Millisecond {
+		add(at, topics.SiteHeartbeatKey, "us-1", t0.Add(at))
+	}
+	add(2*time.Second, topics.SiteLeaveKey, "us-1", t0.Add(2*time.Second))
+	replays, live := 0, 0
+	for at := 2 * time.Second; at < 7*time.Second; at += 100 * time.Millisecond {
+		add(at, topics.SiteHeartbeatKey, "us-1", t0.Add(at%(2*time.Second)))
+		replays++
+		hb := heartbeats(t, m.Emit(t0.Add(at+50*time.Millisecond)))["hits"]
+		if _, ok := hb.Sites["us"]; ok && at >= 2200*time.Millisecond {
+			live++
+		}
+	}
+	if live != 0 {
+		t.Errorf("us listed live after its leave in %d heartbeats, want 0", live)
+	}
+	if got := testutil.ToFloat64(m.m.bad.WithLabelValues(ReasonReplayedHeartbeat)); got != float64(replays) {
+		t.Errorf("bad_records_total{reason=%q} = %v, want %d", ReasonReplayedHeartbeat, got, replays)
+	}
+	add(7*time.Second, topics.SiteHeartbeatKey, "us-2", t0.Add(7*time.Second))
+	if hb := heartbeats(t, m.Emit(t0.Add(7100*time.Millisecond)))["hits"]; hb.Sites["us"] == 0 {
+		t.Fatalf("a new instance of us: heartbeat %+v, want us live", hb)
+	}
+}

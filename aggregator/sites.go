@@ -13,6 +13,13 @@ type siteSeen struct {
 	left     bool             // every instance heard from here has left
 	leftRead int64            // when it was taken as left, unix ms of this aggregator's clock
 	insts    map[string]int64 // instance → its latest record's time; "" for producers that name none
+	// gone holds the instances whose leave was taken here, with the leave's time. An
+	// instance's name is its process's own (it carries random bytes), and its leave is the
+	// last record it writes to the partition, so a heartbeat of an instance in gone is a
+	// copy of an old record written again (a replay by someone who can read the topic); it
+	// would bring a site back that left, as of the leave, to be taken as cut off and keep
+	// its counts.
+	gone map[string]int64
 }
 
 // instanceLive is how long after its latest heartbeat another instance of a site keeps the
@@ -52,16 +59,21 @@ func (s *state) siteSeenOn(src tp, site string, create bool) *siteSeen {
 
 // heardFrom records a site heartbeat of site and instance, stamped ts (ms), on src: the
 // site is live there, whatever it said before (a site that restarts under its name joins
-// again with its first heartbeat).
-func (s *state) heardFrom(src tp, site, instance string, ts int64) {
+// again with its first heartbeat, from a new instance). It reports a replay, and changes
+// nothing, when the instance's leave was taken on src (siteSeen.gone).
+func (s *state) heardFrom(src tp, site, instance string, ts int64) (replay bool) {
 	e := s.siteSeenOn(src, site, true)
 	if e == nil {
-		return
+		return false
+	}
+	if _, ok := e.gone[instance]; ok && instance != "" {
+		return true
 	}
 	if ts > e.at || e.left {
 		e.at, e.left = max(e.at, ts), false
 	}
 	e.saw(instance, ts)
+	return false
 }
 
 // leftFrom records a site leave record of site and instance, stamped ts (ms), read at now
@@ -84,6 +96,7 @@ func (s *state) leftFrom(now int64, src tp, site, instance string, ts int64) (ta
 	// a new instance is not two instances counting apart.
 	delete(s.instances[site], instance)
 	delete(e.insts, instance)
+	e.leftAt(instance, ts)
 	for _, t := range e.insts {
 		if t >= ts-instanceLive {
 			return true, false // another instance still speaks for the site
@@ -95,6 +108,27 @@ func (s *state) leftFrom(now int64, src tp, site, instance string, ts int64) (ta
 	}
 	e.left, e.at = true, max(e.at, ts)
 	return true, false
+}
+
+// leftAt records that instance left at ts, dropping the instance that left longest ago when
+// the bound is reached.
+func (e *siteSeen) leftAt(instance string, ts int64) {
+	if instance == "" {
+		return
+	}
+	if e.gone == nil {
+		e.gone = map[string]int64{}
+	}
+	if _, ok := e.gone[instance]; !ok && len(e.gone) >= maxInstancesPerSource {
+		oldest, at := "", int64(0)
+		for k, t := range e.gone {
+			if oldest == "" || t < at {
+				oldest, at = k, t
+			}
+		}
+		delete(e.gone, oldest)
+	}
+	e.gone[instance] = ts
 }
 
 // saw records instance's record at ts, dropping the instance heard from longest ago when

@@ -20,8 +20,8 @@ import (
 // (DCConfig.ClockSkew). The target is every scenario within the bounds it keeps with right
 // clocks (1.02, a cut 1.05) with every clock within clock.MaxSkew (±500 ms) of true time.
 // It is MISSED: each bound below is the worst of seeds 1–6 as measured, so that none can
-// regress (the test runs three of them: all six take about two minutes of two cores, three
-// half that, in a unit tier held to minutes), and docs/operations.md ("Clocks") has the
+// regress (the test runs three of them: three take about two minutes of CPU, all six twice
+// that, in a unit tier held to minutes), and docs/operations.md ("Clocks") has the
 // figures and their causes. Within ±20 ms every scenario but the bursty client holds 1.05.
 // Within ±500 ms two hosts may be a second apart, which records are taken within
 // (clock.MaxAhead): no process's CheckClock may fail, or it would be taken out of service

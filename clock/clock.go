@@ -59,3 +59,15 @@ func (f *Fake) Advance(d time.Duration) time.Time {
 	f.now = f.now.Add(d)
 	return f.now
 }
+
+// MaxSkew is the most a host's clock may be off true time for streamlimit's limits to
+// hold as measured (docs/operations.md, "Clocks"): every host keeps its clock by NTP within
+// ± this.
+const MaxSkew = 500 * time.Millisecond
+
+// MaxAhead is how far ahead of a reader's clock a record dated by another host's clock may
+// be before the reader refuses it: twice MaxSkew, since two hosts each within MaxSkew of
+// true time may be that far apart, one ahead and one behind. A record dated further ahead
+// was not dated by a host within the bound (a forgery, or a clock that needs fixing),
+// and one believed would stay in force until its date comes.
+const MaxAhead = 2 * MaxSkew

@@ -9,8 +9,9 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"time"
 	"unicode/utf8"
+
+	"github.com/streamlimit/streamlimit/clock"
 )
 
 // HeaderSiteMAC is the Kafka record header that proves a hits-topic record's site: the
@@ -30,13 +31,14 @@ const MinSiteKeyLen = 32
 const siteMACContext = "streamlimit site record v1\x00"
 
 // MaxSiteRecordAhead is how far ahead of a reader's clock a site record (heartbeat or
-// leave) may be dated. A site dates its records by its own clock as it writes them, so
-// with clocks kept within this bound of each other a genuine record is never further
-// ahead; one dated further would make its site look heard from (a heartbeat) or gone (a
-// leave) until then, overriding what the site itself says meanwhile. It is the bound
-// enforcers hold counts to (snapshot.DefaultMaxCountAhead): the clocks of sites and
-// aggregators must agree within it anyway for counts to be believed.
-const MaxSiteRecordAhead = 500 * time.Millisecond
+// leave) may be dated: clock.MaxAhead, twice the skew from true time hosts are held to. A
+// site dates its records by its own clock as it writes them, so with every clock within
+// clock.MaxSkew of true time a genuine record is never further ahead; one dated further
+// would make its site look heard from (a heartbeat) or gone (a leave) until then,
+// overriding what the site itself says meanwhile. It is the bound enforcers hold counts
+// to (snapshot.DefaultMaxCountAhead): the clocks of sites and aggregators must agree
+// within it anyway for counts to be believed.
+const MaxSiteRecordAhead = clock.MaxAhead
 
 // SiteMAC returns the proof of value's site under key: HMAC-SHA256 of a fixed context
 // string and value.

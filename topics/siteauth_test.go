@@ -107,8 +107,8 @@ func TestDocsSiteSignature(t *testing.T) {
 			t.Errorf("the section does not name %q", want)
 		}
 	}
-	if !strings.Contains(doc, "dated more than 500 ms") || MaxSiteRecordAhead != 500*time.Millisecond {
-		t.Errorf("docs/records.md does not give MaxSiteRecordAhead (%v) as 500 ms", MaxSiteRecordAhead)
+	if !strings.Contains(doc, "dated more than 1 s") || MaxSiteRecordAhead != time.Second {
+		t.Errorf("docs/records.md does not give MaxSiteRecordAhead (%v) as 1 s", MaxSiteRecordAhead)
 	}
 	_, block, _ := strings.Cut(sec, "```text\n")
 	block, _, _ = strings.Cut(block, "```")

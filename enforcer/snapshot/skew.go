@@ -90,7 +90,7 @@ func (s *Snapshot) ClockSkew() (ahead, behind time.Duration) {
 // shares alone; ahead, fresh counts look old. Clocks kept by NTP agree within
 // milliseconds.
 //
-// A clock ahead by more than topics.MaxSiteRecordAhead (the same 500 ms) leaves no
+// A clock ahead by more than topics.MaxSiteRecordAhead (the same 1 s) leaves no
 // heartbeat evidence: the aggregators refuse this site's heartbeats as dated ahead, so no
 // heartbeat lists the site. CheckClock also fails, then, when this site's hits have been
 // counted (counts show it) for unlistedAfter while no heartbeat listed it: its site

@@ -43,9 +43,10 @@ const (
 	// on hits from the future, so that a count is held to what its hits were.
 	DefaultMaxClockSkew = 30 * time.Second
 	// DefaultMaxCountAhead is Config.MaxCountAhead when zero: an aggregator dates a count
-	// by its own clock when it publishes it, so a count from further ahead than clocks kept
-	// by NTP differ (milliseconds) was not made by an aggregator.
-	DefaultMaxCountAhead = 500 * time.Millisecond
+	// by its own clock when it publishes it, so a count from further ahead than two clocks
+	// within clock.MaxSkew of true time can differ (clock.MaxAhead) was not made by an
+	// aggregator.
+	DefaultMaxCountAhead = clock.MaxAhead
 	// maxInternedSites bounds the table that shares site-name strings between entries.
 	maxInternedSites = 4096
 )

@@ -607,7 +607,7 @@ func TestSiteConflictReported(t *testing.T) {
 	}
 }
 
-// A count from further ahead than DefaultMaxCountAhead (500 ms), or a heartbeat from
+// A count from further ahead than DefaultMaxCountAhead (1 s), or a heartbeat from
 // beyond the clock-skew bound, is refused and counted; one within it is applied. A count
 // 25 s ahead, within the heartbeats' 30 s, was believed before.
 func TestFutureRecordsRefused(t *testing.T) {

@@ -11,31 +11,36 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/streamlimit/streamlimit/clock"
 )
 
 // Clocks off true time, every scenario of `streamlimit sim dc` at full size, seeds 1–3:
 // each data center's aggregator and enforcer process off by an offset spread within ±D
-// (DCConfig.ClockSkew). The target is max/limit ≤ 1.05 in every scenario with every clock
-// within ±500 ms of true time. It is MISSED: each bound below is the worst of seeds 1–6
-// as measured, so that none can regress (the test runs three of them: all six take
-// 106 s of two cores, three half that, in a unit tier held to minutes), and docs/operations.md ("Clocks") has the
-// figures and their causes. Within ±20 ms every scenario but the bursty client holds 1.05;
-// within ±500 ms two hosts may be a second apart, past the 500 ms within which counts and
-// site records are taken. The under-limit false 429s are logged, to set beside those
-// without skew (TestDCSimulationReserveSeeds).
+// (DCConfig.ClockSkew). The target is every scenario within the bounds it keeps with right
+// clocks (1.02, a cut 1.05) with every clock within clock.MaxSkew (±500 ms) of true time.
+// It is MISSED: each bound below is the worst of seeds 1–6 as measured, so that none can
+// regress (the test runs three of them: three take about two minutes of CPU, all six twice
+// that, in a unit tier held to minutes), and docs/operations.md ("Clocks") has the
+// figures and their causes. Within ±20 ms every scenario but the bursty client holds 1.05.
+// Within ±500 ms two hosts may be a second apart, which records are taken within
+// (clock.MaxAhead): no process's CheckClock may fail, or it would be taken out of service
+// and, here, decide alone on its own share. What remains is the offsets between data
+// centers, which date the records each aggregator lines up. The under-limit false 429s are
+// logged, to set beside those without skew (TestDCSimulationReserveSeeds).
 func TestDCSimulationClockSkewSeeds(t *testing.T) {
 	for _, tc := range []struct {
 		skew   time.Duration
 		bounds map[DCScenario]float64
 	}{
 		{20 * time.Millisecond, map[DCScenario]float64{
-			DCMix: 1.05, DCMigrating: 1.05, DCFailover: 1.05, DCPartition: 1.05, DCSkewedCut: 1.05, DCJitter: 1.05,
-			DCBursty:  1.10, // target 1.05: MISSED
-			DCRolling: 1.05, DCAutoscale: 1.05, DCCrash: 1.05, DCLeave: 1.05, DCRename: 1.05,
+			DCMix: 1.03, DCMigrating: 1.02, DCFailover: 1.01, DCPartition: 1.04, DCSkewedCut: 1.04, DCJitter: 1.03,
+			DCBursty:  1.10, // target 1.02: MISSED
+			DCRolling: 1.05, DCAutoscale: 1.05, DCCrash: 1.03, DCLeave: 1.05, DCRename: 1.03,
 		}},
-		{500 * time.Millisecond, map[DCScenario]float64{ // target 1.05: MISSED in every scenario
-			DCMix: 1.17, DCMigrating: 1.34, DCFailover: 1.27, DCPartition: 1.35, DCSkewedCut: 1.14, DCJitter: 1.12,
-			DCBursty: 1.22, DCRolling: 1.12, DCAutoscale: 1.11, DCCrash: 1.06, DCLeave: 1.09, DCRename: 1.10,
+		{500 * time.Millisecond, map[DCScenario]float64{ // target 1.02 (cuts 1.05): MISSED but for skewed-cut
+			DCMix: 1.17, DCMigrating: 1.21, DCFailover: 1.11, DCPartition: 1.07, DCSkewedCut: 1.05, DCJitter: 1.11,
+			DCBursty: 1.30, DCRolling: 1.11, DCAutoscale: 1.10, DCCrash: 1.07, DCLeave: 1.13, DCRename: 1.10,
 		}},
 	} {
 		worst := map[DCScenario]float64{}
@@ -54,11 +59,17 @@ func TestDCSimulationClockSkewSeeds(t *testing.T) {
 				} else if r.MaxRatio > b+1e-9 {
 					t.Errorf("±%v seed %d %s: max/limit %.2f, want ≤ %.2f", tc.skew, seed, sc, r.MaxRatio, b)
 				}
+				for _, c := range r.Clocks {
+					if c.Unready > 0 {
+						t.Errorf("±%v seed %d %s: %s (%v off) unready at %d of %d samples, with every clock within ±%v",
+							tc.skew, seed, sc, c.Site, c.Offset, c.Unready, c.Checks, clock.MaxSkew)
+					}
+				}
 			}
 		}
 		for _, sc := range DCScenarios() {
-			if worst[sc] > 1.05 {
-				t.Logf("±%v %s: max/limit %.2f: target 1.05 MISSED", tc.skew, sc, worst[sc])
+			if target := map[bool]float64{false: 1.02, true: 1.05}[sc == DCPartition || sc == DCSkewedCut]; worst[sc] > target {
+				t.Logf("±%v %s: max/limit %.2f: target %.2f MISSED", tc.skew, sc, worst[sc], target)
 			}
 		}
 	}

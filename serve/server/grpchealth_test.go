@@ -212,7 +212,7 @@ func TestReadinessFollowsClockSkew(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if _, why := srv.Ready(); !strings.Contains(why, "behind them (bound 500ms)") {
+	if _, why := srv.Ready(); !strings.Contains(why, "behind them (bound 1s)") {
 		t.Errorf("not ready because %q, want the clock named", why)
 	}
 	r, err := health.Check(ctx, &healthpb.HealthCheckRequest{})

@@ -135,7 +135,7 @@ func (l *Engine) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *sn
 	ms := now.UnixMilli()
 	g.keepFrozen(ms, &e, known, allFresh, l.cfg.SiteStaleAfter.Milliseconds())
 	if known {
-		g.past.see(e.Sites, e.AsOf)
+		g.past.see(e.Sites, e.AsOf, l.share.servingSpan)
 	}
 	newKey := known && now.UnixNano()-g.unknownAt < int64(l.cfg.NewKeyHold)
 	// Before finalCap reads this site's count: the hits of a previous instance given

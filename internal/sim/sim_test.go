@@ -269,7 +269,7 @@ func TestSweepSVGWellFormed(t *testing.T) {
 			t.Fatalf("sweep SVG is not well-formed XML: %v", err)
 		}
 	}
-	for _, want := range []string{`id="sweep-mix"`, "mix 12.6%", "exact central limiter", "Serving span"} {
+	for _, want := range []string{`id="sweep-mix"`, "mix (1.02, 12.6%)", "exact central limiter", "Serving span"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("sweep SVG lacks %q", want)
 		}

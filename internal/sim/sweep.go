@@ -184,8 +184,9 @@ func WriteSweepTable(w io.Writer, pts []SweepPoint) error {
 // WriteSweepSVG plots the frontier: for every scenario with clients under their limit, its
 // max/limit (x) against their false 429s (y) at each value, joined in the order swept; the
 // rule before ServingSpan (RefServed) as a hollow square of the scenario's colour; a
-// per-site split limiter (RefSplit) as a cross, at the top edge with its figure when it
-// is beyond the plot; and where an exact central limiter sits (1.00, 0%).
+// per-site split limiter (RefSplit) as a cross, at the plot's edge with its figures when
+// it is beyond the plot (which is scaled to the other points); and where an exact central
+// limiter sits (1.00, 0%).
 func WriteSweepSVG(w io.Writer, pts []SweepPoint) error {
 	var b strings.Builder
 	const width, height, left, right, top, bottom = 960, 560, 80, 700, 80, 480
@@ -194,9 +195,9 @@ func WriteSweepSVG(w io.Writer, pts []SweepPoint) error {
 	for _, p := range pts {
 		if p.Ref != RefSplit {
 			ymax = max(ymax, p.Under)
+			x0 = min(x0, p.MaxRatio-0.01)
+			x1 = max(x1, p.MaxRatio+0.01)
 		}
-		x0 = min(x0, p.MaxRatio-0.01)
-		x1 = max(x1, p.MaxRatio+0.01)
 	}
 	step := svgplot.NiceStep(max(ymax, 0.1) / 5)
 	fr := svgplot.Frame{Left: left, Right: right, Top: top, Bottom: bottom, X0: x0, X1: x1,
@@ -248,14 +249,16 @@ func WriteSweepSVG(w io.Writer, pts []SweepPoint) error {
 			if p.Scenario != sc || p.Under < 0 {
 				continue
 			}
-			x, y := fr.X(p.MaxRatio), fr.Y(min(p.Under, fr.YMax))
+			x, y := fr.X(min(max(p.MaxRatio, fr.X0), fr.X1)), fr.Y(min(p.Under, fr.YMax))
 			switch p.Ref {
 			case RefServed:
 				fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="8" height="8" fill="none" stroke="%s" stroke-width="1.5"/>`+"\n", x-4, y-4, c)
 			case RefSplit:
 				fmt.Fprintf(&b, `<path d="M%.1f %.1fl8 8m0 -8l-8 8" stroke="%s" stroke-width="2"/>`+"\n", x-4, y-4, c)
-				if p.Under > fr.YMax {
-					fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" font-size="11" fill="%s">%s %.1f%%</text>`+"\n", x+6, y+12+11*float64(i%4), c, svgplot.Esc(string(sc)), p.Under)
+				if p.Under > fr.YMax || p.MaxRatio < fr.X0 || p.MaxRatio > fr.X1 {
+					// Beyond the plot: at its edge, with its figures.
+					fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" font-size="11" fill="%s">%s (%.2f, %.1f%%)</text>`+"\n",
+						min(x+6, fr.X(fr.X1)-150), y+12+11*float64(i%12), c, svgplot.Esc(string(sc)), p.MaxRatio, p.Under)
 				}
 			}
 		}

@@ -98,6 +98,20 @@ type Tuning struct {
 	// (less over-admission); shorter refuses less of a client near its limit. Default:
 	// Defaults, chosen with the accuracy simulation (docs/accuracy.md); negative: none.
 	ReserveMargin time.Duration
+	// ServingSpan is the span over which the other data centers' recent rates of a key
+	// tell which of them still serve it. A site takes every data center serving a key
+	// under its limit to receive at least its own rate of it — the guard against a client
+	// that surges at several data centers at once before the counts show it — and one
+	// counts as serving while it has served the key in the window at half this site's
+	// rate or more over the last ServingSpan or so (less, in proportion). A data center a
+	// client has left then stops being kept this site's rate about ServingSpan after the
+	// counts show it gone, and the client is not refused at its new data center for room
+	// kept at the old one. Shorter refuses fewer moving clients, and mistakes a client
+	// spread thinly over the data centers for one that left them more often (more
+	// over-admission). Default: Defaults, chosen with the accuracy simulation
+	// (docs/accuracy.md); negative: every data center that served the key in the window
+	// counts whole.
+	ServingSpan time.Duration
 	// RecoveryHold is how long, after the snapshot was last stale, a global limit stays
 	// capped at this site's share as well as by the snapshot (bounded by the limit's
 	// window): right after Kafka or the aggregator comes back, hits published during the
@@ -185,8 +199,11 @@ func Defaults() Tuning {
 		// The knee of the frontier of over-admission against false 429s that
 		// `streamlimit sim dc --sweep-reserve-margin` measures (docs/accuracy.md).
 		ReserveMargin: 250 * time.Millisecond,
-		DemandPrior:   0.05,
-		RecoveryHold:  30 * time.Second,
+		// Long enough that a client spread thinly over the data centers is seldom taken
+		// for one that left them (`streamlimit sim dc --sweep-serving-span`).
+		ServingSpan:  time.Second,
+		DemandPrior:  0.05,
+		RecoveryHold: 30 * time.Second,
 		// A few pipeline lags.
 		NewKeyHold: time.Second,
 		// As many keys as the site counter holds by default.

@@ -82,9 +82,10 @@ type allotment struct {
 	// others is the part of the room given to the sites of other data centers, which see
 	// this site a replication late.
 	others float64
-	// serving is the number of the fresh sites of other data centers that count at least
-	// one request of the key in the window (at most 255): those that have served it.
-	serving uint8
+	// serving is how many of the fresh sites of other data centers are taken to be
+	// serving the key now (sharing.serving): each that counts a request of the key in the
+	// window weighs up to 1, by its recent rate against this site's.
+	serving float32
 	// peers is the number of the other fresh sites of this site's data center (at most
 	// 255).
 	peers uint8
@@ -105,6 +106,7 @@ type sharing struct {
 	crashHold    time.Duration // Config.CrashHold
 	damping      float64       // Config.ShareDamping
 	prior        float64       // Config.DemandPrior
+	servingSpan  int64         // Config.ServingSpan, ms (0: off)
 }
 
 // classify returns the state of the site st at now (unix ms) and, when silent, how long it
@@ -218,7 +220,8 @@ func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapsh
 		heavy = demand/demandTau/(allowance/float64(w)) > heavyLoad
 	}
 	ref, dt := past.at(e.AsOf)
-	a := g.allot(sites, allowance, unitHash(key, e.AsOf), heavy, ref, dt)
+	long, ldt := past.atLong(e.AsOf)
+	a := g.allot(sites, allowance, unitHash(key, e.AsOf), heavy, ref, dt, long, ldt)
 	a.heavy, a.reserved = heavy, reserved
 	return a
 }
@@ -270,7 +273,7 @@ func shareOf(site string, frozen []topics.SiteCount, e *snapshot.Entry) float64 
 // it in name order. Each cap is rounded up with probability equal to its fraction (the room
 // is spent in expectation), and the rounded caps add up to the rounded sum: rounding never
 // admits more than the limit, as independent rounding of N caps could by up to N−1.
-func (g *sharing) allot(sites []siteView, allowance, u float64, heavy bool, past []topics.SiteCount, dt float64) (a allotment) {
+func (g *sharing) allot(sites []siteView, allowance, u float64, heavy bool, past []topics.SiteCount, dt float64, long []topics.SiteCount, ldt float64) (a allotment) {
 	room := allowance
 	// The fresh sites' data centers: demand, count and fresh sites of each.
 	var gd, gc [maxSites]float64
@@ -334,6 +337,7 @@ func (g *sharing) allot(sites []siteView, allowance, u float64, heavy bool, past
 	}
 	a.ahead = room > 0
 	a.others = max(1-share(sites[me].group), 0)
+	mine := recentRate(g.site, sites[me].demand, long, ldt)
 	var before float64
 	for i := range sites {
 		s := &sites[i]
@@ -359,8 +363,8 @@ func (g *sharing) allot(sites []siteView, allowance, u float64, heavy bool, past
 		} else if room > 0 {
 			if r := recentRate(s.site, s.demand, past, dt); s.group != sites[me].group {
 				a.remote += r
-				if s.count >= 1 && a.serving < 255 {
-					a.serving++
+				if s.count >= 1 {
+					a.serving += float32(g.serving(recentRate(s.site, s.demand, long, ldt), mine, long != nil))
 				}
 			} else {
 				a.rate += r
@@ -549,6 +553,10 @@ func siteIndex(sites []siteView, site string) (int, bool) {
 type pastDemand struct {
 	ref, next     []topics.SiteCount
 	refAt, nextAt int64 // their as-of times (unix ms)
+	// long and longNext are the same at least Config.ServingSpan apart, by which the
+	// other sites' rates are told over a longer span (sharing.serving).
+	long, longNext     []topics.SiteCount
+	longAt, longNextAt int64
 }
 
 // rateSpan is the least span (ms) over which a site's recent request rate is measured: long
@@ -558,14 +566,30 @@ type pastDemand struct {
 const rateSpan = 300
 
 // see takes a breakdown seen as of asOf (unix ms): the latest becomes the reference once it
-// is rateSpan older than the one after it.
-func (p *pastDemand) see(sites []topics.SiteCount, asOf int64) {
+// is rateSpan older than the one after it, and the long reference once it is span (ms; 0:
+// none) older.
+func (p *pastDemand) see(sites []topics.SiteCount, asOf, span int64) {
 	switch {
 	case p.next == nil || asOf < p.nextAt:
 		p.ref, p.refAt, p.next, p.nextAt = nil, 0, sites, asOf
 	case asOf-p.nextAt >= rateSpan:
 		p.ref, p.refAt, p.next, p.nextAt = p.next, p.nextAt, sites, asOf
 	}
+	switch {
+	case span <= 0:
+	case p.longNext == nil || asOf < p.longNextAt:
+		p.long, p.longAt, p.longNext, p.longNextAt = nil, 0, sites, asOf
+	case asOf-p.longNextAt >= span:
+		p.long, p.longAt, p.longNext, p.longNextAt = p.longNext, p.longNextAt, sites, asOf
+	}
+}
+
+// atLong is at over the longer span (Config.ServingSpan).
+func (p *pastDemand) atLong(asOf int64) ([]topics.SiteCount, float64) {
+	if p == nil || p.long == nil || asOf <= p.longAt {
+		return nil, 0
+	}
+	return p.long, float64(asOf - p.longAt)
 }
 
 // at returns the reference breakdown and its age at asOf (ms); nil when there is none.
@@ -590,4 +614,25 @@ func recentRate(site string, demand float64, past []topics.SiteCount, dt float64
 	}
 	decay := math.Exp(-dt / demandTau)
 	return max(demand-before*decay, 0) / (demandTau * (1 - decay))
+}
+
+// servingShare is the share of this site's recent rate of a key at which a data center
+// that has served it in the window counts whole among those serving it (sharing.serving);
+// anywhere from a tenth to twice this site's rate served the simulation alike (a data
+// center a client has left shows next to nothing).
+const servingShare = 0.5
+
+// serving returns how much a site of another data center that has served a key in the
+// window counts, in [0, 1], among those taken to receive at least this site's own rate
+// (Engine.cachedCap): by its recent rate r against this site's, mine (both per ms, from
+// the snapshot over Config.ServingSpan, when there is a breakdown that old). A site at
+// servingShare × this site's rate or more counts whole; below, in proportion. With
+// ServingSpan off, or no breakdown old enough yet, every site that served the key counts
+// whole.
+func (g *sharing) serving(r, mine float64, known bool) float64 {
+	t := servingShare * mine
+	if !known || g.servingSpan <= 0 || r >= t {
+		return 1
+	}
+	return r / t
 }

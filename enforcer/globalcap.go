@@ -135,7 +135,7 @@ func (l *Engine) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *sn
 	ms := now.UnixMilli()
 	g.keepFrozen(ms, &e, known, allFresh, l.cfg.SiteStaleAfter.Milliseconds())
 	if known {
-		g.past.see(e.Sites, e.AsOf)
+		g.past.see(e.Sites, e.AsOf, l.share.servingSpan)
 	}
 	newKey := known && now.UnixNano()-g.unknownAt < int64(l.cfg.NewKeyHold)
 	// Before finalCap reads this site's count: the hits of a previous instance given
@@ -168,9 +168,10 @@ func (l *Engine) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *sn
 		// decayed: a surge here is taken to be one there.
 		a.rate = max(a.rate, float64(a.peers)*own)
 	}
-	// The data centers that have served the key in the window may see a surge of it as
-	// this one does (a client spread over them), where the snapshot shows it a lag late:
-	// each is taken to be receiving at least this site's rate.
+	// The data centers that still serve the key may see a surge of it as this one does (a
+	// client spread over them), where the snapshot shows it a lag late: each is taken to
+	// be receiving at least this site's rate. One a client has left is not (serving,
+	// Config.ServingSpan): the client would be refused here for room kept there.
 	a.remote = max(a.remote, float64(a.serving)*own)
 	// A report whose rate is under the limit's (a client under its limit, or one holder
 	// of many of a client spread over them): see finalCap, "Seen as others".
@@ -336,9 +337,9 @@ const (
 // keeps back the others' shares, the caps add up to the room. Only this site's hits surely
 // in the window count against it: the room ahead is lowered by the part of the oldest
 // sub-bucket the span count takes as gone and the hard count does not. A surge at several
-// sites before the counts show it is the risk: the other data centers that served the key
-// in the window, and this data center's other sites, are taken to receive at least this
-// site's rate (Engine.cachedCap). A quota spent over a horizon (a Reporter's) gets the
+// sites before the counts show it is the risk: the other data centers that still serve the
+// key (by their rates over Config.ServingSpan), and this data center's other sites, are
+// taken to receive at least this site's rate (Engine.cachedCap). A quota spent over a horizon (a Reporter's) gets the
 // room ahead within its data center's share only.
 //
 // Seen as others. This data center's aggregator counts this site's hits a local hop after

@@ -128,9 +128,9 @@ type keyGlobal struct {
 // allocator. The tables are counted whole (tableBytes), a quarter to a half full.
 const (
 	keyHandleSize = 32  // unsafe.Sizeof(keyHandle{}), checked by TestKeyCacheSizes
-	keyGlobalSize = 376 // unsafe.Sizeof(keyGlobal{}), for a handle given its state later
+	keyGlobalSize = 448 // unsafe.Sizeof(keyGlobal{}), for a handle given its state later
 	// globalHandleSize is unsafe.Sizeof(globalHandle{}), a size class of its own.
-	globalHandleSize = 408
+	globalHandleSize = 480
 	keySlotBytes     = int64(unsafe.Sizeof(keySlot{}))
 )
 

@@ -106,6 +106,12 @@ func New(cfg Config) (*Engine, error) {
 	case cfg.ReserveMargin < 0:
 		cfg.ReserveMargin = 0
 	}
+	switch {
+	case cfg.ServingSpan == 0:
+		cfg.ServingSpan = d.ServingSpan
+	case cfg.ServingSpan < 0:
+		cfg.ServingSpan = 0
+	}
 	if cfg.MaxWaiters <= 0 {
 		cfg.MaxWaiters = d.MaxWaiters
 	}
@@ -125,7 +131,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	l := &Engine{cfg: cfg, metrics: m, born: cfg.Clock.Now(),
 		share: sharing{site: cfg.Site, minShare: cfg.MinShare, defaultShare: cfg.DefaultShare, siteStale: cfg.SiteStaleAfter,
-			crashHold: cfg.CrashHold, damping: cfg.ShareDamping, prior: cfg.DemandPrior}}
+			crashHold: cfg.CrashHold, damping: cfg.ShareDamping, prior: cfg.DemandPrior, servingSpan: cfg.ServingSpan.Milliseconds()}}
 	if cfg.Registerer != nil {
 		sites := &siteStates{l: l, desc: prometheus.NewDesc("streamlimit_enforcer_sites",
 			"Sites by the state global decisions take them to be in: fresh, cut (silent with every site of its data center), crashed (silent while others of its data center speak), left.",

@@ -132,6 +132,7 @@ one's address ("enforcer site eu: http 127.0.0.1:8081, grpc 127.0.0.1:8082"): wi
 	f.DurationVar(&c.SiteStaleAfter, "site-stale-after", enforcer.Defaults().SiteStaleAfter, "how long a site may go unheard before it is taken as silent and reserved its share of the keys it served")
 	f.DurationVar(&c.CrashHold, "crash-hold", enforcer.Defaults().CrashHold, "how long a site silent while the rest of its data center speaks (a crash) keeps its reservation, fading (negative: none)")
 	f.DurationVar(&c.ReserveMargin, "reserve-margin", enforcer.Defaults().ReserveMargin, "added to the pipeline lag over which the other sites' recent rate of a key is kept back from the room this site may spend (negative: none)")
+	f.DurationVar(&c.ServingSpan, "serving-span", enforcer.Defaults().ServingSpan, "span over which the other data centers' recent rates of a key tell which still serve it, each kept at least this site's rate (negative: every one that served it in the window)")
 	f.IntVar(&c.SubBuckets, "sub-buckets", window.DefaultSubBuckets, "sub-window buckets per window (must equal the aggregator's)")
 	f.IntVar(&c.MaxKeys, "max-keys", enforcer.Defaults().MaxKeys, "bound on keys held per structure (local counters, site counts, snapshot, key cache); idle keys go first")
 	ef.maxMemory = server.DefaultMaxMemory

@@ -50,6 +50,7 @@ func TestFlagDefaultsAreTheLibraries(t *testing.T) {
 			"site-stale-after":          d(enforcer.Defaults().SiteStaleAfter),
 			"crash-hold":                d(enforcer.Defaults().CrashHold),
 			"reserve-margin":            d(enforcer.Defaults().ReserveMargin),
+			"serving-span":              d(enforcer.Defaults().ServingSpan),
 			"sub-buckets":               fmt.Sprint(window.DefaultSubBuckets),
 			"max-keys":                  fmt.Sprint(enforcer.Defaults().MaxKeys),
 			"redis-timeout":             d(sitestore.DefaultTimeout),

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -232,6 +233,7 @@ func registerTuning(fs *pflag.FlagSet, t *enforcer.Tuning) {
 	fs.Float64Var(&t.DemandPrior, "demand-prior", 0, "enforcer DemandPrior (0: the enforcer's default, negative: off)")
 	fs.DurationVar(&t.CrashHold, "crash-hold", 0, "enforcer CrashHold (0: the enforcer's default, negative: none)")
 	fs.DurationVar(&t.ReserveMargin, "reserve-margin", 0, "enforcer ReserveMargin (0: the enforcer's default, negative: none)")
+	fs.DurationVar(&t.ServingSpan, "serving-span", 0, "enforcer ServingSpan (0: the enforcer's default, negative: every data center that served the key in the window counts)")
 }
 
 func newSimDCCmd() *cobra.Command {
@@ -240,7 +242,9 @@ func newSimDCCmd() *cobra.Command {
 		scenarios string
 		parallel  int
 		sweep     bool
+		sweepSpan bool
 		margins   []time.Duration
+		spans     []time.Duration
 		sweepSVG  string
 	)
 	cmd := &cobra.Command{
@@ -266,15 +270,23 @@ clients); move is the time from a moved client's first request at its new data c
 its first admission there. Each target is then reported as met or MISSED.`,
 		Example: `  streamlimit sim dc
   streamlimit sim dc --scenarios partition,migrating --wan 40ms --jitter 10ms
-  streamlimit sim dc --sweep-reserve-margin --svg docs/accuracy-reserve.svg`,
+  streamlimit sim dc --sweep-reserve-margin --svg docs/accuracy-reserve.svg
+  streamlimit sim dc --sweep-serving-span --svg docs/accuracy-serving.svg`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var scs []sim.DCScenario
 			for _, s := range splitList(scenarios) {
 				scs = append(scs, sim.DCScenario(s))
 			}
-			if sweep {
-				pts, err := sim.SweepReserveMargin(cmd.Context(), base, scs, margins, parallel)
+			if sweep && sweepSpan {
+				return errors.New("sim dc: --sweep-reserve-margin and --sweep-serving-span: one sweep at a time")
+			}
+			if sweep || sweepSpan {
+				setting, values := sim.SweepReserveMargin, margins
+				if sweepSpan {
+					setting, values = sim.SweepServingSpan, spans
+				}
+				pts, err := sim.Sweep(cmd.Context(), base, scs, setting, values, parallel)
 				if err != nil {
 					return err
 				}
@@ -324,7 +336,9 @@ its first admission there. Each target is then reported as met or MISSED.`,
 	registerTuning(fs, &base.Tuning)
 	fs.BoolVar(&sweep, "sweep-reserve-margin", false, "run every scenario at every --margins and print max/limit against the false 429s of clients under their limit and of migrating clients (the frontier the enforcer's --reserve-margin moves along)")
 	fs.DurationSliceVar(&margins, "margins", sim.DefaultSweepMargins(), "reserve margins --sweep-reserve-margin tries (negative: none)")
-	fs.StringVar(&sweepSVG, "svg", "", "with --sweep-reserve-margin, also plot the frontier to this SVG file")
+	fs.BoolVar(&sweepSpan, "sweep-serving-span", false, "run every scenario at every --spans and print max/limit against the false 429s of clients under their limit and of migrating clients (the frontier the enforcer's --serving-span moves along)")
+	fs.DurationSliceVar(&spans, "spans", sim.DefaultSweepSpans(), "serving spans --sweep-serving-span tries (negative: off)")
+	fs.StringVar(&sweepSVG, "svg", "", "with --sweep-reserve-margin or --sweep-serving-span, also plot the frontier to this SVG file")
 	fs.IntVar(&parallel, "parallel", runtime.GOMAXPROCS(0), "runs simulated at once (the output does not depend on it)")
 	return cmd
 }

@@ -58,23 +58,37 @@ func TestSimDCCommand(t *testing.T) {
 	}
 }
 
-// `sim dc --sweep-reserve-margin` (docs/accuracy.md, "The reserve rule and its margin")
-// prints a row per scenario and margin, the enforcer's default marked, and plots them.
+// `sim dc --sweep-reserve-margin` and `--sweep-serving-span` (docs/accuracy.md, "The
+// reserve rule and its margin", "The serving span") print a row per scenario and value,
+// the enforcer's default marked, then the reference points, and plot them.
 func TestSimDCSweepCommand(t *testing.T) {
-	svg := filepath.Join(t.TempDir(), "reserve.svg")
-	out, _, err := runSplit(t, "sim", "dc", "--sweep-reserve-margin", "--scenarios", "migrating", "--clients", "20",
-		"--windows", "2", "--margins", "-1ms,250ms", "--svg", svg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{"| scenario | reserve margin | max/limit |", "| migrating | none |", "| migrating | 250ms (default) |"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("output lacks %q:\n%s", want, out)
+	for _, tc := range []struct {
+		flag, values string
+		want         []string
+	}{
+		{"--sweep-reserve-margin", "--margins=-1ms,250ms", []string{"| scenario | reserve margin | max/limit |", "| migrating | none |",
+			"| migrating | 250ms (default) |", "| migrating | *every served data center* |", "| migrating | *per-site split* |"}},
+		{"--sweep-serving-span", "--spans=-1ms,1s", []string{"| scenario | serving span | max/limit |", "| migrating | off |",
+			"| migrating | 1s (default) |", "| migrating | *per-site split* |"}},
+	} {
+		svg := filepath.Join(t.TempDir(), "sweep.svg")
+		out, _, err := runSplit(t, "sim", "dc", tc.flag, "--scenarios", "migrating", "--clients", "20",
+			"--windows", "2", tc.values, "--svg", svg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range tc.want {
+			if !strings.Contains(out, want) {
+				t.Errorf("%s: output lacks %q:\n%s", tc.flag, want, out)
+			}
+		}
+		b, err := os.ReadFile(svg)
+		if err != nil || !strings.Contains(string(b), `id="sweep-migrating"`) || !strings.Contains(string(b), "exact central limiter") {
+			t.Fatalf("%s --svg: %v\n%.300s", tc.flag, err, b)
 		}
 	}
-	b, err := os.ReadFile(svg)
-	if err != nil || !strings.Contains(string(b), `id="sweep-migrating"`) {
-		t.Fatalf("--svg: %v\n%.300s", err, b)
+	if _, _, err := runSplit(t, "sim", "dc", "--sweep-reserve-margin", "--sweep-serving-span"); err == nil {
+		t.Error("two sweeps at once accepted")
 	}
 }
 

@@ -86,6 +86,10 @@ type DCConfig struct {
 	// writes at t (ms since the start) into data center dc's, which reach every aggregator
 	// at once: forged site records, for the tests of site records no site wrote.
 	forge func(t int64, dc int) []topics.Hit
+	// split runs a per-site split limiter instead of the global one, the reference the
+	// reserve-margin sweep plots: every site decides alone (no snapshot) on a fixed share
+	// of each limit, one over the number of sites at the start.
+	split bool
 }
 
 // dcRulesYAML is a run's one rule: every client gets Limit per Window, global scope, by
@@ -302,14 +306,18 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 		p.pub = &publisher{clk: p.clk, sub: cfg.SubBuckets, widthMs: 100}
 		tuning := cfg.Tuning
 		tuning.SubBuckets = cfg.SubBuckets
-		p.lim, err = enforcer.New(enforcer.Config{
+		ec := enforcer.Config{
 			Tuning:    tuning,
 			Rules:     rules.Static(rc),
 			Site:      name,
 			Snapshot:  p.snap,
 			Publisher: p.pub,
 			Clock:     p.clk,
-		})
+		}
+		if cfg.split {
+			ec.Snapshot, ec.DefaultShare = nil, 1/float64(cfg.DCs*cfg.Procs)
+		}
+		p.lim, err = enforcer.New(ec)
 		if err != nil {
 			return err
 		}

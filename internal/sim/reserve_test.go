@@ -16,29 +16,33 @@ import (
 // share of the room) at full size, seeds 1–6, every scenario of `streamlimit sim dc`. The
 // targets are max/limit ≤ 1.02 (≤ 1.05 across a cut), false 429s of clients under their
 // limit ≤ 0.05% in the mix and in each churn scenario, of migrating clients ≤ 0.5%. Not all
-// are met: each bound below is the worst of the six seeds as measured, so that none can
-// regress, and the target it misses is beside it (docs/accuracy.md, "The reserve rule").
-// The share rule before gave, over the same seeds, under-limit false 429s of 0.41–0.64% in
-// the mix, 0.82–1.61% in rolling, 0.73–1.28% in autoscale, 0.30–1.44% in crash, 0.61–0.74%
-// in leave and 0.55–1.47% in rename, and migrating clients 3.01–3.42% in the migrating
-// scenario.
+// are met: each bound below is the worst of the six seeds as measured (to the hundredth
+// above), so that none can regress, and the target it misses is beside it
+// (docs/accuracy.md, "The reserve rule" and "The serving span").
+//
+// The reserve rule before the serving span (every data center that served a key in the
+// window kept this site's rate of it) gave, over the same seeds, under-limit false 429s of
+// 0.15–0.24% in the mix, 0.15–0.62% in rolling, 0.12–0.33% in autoscale, 0.04–0.51% in
+// crash, 0.12–0.26% in leave and 0.16–0.62% in rename, migrating clients 0.27–0.42% in the
+// mix and 2.63–2.97% in the migrating scenario, and rename's worst client 1.03 (1.04 now,
+// seed 2). The share rule before that: 0.41–0.64% in the mix, 0.82–1.61% in rolling.
 func TestDCSimulationReserveSeeds(t *testing.T) {
 	type bound struct {
 		max, under, migrating float64 // max/limit, and false 429s in percent (−1: none)
 	}
 	bounds := map[DCScenario]bound{
-		DCMix:       {1.03, 0.25, 0.45}, // targets 1.02, 0.05%, 0.5%
-		DCMigrating: {1.02, 0.60, 3.00}, // target 0.5% of migrating clients: MISSED
-		DCFailover:  {1.02, 0.40, -1},
+		DCMix:       {1.03, 0.20, 0.35}, // targets 1.02, 0.05%, 0.5%: max and under-limit MISSED
+		DCMigrating: {1.02, 0.41, 2.88}, // target 0.5% of migrating clients: MISSED
+		DCFailover:  {1.02, 0.33, -1},
 		DCPartition: {1.02, 0.00, -1}, // across a cut: 1.05
 		DCSkewedCut: {1.05, -1, -1},
-		DCJitter:    {1.02, 0.16, 0.60},
+		DCJitter:    {1.02, 0.13, 0.43},
 		DCBursty:    {1.03, -1, -1},
-		DCRolling:   {1.05, 0.65, 1.70},
-		DCAutoscale: {1.05, 0.35, 1.10},
-		DCCrash:     {1.04, 0.55, 1.50},
-		DCLeave:     {1.04, 0.30, 0.85},
-		DCRename:    {1.03, 0.65, 1.50},
+		DCRolling:   {1.05, 0.32, 0.82}, // churn: targets 1.02, 0.05%, 0.5%, all MISSED
+		DCAutoscale: {1.05, 0.19, 0.59},
+		DCCrash:     {1.04, 0.40, 0.85},
+		DCLeave:     {1.04, 0.18, 0.59},
+		DCRename:    {1.04, 0.44, 0.69},
 	}
 	ctx := context.Background()
 	for seed := uint64(1); seed <= 6; seed++ {

@@ -246,3 +246,32 @@ func TestConfigErrors(t *testing.T) {
 		t.Errorf("cancelled run: %v", err)
 	}
 }
+
+// The sweep's plot is well-formed XML with a line per scenario, its references drawn, a
+// per-site split beyond the plot's top labelled with its figure.
+func TestSweepSVGWellFormed(t *testing.T) {
+	pts := []SweepPoint{
+		{Scenario: DCMix, Setting: SweepServingSpan, Value: -1, MaxRatio: 1.02, Under: 0.16, Migrating: 0.29},
+		{Scenario: DCMix, Setting: SweepServingSpan, Value: time.Second, MaxRatio: 1.02, Under: 0.12, Migrating: 0.22},
+		{Scenario: DCMix, Setting: SweepServingSpan, Ref: RefSplit, MaxRatio: 1.02, Under: 12.6, Migrating: 50.9},
+		{Scenario: DCBursty, Setting: SweepServingSpan, Value: time.Second, MaxRatio: 1.00, Under: -1, Migrating: -1},
+	}
+	var b bytes.Buffer
+	if err := WriteSweepSVG(&b, pts); err != nil {
+		t.Fatal(err)
+	}
+	s := b.String()
+	dec := xml.NewDecoder(strings.NewReader(s))
+	for {
+		if _, err := dec.Token(); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("sweep SVG is not well-formed XML: %v", err)
+		}
+	}
+	for _, want := range []string{`id="sweep-mix"`, "mix (1.02, 12.6%)", "exact central limiter", "Serving span"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("sweep SVG lacks %q", want)
+		}
+	}
+}

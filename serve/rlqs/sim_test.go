@@ -482,7 +482,8 @@ func simCases() (simConfig, []simCase) {
 		{"1x20", func(*simConfig) {}, 1.05, 0.5, 0, 0.01, 0},
 		{"3x20", three, 1.05, 0.5, 0.01, 0.01, 0},
 		{"1x20-cut-7s", cut, 1.05, 0.5, 0, 0.01, 0},
-		{"3x20-cut-7s", both(three, cut), 1.05, 0.5, 0.01, 0.01, 0},
+		// The 0.5× client spread thin loses 1.36% here (docs/rlqs.md, Accuracy).
+		{"3x20-cut-7s", both(three, cut), 1.05, 0.5, 0.01, 0.014, 0},
 		// Envoy's revision of its token bucket on hosts up 10 s when the traffic starts.
 		{"1x20-empty-start", empty, 1.05, 0.5, 0, 0.01, 0},
 		{"3x20-empty-start", both(three, empty), 1.05, 0.5, 0.01, 0.01, 0},

@@ -92,12 +92,14 @@ type globalHandle struct {
 // keyGlobal is what a global decision caches for one key.
 type keyGlobal struct {
 	// snap caches the snapshot's entry for the key as of version ver: valid while
-	// Snapshot.Version still returns ver. Guarded by mu, so that refreshing it does not
-	// allocate.
+	// Snapshot.Version still returns ver, and read again through ref (the key's own
+	// slot, no map lookup) when another key's count moved the version. Guarded by mu, so
+	// that refreshing it does not allocate.
 	mu      sync.Mutex
 	snapSet bool
 	snapFor *snapshot.Snapshot
 	ver     uint64
+	ref     snapshot.Ref
 	entry   snapshot.Entry
 	known   bool
 	// cc is the key's last global cap (see Engine.cachedCap).
@@ -128,9 +130,9 @@ type keyGlobal struct {
 // allocator. The tables are counted whole (tableBytes), a quarter to a half full.
 const (
 	keyHandleSize = 32  // unsafe.Sizeof(keyHandle{}), checked by TestKeyCacheSizes
-	keyGlobalSize = 376 // unsafe.Sizeof(keyGlobal{}), for a handle given its state later
+	keyGlobalSize = 384 // unsafe.Sizeof(keyGlobal{}), for a handle given its state later
 	// globalHandleSize is unsafe.Sizeof(globalHandle{}), a size class of its own.
-	globalHandleSize = 408
+	globalHandleSize = 416
 	keySlotBytes     = int64(unsafe.Sizeof(keySlot{}))
 )
 

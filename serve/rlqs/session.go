@@ -468,7 +468,7 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 			k.mu.Lock()
 			others := contribution{open: k.open - h.contrib.open, demand: k.demand - h.contrib.demand, hzp: k.hzp - h.contrib.hzp,
 				tok: k.tok - h.contrib.tok, rate: k.rate - h.contrib.rate, rateAt: k.rateAt - h.contrib.rateAt,
-				rateH: k.rateH - h.contrib.rateH}
+				rateH: k.rateH - h.contrib.rateH, use: k.use - h.contrib.use}
 			k.mu.Unlock()
 			now, over := allot(&qs[i], others, t, hz, h.demand, others.open+1, s.opts.SiteShare)
 			atOnce, allotted = min(atOnce, now), min(allotted, over)
@@ -565,6 +565,13 @@ func (ss *session) contribute(h *holder, c contribution, hz float64) {
 	c.tok, c.rate, c.rateAt, c.rateH = h.m.tok, r, r*h.m.last, r*hz
 	if h.m.a.kind == kindPerUnit {
 		c.tok = h.m.potential(0, ss.unit())
+	}
+	// What it plausibly admits until its next report (keyState.ahead): its demand over the
+	// period, at most all it can; all it can until its demand has been measured over a
+	// period (a new bucket's first report comes at once, and tells little of its rate).
+	c.use = c.tok + c.rateH
+	if h.period > 0 {
+		c.use = min(c.use, h.demand*hz)
 	}
 	for _, k := range h.keys {
 		k.mu.Lock()

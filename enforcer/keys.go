@@ -92,12 +92,14 @@ type globalHandle struct {
 // keyGlobal is what a global decision caches for one key.
 type keyGlobal struct {
 	// snap caches the snapshot's entry for the key as of version ver: valid while
-	// Snapshot.Version still returns ver. Guarded by mu, so that refreshing it does not
-	// allocate.
+	// Snapshot.Version still returns ver, and read again through ref (the key's own
+	// slot, no map lookup) when another key's count moved the version. Guarded by mu, so
+	// that refreshing it does not allocate.
 	mu      sync.Mutex
 	snapSet bool
 	snapFor *snapshot.Snapshot
 	ver     uint64
+	ref     snapshot.Ref
 	entry   snapshot.Entry
 	known   bool
 	// cc is the key's last global cap (see Engine.cachedCap).

@@ -246,10 +246,11 @@ func (e Entry) Expired(now time.Time) bool {
 // records are applied; Get does not allocate and takes no lock.
 type Snapshot struct {
 	cfg Config
-	// entries maps each counter key (string) to its *Entry. An *Entry is never modified
-	// once stored: Apply replaces it, so that readers copy it without a lock. sync.Map's
-	// lock-free Load keeps a hot key fast under many parallel readers, where a read lock's
-	// shared counter would bounce between cores.
+	// entries maps each counter key (string) to its *slot, which holds its *Entry. An
+	// *Entry is never modified once stored: Apply replaces it in the slot, so that
+	// readers copy it without a lock. sync.Map's lock-free Load keeps a hot key fast
+	// under many parallel readers, where a read lock's shared counter would bounce
+	// between cores.
 	entries sync.Map
 	keys    atomic.Int64
 	// bytes is what the entries keep alive (entryBytes), reserved before an insert as keys
@@ -346,11 +347,49 @@ func newSnapshot(cfg Config) (*Snapshot, error) {
 // for lack of room: all mean "no known remote traffic"). The entry may be Expired; Get does
 // not read the clock. Get does not allocate and takes no lock.
 func (s *Snapshot) Get(key string) (Entry, bool) {
+	return s.Ref(key).Get()
+}
+
+// slot holds one key's latest entry, from the key's first count until it is deleted (a
+// tombstone, a sweep): Apply replaces the entry in it, so that a reader holding the slot
+// (Ref) reads the key's latest entry without the map lookup. A deleted slot holds dead
+// and is left; the key's next count makes a new one.
+type slot struct{ p atomic.Pointer[Entry] }
+
+// dead is what a deleted slot holds.
+var dead = new(Entry)
+
+// Ref is a reference to one counter key's count in a Snapshot (Snapshot.Ref). Its Get
+// reads the key's latest entry without the snapshot's map lookup, a few cache misses on a
+// large snapshot, for as long as the snapshot holds a count of the key: a caller that
+// reads a key often keeps its Ref rather than calling Snapshot.Get, which Version alone
+// would send back to the map at every count applied to any key. The zero Ref holds
+// nothing.
+type Ref struct{ s *slot }
+
+// Ref returns a reference to the counter key's count; one whose Get reports false when
+// the snapshot holds no count for the key. Ref does not allocate and takes no lock.
+func (s *Snapshot) Ref(key string) Ref {
 	v, ok := s.entries.Load(key)
 	if !ok {
+		return Ref{}
+	}
+	return Ref{v.(*slot)}
+}
+
+// Get returns the key's latest count and true, as Snapshot.Get does; false once the
+// snapshot no longer holds the count it referred to (tombstoned, swept), or for the zero
+// Ref. A count for the key applied after that is not seen through r: Snapshot.Ref makes a
+// new reference. Get does not allocate and takes no lock.
+func (r Ref) Get() (Entry, bool) {
+	if r.s == nil {
 		return Entry{}, false
 	}
-	return *v.(*Entry), true
+	e := r.s.p.Load()
+	if e == dead {
+		return Entry{}, false
+	}
+	return *e, true
 }
 
 // Version returns a number that grows after every change of the entries (a count set, a
@@ -369,9 +408,10 @@ func (s *Snapshot) Bytes() int64 { return s.bytes.Load() }
 // Byte estimates of an entry, each rounded up to the allocator's size classes: the Entry,
 // the key's string header boxed as the map's key, and the map's node with its share of
 // the map's inner nodes (measured: 271 bytes per entry of a 19-byte key and two sites,
-// which entryBytes puts at 272).
+// which these put at 272, before the entries were held in slots: slotBytes more now).
 const (
 	entrySize      = 64
+	slotBytes      = 8 // the slot that holds the entry
 	boxedKeyBytes  = 16
 	mapNodeBytes   = 96
 	siteCountBytes = int64(unsafe.Sizeof(topics.SiteCount{}))
@@ -379,7 +419,7 @@ const (
 
 // entryBytes is what entry e of key keeps alive.
 func entryBytes(key string, e *Entry) int64 {
-	return entrySize + memsize.Alloc(int64(cap(e.Sites))*siteCountBytes) + memsize.Alloc(int64(len(key))) + boxedKeyBytes + mapNodeBytes
+	return entrySize + slotBytes + memsize.Alloc(int64(cap(e.Sites))*siteCountBytes) + memsize.Alloc(int64(len(key))) + boxedKeyBytes + mapNodeBytes
 }
 
 // Apply applies one record of the counts topic: a count sets the key's entry (the last
@@ -474,9 +514,17 @@ func (s *Snapshot) checkTime(ms int64, what string) error {
 func (s *Snapshot) set(key string, e *Entry) error {
 	cost := entryBytes(key, e)
 	for {
-		if old, ok := s.entries.Load(key); ok {
-			if s.entries.CompareAndSwap(key, old, e) {
-				s.bytes.Add(cost - entryBytes(key, old.(*Entry)))
+		if v, ok := s.entries.Load(key); ok {
+			sl := v.(*slot)
+			old := sl.p.Load()
+			if old == dead {
+				// Being deleted: its deleter has counted it out; take it from the map
+				// (the deleter's own removal then does nothing) and insert anew.
+				s.entries.CompareAndDelete(key, v)
+				continue
+			}
+			if sl.p.CompareAndSwap(old, e) {
+				s.bytes.Add(cost - entryBytes(key, old))
 				s.version.Add(1)
 				return nil
 			}
@@ -500,7 +548,9 @@ func (s *Snapshot) set(key string, e *Entry) error {
 			s.met.refused.Inc()
 			return fmt.Errorf("snapshot: key %q: %w (%d bytes)", truncate([]byte(key)), ErrFull, s.cfg.MaxBytes)
 		}
-		if _, loaded := s.entries.LoadOrStore(key, e); !loaded {
+		sl := new(slot)
+		sl.p.Store(e)
+		if _, loaded := s.entries.LoadOrStore(key, sl); !loaded {
 			s.version.Add(1)
 			return nil
 		}
@@ -523,12 +573,34 @@ func (s *Snapshot) sweepWhenFull() bool {
 }
 
 func (s *Snapshot) delete(key []byte) {
-	k := string(key)
-	if old, loaded := s.entries.LoadAndDelete(k); loaded {
-		s.keys.Add(-1)
-		s.bytes.Add(-entryBytes(k, old.(*Entry)))
-		s.version.Add(1)
+	v, ok := s.entries.Load(string(key))
+	if !ok {
+		return
 	}
+	k, sl := string(key), v.(*slot)
+	for {
+		old := sl.p.Load()
+		if old == dead {
+			return // deleted by another
+		}
+		if s.kill(k, v, sl, old) {
+			return
+		}
+	}
+}
+
+// kill deletes key's slot sl (the map's value v) if it still holds old, and reports
+// whether it did: the slot is marked dead first, so that no Apply writes into a slot on
+// its way out of the map, then taken from the map, and counted out.
+func (s *Snapshot) kill(key string, v any, sl *slot, old *Entry) bool {
+	if !sl.p.CompareAndSwap(old, dead) {
+		return false
+	}
+	s.entries.CompareAndDelete(key, v)
+	s.keys.Add(-1)
+	s.bytes.Add(-entryBytes(key, old))
+	s.version.Add(1)
+	return true
 }
 
 // internSite returns a string equal to site that is shared by every entry naming the site,
@@ -555,10 +627,8 @@ func (s *Snapshot) Sweep(now time.Time) int {
 	nowMs := now.UnixMilli()
 	removed := 0
 	s.entries.Range(func(k, v any) bool {
-		if e := v.(*Entry); e.AsOf+e.Window.Milliseconds() <= nowMs && s.entries.CompareAndDelete(k, v) {
-			s.keys.Add(-1)
-			s.bytes.Add(-entryBytes(k.(string), e))
-			s.version.Add(1)
+		sl := v.(*slot)
+		if e := sl.p.Load(); e != dead && e.AsOf+e.Window.Milliseconds() <= nowMs && s.kill(k.(string), v, sl, e) {
 			removed++
 		}
 		return true

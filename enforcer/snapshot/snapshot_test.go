@@ -681,3 +681,73 @@ func TestJSONCountBadUTF8Counted(t *testing.T) {
 		t.Fatalf("bad_records_total{bad_utf8} = %v", got)
 	}
 }
+
+// TestRefFollowsItsKey: a Ref reads its key's latest count as Get does, update after
+// update, until the count is tombstoned or swept; a count applied after that is seen by a
+// new Ref, not the old one. Counts applied and tombstoned from several goroutines leave
+// Len, Bytes and the map agreeing.
+func TestRefFollowsItsKey(t *testing.T) {
+	f := newFixture(t, Config{})
+	s := f.s
+	const k = "api|user=1#60s"
+	apply := func(total float64) {
+		t.Helper()
+		if err := s.Apply([]byte(k), countValue(t, k, time.Minute, t0, map[string]float64{"eu": total})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok := s.Ref(k).Get(); ok {
+		t.Fatal("a Ref of a key never counted holds a count")
+	}
+	apply(1)
+	r := s.Ref(k)
+	for _, n := range []float64{2, 3} {
+		apply(n)
+		if e, ok := r.Get(); !ok || e.Total != n {
+			t.Fatalf("after a count of %v the Ref reads %+v, %v", n, e, ok)
+		}
+	}
+	if err := s.Apply([]byte(k), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := r.Get(); ok {
+		t.Fatal("the Ref reads a tombstoned count")
+	}
+	apply(4)
+	if _, ok := r.Get(); ok {
+		t.Fatal("the old Ref reads the key's new count")
+	}
+	r = s.Ref(k)
+	if e, ok := r.Get(); !ok || e.Total != 4 {
+		t.Fatalf("a new Ref reads %+v, %v", e, ok)
+	}
+	if n := s.Sweep(t0.Add(2 * time.Minute)); n != 1 {
+		t.Fatalf("swept %d", n)
+	}
+	if _, ok := r.Get(); ok || s.Len() != 0 || s.Bytes() != 0 {
+		t.Fatalf("after the sweep: Ref %v, Len %d, Bytes %d", ok, s.Len(), s.Bytes())
+	}
+
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 2000 {
+				if (i+g)%3 == 0 {
+					_ = s.Apply([]byte(k), nil)
+				} else {
+					_ = s.Apply([]byte(k), countValue(t, k, time.Minute, t0, map[string]float64{"eu": float64(i)}))
+				}
+				s.Ref(k).Get()
+			}
+		})
+	}
+	wg.Wait()
+	e, ok := s.Get(k)
+	want := int64(0)
+	if ok {
+		want = entryBytes(k, &e)
+	}
+	if n := s.Len(); n != map[bool]int{true: 1}[ok] || s.Bytes() != want {
+		t.Fatalf("after concurrent counts and tombstones: held %v, Len %d, Bytes %d (want %d)", ok, n, s.Bytes(), want)
+	}
+}

@@ -25,8 +25,8 @@ func (s *Snapshot) Top(n int, now time.Time) []KeyEntry {
 	h := make(topHeap, 0, n)
 	nowMs := now.UnixMilli()
 	s.entries.Range(func(k, v any) bool {
-		e := v.(*Entry)
-		if e.AsOf+e.Window.Milliseconds() <= nowMs || (len(h) == n && e.Total < h[0].Total) {
+		e := v.(*slot).p.Load()
+		if e == dead || e.AsOf+e.Window.Milliseconds() <= nowMs || (len(h) == n && e.Total < h[0].Total) {
 			return true // expired, or smaller than every one kept
 		}
 		ke := KeyEntry{Key: k.(string), Entry: *e}

@@ -67,6 +67,7 @@ type keyState struct {
 	rate   float64 // Σ refill rates assigned
 	rateAt float64 // Σ rate × time of the holder's last report (seconds since the epoch)
 	rateH  float64 // Σ rate × the holder's horizon: its refill over one reporting period
+	use    float64 // Σ what each holder plausibly admits over one reporting period
 }
 
 // contribution is what one holder adds to each of its keys' sums.
@@ -78,6 +79,7 @@ type contribution struct {
 	rate   float64
 	rateAt float64
 	rateH  float64
+	use    float64
 }
 
 func (k *keyState) add(c contribution, sign float64) {
@@ -91,6 +93,7 @@ func (k *keyState) add(c contribution, sign float64) {
 	k.rate += sign * c.rate
 	k.rateAt += sign * c.rateAt
 	k.rateH += sign * c.rateH
+	k.use += sign * c.use
 }
 
 // held is, at t, the most the holders may have admitted since their last reports plus
@@ -100,21 +103,32 @@ func (k *keyState) held(t float64) float64 {
 	return max(k.tok+k.rate*t-k.rateAt, 0)
 }
 
-// ahead is, at t, the most the holders may admit from their last reports until their
-// next: for each, its tokens after its last report plus its refill over one reporting
-// period from that report, whatever part of it is spent by t. What a holder admits after
-// its next report is allotted at that report, from the room it leaves then, and that
-// allotment keeps back what every other holder may admit until its own next report: so
-// at every allotment, what all holders can admit until they report again fits in the
-// room. Counting a period of refill from now instead, on top of the refill since the
-// last report, would keep back up to twice a period of each holder's rate, and crowd the
-// holders of a key spread thin out onto DENY_ALL in turn. A holder whose report is late
-// (its refill since its report is past a period: a stream being started again, a report
-// lost) is counted by what it may have admitted so far, for all of them together: the
-// larger of the two sums. Called with k.mu held.
+// ahead is, at t, what the holders may plausibly admit from their last reports until
+// their next. Its bound is worst: for each, its tokens after its last report plus its
+// refill over one reporting period from that report, whatever part of it is spent by t.
+// What a holder admits after its next report is allotted at that report, from the room it
+// leaves then, and that allotment keeps back what every other holder may admit until its
+// own next report: so at every allotment, what all holders can admit until they report
+// again fits in the room. Each holder's whole burst and refill is what it can admit, not
+// what it does: a holder of a client spread thin is kept a burst of 8 and a period of
+// refill, about 11 requests, against the 5 it asks for; kept for every other holder, that
+// left a data center's room spent at about one report in a hundred. A holder is counted
+// instead at what it plausibly admits (use: its demand over its period, at most its worst),
+// and all of them together with plausibleZ standard deviations of a Poisson count of that
+// sum: the holders' requests are independent, and their sum's spread is far less than
+// the sum of each one's. It errs low only while holders' demands jump together, by at
+// most their bursts and refill for one period. A holder whose report is late (a stream
+// being started again, a report lost) is counted by its refill since its report when that
+// is more. Called with k.mu held.
 func (k *keyState) ahead(t float64) float64 {
-	return max(k.held(t), k.tok+k.rateH, 0)
+	worst := max(k.held(t), k.tok+k.rateH, 0)
+	use := max(k.use, k.rate*t-k.rateAt, 0)
+	return min(worst, use+plausibleZ*math.Sqrt(use))
 }
+
+// plausibleZ is the margin, in standard deviations of a Poisson count, over what the
+// other holders of a key plausibly admit until their next reports (keyState.ahead).
+const plausibleZ = 4.0
 
 // model is the server's picture of one holder's assignment, which the client runs on its
 // own: the tokens it may hold and how fast they come back. From it the server knows the
@@ -199,10 +213,10 @@ func share(own, total float64, open int) float64 {
 // included (over), and how many of them at once (now), for one quota q. The room is what
 // the site's cap leaves: its count h from now (the hits leaving the window by then) for
 // over, its count now for now. A holder gets the lesser of what it is given and the room
-// less all that the other holders may admit from their last reports until their next
-// (keyState.ahead: the tokens they held then and a period of their refill). The second
-// term keeps the limit: at every allotment, what all holders can admit until they report
-// again fits in the room. What a holder is given is its share of the room, which keeps
+// less what the other holders may plausibly admit from their last reports until their
+// next (keyState.ahead: their demand over a period with a margin, at most the tokens they
+// held then and a period of their refill). The second term keeps the limit: at every
+// allotment, what all holders plausibly admit until they report again fits in the room. What a holder is given is its share of the room, which keeps
 // the holders fair; and, while the key's holders here ask for less than its limit, at
 // least what a holder at the larger of its demand and the holders' mean demand may
 // plausibly ask for over h and a burst (package room's expected spend, needZ standard
@@ -218,7 +232,7 @@ func share(own, total float64, open int) float64 {
 // handed out anew at each of its reports, and the rate that gives it, which every other
 // holder must leave room for over its own longer horizon, would crowd them out.
 func allot(q *enforcer.Quota, others contribution, t, h, own float64, open int, part float64) (now, over float64) {
-	k := keyState{tok: others.tok, rate: others.rate, rateAt: others.rateAt, rateH: others.rateH}
+	k := keyState{tok: others.tok, rate: others.rate, rateAt: others.rateAt, rateH: others.rateH, use: others.use}
 	held := k.held(t)
 	f := share(own, others.demand+own, open)
 	// The power mean is h when every holder's horizon is h, or the others' are shorter:

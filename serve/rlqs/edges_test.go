@@ -150,15 +150,14 @@ func TestNewStreamTakesOverItsReservation(t *testing.T) {
 		report(b, other)
 		clk.Advance(3 * time.Second)
 	}
-	// a's last report was 3 s ago; it is cut now, and its Envoy reports again 2 s
-	// later, a period after its last report.
-	a.close(clk.Now())
+	// a's last report was 5 s ago; it was cut 2 s ago, and its Envoy reports again
+	// now, a period after its last report.
+	a.close(clk.Now().Add(-2 * time.Second))
 	req := a.byReq[requestOf(&srv.requests, "api", user42)]
 	srv.requests.release(req.req)
 	if req == nil || req.taken {
 		t.Fatal("the closed stream's holder is missing or taken already")
 	}
-	clk.Advance(2 * time.Second)
 	c := srv.newSession()
 	report(c, user42)
 	if !req.taken || len(req.keys) != 0 {
@@ -172,5 +171,66 @@ func TestNewStreamTakesOverItsReservation(t *testing.T) {
 	srv.requests.release(hb.req)
 	if hb.taken {
 		t.Error("a report of another bucket took over the holder of user 43")
+	}
+}
+
+// TestTakeOverByTimerPhase: a new stream's first report of a bucket takes over the
+// closed stream's holder whose client's report timer is at its phase — the reservation
+// released once, the demand and model carried on — and no other: not one of another
+// client's timer, even the only one there, and none for a bucket's first report at its
+// client (time_elapsed under a second), which continues no stream.
+func TestTakeOverByTimerPhase(t *testing.T) {
+	t0 := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
+	clk := clock.NewFake(t0)
+	srv := newSimpleServer(t, clk, Options{ReportingInterval: 5 * time.Second})
+	ctx := context.Background()
+	report := func(ss *session, at time.Duration, first bool, allowed uint64) *holder {
+		t.Helper()
+		clk.Set(t0.Add(at))
+		if _, err := ss.handle(ctx, clk.Now(), "api", []usage{{bucket: user42, allowed: allowed, first: first}}); err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range ss.byReq {
+			return h
+		}
+		t.Fatal("no holder")
+		return nil
+	}
+	orphans := func() int {
+		n := 0
+		srv.requests.each(func(r *request) { r.mu.Lock(); n += len(r.orphans); r.mu.Unlock() })
+		return n
+	}
+	// Envoy A's timer fires at 0 s + 5k, B's at 2 s + 5k.
+	a, b := srv.newSession(), srv.newSession()
+	report(a, 0, true, 5)
+	old := report(a, 5*time.Second, false, 5)
+	report(b, 2*time.Second, true, 5)
+	report(b, 7*time.Second, false, 5)
+	a.close(t0.Add(8 * time.Second))
+	// A new bucket of user 42 on another client's stream (its first report there)
+	// continues no stream.
+	report(srv.newSession(), 8500*time.Millisecond, true, 5)
+	if orphans() != 1 {
+		t.Fatalf("%d orphans after A's stream ended and a new bucket elsewhere, want A's old holder", orphans())
+	}
+	b.close(t0.Add(9 * time.Second))
+	// A's new stream, at its timer's phase, takes A's old holder and carries it on.
+	demand := old.demand
+	h := report(srv.newSession(), 10*time.Second+3*time.Millisecond, false, 25)
+	if orphans() != 1 || !old.taken || h.m.a.kind == kindNone || h.period != 0 && math.Abs(h.period-5) > 0.01 {
+		t.Errorf("A's new stream: %d orphans left, A's old taken %v, model %+v, period %.3f; want B's left and A's carried on", orphans(), old.taken, h.m, h.period)
+	}
+	if d := 0.5*demand + 0.5*25/5.003; math.Abs(h.demand-d) > 1e-9 {
+		t.Errorf("A's new stream: demand %.3f, want %.3f (A's old %.3f smoothed with the report's 5/s)", h.demand, d, demand)
+	}
+	// Another client's new stream, 1 s off B's timer, does not take B's old holder.
+	report(srv.newSession(), 11*time.Second, false, 5)
+	if orphans() != 1 {
+		t.Fatalf("%d orphans after a stream at another phase, want B's old holder still", orphans())
+	}
+	report(srv.newSession(), 12*time.Second, false, 5)
+	if orphans() != 0 {
+		t.Errorf("%d orphans after B's new stream, want none", orphans())
 	}
 }

@@ -350,7 +350,8 @@ func (s *Server) StreamRateLimitQuotas(stream grpc.BidiStreamingServer[rlqsv3.Ra
 // usagesOf appends msg's reports to dst.
 func usagesOf(msg *rlqsv3.RateLimitQuotaUsageReports, dst []usage) []usage {
 	for _, u := range msg.GetBucketQuotaUsages() {
-		dst = append(dst, usage{bucket: u.GetBucketId().GetBucket(), allowed: u.GetNumRequestsAllowed(), denied: u.GetNumRequestsDenied()})
+		dst = append(dst, usage{bucket: u.GetBucketId().GetBucket(), allowed: u.GetNumRequestsAllowed(), denied: u.GetNumRequestsDenied(),
+			first: u.GetTimeElapsed() != nil && u.GetTimeElapsed().GetSeconds() == 0})
 	}
 	return dst
 }

@@ -45,13 +45,16 @@ type request struct {
 
 // session is the server's side of one stream: its domain and its buckets.
 type session struct {
-	srv     *Server
-	addr    netip.Addr // its client's address (addrShare)
-	domain  string
-	byReq   map[*request]*holder
-	byRaw   map[string]*holder // by the bytes of a BucketId message
-	until   float64            // once closed: when its last assignment expires
-	scratch []byte             // the response being written
+	srv    *Server
+	addr   netip.Addr // its client's address (addrShare)
+	domain string
+	byReq  map[*request]*holder
+	byRaw  map[string]*holder // by the bytes of a BucketId message
+	until  float64            // once closed: when its last assignment expires
+	// tick is when its client's report timer last reported (a report of a bucket
+	// reported before at the client), -1 before: the phase of its timer (takeOver).
+	tick    float64
+	scratch []byte // the response being written
 	enc     encoder
 }
 
@@ -71,6 +74,9 @@ type holder struct {
 	sentAt  float64
 	idle    float64 // since when it reported no request; -1 while active
 	taken   bool    // an orphan released early, by a new stream's holder (req.mu)
+	phase   float64 // once an orphan: a time its client's report timer fired (takeOver)
+	phased  bool    // phase is a timer report's; else its last report's, of a new bucket
+	fresh   bool    // not reported on its stream yet
 	// measured: a report came after the first, so the next interval is a period.
 	measured bool
 }
@@ -120,7 +126,7 @@ var errRefused = errors.New("rlqs: bucket refused")
 
 func (s *Server) newSession() *session {
 	s.metrics.streams.Inc()
-	return &session{srv: s, byReq: map[*request]*holder{}, byRaw: map[string]*holder{}}
+	return &session{srv: s, byReq: map[*request]*holder{}, byRaw: map[string]*holder{}, tick: -1}
 }
 
 // handle processes one usage report message at now and returns the response to send (a
@@ -163,6 +169,7 @@ func (ss *session) handle(ctx context.Context, now time.Time, domain string, us 
 	// Actions sent, by kind (kindNone: abandon), counted once per message: a metric's
 	// label lookup per bucket costs as much as a tenth of the report.
 	var actions [kindPerUnit + 1]uint64
+	timer := false
 	for i := range us {
 		u := &us[i]
 		h, err := ss.lookup(u, now)
@@ -180,6 +187,9 @@ func (ss *session) handle(ctx context.Context, now time.Time, domain string, us 
 			s.metrics.invalid.WithLabelValues("no_bucket_id").Inc()
 			continue
 		}
+		if !u.first {
+			timer = true
+		}
 		reports++
 		allowed += u.allowed
 		denied += u.denied
@@ -193,6 +203,9 @@ func (ss *session) handle(ctx context.Context, now time.Time, domain string, us 
 			resp = ss.enc.appendAssignment(resp, unsafeBytes(h.raw), a, s.ttl, s.opts.Unit)
 			actions[a.kind]++
 		}
+	}
+	if timer {
+		ss.tick = t
 	}
 	for k, n := range actions {
 		if n > 0 {
@@ -270,35 +283,54 @@ func (ss *session) lookup(u *usage, now time.Time) (*holder, error) {
 		s.metrics.refusedBkts.WithLabelValues(bound).Inc()
 		return nil, errRefused
 	}
-	h = &holder{req: req, idle: -1, raw: raw, bytes: size, addr: ss.addr}
+	h = &holder{req: req, idle: -1, raw: raw, bytes: size, addr: ss.addr, fresh: true}
 	ss.byReq[req] = h
 	ss.byRaw[raw] = h
 	s.metrics.buckets.Inc()
-	ss.takeOver(req, s.since(now))
+	if !u.first {
+		// A bucket's first report at its client (Envoy reports a new bucket at once)
+		// is no stream's continuation: it takes over nothing.
+		ss.takeOver(h, s.since(now))
+	}
 	return h, nil
 }
 
-// takeOver releases the reservation of one holder of req on a closed stream when this
-// stream reports req for the first time, at t. An Envoy whose stream ends starts another
-// at its next report, with the same buckets and the same token buckets, and reports on it
-// what it admitted meanwhile: its old holder's reservation would count the same tokens
-// twice, and deny other clients, until its TTL. The protocol names no Envoy (a report
-// carries a domain and buckets; Envoy adds no node id to the stream), but its report
-// timer does: it ticks at a fixed period from a phase of its own, so the orphan taken is
-// the one whose last report is closest to a whole number of periods before t. When
-// another Envoy's is taken after all, the difference is one holder's burst and refill
-// for under a period.
-func (ss *session) takeOver(req *request, t float64) {
+// takeOver releases the reservation of one holder of h's bucket id on a closed stream
+// when this stream reports it for the first time, at t, and h continues that holder's
+// measurements. An Envoy whose stream ends starts another at its next report, with the
+// same buckets and the same token buckets, and reports on it what it admitted meanwhile:
+// its old holder's reservation would count the same tokens twice, and deny other clients,
+// until its TTL. The protocol names no Envoy (a report carries a domain and buckets;
+// Envoy adds no node id to the stream), but its report timer does: it ticks at a fixed
+// period from a phase of its own, so the orphan taken is the one whose stream's last
+// timer report is closest to a whole number of periods before t, within takeOverSlack.
+// None closer: the Envoy's old holder is gone (its assignment expired) or was never
+// there, and taking another Envoy's would leave that Envoy unreserved until it reports
+// again, and it would take a third's in turn, down a chain (a new bucket's first report
+// taking one started such chains: at 3 × 20 Envoys with streams cut every 7 s, one to
+// five Envoys of a data center were left unreserved at any time, and the heavy client
+// reached 1.005× its limit). An orphan of a stream that ended before its timer reported
+// has no known phase: it is taken when no orphan with one is close enough.
+//
+// h continues the orphan: its demand, period and model of the client's assignment (its
+// report covers the requests since the orphan's last, and Envoy keeps its token buckets
+// across streams). A demand measured anew over one period of a few requests would swing
+// with chance at each stream's start, and a new assignment make Envoy refill a bucket
+// that was equal. The first report on the stream is answered whatever due says.
+func (ss *session) takeOver(h *holder, t float64) {
+	req := h.req
 	req.mu.Lock()
-	best, bestD := -1, math.Inf(1)
+	best, bestD, phased := -1, math.Inf(1), false
 	for i, o := range req.orphans {
-		p := o.period
-		if p <= 0 {
-			p = ss.srv.opts.ReportingInterval.Seconds()
+		d := offPhase(t-o.phase, ss.srv.opts.ReportingInterval.Seconds())
+		if o.period > 0 {
+			d = min(d, offPhase(t-o.phase, o.period))
 		}
-		d := math.Mod(t-o.m.last, p)
-		if d = min(d, p-d); d < bestD {
-			best, bestD = i, d
+		switch {
+		case o.phased && d > takeOverSlack, phased && !o.phased:
+			continue
+		case o.phased && !phased, d < bestD:
+			best, bestD, phased = i, d, o.phased
 		}
 	}
 	if best < 0 {
@@ -309,10 +341,27 @@ func (ss *session) takeOver(req *request, t float64) {
 	req.orphans = slices.Delete(req.orphans, best, best+1)
 	o.taken = true
 	req.mu.Unlock()
+	h.started, h.demand, h.period, h.idle = o.started, o.demand, o.period, o.idle
+	h.m, h.sentAt = o.m, o.sentAt
+	// The interval from a new bucket's report, off the timer's phase, is no period.
+	h.measured = o.measured && o.m.last == o.phase
 	ss.release(o)
 	ss.srv.uncharge(o.addr, o.bytes)
 	ss.srv.metrics.drainingBkts.Dec()
 }
+
+// offPhase is how far dt is from a whole number of periods p.
+func offPhase(dt, p float64) float64 {
+	d := math.Mod(dt, p)
+	return min(d, p-d)
+}
+
+// takeOverSlack is how far from a whole number of periods after a closed stream's last
+// timer report, in seconds, a new stream's first report may come and take that stream's
+// holder over: Envoy's timer is re-armed after each tick and reports cross the network
+// with jitter, milliseconds; another Envoy's timer is at a phase of its own, anywhere in
+// the period.
+const takeOverSlack = 0.25
 
 // forget drops an abandoned bucket from the session.
 func (ss *session) forget(h *holder) {
@@ -419,7 +468,7 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 			k.mu.Lock()
 			others := contribution{open: k.open - h.contrib.open, demand: k.demand - h.contrib.demand, hzp: k.hzp - h.contrib.hzp,
 				tok: k.tok - h.contrib.tok, rate: k.rate - h.contrib.rate, rateAt: k.rateAt - h.contrib.rateAt,
-				rateH: k.rateH - h.contrib.rateH}
+				rateH: k.rateH - h.contrib.rateH, use: k.use - h.contrib.use}
 			k.mu.Unlock()
 			now, over := allot(&qs[i], others, t, hz, h.demand, others.open+1, s.opts.SiteShare)
 			atOnce, allotted = min(atOnce, now), min(allotted, over)
@@ -427,6 +476,11 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 		a = next(h.m, atOnce, allotted, hz, s.opts.Strategy == RequestsPerTimeUnit, ss.unit())
 	}
 	a, send = ss.due(h, a, allotted, t, hz)
+	if h.fresh {
+		// The first report on a stream is always answered: the client may not hold
+		// the assignment its old stream's last response carried.
+		send, h.fresh = true, false
+	}
 	if send && a.kind == kindAllow && h.m.a.kind == kindNone {
 		s.metrics.unmatchedBkts.Inc()
 	}
@@ -512,6 +566,13 @@ func (ss *session) contribute(h *holder, c contribution, hz float64) {
 	if h.m.a.kind == kindPerUnit {
 		c.tok = h.m.potential(0, ss.unit())
 	}
+	// What it plausibly admits until its next report (keyState.ahead): its demand over the
+	// period, at most all it can; all it can until its demand has been measured over a
+	// period (a new bucket's first report comes at once, and tells little of its rate).
+	c.use = c.tok + c.rateH
+	if h.period > 0 {
+		c.use = min(c.use, h.demand*hz)
+	}
 	for _, k := range h.keys {
 		k.mu.Lock()
 		k.add(h.contrib, -1)
@@ -547,6 +608,10 @@ func (ss *session) close(now time.Time) {
 		// its assignment expires, and the open holders must not hand out that share too.
 		if h.m.a.kind != kindNone {
 			ss.until = max(ss.until, h.sentAt+s.ttl.Seconds())
+		}
+		h.phase, h.phased = h.m.last, ss.tick >= 0
+		if h.phased {
+			h.phase = ss.tick // a new bucket's report comes off the timer's phase
 		}
 		h.req.mu.Lock()
 		h.req.orphans = append(h.req.orphans, h)

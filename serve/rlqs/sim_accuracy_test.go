@@ -129,11 +129,11 @@ func TestSimUnderLimitCauses(t *testing.T) {
 // TestSimAccuracySeeds runs the rows of Envoy's cadence and deployment — 1 and 3 data
 // centers × 20 Envoys, streams whole or cut every 7 s — over seeds 1–6: the heavy client
 // within 1.05× the limit in every window after the first, the light clients never denied,
-// no assignment expiring, and the under-limit clients denied at most 1% of their requests,
-// except where a seed is known to miss it: at 3 × 20 the client behind one Envoy reaches
-// 1.06% (seed 5), and with streams cut every 7 s the client spread over all Envoys 1.36%
-// (seed 3) and 1.23% (seed 5) (docs/rlqs.md, Accuracy). Those bounds hold what is
-// reached, a little above, against regressions.
+// no assignment expiring, and the under-limit clients denied no more than the worst of
+// seeds 1–6 (a little above, against regressions): none at 1 × 20; at 3 × 20 the client
+// spread over every Envoy 0.07–0.50%, and the client behind one Envoy up to 1.06% (seed
+// 5, in the run's first 15 s: its data center's share of the room between data centers,
+// not the RLQS allotment), the one miss of the 1% aimed at (docs/rlqs.md, Accuracy).
 func TestSimAccuracySeeds(t *testing.T) {
 	base, _ := simCases()
 	three := func(c *simConfig) { c.DCs = 3 }
@@ -143,10 +143,10 @@ func TestSimAccuracySeeds(t *testing.T) {
 		mod            func(*simConfig)
 		under1, under2 float64
 	}{
-		{"1x20", func(*simConfig) {}, 0.01, 0.01},
-		{"3x20", three, 0.011, 0.01},
-		{"1x20-cut-7s", cut, 0.01, 0.01},
-		{"3x20-cut-7s", func(c *simConfig) { three(c); cut(c) }, 0.01, 0.014},
+		{"1x20", func(*simConfig) {}, 0, 0},
+		{"3x20", three, 0.011, 0.006},
+		{"1x20-cut-7s", cut, 0, 0},
+		{"3x20-cut-7s", func(c *simConfig) { three(c); cut(c) }, 0.0101, 0.006},
 	} {
 		for seed := uint64(1); seed <= 6; seed++ {
 			c := base

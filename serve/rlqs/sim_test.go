@@ -475,23 +475,23 @@ func simCases() (simConfig, []simCase) {
 			}
 		}
 	}
-	// The under-limit bounds are the 1% aimed at, except in the rows that are not Envoy's
-	// cadence or deployment, where they hold what was reached (a little above) against
-	// regressions. TestSimAccuracySeeds runs the rows of Envoy's cadence over seeds 1–6.
+	// The under-limit bounds hold what seed 1 reaches (a little above), against
+	// regressions: the 1% aimed at is met in the rows of Envoy's cadence and deployment,
+	// which TestSimAccuracySeeds runs over seeds 1–6; the other rows hold what is reached.
 	return base, []simCase{
-		{"1x20", func(*simConfig) {}, 1.05, 0.5, 0, 0.01, 0},
-		{"3x20", three, 1.05, 0.5, 0.01, 0.01, 0},
-		{"1x20-cut-7s", cut, 1.05, 0.5, 0, 0.01, 0},
-		{"3x20-cut-7s", both(three, cut), 1.05, 0.5, 0.01, 0.01, 0},
+		{"1x20", func(*simConfig) {}, 1.05, 0.5, 0, 0, 0},
+		{"3x20", three, 1.05, 0.5, 0.001, 0.002, 0},
+		{"1x20-cut-7s", cut, 1.05, 0.5, 0, 0, 0},
+		{"3x20-cut-7s", both(three, cut), 1.05, 0.5, 0.001, 0.0025, 0},
 		// Envoy's revision of its token bucket on hosts up 10 s when the traffic starts.
-		{"1x20-empty-start", empty, 1.05, 0.5, 0, 0.01, 0},
-		{"3x20-empty-start", both(three, empty), 1.05, 0.5, 0.01, 0.01, 0},
+		{"1x20-empty-start", empty, 1.05, 0.5, 0, 0, 0},
+		{"3x20-empty-start", both(three, empty), 1.05, 0.5, 0.001, 0.002, 0},
 		// Every new token bucket empty, as on a host up for less than max_tokens ÷
 		// fill rate: not what a host that has been up a second sees.
 		{"1x20-always-empty", func(c *simConfig) { c.EmptyStart, c.Boot = true, time.Hour }, 1.05, 0.5, 0.01, 0.03, 5},
 		// A filter reporting every second, faster than Envoy's: an extra row.
-		{"3x20-report-1s", both(three, func(c *simConfig) { c.Interval = time.Second }), 1.05, 0.6, 0.01, 0.01, 0},
-		{"3x20-requests-per-time-unit", both(three, func(c *simConfig) { c.PerUnit = true }), 1.05, 0.3, 0.02, 0.2, 0},
+		{"3x20-report-1s", both(three, func(c *simConfig) { c.Interval = time.Second }), 1.05, 0.6, 0.001, 0.001, 0},
+		{"3x20-requests-per-time-unit", both(three, func(c *simConfig) { c.PerUnit = true }), 1.05, 0.3, 0.02, 0.12, 0},
 		// One Envoy per data center: a data center's usage reaches the others in lumps,
 		// a reporting period apart.
 		{"3x1", both(three, func(c *simConfig) { c.EnvoysPerDC = 1 }), 1.25, 0.3, 0.02, 0.02, 0},

@@ -25,14 +25,18 @@ import (
 //	                            3 num_requests_allowed (uint64), 4 num_requests_denied (uint64)
 //	BucketId:                   1 bucket (map<string, string>: entries of 1 key, 2 value)
 //
-// Unknown fields are skipped, as protobuf requires.
+// Unknown fields are skipped, as protobuf requires. Of time_elapsed only the seconds are
+// read: they tell a bucket's first report at its client (0) from a timer's report.
 
 // usage is one bucket's report: its bucket id as bytes of a BucketId message (raw) or as
-// a map (bucket, from a decoded message), and its counts.
+// a map (bucket, from a decoded message), and its counts. first says that its
+// time_elapsed is under a second: Envoy reports a new bucket at once, with 0, and every
+// later report a timer's period (whole seconds) after the one before.
 type usage struct {
 	raw             []byte
 	bucket          map[string]string
 	allowed, denied uint64
+	first           bool
 }
 
 // wireReports is a usage report message decoded by decodeReports. Its slices alias buf,
@@ -109,7 +113,15 @@ func decodeUsage(b []byte) (usage, error) {
 				u.denied = v
 			}
 			b = b[n:]
-		default: // time_elapsed and unknown fields: the server measures time itself
+		case num == 2 && typ == protowire.BytesType:
+			// time_elapsed: whether the bucket was reported before at its client
+			// (session.lookup); the server measures periods itself.
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return u, fmt.Errorf("time_elapsed: %w", protowire.ParseError(n))
+			}
+			u.first, b = durationSeconds(v) == 0, b[n:]
+		default: // unknown fields
 			n := protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {
 				return u, protowire.ParseError(n)
@@ -121,6 +133,33 @@ func decodeUsage(b []byte) (usage, error) {
 		u.raw = []byte{} // present but empty, told apart from a decoded map
 	}
 	return u, nil
+}
+
+// durationSeconds returns the seconds of a google.protobuf.Duration message (0 when
+// unset; a malformed one counts as unset, as time_elapsed is a hint).
+func durationSeconds(b []byte) int64 {
+	var secs int64
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return 0
+		}
+		b = b[n:]
+		if num == 1 && typ == protowire.VarintType {
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return 0
+			}
+			secs, b = int64(v), b[n:]
+			continue
+		}
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return 0
+		}
+		b = b[n:]
+	}
+	return secs
 }
 
 // decodeBucketID decodes the entries of a BucketId message; a later entry of a key

@@ -30,8 +30,11 @@ func TestDecodeReportsMatchesProto(t *testing.T) {
 					u.BucketId.Bucket[fmt.Sprintf("k%d", k)] = fmt.Sprintf("v=%d|%d", rng.IntN(100), k)
 				}
 			}
-			if rng.IntN(2) == 0 {
+			switch rng.IntN(3) {
+			case 0:
 				u.TimeElapsed = durationpb.New(time.Duration(rng.Int64N(int64(time.Hour))))
+			case 1:
+				u.TimeElapsed = durationpb.New(time.Duration(rng.Int64N(int64(time.Second))))
 			}
 			m.BucketQuotaUsages = append(m.BucketQuotaUsages, u)
 		}
@@ -50,6 +53,9 @@ func TestDecodeReportsMatchesProto(t *testing.T) {
 			got := r.usages[i]
 			if got.allowed != u.GetNumRequestsAllowed() || got.denied != u.GetNumRequestsDenied() {
 				t.Fatalf("trial %d usage %d: counts %d/%d, want %d/%d", trial, i, got.allowed, got.denied, u.GetNumRequestsAllowed(), u.GetNumRequestsDenied())
+			}
+			if want := u.TimeElapsed != nil && u.GetTimeElapsed().GetSeconds() == 0; got.first != want {
+				t.Fatalf("trial %d usage %d: first %v with time_elapsed %v", trial, i, got.first, u.GetTimeElapsed())
 			}
 			id, err := decodeBucketID(got.raw)
 			if err != nil {

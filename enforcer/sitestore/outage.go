@@ -20,9 +20,13 @@ import (
 // This file bounds what an outage of Redis costs (docs/redis.md, "While Redis is away"):
 //
 //   - Every answer from Redis leaves the counter's last known use (how much of its limit
-//     the site had used, and when). When Redis becomes unavailable, the first in-process
-//     decision on a counter raises the fallback's count to this process's share of that
-//     use, so that the fallback spends only its share of what was left, not a fresh limit.
+//     the site had used, and when), and what this process itself had Redis admit lately.
+//     When Redis becomes unavailable, the first in-process decision on a counter raises
+//     the fallback's count to this process's share of that use, or to its own admissions
+//     when they were more, so that the fallback spends only its share of what was left,
+//     not a fresh limit. The processes of a site last heard from Redis at different
+//     instants: one that admitted most of a count the others never saw charges itself
+//     what it admitted, not a share of the count it saw.
 //   - Every hit admitted in process while Redis is unavailable is kept, per counter, as a
 //     pending write back. Before Redis decides anything again (the breaker's probe
 //     included), the pending hits are added to Redis, each batch with a marker key so that
@@ -39,9 +43,12 @@ const knownPerShard = 1 << 14
 type knownUse struct {
 	used, limit int64 // the Decision's Limit − Remaining, and Limit
 	at          int64 // unix ns of that decision
-	window      time.Duration
-	seeded      uint64    // the outage whose fallback was raised to it (0: none)
-	restore     writeBack // the counter, to restore this process's share of used
+	// own is what this process had Redis admit since ownSince (unix ns), less than a
+	// window before at: within the window of any instant up to at, or a little earlier.
+	own, ownSince int64
+	window        time.Duration
+	seeded        uint64    // the outage whose fallback was raised to it (0: none)
+	restore       writeBack // the counter, to restore this process's share of used
 }
 
 type knownTable struct {
@@ -60,8 +67,8 @@ func newKnownTable() *knownTable {
 	return t
 }
 
-// note records a Redis decision of key.
-func (t *knownTable) note(key string, window time.Duration, at int64, limit, remaining int64, restore *writeBack) {
+// note records a Redis decision of key, which admitted own of this process's hits.
+func (t *knownTable) note(key string, window time.Duration, at int64, limit, remaining, own int64, restore *writeBack) {
 	sh := &t.shards[maphash.String(t.seed, key)%knownShards]
 	sh.mu.Lock()
 	e := sh.m[key]
@@ -76,6 +83,10 @@ func (t *knownTable) note(key string, window time.Duration, at int64, limit, rem
 		sh.m[key] = e
 	}
 	e.used, e.limit, e.at, e.window, e.seeded = max(limit-remaining, 0), limit, at, window, 0
+	if at-e.ownSince >= int64(window) {
+		e.own, e.ownSince = 0, at
+	}
+	e.own += own
 	e.restore = *restore
 	sh.mu.Unlock()
 }
@@ -191,14 +202,14 @@ func (s *Store) seedFallback(now time.Time, ops []algo.Op) {
 	outage := s.outage.Load()
 	for i := range ops {
 		k, ok := s.known.claim(ops[i].Key, t, outage)
-		if !ok || k.used == 0 {
+		if !ok || k.used == 0 && k.own == 0 {
 			continue
 		}
 		op := ops[i]
 		op.Limit = scaleLimit(op.Limit, s.fallbackShare)
 		op.N = 1
 		cur := s.fallback.Peek(now, op)
-		target := min(int64(math.Ceil(float64(k.used)*s.fallbackShare)), cur.Limit)
+		target := min(max(int64(math.Ceil(float64(k.used)*s.fallbackShare)), k.own), cur.Limit)
 		if add := target - (cur.Limit - cur.Remaining); add > 0 {
 			op.N = add
 			var out [1]algo.Decision
@@ -315,7 +326,11 @@ func (s *Store) writeBackOne(ctx context.Context, now time.Time, wb *writeBack) 
 func (s *Store) noteAll(now time.Time, ops []algo.Op, out []algo.Decision) {
 	t := now.UnixNano()
 	for i := range ops {
-		s.known.note(ops[i].Key, ops[i].Limit.Window, t, out[i].Limit, out[i].Remaining,
+		var own int64
+		if out[i].Allowed {
+			own = ops[i].N
+		}
+		s.known.note(ops[i].Key, ops[i].Limit.Window, t, out[i].Limit, out[i].Remaining, own,
 			&writeBack{op: ops[i], window: ops[i].Limit.Window})
 		if !keyBefore(ops, i) {
 			// A later op on the same key was decided as if the earlier ones had taken:
@@ -349,12 +364,12 @@ func (c *Counter) seedCounter(ctx context.Context, now time.Time, ops []sitecoun
 	var cur [1]float64
 	for i := range ops {
 		k, ok := c.s.known.claim("g"+ops[i].Key, t, outage)
-		if !ok || k.used == 0 {
+		if !ok || k.used == 0 && k.own == 0 {
 			continue
 		}
 		op := ops[i]
 		_ = c.fallback.Counts(ctx, now, []sitecount.Op{op}, cur[:])
-		if add := int64(math.Ceil(float64(k.used)*c.share - cur[0])); add > 0 {
+		if add := int64(math.Ceil(max(float64(k.used)*c.share, float64(k.own)) - cur[0])); add > 0 {
 			op.N, op.Cap = add, math.Inf(1)
 			_, _ = c.fallback.Commit(ctx, now, []sitecount.Op{op}, nil)
 		}
@@ -366,11 +381,12 @@ func (c *Counter) seedCounter(ctx context.Context, now time.Time, ops []sitecoun
 func (c *Counter) noteCounts(now time.Time, ops []sitecount.Op, counts []float64, committed bool) {
 	t := now.UnixNano()
 	for i := range ops {
-		n := counts[i]
+		n, own := counts[i], int64(0)
 		if committed {
 			n += float64(ops[i].N)
+			own = ops[i].N
 		}
-		c.s.known.note("g"+ops[i].Key, ops[i].Window, t, int64(math.Ceil(n)), 0,
+		c.s.known.note("g"+ops[i].Key, ops[i].Window, t, int64(math.Ceil(n)), 0, own,
 			&writeBack{c: c, gop: ops[i], window: ops[i].Window})
 	}
 }

@@ -541,3 +541,44 @@ func TestSlidingWindowExactProducts(t *testing.T) {
 		t.Fatalf("at the boundary: redis %v %+v, algo %+v; want allowed", ok, out[0], want)
 	}
 }
+
+// TestFallbackChargesOwnAdmissions: two enforcers share a limit of 10 and fall back on
+// halves when Redis goes. b last heard from Redis at a count of 1 (its own request); a
+// then had Redis admit 5 more (a count of 6). Charged half of the counts they saw (1 and
+// 3), the two would admit 4 + 2 in process, 12 in all; a charges itself the 5 it
+// admitted instead, and the site keeps to 10.
+func TestFallbackChargesOwnAdmissions(t *testing.T) {
+	rd := startPrivateRedis(t)
+	prefix := testenv.KeyPrefix(t)
+	stores := make([]*Store, 2)
+	for i := range stores {
+		client := redis.NewClient(&redis.Options{Addr: rd.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+		t.Cleanup(func() { _ = client.Close() })
+		stores[i] = newStore(t, client, prefix, func(c *Config) { c.FallbackShare = 0.5 })
+	}
+	a, b := stores[0], stores[1]
+	ctx := context.Background()
+	op := algo.Op{Key: "d|u=own#1m", Algorithm: algo.SlidingWindow, Limit: algo.Limit{Requests: 10, Window: time.Minute}, N: 1}
+	out := make([]algo.Decision, 1)
+	allow := func(s *Store, n int, wantFellBack bool) (admitted int) {
+		t.Helper()
+		for range n {
+			ok, fb := s.AllowAll(ctx, t0, []algo.Op{op}, out)
+			if fb != wantFellBack {
+				t.Fatalf("fellBack %v, want %v", fb, wantFellBack)
+			}
+			if ok {
+				admitted++
+			}
+		}
+		return admitted
+	}
+	inRedis := allow(b, 1, false) + allow(a, 5, false)
+	rd.Kill()
+	byA, byB := allow(a, 10, true), allow(b, 10, true)
+	t.Logf("admitted in Redis %d, then in process a %d, b %d", inRedis, byA, byB)
+	if inRedis != 6 || byA != 0 || byB != 4 {
+		t.Errorf("admitted in Redis %d (want 6), then in process a %d (want 0), b %d (want 4): %d against a limit of 10",
+			inRedis, byA, byB, inRedis+byA+byB)
+	}
+}

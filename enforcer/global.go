@@ -547,16 +547,18 @@ func siteIndex(sites []siteView, site string) (int, bool) {
 	return slices.BinarySearchFunc(sites, site, func(v siteView, s string) int { return strings.Compare(v.site, s) })
 }
 
-// pastDemand keeps a key's per-site breakdown from a little while ago, by which the other
-// sites' recent request rates are told from their demands (recentRate). The breakdowns
-// are the snapshot's immutable slices, shared, not copies.
+// pastDemand keeps a key's per-site breakdowns from a little while ago, by which the
+// other sites' recent request rates are told from their demands (recentRate): one at
+// least rateSpan old, and one at least Config.ServingSpan old (sharing.serving). The
+// breakdowns are the snapshot's immutable slices, shared, not copies.
 type pastDemand struct {
+	short, long pastBreakdown
+}
+
+// pastBreakdown keeps one breakdown at least a span older than the latest it was shown.
+type pastBreakdown struct {
 	ref, next     []topics.SiteCount
 	refAt, nextAt int64 // their as-of times (unix ms)
-	// long and longNext are the same at least Config.ServingSpan apart, by which the
-	// other sites' rates are told over a longer span (sharing.serving).
-	long, longNext     []topics.SiteCount
-	longAt, longNextAt int64
 }
 
 // rateSpan is the least span (ms) over which a site's recent request rate is measured: long
@@ -565,39 +567,49 @@ type pastDemand struct {
 // second.
 const rateSpan = 300
 
-// see takes a breakdown seen as of asOf (unix ms): the latest becomes the reference once it
-// is rateSpan older than the one after it, and the long reference once it is span (ms; 0:
-// none) older.
+// see takes a breakdown seen as of asOf (unix ms), for the reference rateSpan old and the
+// one span (ms; 0: none) old.
 func (p *pastDemand) see(sites []topics.SiteCount, asOf, span int64) {
-	switch {
-	case p.next == nil || asOf < p.nextAt:
-		p.ref, p.refAt, p.next, p.nextAt = nil, 0, sites, asOf
-	case asOf-p.nextAt >= rateSpan:
-		p.ref, p.refAt, p.next, p.nextAt = p.next, p.nextAt, sites, asOf
+	p.short.see(sites, asOf, rateSpan)
+	if span > 0 {
+		p.long.see(sites, asOf, span)
 	}
+}
+
+// see takes a breakdown seen as of asOf (unix ms): the latest becomes the reference once
+// it is span older than the one after it.
+func (b *pastBreakdown) see(sites []topics.SiteCount, asOf, span int64) {
 	switch {
-	case span <= 0:
-	case p.longNext == nil || asOf < p.longNextAt:
-		p.long, p.longAt, p.longNext, p.longNextAt = nil, 0, sites, asOf
-	case asOf-p.longNextAt >= span:
-		p.long, p.longAt, p.longNext, p.longNextAt = p.longNext, p.longNextAt, sites, asOf
+	case b.next == nil || asOf < b.nextAt:
+		b.ref, b.refAt, b.next, b.nextAt = nil, 0, sites, asOf
+	case asOf-b.nextAt >= span:
+		b.ref, b.refAt, b.next, b.nextAt = b.next, b.nextAt, sites, asOf
 	}
+}
+
+// at returns the reference breakdown and its age at asOf (ms); nil when there is none.
+func (b *pastBreakdown) at(asOf int64) ([]topics.SiteCount, float64) {
+	if b.ref == nil || asOf <= b.refAt {
+		return nil, 0
+	}
+	return b.ref, float64(asOf - b.refAt)
+}
+
+// at returns the breakdown at least rateSpan old and its age at asOf (ms); nil when there
+// is none.
+func (p *pastDemand) at(asOf int64) ([]topics.SiteCount, float64) {
+	if p == nil {
+		return nil, 0
+	}
+	return p.short.at(asOf)
 }
 
 // atLong is at over the longer span (Config.ServingSpan).
 func (p *pastDemand) atLong(asOf int64) ([]topics.SiteCount, float64) {
-	if p == nil || p.long == nil || asOf <= p.longAt {
+	if p == nil {
 		return nil, 0
 	}
-	return p.long, float64(asOf - p.longAt)
-}
-
-// at returns the reference breakdown and its age at asOf (ms); nil when there is none.
-func (p *pastDemand) at(asOf int64) ([]topics.SiteCount, float64) {
-	if p == nil || p.ref == nil || asOf <= p.refAt {
-		return nil, 0
-	}
-	return p.ref, float64(asOf - p.refAt)
+	return p.long.at(asOf)
 }
 
 // recentRate returns site's request rate (per ms) over the last dt ms from its demand now

@@ -15,22 +15,31 @@ import (
 	"github.com/streamlimit/streamlimit/topics"
 )
 
+// siteRecordsOfUS returns a Memory aggregator, the time its tests start at, and record,
+// which adds a site record of site us (key: topics.SiteHeartbeatKey or SiteLeaveKey) of
+// instance inst dated ts, read at t0 + at.
+func siteRecordsOfUS(t *testing.T) (m *Memory, t0 time.Time, record func(at time.Duration, key, inst string, ts time.Time) error) {
+	t.Helper()
+	m, err := NewMemory(Config{HeartbeatInterval: time.Millisecond, MaxClockSkew: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	return m, t0, func(at time.Duration, key, inst string, ts time.Time) error {
+		return m.AddFrom(t0.Add(at), "hits", topics.Hit{Key: key, Site: "us", BucketStart: ts.UnixMilli(), Instance: inst})
+	}
+}
+
 // Leave records in a live site's name, written by whoever may write the hits topic, do
 // not take the site for gone: a leave from an instance the site never heartbeated with,
 // and one from the site's own instance dated 25 s ahead (beyond MaxSiteRecordAhead), are
 // both refused and counted, every 100 ms for 10 s, while the site heartbeats every 500 ms.
 // Before, the aggregator listed the site as left in most of its heartbeats.
 func TestMemoryRefusesForgedLeaves(t *testing.T) {
-	m, err := NewMemory(Config{HeartbeatInterval: time.Millisecond, MaxClockSkew: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	m, t0, record := siteRecordsOfUS(t)
 	add := func(at time.Duration, key, inst string, ts time.Time) {
-		t.Helper()
-		h := topics.Hit{Key: key, Site: "us", BucketStart: ts.UnixMilli(), Instance: inst}
 		// A refused record is an error of AddFrom: the forger's, counted below.
-		_ = m.AddFrom(t0.Add(at), "hits", h)
+		_ = record(at, key, inst, ts)
 	}
 	left := 0
 	for at := time.Duration(0); at < 10*time.Second; at += 100 * time.Millisecond {
@@ -223,14 +232,10 @@ func TestLeaveWhereTheSiteWasNeverHeard(t *testing.T) {
 // are written again every 100 ms for 5 s. us stays listed as left, every replay is counted,
 // and a new instance of us (a restart under the name) still brings it back.
 func TestMemoryRefusesReplayedHeartbeats(t *testing.T) {
-	m, err := NewMemory(Config{HeartbeatInterval: time.Millisecond, MaxClockSkew: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	m, t0, record := siteRecordsOfUS(t)
 	add := func(at time.Duration, key, inst string, ts time.Time) {
 		t.Helper()
-		if err := m.AddFrom(t0.Add(at), "hits", topics.Hit{Key: key, Site: "us", BucketStart: ts.UnixMilli(), Instance: inst}); err != nil {
+		if err := record(at, key, inst, ts); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -120,13 +120,7 @@ func (e *siteSeen) leftAt(instance string, ts int64) {
 		e.gone = map[string]int64{}
 	}
 	if _, ok := e.gone[instance]; !ok && len(e.gone) >= maxInstancesPerSource {
-		oldest, at := "", int64(0)
-		for k, t := range e.gone {
-			if oldest == "" || t < at {
-				oldest, at = k, t
-			}
-		}
-		delete(e.gone, oldest)
+		dropOldest(e.gone)
 	}
 	e.gone[instance] = ts
 }
@@ -142,15 +136,20 @@ func (e *siteSeen) saw(instance string, ts int64) {
 		return
 	}
 	if len(e.insts) >= maxInstancesPerSource {
-		oldest, at := "", int64(0)
-		for k, t := range e.insts {
-			if oldest == "" || t < at {
-				oldest, at = k, t
-			}
-		}
-		delete(e.insts, oldest)
+		dropOldest(e.insts)
 	}
 	e.insts[instance] = ts
+}
+
+// dropOldest deletes the instance of m with the earliest time.
+func dropOldest(m map[string]int64) {
+	oldest, at := "", int64(0)
+	for k, t := range m {
+		if oldest == "" || t < at {
+			oldest, at = k, t
+		}
+	}
+	delete(m, oldest)
 }
 
 // siteMaps returns copies of what src has heard as of now: the live sites with the time

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/streamlimit/streamlimit/clock"
 	"github.com/streamlimit/streamlimit/enforcer/sitecount"
@@ -303,9 +302,7 @@ func TestCounterRedisDownFallbackAndRecovery(t *testing.T) {
 	rd := startPrivateRedis(t)
 	bclk := clock.NewFake(time.Unix(0, 0))
 	reg := prometheus.NewRegistry()
-	client := redis.NewClient(&redis.Options{Addr: rd.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { _ = client.Close() })
-	s := newStore(t, client, "sl:", func(c *Config) {
+	s := newStore(t, failFastClient(t, rd.Addr()), "sl:", func(c *Config) {
 		c.Clock = bclk
 		c.Registerer = reg
 		c.Breaker = breaker.Options{MinFailures: 2, ProbeInterval: time.Second, ProbeSuccesses: 1}

@@ -267,6 +267,16 @@ func startPrivateRedis(t *testing.T, extra ...string) *testenv.RedisServer {
 	})
 }
 
+// failFastClient returns a client of the Redis at addr that tries each call once, within
+// the caller's deadline: a test that kills Redis sees the call fail, and the Store fall
+// back, at once rather than after the client's retries.
+func failFastClient(t *testing.T, addr string) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // pausableRedis starts a redis-server of the test's own and returns a client of it, for a
 // test that pauses Redis (CLIENT PAUSE): paused, the suite's shared Redis would stall
 // every other package's tests that run meanwhile.
@@ -282,8 +292,7 @@ func TestRedisDownFallbackAndRecovery(t *testing.T) {
 	rd := startPrivateRedis(t)
 	bclk := clock.NewFake(time.Unix(0, 0))
 	reg := prometheus.NewRegistry()
-	client := redis.NewClient(&redis.Options{Addr: rd.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { _ = client.Close() })
+	client := failFastClient(t, rd.Addr())
 	s := newStore(t, client, "sl:", func(c *Config) {
 		c.Clock = bclk
 		c.Registerer = reg
@@ -552,9 +561,7 @@ func TestFallbackChargesOwnAdmissions(t *testing.T) {
 	prefix := testenv.KeyPrefix(t)
 	stores := make([]*Store, 2)
 	for i := range stores {
-		client := redis.NewClient(&redis.Options{Addr: rd.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
-		t.Cleanup(func() { _ = client.Close() })
-		stores[i] = newStore(t, client, prefix, func(c *Config) { c.FallbackShare = 0.5 })
+		stores[i] = newStore(t, failFastClient(t, rd.Addr()), prefix, func(c *Config) { c.FallbackShare = 0.5 })
 	}
 	a, b := stores[0], stores[1]
 	ctx := context.Background()

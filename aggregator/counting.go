@@ -59,7 +59,7 @@ func (c *counting) apply(now int64, it *held) addResult {
 			c.m.bad.WithLabelValues(ReasonReplayedHeartbeat).Inc()
 			return added
 		}
-		c.st.sawInstance(now, string(it.h.site), it.inst, it.counter)
+		c.st.sawInstance(now, it.h.bucketStart, string(it.h.site), it.inst, it.counter)
 		return added
 	}
 	r := c.st.addRaw(now, it.slot, it.h, it.origin, it.expiry)

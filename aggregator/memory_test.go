@@ -229,6 +229,41 @@ func TestMemorySiteConflicts(t *testing.T) {
 	}
 }
 
+// An instance is live as of its heartbeat's date: a heartbeat of an instance that stopped
+// without a leave (a crash), written again long after by someone who can read the topic,
+// does not bring it back as a second instance counting apart from the one that replaced
+// it. Before, the instance was live as of the reading and the site was reported in conflict
+// for instanceWindow after every replay.
+func TestMemoryConflictsIgnoreReplayedHeartbeats(t *testing.T) {
+	m, err := NewMemory(Config{HeartbeatInterval: time.Millisecond, MaxClockSkew: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	hb := func(read, dated time.Time, inst string) {
+		t.Helper()
+		if err := m.Add(read, topics.Hit{Key: topics.SiteHeartbeatKey, Site: "eu", BucketStart: dated.UnixMilli(), Instance: inst, Counter: "process:" + inst}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hb(t0, t0, "b") // b crashes after this heartbeat
+	for at := 20 * time.Second; at <= 40*time.Second; at += 500 * time.Millisecond {
+		now := t0.Add(at)
+		hb(now, now, "a")
+		hb(now, t0, "b") // b's last heartbeat, replayed
+		if _, got := emitted(t, m.Emit(now.Add(time.Millisecond))); got == nil || len(got.Conflicts) != 0 {
+			t.Fatalf("at %v, heartbeat %+v: want no conflicts from a replayed heartbeat", at, got)
+		}
+	}
+	// b's clock a little ahead of this aggregator's is still b alive, and two live
+	// instances counting apart are still a conflict.
+	now := t0.Add(41 * time.Second)
+	hb(now, now.Add(300*time.Millisecond), "b")
+	if _, got := emitted(t, m.Emit(now.Add(time.Millisecond))); got == nil || len(got.Conflicts) != 1 {
+		t.Fatalf("heartbeat %+v, want conflicts [eu] once b heartbeats again", got)
+	}
+}
+
 // Local hits are held back by the difference between the replicated hits' lag and the
 // local ones', so that the counts show every site as of about the same moment; with
 // MaxLocalHold negative they are counted at once.

@@ -125,7 +125,7 @@ type state struct {
 // instanceSeen is one producer instance's latest site heartbeat.
 type instanceSeen struct {
 	counter string
-	at      int64 // ms, the aggregator's clock
+	at      int64 // ms, the heartbeat's date, at most when it was read
 }
 
 // instanceWindow is how long an instance counts as live after its last heartbeat.
@@ -158,8 +158,13 @@ func newState(cfg stateConfig) *state {
 	}
 }
 
-// sawInstance records that instance of site counts with counter, at now (ms).
-func (s *state) sawInstance(now int64, site, instance, counter string) {
+// sawInstance records that instance of site counts with counter, from its heartbeat dated
+// ts (ms of the instance's clock), read at now (ms). The instance is live as of its
+// heartbeat's date, not of the reading: an old heartbeat read again (a replay by someone
+// who can read the topic, or the history read at a start) must not bring an instance that
+// stopped back to life and raise a conflict with the instance that replaced it. A date
+// ahead of now (a clock ahead, within what site records may be) counts as now.
+func (s *state) sawInstance(now, ts int64, site, instance, counter string) {
 	if instance == "" || counter == "" {
 		return
 	}
@@ -174,7 +179,11 @@ func (s *state) sawInstance(now int64, site, instance, counter string) {
 	if _, ok := m[instance]; !ok && len(m) >= maxInstancesPerSite {
 		return
 	}
-	m[instance] = instanceSeen{counter: counter, at: now}
+	at := min(now, ts)
+	if prev, ok := m[instance]; ok && prev.at > at {
+		at = prev.at
+	}
+	m[instance] = instanceSeen{counter: counter, at: at}
 }
 
 // conflicts returns the sites, sorted, that have two or more live instances counting

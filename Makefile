@@ -18,7 +18,7 @@ TEST_TIMEOUT ?= 30m
 # tests themselves; to run one test, see docs/testing.md.
 TESTFLAGS ?=
 
-.PHONY: all test test-unit test-e2e test-short lint bench fmt vet services-up services-down image
+.PHONY: all test test-unit test-e2e test-short lint bench fmt vet services-up services-down image disk-check
 
 all: test
 
@@ -32,8 +32,8 @@ all: test
 #              Kafka and Redis (e2e/services/with-services.sh) and the tools of
 #              examples/install-test-tools.sh, without -short. No unit test runs twice.
 #
-# `make test` (what CI runs, .ci/run) is lint, then test-unit, then test-e2e.
-test: lint
+# `make test` (what CI runs, .ci/run) is disk-check and lint, then test-unit, then test-e2e.
+test: disk-check lint
 	$(MAKE) test-unit
 	$(MAKE) test-e2e
 
@@ -60,6 +60,21 @@ test-e2e:
 	@test -f $(REAL_PARTS) -a -f $(REAL_PARTS_RACE_FREE) || { echo "$(REAL_PARTS) or $(REAL_PARTS_RACE_FREE) is missing: make test-unit lists the tests of this tier"; exit 1; }
 	bash examples/install-test-tools.sh
 	GO=$(GO) bash $(SERVICES)/with-services.sh $(TESTTIER) e2e -list $(REAL_PARTS) -racefree-list $(REAL_PARTS_RACE_FREE) -alone $(WAN_TEST) -- -race -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS)
+
+# A run of `make test` writes test binaries to Go's build cache and to the temporary
+# directory, and logs, Kafka's and Redis's data to its run directory. On a disk that fills
+# midway the failure is a link's `no space left on device`, which reads like a broken
+# build and wastes the run; checked first, the run says what is wrong before it starts.
+# MIN_FREE_MIB is the peak of a run measured with an empty build cache, with margin
+# (docs/testing.md, Measured times).
+MIN_FREE_MIB ?= 8192
+disk-check:
+	@for d in "$$($(GO) env GOCACHE)" "$${TMPDIR:-/tmp}" .; do \
+	  mkdir -p "$$d" && free=$$(df -Pm "$$d" | awk 'NR==2 {print $$4}') || exit 1; \
+	  if [ "$$free" -lt $(MIN_FREE_MIB) ]; then \
+	    echo "disk-check: $$free MiB free on the disk of $$d; make test needs $(MIN_FREE_MIB) MiB (Go's build cache, test binaries, Kafka's logs). 'go clean -cache' empties Go's build cache."; exit 1; \
+	  fi; \
+	done
 
 # staticcheck's version, fetched from the Go module proxy by go run (cached afterwards).
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2

@@ -280,8 +280,11 @@ const MinBurst = 8
 // within over whether it starts full or empty; or requests_per_time_unit such that a
 // fixed window of it, which may start at once, stays within now and, over h, within over.
 // The grid keeps an assignment equal from report to report while the room moves a
-// little, and Envoy keeps the tokens of an equal token bucket.
-func next(m model, now, over, h float64, perUnit bool, unit time.Duration) assignment {
+// little, and Envoy keeps the tokens of an equal token bucket. A holder spending its
+// burst (exact: short, see session.due) has none to keep for long, and is assigned its
+// rate off the grid, rounded down to the fill's resolution only: on the grid, a rate up to
+// a step (1/16) below its allotment gives it the bucket it holds, whose burst it has spent.
+func next(now, over, h float64, perUnit, exact bool, unit time.Duration) assignment {
 	if over < 1 {
 		return assignment{kind: kindDeny}
 	}
@@ -299,7 +302,10 @@ func next(m model, now, over, h float64, perUnit bool, unit time.Duration) assig
 	// close requests however slow the client.
 	low := min(MinBurst, math.Floor(over/3))
 	burst := max(math.Floor(r*BurstSeconds), low, 1)
-	fill := quantize(math.Floor(min(r, (over-burst)/h) * fi))
+	fill := math.Floor(min(r, (over-burst)/h) * fi)
+	if !exact {
+		fill = quantize(fill)
+	}
 	// The burst follows the rate on the grid, so that equal rates make equal buckets.
 	burst = max(math.Floor(fill/fi*BurstSeconds), low, 1)
 	// A rate below the grid's least (a token a minute) still gets one: the bucket's

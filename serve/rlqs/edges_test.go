@@ -98,33 +98,38 @@ func TestEmptyBucketIDAndHugeCounts(t *testing.T) {
 
 // TestNextHoldsWhateverTheStart: every token bucket next assigns admits at most over in
 // h whether it starts full or empty — max_tokens plus h of refill — give or take the
-// least fill of a token a minute; and a slightly larger allotment gives the same bucket
-// most of the time, so that Envoy keeps its tokens.
+// least fill of a token a minute, on the grid or off it (exact); and on the grid a
+// slightly larger allotment gives the same bucket most of the time, so that Envoy keeps
+// its tokens.
 func TestNextHoldsWhateverTheStart(t *testing.T) {
 	same, n := 0, 0
-	for _, h := range []float64{1, 5} {
-		for over := 1.0; over < 1e6; over *= 1.07 {
-			a := next(model{}, over, over, h, false, time.Second)
-			if a.kind != kindTokens {
-				t.Fatalf("over %.1f: kind %d, want a token bucket", over, a.kind)
-			}
-			most := float64(a.burst) + a.rate(time.Second)*h
-			if most > over+h/FillInterval.Seconds()+1e-9 {
-				t.Errorf("over %.1f in %vs: max_tokens %d + fill %d/min × h = %.2f", over, h, a.burst, a.fill, most)
-			}
-			if most < 0.5*over && over >= 4 {
-				t.Errorf("over %.1f in %vs: assigns only %.2f", over, h, most)
-			}
-			n++
-			if next(model{}, over*1.01, over*1.01, h, false, time.Second) == a {
-				same++
+	for _, exact := range []bool{false, true} {
+		for _, h := range []float64{1, 5} {
+			for over := 1.0; over < 1e6; over *= 1.07 {
+				a := next(over, over, h, false, exact, time.Second)
+				if a.kind != kindTokens {
+					t.Fatalf("over %.1f: kind %d, want a token bucket", over, a.kind)
+				}
+				most := float64(a.burst) + a.rate(time.Second)*h
+				if most > over+h/FillInterval.Seconds()+1e-9 {
+					t.Errorf("over %.1f in %vs: max_tokens %d + fill %d/min × h = %.2f", over, h, a.burst, a.fill, most)
+				}
+				if most < 0.5*over && over >= 4 {
+					t.Errorf("over %.1f in %vs: assigns only %.2f", over, h, most)
+				}
+				if !exact {
+					n++
+				}
+				if !exact && next(over*1.01, over*1.01, h, false, false, time.Second) == a {
+					same++
+				}
 			}
 		}
 	}
 	if same < n/2 {
 		t.Errorf("a 1%% larger allotment changed the bucket %d times of %d", n-same, n)
 	}
-	if a := next(model{}, 0.9, 0.9, 5, false, time.Second); a.kind != kindDeny {
+	if a := next(0.9, 0.9, 5, false, false, time.Second); a.kind != kindDeny {
 		t.Errorf("below one request: %+v, want DENY_ALL", a)
 	}
 }

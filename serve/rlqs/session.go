@@ -79,6 +79,9 @@ type holder struct {
 	fresh   bool    // not reported on its stream yet
 	// measured: a report came after the first, so the next interval is a period.
 	measured bool
+	// short: its last period's requests reached its token bucket's refill over the
+	// period and none was denied: it is spending its burst, and will run dry (next, due).
+	short bool
 }
 
 // maxAliases is how many wire forms of a bucket id besides its first a stream remembers:
@@ -405,6 +408,7 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 		hz = h.period
 	}
 	rate := float64(allowed+denied) / span
+	h.short = h.measured && denied == 0 && h.m.a.kind == kindTokens && float64(allowed) >= h.m.a.rate(ss.unit())*span
 	smooth := h.started
 	h.m.afterReport(t, allowed, ss.unit())
 	h.started = true
@@ -473,7 +477,7 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 			now, over := allot(&qs[i], others, t, hz, h.demand, others.open+1, s.opts.SiteShare)
 			atOnce, allotted = min(atOnce, now), min(allotted, over)
 		}
-		a = next(h.m, atOnce, allotted, hz, s.opts.Strategy == RequestsPerTimeUnit, ss.unit())
+		a = next(atOnce, allotted, hz, s.opts.Strategy == RequestsPerTimeUnit, h.short, ss.unit())
 	}
 	a, send = ss.due(h, a, allotted, t, hz)
 	if h.fresh {
@@ -495,10 +499,16 @@ func (ss *session) report(ctx context.Context, now time.Time, t float64, h *hold
 // due returns the assignment to send for h, and whether to send one, given a, the one
 // computed for it: a when h has none or another strategy, when its current one could
 // admit more than allotted in the next hz seconds, or when a would admit noticeably
-// more; the current one again when it would expire before the report after next could
-// renew it (Envoy reports at a fixed cadence, and a renewal must reach it before the
-// TTL's whole seconds run out, whatever reporting_interval says). An equal token bucket
-// keeps its tokens at the client, so a renewal costs it nothing.
+// more (by 5%), or more at all when h is short; the current one again when it would
+// expire before the report after next could renew it (Envoy reports at a fixed cadence,
+// and a renewal must reach it before the TTL's whole seconds run out, whatever
+// reporting_interval says). An equal token bucket keeps its tokens at the client, so a
+// renewal costs it nothing. A short holder is spending its burst and has no tokens to
+// keep for long: Envoy makes another bucket anew, full when the old one still had a
+// token, as a bucket that has denied nothing likely has; the server counts every bucket
+// full whatever it holds (model), so the new one admits nothing beyond the allotment. A
+// holder whose bucket denied requests has an empty one, which a new bucket would not
+// fill: it keeps the 5% step.
 func (ss *session) due(h *holder, a assignment, allotted, t, hz float64) (assignment, bool) {
 	cur := h.m.a
 	if cur.kind == kindNone || cur.kind != a.kind {
@@ -518,7 +528,7 @@ func (ss *session) due(h *holder, a assignment, allotted, t, hz float64) (assign
 	}
 	probe := h.m
 	probe.adopt(a)
-	if probe.potential(hz, u) > 1.05*have+1 {
+	if grown := probe.potential(hz, u); grown > 1.05*have+1 || h.short && grown > have {
 		return a, true
 	}
 	return cur, renew

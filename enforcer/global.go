@@ -13,6 +13,16 @@ import (
 // maxSites is how many sites a global decision considers without allocating.
 const maxSites = 32
 
+// servedSpan is how long after the latest count that lists a site (snapshot.SiteTime.Served)
+// the site still counts among those a global limit is split over, when this site has
+// served within it too (sharing.idle). A heartbeat proves only that someone writes the
+// hits topic in a site's name: a name that never served anything in the span is given no
+// share of anything, so heartbeats of made-up sites cost nothing. Two sites that serve
+// traffic both count, so a key new at both at once is still split between them. Long:
+// what it costs is a real site idle that long, which is given nothing of a key new to it
+// until its first hits are counted (docs/sites.md, "How a site is known").
+const servedSpan = 15 * time.Minute
+
 // siteState is what a global decision takes a site to be doing.
 type siteState uint8
 
@@ -49,13 +59,23 @@ type siteView struct {
 	// unseen is set on this site when the snapshot's heartbeats list it as not fresh (left,
 	// or silent): it has just started again under its name (or its heartbeats do not get
 	// through), and the other sites, which read the same heartbeats, do not count it yet
-	// (sharing.allot).
+	// (sharing.allot). Also when no count has shown it serving within servedSpan while
+	// another fresh site of its data center has been: that one does not count it yet
+	// (idle).
 	unseen bool
+	// idle is set on another site, fresh or cut, that no count has shown serving within
+	// servedSpan (and this key's breakdown does not list), while this site has served: it
+	// may be a name no site serves. It is given no share, as a site that left: it holds
+	// its count (nothing, unless it served this key).
+	idle bool
 }
 
 // spends reports whether a site may start spending a key it has no count of: a fresh site,
-// or one cut off from here.
-func (v *siteView) spends() bool { return v.state == siteFresh || v.state == siteCut }
+// or one cut off from here, that is not idle.
+func (v *siteView) spends() bool { return (v.state == siteFresh || v.state == siteCut) && !v.idle }
+
+// shares reports whether a site shares the room: fresh and not idle.
+func (v *siteView) shares() bool { return v.state == siteFresh && !v.idle }
 
 // allotment is what a global decision gives this site of a key, before the corrections made
 // on every decision with this site's own count (Engine.finalCap). It is cached per key
@@ -122,6 +142,20 @@ func (g *sharing) classify(now int64, st *snapshot.SiteTime) (siteState, int64) 
 		return siteCrashed, now - st.Heard
 	}
 	return siteCut, now - st.Heard
+}
+
+// served reports whether a count has shown st's site serving within servedSpan of now (unix
+// ms).
+func (g *sharing) served(now int64, st *snapshot.SiteTime) bool {
+	return st.Served > 0 && st.Served >= now-servedSpan.Milliseconds()
+}
+
+// selfServed reports whether a count has shown this site serving within servedSpan of now
+// (unix ms), as the other sites, reading the same counts, see it. Until then it counts
+// every live site in its splits, as they all may count it (sharing.view).
+func (g *sharing) selfServed(now int64, st *snapshot.SiteTimes) bool {
+	self, ok := st.Get(g.site)
+	return ok && g.served(now, &self)
 }
 
 // unseen reports whether st, this site's own site time, is one the other sites take for
@@ -211,7 +245,7 @@ func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapsh
 	}
 	var demand float64
 	for i := range sites {
-		if sites[i].state == siteFresh {
+		if sites[i].shares() {
 			demand += sites[i].demand
 		}
 	}
@@ -289,13 +323,13 @@ func (g *sharing) allot(sites []siteView, allowance, u float64, heavy bool, past
 	waits := false
 	if heavy && sites[me].unseen {
 		for i := range sites {
-			if i != me && sites[i].state == siteFresh && sites[i].group == sites[me].group {
+			if i != me && sites[i].shares() && sites[i].group == sites[me].group {
 				waits = true
 				break
 			}
 		}
 	}
-	fresh := func(i int) bool { return sites[i].state == siteFresh && !(waits && i == me) }
+	fresh := func(i int) bool { return sites[i].shares() && !(waits && i == me) }
 	groups := 0
 	for i := range sites {
 		s := &sites[i]
@@ -385,6 +419,10 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 	}
 	ts := st.Sites()
 	ms := now.UnixMilli()
+	// Sites that have not served are idle to a site that has; a site that has not served
+	// either (it has just started, or been idle as long) counts them all, as they may all
+	// count it.
+	selfServed := g.selfServed(ms, st)
 	for i, j := 0, 0; i < len(es) || j < len(ts); {
 		switch {
 		case j >= len(ts) || (i < len(es) && es[i].Site < ts[j].Site):
@@ -393,6 +431,7 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 		case i >= len(es) || ts[j].Site < es[i].Site:
 			v := siteView{site: ts[j].Site, topic: ts[j].Topic}
 			v.state, v.silent = g.classify(ms, &ts[j])
+			v.idle = selfServed && ts[j].Site != g.site && !g.served(ms, &ts[j])
 			dst = append(dst, v)
 			j++
 		default:
@@ -404,9 +443,9 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 		}
 	}
 	if k, ok := siteIndex(dst, g.site); ok {
-		dst[k].state, dst[k].silent = siteFresh, 0
+		dst[k].state, dst[k].silent, dst[k].idle = siteFresh, 0, false
 		if self, ok := st.Get(g.site); ok && dst[k].topic != "" {
-			dst[k].unseen = g.unseen(ms, &self)
+			dst[k].unseen = g.unseen(ms, &self) || (!selfServed && g.servedPeer(ms, ts, dst[k].topic))
 		}
 	} else {
 		dst = slices.Insert(dst, k, siteView{site: g.site})
@@ -431,17 +470,40 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 	return dst
 }
 
+// servedPeer reports whether a site of topic other than this one, fresh at now (unix ms),
+// has been shown serving within servedSpan: it takes this site, until a count shows it
+// serving, as idle.
+func (g *sharing) servedPeer(now int64, ts []snapshot.SiteTime, topic string) bool {
+	for i := range ts {
+		if ts[i].Site != g.site && ts[i].Topic == topic && g.served(now, &ts[i]) {
+			if state, _ := g.classify(now, &ts[i]); state == siteFresh {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// idle reports whether s, a site other than this one, is one a decision at now (unix ms)
+// gives no share to (siteView.idle) when this key's breakdown does not list it:
+// selfServed is g.selfServed.
+func (g *sharing) idle(now int64, s *snapshot.SiteTime, selfServed bool) bool {
+	return selfServed && s.Site != g.site && !g.served(now, s)
+}
+
 // othersHeard returns the oldest time up to which a fresh remote site — one of another data
 // center: not heard on this site's hits topic — has been heard from: the other data
 // centers' counts in the snapshot are complete up to then. It reports false when no remote
 // site is heard from. The sites of this data center are not waited for: their hits reach
 // this site's aggregator as soon as this site's do.
 func (g *sharing) othersHeard(now time.Time, st *snapshot.SiteTimes) (int64, bool) {
-	limit := now.UnixMilli() - g.siteStale.Milliseconds()
+	ms := now.UnixMilli()
+	limit := ms - g.siteStale.Milliseconds()
 	t0, ok := int64(0), false
 	mine, _ := st.Get(g.site)
+	selfServed := g.selfServed(ms, st)
 	for _, s := range st.Sites() {
-		if s.Site == g.site || s.Left || s.Heard < limit || (mine.Topic != "" && s.Topic == mine.Topic) {
+		if s.Site == g.site || s.Left || s.Heard < limit || (mine.Topic != "" && s.Topic == mine.Topic) || g.idle(ms, &s, selfServed) {
 			continue
 		}
 		if !ok || s.Heard < t0 {
@@ -460,11 +522,15 @@ func (g *sharing) stateSig(now time.Time, st *snapshot.SiteTimes) (sig uint64, a
 	sites := st.Sites()
 	ms := now.UnixMilli()
 	allFresh, cacheable = true, len(sites) <= 32
+	selfServed := g.selfServed(ms, st)
 	for i := range sites {
 		state, silent := g.classify(ms, &sites[i])
 		sigState := state
-		if sites[i].Site == g.site && g.unseen(ms, &sites[i]) {
+		switch {
+		case sites[i].Site == g.site && (g.unseen(ms, &sites[i]) || !selfServed):
 			sigState = siteCrashed // not counted by the others yet (sharing.allot)
+		case (state == siteFresh || state == siteCut) && g.idle(ms, &sites[i], selfServed):
+			sigState = siteLeft // given no share (siteView.idle)
 		}
 		switch state {
 		case siteCut:
@@ -499,8 +565,9 @@ func (g *sharing) staleShare(e *snapshot.Entry, known bool, st *snapshot.SiteTim
 		latest = max(latest, s.Heard)
 	}
 	n := 1 // this site
+	selfServed := g.selfServed(latest, st)
 	for _, s := range st.Sites() {
-		if s.Site == g.site {
+		if s.Site == g.site || g.idle(latest, &s, selfServed) {
 			continue
 		}
 		if state, _ := g.classify(latest, &s); state == siteFresh || state == siteCut {

@@ -15,13 +15,13 @@ const maxSites = 32
 
 // servedSpan is how long after the latest count that lists a site (snapshot.SiteTime.Served)
 // the site still counts among those a global limit is split over, when this site has
-// served within it too (sharing.idle). A heartbeat proves only that someone writes the
-// hits topic in a site's name: a name that never served anything in the span is given no
-// share of anything, so heartbeats of made-up sites cost nothing. Two sites that serve
-// traffic both count, so a key new at both at once is still split between them. Long:
-// what it costs is a real site idle that long, which is given nothing of a key new to it
-// until its first hits are counted (docs/sites.md, "How a site is known").
-const servedSpan = 15 * time.Minute
+// served too (sharing.idle). A heartbeat proves only that someone writes the hits topic
+// in a site's name: a name that never served anything in the span is given no share of
+// anything, so heartbeats of made-up sites cost nothing. Two sites that serve traffic
+// both count, so a key new at both at once is still split between them. Long: what it
+// costs is a real site idle that long, which is given nothing of a key new to it until
+// its first hits are counted (docs/sites.md, "How a site is known").
+const servedSpan = snapshot.ServedSpan
 
 // siteState is what a global decision takes a site to be doing.
 type siteState uint8
@@ -151,11 +151,22 @@ func (g *sharing) served(now int64, st *snapshot.SiteTime) bool {
 }
 
 // selfServed reports whether a count has shown this site serving within servedSpan of now
-// (unix ms), as the other sites, reading the same counts, see it. Until then it counts
-// every live site in its splits, as they all may count it (sharing.view).
+// (unix ms), as the other sites, reading the same counts, see it, and since SiteStaleAfter
+// at least. Until then it counts every live site in its splits, as they all may count it
+// (sharing.view). The wait is for the sites that started serving when this one did: the
+// counts show each a pipeline lag after its first hits, the lags differ by as much, and a
+// site shown serving a moment before another would otherwise take the other as idle and
+// spend its share of a key they both just started. SiteStaleAfter is the lag past which a
+// site is taken for silent.
 func (g *sharing) selfServed(now int64, st *snapshot.SiteTimes) bool {
 	self, ok := st.Get(g.site)
-	return ok && g.served(now, &self)
+	return ok && g.settled(now, &self)
+}
+
+// settled reports whether st's site is shown serving at now (unix ms), and has been for
+// SiteStaleAfter: it takes the sites not shown serving as idle (selfServed).
+func (g *sharing) settled(now int64, st *snapshot.SiteTime) bool {
+	return g.served(now, st) && now-st.ServedSince >= g.siteStale.Milliseconds()
 }
 
 // unseen reports whether st, this site's own site time, is one the other sites take for
@@ -445,7 +456,7 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 	if k, ok := siteIndex(dst, g.site); ok {
 		dst[k].state, dst[k].silent, dst[k].idle = siteFresh, 0, false
 		if self, ok := st.Get(g.site); ok && dst[k].topic != "" {
-			dst[k].unseen = g.unseen(ms, &self) || (!selfServed && g.servedPeer(ms, ts, dst[k].topic))
+			dst[k].unseen = g.unseen(ms, &self) || (!g.served(ms, &self) && g.servedPeer(ms, ts, dst[k].topic))
 		}
 	} else {
 		dst = slices.Insert(dst, k, siteView{site: g.site})
@@ -471,11 +482,10 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 }
 
 // servedPeer reports whether a site of topic other than this one, fresh at now (unix ms),
-// has been shown serving within servedSpan: it takes this site, until a count shows it
-// serving, as idle.
+// has settled serving: it takes this site, until a count shows it serving, as idle.
 func (g *sharing) servedPeer(now int64, ts []snapshot.SiteTime, topic string) bool {
 	for i := range ts {
-		if ts[i].Site != g.site && ts[i].Topic == topic && g.served(now, &ts[i]) {
+		if ts[i].Site != g.site && ts[i].Topic == topic && g.settled(now, &ts[i]) {
 			if state, _ := g.classify(now, &ts[i]); state == siteFresh {
 				return true
 			}
@@ -516,8 +526,8 @@ func (g *sharing) othersHeard(now time.Time, st *snapshot.SiteTimes) (int64, boo
 // stateSig returns the states of st's sites at now, two bits per site (Sites()[i] at bits
 // 2i), for the cap cache, and whether no site is silent in a way that reserves room (cut,
 // or crashed within CrashHold). cacheable is false when the cap may change without the
-// signature changing: too many sites for the bits, or a crashed site whose reservation is
-// fading.
+// signature changing: too many sites for the bits, a crashed site whose reservation is
+// fading, or a site shown serving that has not settled (sharing.settled).
 func (g *sharing) stateSig(now time.Time, st *snapshot.SiteTimes) (sig uint64, allFresh, cacheable bool) {
 	sites := st.Sites()
 	ms := now.UnixMilli()
@@ -531,6 +541,9 @@ func (g *sharing) stateSig(now time.Time, st *snapshot.SiteTimes) (sig uint64, a
 			sigState = siteCrashed // not counted by the others yet (sharing.allot)
 		case (state == siteFresh || state == siteCut) && g.idle(ms, &sites[i], selfServed):
 			sigState = siteLeft // given no share (siteView.idle)
+		}
+		if g.served(ms, &sites[i]) && !g.settled(ms, &sites[i]) {
+			cacheable = false // it settles with time alone (sharing.servedPeer)
 		}
 		switch state {
 		case siteCut:

@@ -80,6 +80,14 @@ func (d *idleDC) serve(sites ...string) {
 	}
 }
 
+// settle lets SiteStaleAfter pass and heartbeats: a site shown serving takes the sites
+// not shown serving as idle only once it has been shown serving that long
+// (sharing.selfServed).
+func (d *idleDC) settle() {
+	d.clk.Advance(Defaults().SiteStaleAfter)
+	d.heartbeat()
+}
+
 // burst sends n requests of a key new to the snapshots at each site, and returns what
 // each admitted.
 func (d *idleDC) burst(user string, n int) (a, b int) {
@@ -97,6 +105,7 @@ func TestGlobalIdleSitesShareNothing(t *testing.T) {
 	d := newIdleDC(t, 50)
 	d.heartbeat()
 	d.serve("a", "b")
+	d.settle()
 	a, b := d.burst("42", 150)
 	if a+b > 102 || a+b < 98 || a < 49 || b < 49 {
 		t.Errorf("burst on a new key with 50 made-up sites heartbeating: admitted %d at a and %d at b, want about 50 each, at most 102 together", a, b)
@@ -159,20 +168,27 @@ func TestGlobalSitesStartingAKeyAtOnce(t *testing.T) {
 		name   string
 		ghosts int
 		served []string
+		// settled: the served sites have been shown serving for SiteStaleAfter.
+		settled bool
 		// lo and hi bound the total admitted of a burst of 150 at each site.
 		lo, hi int
 	}{
-		{name: "both served", served: []string{"a", "b"}, lo: 98, hi: 102},
+		{name: "both served", served: []string{"a", "b"}, settled: true, lo: 98, hi: 102},
 		{name: "neither served", lo: 98, hi: 102},
 		{name: "neither served, made-up sites", ghosts: 8, lo: 18, hi: 24},
+		// Both started at once, and a's first count came back before b's: a still counts b.
+		{name: "a shown serving a moment before b", served: []string{"a"}, lo: 98, hi: 102},
 		// a takes the whole limit, b its half: the bound.
-		{name: "only a served", served: []string{"a"}, lo: 148, hi: 152},
+		{name: "only a served", served: []string{"a"}, settled: true, lo: 148, hi: 152},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := newIdleDC(t, tc.ghosts)
 			d.heartbeat()
 			if len(tc.served) > 0 {
 				d.serve(tc.served...)
+			}
+			if tc.settled {
+				d.settle()
 			}
 			a, b := d.burst("42", 150)
 			if a+b < tc.lo || a+b > tc.hi {
@@ -182,6 +198,7 @@ func TestGlobalSitesStartingAKeyAtOnce(t *testing.T) {
 			d.clk.Advance(200 * time.Millisecond)
 			d.heartbeat()
 			d.serve("a", "b")
+			d.settle()
 			if a, b := d.burst("43", 150); a+b < 98 || a+b > 102 {
 				t.Errorf("both shown serving: admitted %d at a and %d at b, want about 100 together", a, b)
 			}
@@ -195,9 +212,12 @@ func TestGlobalSiteIdleAfterServedSpan(t *testing.T) {
 	d := newIdleDC(t, 0)
 	d.heartbeat()
 	d.serve("a", "b")
-	d.clk.Advance(servedSpan + time.Minute)
+	d.clk.Advance(servedSpan - time.Minute)
 	d.heartbeat()
 	d.serve("a") // a goes on serving; b only heartbeats
+	d.clk.Advance(2 * time.Minute)
+	d.heartbeat()
+	d.serve("a")
 	req := Request{Domain: "api", Descriptors: [][]rules.Entry{desc("user", "42")}}
 	if got := admitN(d.ls[0], req, 150); got != 100 {
 		t.Errorf("b idle for longer than servedSpan: a admitted %d of a new key, want 100", got)

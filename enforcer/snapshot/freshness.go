@@ -123,11 +123,21 @@ type SiteTime struct {
 	// site's name; Served, that the site has served: global decisions split shares only
 	// among sites that served recently (docs/sites.md, "How a site is known").
 	Served int64
+	// ServedSince is the as-of time (unix ms) of the first count of the site's latest run
+	// of counts, each within ServedSpan of the one before: when it started serving, as
+	// far as this snapshot knows (0 when Served is).
+	ServedSince int64
 }
 
+// ServedSpan is how long a count that lists a site shows it serving (SiteTime.Served):
+// global decisions split shares among the sites shown serving within it. Long: a site
+// idle that long is taken for one that never served.
+const ServedSpan = 15 * time.Minute
+
 // servedTime is one site's entry in the snapshot's served table: the latest as-of time of
-// a count listing it, and the time SiteTimes shows.
-type servedTime struct{ latest, shown int64 }
+// a count listing it, the first of its run (SiteTime.ServedSince), and the latest
+// SiteTimes shows.
+type servedTime struct{ latest, since, shown int64 }
 
 // servedRefresh is how far (ms) a site's served time may run ahead of the one SiteTimes
 // shows before a count rebuilds SiteTimes at once, without waiting for the next heartbeat
@@ -154,6 +164,9 @@ func (s *Snapshot) serve(sites []topics.SiteCount, asOf int64) bool {
 		}
 		if asOf <= v.latest {
 			continue
+		}
+		if asOf-v.latest > ServedSpan.Milliseconds() {
+			v.since = asOf
 		}
 		v.latest = asOf
 		s.served[site] = v
@@ -278,23 +291,27 @@ func (s *Snapshot) recomputeLocked() {
 	if len(heard)+len(left) > 0 {
 		st = &SiteTimes{sites: make([]SiteTime, 0, len(heard)+len(left))}
 		s.servedMu.Lock()
-		served := func(site string) int64 {
+		served := func(site string) (int64, int64) {
 			v, ok := s.served[site]
 			if !ok {
-				return 0
+				return 0, 0
 			}
 			v.shown = v.latest
 			s.served[site] = v
-			return v.latest
+			return v.latest, v.since
 		}
 		for site, ms := range heard {
-			st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Peer: peer[site], Topic: s.internSite(topic[site]), Served: served(site)})
+			e := SiteTime{Site: s.internSite(site), Heard: ms, Peer: peer[site], Topic: s.internSite(topic[site])}
+			e.Served, e.ServedSince = served(site)
+			st.sites = append(st.sites, e)
 		}
 		for site, ms := range left {
 			// A site some source still hears from is live there: its leave has not reached
 			// every partition yet, or it restarted.
 			if _, live := heard[site]; !live {
-				st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Left: true, Peer: peer[site], Topic: s.internSite(topic[site]), Served: served(site)})
+				e := SiteTime{Site: s.internSite(site), Heard: ms, Left: true, Peer: peer[site], Topic: s.internSite(topic[site])}
+				e.Served, e.ServedSince = served(site)
+				st.sites = append(st.sites, e)
 			}
 		}
 		s.servedMu.Unlock()

@@ -798,4 +798,14 @@ func TestSiteTimesServed(t *testing.T) {
 	if served("eu") != f.clk.Now().UnixMilli() {
 		t.Fatalf("eu's count %v past the time shown: shown %d, want %d at once", 2*time.Minute, served("eu"), f.clk.Now().UnixMilli())
 	}
+	since := func(site string) int64 { st, _ := f.s.SiteTimes().Get(site); return st.ServedSince }
+	if since("eu") != t0.UnixMilli() {
+		t.Fatalf("eu served since %d, want its first count's %d", since("eu"), t0.UnixMilli())
+	}
+	// After ServedSpan without a count, a count starts a new run.
+	f.clk.Advance(ServedSpan + time.Second)
+	f.apply(t, "k1", countValue(t, "k1", time.Minute, f.clk.Now(), map[string]float64{"eu": 1}))
+	if since("eu") != f.clk.Now().UnixMilli() {
+		t.Fatalf("eu back after %v: served since %d, want %d", ServedSpan, since("eu"), f.clk.Now().UnixMilli())
+	}
 }

@@ -147,8 +147,11 @@ func (g *sharing) classify(now int64, st *snapshot.SiteTime) (siteState, int64) 
 // served reports whether a count has shown st's site serving within servedSpan of now (unix
 // ms).
 func (g *sharing) served(now int64, st *snapshot.SiteTime) bool {
-	return st.Served > 0 && st.Served >= now-servedSpan.Milliseconds()
+	return servedAt(now, st.Served)
 }
+
+// servedAt reports whether a count as of at (unix ms; 0: none) shows serving at now.
+func servedAt(now, at int64) bool { return at > 0 && at >= now-servedSpan.Milliseconds() }
 
 // selfServed reports whether a count has shown this site serving within servedSpan of now
 // (unix ms), as the other sites, reading the same counts, see it, and since SiteStaleAfter
@@ -442,7 +445,7 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 		case i >= len(es) || ts[j].Site < es[i].Site:
 			v := siteView{site: ts[j].Site, topic: ts[j].Topic}
 			v.state, v.silent = g.classify(ms, &ts[j])
-			v.idle = selfServed && ts[j].Site != g.site && !g.served(ms, &ts[j])
+			v.idle = g.idle(ms, &ts[j], selfServed)
 			dst = append(dst, v)
 			j++
 		default:
@@ -496,9 +499,12 @@ func (g *sharing) servedPeer(now int64, ts []snapshot.SiteTime, topic string) bo
 
 // idle reports whether s, a site other than this one, is one a decision at now (unix ms)
 // gives no share to (siteView.idle) when this key's breakdown does not list it:
-// selfServed is g.selfServed.
+// selfServed is g.selfServed. A site of a data center none of whose sites has served is
+// not idle: heartbeats cannot make up a data center (its hits topic is the deployment's),
+// and one that has not served yet (all its clients elsewhere) keeps its share, the
+// margin the others had before it served.
 func (g *sharing) idle(now int64, s *snapshot.SiteTime, selfServed bool) bool {
-	return selfServed && s.Site != g.site && !g.served(now, s)
+	return selfServed && s.Site != g.site && !g.served(now, s) && (s.Topic == "" || servedAt(now, s.TopicServed))
 }
 
 // othersHeard returns the oldest time up to which a fresh remote site — one of another data

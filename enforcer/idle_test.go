@@ -241,3 +241,26 @@ func putCountAsOf(t *testing.T, sn *snapshot.Snapshot, key string, window, asOf 
 		t.Fatal(err)
 	}
 }
+
+// A data center none of whose sites has served (its clients all elsewhere) keeps its
+// share: heartbeats cannot make up a data center, whose hits topic is the deployment's,
+// and its share is the margin the others keep for the moment its clients arrive. With a
+// and b settled serving, eu-a, heard on eu's replicated topic and never shown serving, is
+// still given a third of a new key at a.
+func TestGlobalUnservedDataCenterKeepsItsShare(t *testing.T) {
+	d := newIdleDC(t, 0)
+	remote := func() {
+		for _, sn := range d.sns {
+			sourceHeartbeat(t, sn, d.clk, "eu.hits", map[string]int64{"eu-a": d.clk.Now().UnixMilli()}, nil)
+		}
+	}
+	d.heartbeat()
+	remote()
+	d.serve("a", "b")
+	d.settle()
+	remote()
+	req := Request{Domain: "api", Descriptors: [][]rules.Entry{desc("user", "42")}}
+	if got := admitN(d.ls[0], req, 150); got != 33 && got != 34 {
+		t.Errorf("a data center that has not served beside a and b: a admitted %d of a new key, want 33 or 34", got)
+	}
+}

@@ -127,6 +127,11 @@ type SiteTime struct {
 	// of counts, each within ServedSpan of the one before: when it started serving, as
 	// far as this snapshot knows (0 when Served is).
 	ServedSince int64
+	// TopicServed is the latest Served of the sites of the site's Topic, itself included:
+	// when its data center last served. A data center none of whose sites has served is
+	// a whole one heartbeats cannot make up (the hits topics are the deployment's), and
+	// keeps its share.
+	TopicServed int64
 }
 
 // ServedSpan is how long a count that lists a site shows it serving (SiteTime.Served):
@@ -315,6 +320,13 @@ func (s *Snapshot) recomputeLocked() {
 			}
 		}
 		s.servedMu.Unlock()
+		topicServed := map[string]int64{}
+		for _, e := range st.sites {
+			topicServed[e.Topic] = max(topicServed[e.Topic], e.Served)
+		}
+		for i := range st.sites {
+			st.sites[i].TopicServed = topicServed[st.sites[i].Topic]
+		}
 		slices.SortFunc(st.sites, func(a, b SiteTime) int { return strings.Compare(a.Site, b.Site) })
 	}
 	s.sites.Store(st)

@@ -60,8 +60,8 @@ type siteView struct {
 	// or silent): it has just started again under its name (or its heartbeats do not get
 	// through), and the other sites, which read the same heartbeats, do not count it yet
 	// (sharing.allot). Also when no count has shown it serving within servedSpan while
-	// another fresh site of its data center has been: that one does not count it yet
-	// (idle).
+	// another fresh site of its data center has settled serving (sharing.settled): that
+	// one does not count it yet (idle).
 	unseen bool
 	// idle is set on another site, fresh or cut, that no count has shown serving within
 	// servedSpan (and this key's breakdown does not list), while this site has served: it

@@ -47,7 +47,8 @@ type Tuning struct {
 	MinShare float64
 	// DefaultShare is a site's share of a global limit for a key the snapshot has never
 	// shown (new, or idle for a whole window). Default 0: 1/the number of sites that may
-	// spend it — the live ones and those cut off from here, not those that left or crashed
+	// spend it — the live ones and those cut off from here, not those that left or crashed,
+	// nor, once this site has served, those no count has shown serving (docs/sites.md)
 	// (1 without a snapshot).
 	DefaultShare float64
 	// ShareDamping holds back part of a hot key's room: the fresh sites of a data center

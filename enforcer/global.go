@@ -13,6 +13,16 @@ import (
 // maxSites is how many sites a global decision considers without allocating.
 const maxSites = 32
 
+// servedSpan is how long after the latest count that lists a site (snapshot.SiteTime.Served)
+// the site still counts among those a global limit is split over, when this site has
+// served too (sharing.idle). A heartbeat proves only that someone writes the hits topic
+// in a site's name: a name that never served anything in the span is given no share of
+// anything, so heartbeats of made-up sites cost nothing. Two sites that serve traffic
+// both count, so a key new at both at once is still split between them. Long: what it
+// costs is a real site idle that long, which is given nothing of a key new to it until
+// its first hits are counted (docs/sites.md, "How a site is known").
+const servedSpan = snapshot.ServedSpan
+
 // siteState is what a global decision takes a site to be doing.
 type siteState uint8
 
@@ -49,13 +59,23 @@ type siteView struct {
 	// unseen is set on this site when the snapshot's heartbeats list it as not fresh (left,
 	// or silent): it has just started again under its name (or its heartbeats do not get
 	// through), and the other sites, which read the same heartbeats, do not count it yet
-	// (sharing.allot).
+	// (sharing.allot). Also when no count has shown it serving within servedSpan while
+	// another fresh site of its data center has settled serving (sharing.settled): that
+	// one does not count it yet (idle).
 	unseen bool
+	// idle is set on another site, fresh or cut, that no count has shown serving within
+	// servedSpan (and this key's breakdown does not list), while this site has served: it
+	// may be a name no site serves. It is given no share, as a site that left: it holds
+	// its count (nothing, unless it served this key).
+	idle bool
 }
 
 // spends reports whether a site may start spending a key it has no count of: a fresh site,
-// or one cut off from here.
-func (v *siteView) spends() bool { return v.state == siteFresh || v.state == siteCut }
+// or one cut off from here, that is not idle.
+func (v *siteView) spends() bool { return (v.state == siteFresh || v.state == siteCut) && !v.idle }
+
+// shares reports whether a site shares the room: fresh and not idle.
+func (v *siteView) shares() bool { return v.state == siteFresh && !v.idle }
 
 // allotment is what a global decision gives this site of a key, before the corrections made
 // on every decision with this site's own count (Engine.finalCap). It is cached per key
@@ -122,6 +142,34 @@ func (g *sharing) classify(now int64, st *snapshot.SiteTime) (siteState, int64) 
 		return siteCrashed, now - st.Heard
 	}
 	return siteCut, now - st.Heard
+}
+
+// served reports whether a count has shown st's site serving within servedSpan of now (unix
+// ms).
+func (g *sharing) served(now int64, st *snapshot.SiteTime) bool {
+	return servedAt(now, st.Served)
+}
+
+// servedAt reports whether a count as of at (unix ms; 0: none) shows serving at now.
+func servedAt(now, at int64) bool { return at > 0 && at >= now-servedSpan.Milliseconds() }
+
+// selfServed reports whether a count has shown this site serving within servedSpan of now
+// (unix ms), as the other sites, reading the same counts, see it, and since SiteStaleAfter
+// at least. Until then it counts every live site in its splits, as they all may count it
+// (sharing.view). The wait is for the sites that started serving when this one did: the
+// counts show each a pipeline lag after its first hits, the lags differ by as much, and a
+// site shown serving a moment before another would otherwise take the other as idle and
+// spend its share of a key they both just started. SiteStaleAfter is the lag past which a
+// site is taken for silent.
+func (g *sharing) selfServed(now int64, st *snapshot.SiteTimes) bool {
+	self, ok := st.Get(g.site)
+	return ok && g.settled(now, &self)
+}
+
+// settled reports whether st's site is shown serving at now (unix ms), and has been for
+// SiteStaleAfter: it takes the sites not shown serving as idle (selfServed).
+func (g *sharing) settled(now int64, st *snapshot.SiteTime) bool {
+	return g.served(now, st) && now-st.ServedSince >= g.siteStale.Milliseconds()
 }
 
 // unseen reports whether st, this site's own site time, is one the other sites take for
@@ -212,7 +260,7 @@ func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapsh
 	}
 	var demand float64
 	for i := range sites {
-		if sites[i].state == siteFresh {
+		if sites[i].shares() {
 			demand += sites[i].demand
 		}
 	}
@@ -295,13 +343,13 @@ func (g *sharing) allot(sites []siteView, allowance, u float64, heavy bool, past
 	waits := false
 	if heavy && sites[me].unseen {
 		for i := range sites {
-			if i != me && sites[i].state == siteFresh && sites[i].group == sites[me].group {
+			if i != me && sites[i].shares() && sites[i].group == sites[me].group {
 				waits = true
 				break
 			}
 		}
 	}
-	fresh := func(i int) bool { return sites[i].state == siteFresh && !(waits && i == me) }
+	fresh := func(i int) bool { return sites[i].shares() && !(waits && i == me) }
 	groups := 0
 	for i := range sites {
 		s := &sites[i]
@@ -396,6 +444,10 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 	}
 	ts := st.Sites()
 	ms := now.UnixMilli()
+	// Sites that have not served are idle to a site that has; a site that has not served
+	// either (it has just started, or been idle as long) counts them all, as they may all
+	// count it.
+	selfServed := g.selfServed(ms, st)
 	for i, j := 0, 0; i < len(es) || j < len(ts); {
 		switch {
 		case j >= len(ts) || (i < len(es) && es[i].Site < ts[j].Site):
@@ -404,6 +456,7 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 		case i >= len(es) || ts[j].Site < es[i].Site:
 			v := siteView{site: ts[j].Site, topic: ts[j].Topic}
 			v.state, v.silent = g.classify(ms, &ts[j])
+			v.idle = g.idle(ms, &ts[j], selfServed)
 			dst = append(dst, v)
 			j++
 		default:
@@ -415,9 +468,9 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 		}
 	}
 	if k, ok := siteIndex(dst, g.site); ok {
-		dst[k].state, dst[k].silent = siteFresh, 0
+		dst[k].state, dst[k].silent, dst[k].idle = siteFresh, 0, false
 		if self, ok := st.Get(g.site); ok && dst[k].topic != "" {
-			dst[k].unseen = g.unseen(ms, &self)
+			dst[k].unseen = g.unseen(ms, &self) || (!g.served(ms, &self) && g.servedPeer(ms, ts, dst[k].topic))
 		}
 	} else {
 		dst = slices.Insert(dst, k, siteView{site: g.site})
@@ -442,17 +495,42 @@ func (g *sharing) view(dst []siteView, now time.Time, e *snapshot.Entry, known b
 	return dst
 }
 
+// servedPeer reports whether a site of topic other than this one, fresh at now (unix ms),
+// has settled serving: it takes this site, until a count shows it serving, as idle.
+func (g *sharing) servedPeer(now int64, ts []snapshot.SiteTime, topic string) bool {
+	for i := range ts {
+		if ts[i].Site != g.site && ts[i].Topic == topic && g.settled(now, &ts[i]) {
+			if state, _ := g.classify(now, &ts[i]); state == siteFresh {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// idle reports whether s, a site other than this one, is one a decision at now (unix ms)
+// gives no share to (siteView.idle) when this key's breakdown does not list it:
+// selfServed is g.selfServed. A site of a data center none of whose sites has served is
+// not idle: heartbeats cannot make up a data center (its hits topic is the deployment's),
+// and one that has not served yet (all its clients elsewhere) keeps its share, the
+// margin the others had before it served.
+func (g *sharing) idle(now int64, s *snapshot.SiteTime, selfServed bool) bool {
+	return selfServed && s.Site != g.site && !g.served(now, s) && (s.Topic == "" || servedAt(now, s.TopicServed))
+}
+
 // othersHeard returns the oldest time up to which a fresh remote site — one of another data
 // center: not heard on this site's hits topic — has been heard from: the other data
 // centers' counts in the snapshot are complete up to then. It reports false when no remote
 // site is heard from. The sites of this data center are not waited for: their hits reach
 // this site's aggregator as soon as this site's do.
 func (g *sharing) othersHeard(now time.Time, st *snapshot.SiteTimes) (int64, bool) {
-	limit := now.UnixMilli() - g.siteStale.Milliseconds()
+	ms := now.UnixMilli()
+	limit := ms - g.siteStale.Milliseconds()
 	t0, ok := int64(0), false
 	mine, _ := st.Get(g.site)
+	selfServed := g.selfServed(ms, st)
 	for _, s := range st.Sites() {
-		if s.Site == g.site || s.Left || s.Heard < limit || (mine.Topic != "" && s.Topic == mine.Topic) {
+		if s.Site == g.site || s.Left || s.Heard < limit || (mine.Topic != "" && s.Topic == mine.Topic) || g.idle(ms, &s, selfServed) {
 			continue
 		}
 		if !ok || s.Heard < t0 {
@@ -465,17 +543,24 @@ func (g *sharing) othersHeard(now time.Time, st *snapshot.SiteTimes) (int64, boo
 // stateSig returns the states of st's sites at now, two bits per site (Sites()[i] at bits
 // 2i), for the cap cache, and whether no site is silent in a way that reserves room (cut,
 // or crashed within CrashHold). cacheable is false when the cap may change without the
-// signature changing: too many sites for the bits, or a crashed site whose reservation is
-// fading.
+// signature changing: too many sites for the bits, a crashed site whose reservation is
+// fading, or a site shown serving that has not settled (sharing.settled).
 func (g *sharing) stateSig(now time.Time, st *snapshot.SiteTimes) (sig uint64, allFresh, cacheable bool) {
 	sites := st.Sites()
 	ms := now.UnixMilli()
 	allFresh, cacheable = true, len(sites) <= 32
+	selfServed := g.selfServed(ms, st)
 	for i := range sites {
 		state, silent := g.classify(ms, &sites[i])
 		sigState := state
-		if sites[i].Site == g.site && g.unseen(ms, &sites[i]) {
+		switch {
+		case sites[i].Site == g.site && (g.unseen(ms, &sites[i]) || !selfServed):
 			sigState = siteCrashed // not counted by the others yet (sharing.allot)
+		case (state == siteFresh || state == siteCut) && g.idle(ms, &sites[i], selfServed):
+			sigState = siteLeft // given no share (siteView.idle)
+		}
+		if g.served(ms, &sites[i]) && !g.settled(ms, &sites[i]) {
+			cacheable = false // it settles with time alone (sharing.servedPeer)
 		}
 		switch state {
 		case siteCut:
@@ -510,8 +595,9 @@ func (g *sharing) staleShare(e *snapshot.Entry, known bool, st *snapshot.SiteTim
 		latest = max(latest, s.Heard)
 	}
 	n := 1 // this site
+	selfServed := g.selfServed(latest, st)
 	for _, s := range st.Sites() {
-		if s.Site == g.site {
+		if s.Site == g.site || g.idle(latest, &s, selfServed) {
 			continue
 		}
 		if state, _ := g.classify(latest, &s); state == siteFresh || state == siteCut {

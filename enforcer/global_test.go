@@ -2,7 +2,9 @@ package enforcer
 
 import (
 	"context"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -75,7 +77,14 @@ func heartbeat(t testing.TB, sn *snapshot.Snapshot, clk clock.Clock, sites ...ma
 func putCount(t *testing.T, sn *snapshot.Snapshot, clk clock.Clock, key string, sites, demand map[string]float64) {
 	t.Helper()
 	c := topics.Count{Key: key, Window: 60000, AsOf: clk.Now().UnixMilli()}
-	for _, s := range []string{"ap", "eu", "us"} {
+	names := slices.Sorted(maps.Keys(sites))
+	for s := range demand {
+		if _, ok := sites[s]; !ok {
+			names = append(names, s)
+		}
+	}
+	slices.Sort(names)
+	for _, s := range names {
 		v, ok := sites[s]
 		d, dok := demand[s]
 		if !dok {

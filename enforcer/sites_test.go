@@ -112,6 +112,9 @@ func TestGlobalCrashedSiteFadesCutSiteHolds(t *testing.T) {
 				sourceHeartbeat(t, sn, clk, "hits", map[string]int64{"eu": now}, nil)
 				sourceHeartbeat(t, sn, clk, "us.hits", map[string]int64{"us": t0.UnixMilli() - Defaults().SiteStaleAfter.Milliseconds() - 1, "us2": now - tc.us2}, nil)
 				putCount(t, sn, clk, globalKey, map[string]float64{"eu": 40, "us": 40}, map[string]float64{"eu": 40, "us": 0})
+				// us2 serves another key: a site no count shows serving is given no share
+				// (TestGlobalIdleSitesShareNothing).
+				putCount(t, sn, clk, "api|user=other#60s", map[string]float64{"us2": 1}, nil)
 			}
 			apply()
 			if _, err := l.cfg.Counter.(*sitecount.Local).Commit(context.Background(), clk.Now().Add(-5*time.Second), []sitecount.Op{{Key: globalKey, Window: time.Minute, N: 40, Cap: 100}}, nil); err != nil {

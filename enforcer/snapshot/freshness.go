@@ -117,6 +117,72 @@ type SiteTime struct {
 	// list it): the sites of one topic are one data center's, fed to every enforcer through
 	// the same pipeline.
 	Topic string
+	// Served is the latest as-of time (unix ms) of a count applied here that lists the
+	// site — a count of any key with hits or refused requests of the site in its window —
+	// or 0 when none has. A heartbeat proves that someone writes the hits topic in the
+	// site's name; Served, that the site has served: global decisions split shares only
+	// among sites that served recently (docs/sites.md, "How a site is known").
+	Served int64
+	// ServedSince is the as-of time (unix ms) of the first count of the site's latest run
+	// of counts, each within ServedSpan of the one before: when it started serving, as
+	// far as this snapshot knows (0 when Served is).
+	ServedSince int64
+	// TopicServed is the latest Served of the sites of the site's Topic, itself included:
+	// when its data center last served. A data center none of whose sites has served is
+	// a whole one heartbeats cannot make up (the hits topics are the deployment's), and
+	// keeps its share.
+	TopicServed int64
+}
+
+// ServedSpan is how long a count that lists a site shows it serving (SiteTime.Served):
+// global decisions split shares among the sites shown serving within it. Long: a site
+// idle that long is taken for one that never served.
+const ServedSpan = 15 * time.Minute
+
+// servedTime is one site's entry in the snapshot's served table: the latest as-of time of
+// a count listing it, the first of its run (SiteTime.ServedSince), and the latest
+// SiteTimes shows.
+type servedTime struct{ latest, since, shown int64 }
+
+// servedRefresh is how far (ms) a site's served time may run ahead of the one SiteTimes
+// shows before a count rebuilds SiteTimes at once, without waiting for the next heartbeat
+// (every source's at least once a second): a site that comes back after a long idle is
+// shown serving at its first count, and a replay of the counts topic rebuilds SiteTimes
+// at most once a minute of as-of times per site.
+const servedRefresh = 60_000
+
+// serve records that a count as of asOf (unix ms) lists sites, and reports whether
+// SiteTimes should be rebuilt now: a site the heartbeats list has served for the first
+// time, or servedRefresh after the time SiteTimes shows.
+func (s *Snapshot) serve(sites []topics.SiteCount, asOf int64) bool {
+	if len(sites) == 0 {
+		return false
+	}
+	st := s.sites.Load()
+	rebuild := false
+	s.servedMu.Lock()
+	for i := range sites {
+		site := sites[i].Site
+		v, ok := s.served[site]
+		if !ok && len(s.served) >= maxServedSites {
+			continue
+		}
+		if asOf <= v.latest {
+			continue
+		}
+		if asOf-v.latest > ServedSpan.Milliseconds() {
+			v.since = asOf
+		}
+		v.latest = asOf
+		s.served[site] = v
+		if v.shown == 0 || asOf-v.shown > servedRefresh {
+			if _, listed := st.Get(site); listed {
+				rebuild = true
+			}
+		}
+	}
+	s.servedMu.Unlock()
+	return rebuild
 }
 
 // Sites returns every site with a time, sorted by name. Read only.
@@ -229,15 +295,37 @@ func (s *Snapshot) recomputeLocked() {
 	var st *SiteTimes
 	if len(heard)+len(left) > 0 {
 		st = &SiteTimes{sites: make([]SiteTime, 0, len(heard)+len(left))}
+		s.servedMu.Lock()
+		served := func(site string) (int64, int64) {
+			v, ok := s.served[site]
+			if !ok {
+				return 0, 0
+			}
+			v.shown = v.latest
+			s.served[site] = v
+			return v.latest, v.since
+		}
 		for site, ms := range heard {
-			st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Peer: peer[site], Topic: s.internSite(topic[site])})
+			e := SiteTime{Site: s.internSite(site), Heard: ms, Peer: peer[site], Topic: s.internSite(topic[site])}
+			e.Served, e.ServedSince = served(site)
+			st.sites = append(st.sites, e)
 		}
 		for site, ms := range left {
 			// A site some source still hears from is live there: its leave has not reached
 			// every partition yet, or it restarted.
 			if _, live := heard[site]; !live {
-				st.sites = append(st.sites, SiteTime{Site: s.internSite(site), Heard: ms, Left: true, Peer: peer[site], Topic: s.internSite(topic[site])})
+				e := SiteTime{Site: s.internSite(site), Heard: ms, Left: true, Peer: peer[site], Topic: s.internSite(topic[site])}
+				e.Served, e.ServedSince = served(site)
+				st.sites = append(st.sites, e)
 			}
+		}
+		s.servedMu.Unlock()
+		topicServed := map[string]int64{}
+		for _, e := range st.sites {
+			topicServed[e.Topic] = max(topicServed[e.Topic], e.Served)
+		}
+		for i := range st.sites {
+			st.sites[i].TopicServed = topicServed[st.sites[i].Topic]
 		}
 		slices.SortFunc(st.sites, func(a, b SiteTime) int { return strings.Compare(a.Site, b.Site) })
 	}

@@ -49,6 +49,9 @@ const (
 	DefaultMaxCountAhead = clock.MaxAhead
 	// maxInternedSites bounds the table that shares site-name strings between entries.
 	maxInternedSites = 4096
+	// maxServedSites bounds the table of sites' served times (SiteTime.Served): a site
+	// past it is not known to have served, as if it had not.
+	maxServedSites = 4096
 )
 
 // Errors returned by Apply, in addition to the topics.Err* record errors it passes on.
@@ -292,6 +295,11 @@ type Snapshot struct {
 	internMu sync.Mutex
 	intern   map[string]string
 
+	// servedMu guards served: for each site some count applied here lists, the latest
+	// as-of time of such a count (unix ms; see SiteTime.Served). Taken inside srcMu.
+	servedMu sync.Mutex
+	served   map[string]servedTime
+
 	running   atomic.Bool
 	ready     atomic.Bool
 	readyOnce sync.Once
@@ -332,6 +340,7 @@ func newSnapshot(cfg Config) (*Snapshot, error) {
 		start:   cfg.Clock.Now(),
 		sources: make(map[string]topics.Heartbeat),
 		intern:  make(map[string]string),
+		served:  make(map[string]servedTime),
 		readyC:  make(chan struct{}),
 	}
 	s.oldestMs.Store(noHeartbeat)
@@ -466,6 +475,11 @@ func (s *Snapshot) Apply(key, value []byte) error {
 	}
 	for i := range c.Sites {
 		c.Sites[i].Site = s.internSite(c.Sites[i].Site)
+	}
+	if s.serve(c.Sites, c.AsOf) {
+		s.srcMu.Lock()
+		s.recomputeLocked()
+		s.srcMu.Unlock()
 	}
 	e := &Entry{Total: c.Total, Mine: c.Site(s.cfg.Site), Window: c.WindowDuration(), AsOf: c.AsOf, Sites: c.Sites}
 	if e.Mine > 0 {

@@ -751,3 +751,61 @@ func TestRefFollowsItsKey(t *testing.T) {
 		t.Fatalf("after concurrent counts and tombstones: held %v, Len %d, Bytes %d (want %d)", ok, n, s.Bytes(), want)
 	}
 }
+
+// A site is shown serving (SiteTime.Served) from the first count that lists it, at once,
+// with that count's as-of time; a site that only heartbeats never is. A later count shows
+// with the next heartbeat, or at once once it is servedRefresh past the time shown.
+func TestSiteTimesServed(t *testing.T) {
+	f := newFixture(t, Config{})
+	hb := func() {
+		k, v := heartbeat(t, "hits", 0, f.clk.Now(), false)
+		h, err := topics.DecodeHeartbeat(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Sites = map[string]int64{"eu": f.clk.Now().UnixMilli(), "us": f.clk.Now().UnixMilli(), "made-up": f.clk.Now().UnixMilli()}
+		if v, err = h.MarshalBinary(); err != nil {
+			t.Fatal(err)
+		}
+		f.apply(t, string(k), v)
+	}
+	served := func(site string) int64 {
+		st, ok := f.s.SiteTimes().Get(site)
+		if !ok {
+			t.Fatalf("%s not listed", site)
+		}
+		return st.Served
+	}
+	hb()
+	if served("eu") != 0 || served("us") != 0 || served("made-up") != 0 {
+		t.Fatalf("served before any count: %v", f.s.SiteTimes().Sites())
+	}
+	f.apply(t, "k1", countValue(t, "k1", time.Minute, t0, map[string]float64{"eu": 2, "us": 1}))
+	if served("eu") != t0.UnixMilli() || served("us") != t0.UnixMilli() || served("made-up") != 0 {
+		t.Fatalf("after a count listing eu and us: %v", f.s.SiteTimes().Sites())
+	}
+	later := t0.Add(time.Second)
+	f.apply(t, "k2", countValue(t, "k2", time.Minute, later, map[string]float64{"us": 1}))
+	if served("us") != t0.UnixMilli() {
+		t.Fatalf("us shown at %d before the next heartbeat, want the time already shown", served("us"))
+	}
+	hb()
+	if served("us") != later.UnixMilli() || served("eu") != t0.UnixMilli() {
+		t.Fatalf("after the next heartbeat: %v", f.s.SiteTimes().Sites())
+	}
+	f.clk.Advance(2 * time.Minute)
+	f.apply(t, "k1", countValue(t, "k1", time.Minute, f.clk.Now(), map[string]float64{"eu": 1}))
+	if served("eu") != f.clk.Now().UnixMilli() {
+		t.Fatalf("eu's count %v past the time shown: shown %d, want %d at once", 2*time.Minute, served("eu"), f.clk.Now().UnixMilli())
+	}
+	since := func(site string) int64 { st, _ := f.s.SiteTimes().Get(site); return st.ServedSince }
+	if since("eu") != t0.UnixMilli() {
+		t.Fatalf("eu served since %d, want its first count's %d", since("eu"), t0.UnixMilli())
+	}
+	// After ServedSpan without a count, a count starts a new run.
+	f.clk.Advance(ServedSpan + time.Second)
+	f.apply(t, "k1", countValue(t, "k1", time.Minute, f.clk.Now(), map[string]float64{"eu": 1}))
+	if since("eu") != f.clk.Now().UnixMilli() {
+		t.Fatalf("eu back after %v: served since %d, want %d", ServedSpan, since("eu"), f.clk.Now().UnixMilli())
+	}
+}

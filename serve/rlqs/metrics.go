@@ -2,6 +2,7 @@ package rlqs
 
 import (
 	"errors"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -25,6 +26,10 @@ type metrics struct {
 	refusedStreams *prometheus.CounterVec // by bound
 	cut            *prometheus.CounterVec // by reason
 	memory         prometheus.Gauge
+
+	// actionBy caches actions' series by kind (kindNone: abandon), each made at its first
+	// use, so that a message's count spares the label's lookup.
+	actionBy [kindPerUnit + 1]atomic.Pointer[prometheus.Counter]
 }
 
 // Strategy labels of streamlimit_rlqs_actions_total.
@@ -77,4 +82,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.refusedBkts, m.refusedStreams, m.cut, m.memory = cs[12].(*prometheus.CounterVec), cs[13].(*prometheus.CounterVec), cs[14].(*prometheus.CounterVec), cs[15].(prometheus.Gauge)
 	}
 	return m, nil
+}
+
+// action returns the series of streamlimit_rlqs_actions_total of actions of kind k
+// (kindNone: abandon).
+func (m *metrics) action(k kind) prometheus.Counter {
+	if c := m.actionBy[k].Load(); c != nil {
+		return *c
+	}
+	label := strategyLabels[k]
+	if k == kindNone {
+		label = "abandon"
+	}
+	c := m.actions.WithLabelValues(label)
+	m.actionBy[k].Store(&c)
+	return c
 }

@@ -402,6 +402,7 @@ func (s *Server) serve(ctx context.Context, recv func() (string, []usage, error)
 		idle = time.AfterFunc(s.opts.StreamIdleTimeout, func() { cut(errIdle) })
 		defer idle.Stop()
 	}
+	var deadline *time.Timer // the send timeout's, stopped between sends
 	for {
 		domain, us, err := recv()
 		if err != nil {
@@ -427,9 +428,14 @@ func (s *Server) serve(ctx context.Context, recv func() (string, []usage, error)
 		if resp == nil {
 			continue
 		}
-		var deadline *time.Timer
+		// One timer a stream, re-armed for each send: a timer made per response cost a
+		// timer's allocation and a heap insertion at every report.
 		if cut != nil && s.opts.SendTimeout > 0 {
-			deadline = time.AfterFunc(s.opts.SendTimeout, func() { cut(errSlowReader) })
+			if deadline == nil {
+				deadline = time.AfterFunc(s.opts.SendTimeout, func() { cut(errSlowReader) })
+			} else {
+				deadline.Reset(s.opts.SendTimeout)
+			}
 		}
 		err = send(resp)
 		if deadline != nil && !deadline.Stop() {

@@ -212,11 +212,7 @@ func (ss *session) handle(ctx context.Context, now time.Time, domain string, us 
 	}
 	for k, n := range actions {
 		if n > 0 {
-			label := strategyLabels[k]
-			if kind(k) == kindNone {
-				label = "abandon"
-			}
-			s.metrics.actions.WithLabelValues(label).Add(float64(n))
+			s.metrics.action(kind(k)).Add(float64(n))
 		}
 	}
 	s.metrics.reports.Add(float64(reports))

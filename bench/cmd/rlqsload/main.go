@@ -32,6 +32,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
+// envoyWindowBytes is Envoy's default HTTP/2 stream and connection window.
+const envoyWindowBytes = 256 << 20
+
 const method = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
 
 func main() {
@@ -69,7 +72,12 @@ func main() {
 func run(ctx context.Context, addr, metricsURL, bench, domain string, streams, conns, buckets, keys, pid int, interval, warmup, duration time.Duration) error {
 	ccs := make([]*grpc.ClientConn, conns)
 	for i := range ccs {
+		// Fixed receive windows, as Envoy's HTTP/2 client has (256 MiB by default): grpc-go's
+		// default sizes its windows by bandwidth estimation, which pings the server at
+		// every response it receives — a ping the server must read and acknowledge with a
+		// write of its own, a cost no Envoy puts on it.
 		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithInitialWindowSize(envoyWindowBytes), grpc.WithInitialConnWindowSize(envoyWindowBytes),
 			grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{})))
 		if err != nil {
 			return err

@@ -32,7 +32,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
-// envoyWindowBytes is Envoy's default HTTP/2 stream and connection window.
+// envoyWindowBytes is Envoy's default HTTP/2 stream and connection window
+// (OptionsLimits' DEFAULT_INITIAL_STREAM_WINDOW_SIZE and
+// DEFAULT_INITIAL_CONNECTION_WINDOW_SIZE, source/common/http/utility.h in Envoy's source).
 const envoyWindowBytes = 256 << 20
 
 const method = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"

@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"log/slog"
 	"testing"
 	"time"
 
@@ -104,7 +105,7 @@ func TestSkewEstimatesEverySiteAgainstTheAggregator(t *testing.T) {
 			{"us-1": -500 * time.Millisecond, "us-2": -3 * time.Second},
 		}}
 	for d := range 2 {
-		cfg := Config{InstanceID: skewDCs[d]}
+		cfg := Config{InstanceID: skewDCs[d], Logger: slog.New(slog.DiscardHandler)}
 		if d == 0 {
 			cfg.Registerer = reg
 		}
@@ -140,7 +141,7 @@ func TestSkewEstimatesEverySiteAgainstTheAggregator(t *testing.T) {
 // until it left the window; it waits for the estimate instead (for a second at most), and
 // is counted re-dated.
 func TestSkewParksRecordsUntilTheirSiteIsEstimated(t *testing.T) {
-	m, err := NewMemory(Config{})
+	m, err := NewMemory(Config{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

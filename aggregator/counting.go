@@ -12,20 +12,45 @@ type counting struct {
 	// hold keeps local records back; heldBuf is release's scratch.
 	hold    holder
 	heldBuf []held
+	// skew estimates the remote sites' clock offsets and re-dates their records (skew.go).
+	skew skews
 }
 
 // newCounting returns the counting of cfg, reporting to m.
 func newCounting(cfg *Config, m *metrics) counting {
-	return counting{m: m, st: newState(cfg.stateConfig()), hold: holder{max: max(cfg.MaxLocalHold.Milliseconds(), 0)}}
+	return counting{m: m, st: newState(cfg.stateConfig()), hold: holder{max: max(cfg.MaxLocalHold.Milliseconds(), 0)},
+		skew: newSkews(cfg.LocalTopic)}
 }
 
-// take counts record it, consumed at now from a remote (replicated) or the local hits
-// topic, or holds it back when it is local and the local records are ahead of the
-// replicated ones. A replayed record is neither sampled nor held: it is old by nature and
-// says nothing of the lags. It returns what counting it did (added when held).
-func (c *counting) take(now int64, remote, replaying bool, it held) addResult {
+// take counts record it, consumed at now from topic, remote (replicated) or the local hits
+// topic. It is first re-dated by its site's estimated clock offset (skew.go, measured on
+// the site records as dated), or parked until there is one, for a second at most; then
+// held back when it is local and the local records are ahead of the replicated ones. A
+// replayed record is neither sampled, parked nor held: it is old by nature and says
+// nothing of the lags. It returns what counting it did (added when parked or held).
+func (c *counting) take(now int64, topic string, remote, replaying bool, it held) addResult {
+	if it.site && !replaying {
+		c.skew.sample(now, topic, string(it.h.site), it.h.bucketStart)
+	}
+	if !replaying && c.skew.park(now, topic, remote, it) {
+		return added
+	}
+	return c.count(now, now, topic, remote, replaying, it)
+}
+
+// count re-dates and counts (or holds back) record it, consumed at arrived from topic and
+// counted at now.
+func (c *counting) count(now, arrived int64, topic string, remote, replaying bool, it held) addResult {
+	if d, _ := c.skew.of(topic, it.h.site); d != 0 && (remote || !it.site) {
+		// This data center's site records keep their sites' dates: an enforcer compares
+		// the time its own site is counted up to with its clock (the clock skew meter).
+		it.h.bucketStart += d
+		if it.expiry != 0 {
+			it.expiry += d
+		}
+	}
 	if !replaying {
-		c.hold.sample(now, it.h.bucketStart, remote)
+		c.hold.sample(arrived, it.h.bucketStart, remote)
 		if !remote && c.hold.delay() > 0 {
 			c.hold.push(now, it)
 			return added
@@ -34,8 +59,14 @@ func (c *counting) take(now int64, remote, replaying bool, it held) addResult {
 	return c.apply(now, &it)
 }
 
-// release counts the held local records whose time has come at now.
+// release counts the parked records whose site has an estimate, or that waited long
+// enough, and the held local records whose time has come at now.
 func (c *counting) release(now int64) {
+	if len(c.skew.parked) > 0 {
+		for _, p := range c.skew.unpark(now) {
+			c.count(now, p.at, p.topic, p.remote, false, p.it)
+		}
+	}
 	c.heldBuf = c.hold.due(now, c.heldBuf[:0])
 	for i := range c.heldBuf {
 		c.apply(now, &c.heldBuf[i])

@@ -64,7 +64,9 @@ func (a *Aggregator) emitRound(ctx context.Context, cl *kgo.Client, sc *emitScra
 	sc.hbs = sc.hbs[:0]
 	if withHeartbeats {
 		sc.hbs = a.heartbeats(now, sc.hbs)
+		a.skew.update(now, a.m, a.log)
 	}
+	lags := a.lagReports(now)
 	n := a.countsParts
 	a.mu.Unlock()
 	for i := range sc.outs {
@@ -93,6 +95,32 @@ func (a *Aggregator) emitRound(ctx context.Context, cl *kgo.Client, sc *emitScra
 			cl.Produce(ctx, &kgo.Record{Topic: a.cfg.CountsTopic, Key: key, Value: v, Partition: p, Headers: a.instHeader}, a.produced)
 		}
 	}
+	for i := range lags {
+		cl.Produce(ctx, &lags[i], a.produced)
+	}
+}
+
+// lagReports returns, when one is due (skews.reportDue), this instance's lag report (skew.go) as a
+// record for each partition it owns of the local hits topic, positioned and not
+// replaying: the owner of the same partition in every other data center reads it there.
+// The caller holds a.mu.
+func (a *Aggregator) lagReports(now int64) []kgo.Record {
+	if !a.skew.reportDue(now) {
+		return nil
+	}
+	v, err := a.skew.lagReport(now, a.cfg.InstanceID).MarshalBinary()
+	if err != nil {
+		a.log.Error("encode lag report", "err", err)
+		return nil
+	}
+	var out []kgo.Record
+	for k, ps := range a.parts {
+		if k.topic != a.cfg.LocalTopic || ps.fresh || ps.replaying {
+			continue
+		}
+		out = append(out, kgo.Record{Topic: k.topic, Partition: k.part, Key: []byte(topics.LagReportKey), Value: v})
+	}
+	return out
 }
 
 // produced is the delivery callback of every record the aggregator writes.

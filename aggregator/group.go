@@ -316,6 +316,7 @@ func (a *Aggregator) dropPartitions(parts map[string][]int32) []int32 {
 		if !held {
 			a.st.dropSlot(slot)
 			a.hold.dropSlot(slot)
+			a.skew.dropSlot(slot)
 			kept = append(kept, slot)
 		}
 	}
@@ -476,7 +477,8 @@ func (w *joinWatch) OnBrokerE2E(_ kgo.BrokerMetadata, key int16, e2e kgo.BrokerE
 // partitioner places counts and re-routed hits by topics.Partition (Kafka's default
 // placement, so that any reader can find a key), and heartbeats — keys under
 // topics.ReservedPrefix — on the partition set in Record.Partition, because each heartbeat
-// is written to every counts partition.
+// is written to every counts partition (and each lag report to the hits partitions its
+// writer owns).
 func partitioner() kgo.Partitioner {
 	return kgo.BasicConsistentPartitioner(func(string) func(*kgo.Record, int) int {
 		return func(r *kgo.Record, n int) int {

@@ -48,6 +48,17 @@ func (a *Aggregator) count(ctx context.Context, cl *kgo.Client, now int64, fp *k
 // the hits of a hit batch. The caller holds a.mu.
 // nparts is the partition count of the record's topic (0: unknown, no re-routing).
 func (a *Aggregator) process(ctx context.Context, cl *kgo.Client, now int64, ps *partState, nparts int32, r *kgo.Record) int {
+	if topics.IsLagReport(r.Key) {
+		rep, err := topics.DecodeLagReport(r.Value)
+		if err != nil {
+			a.bad(ctx, cl, topics.Reason(err), r, err)
+			return 1
+		}
+		if !ps.replaying {
+			a.skew.report(now, r.Topic, rep)
+		}
+		return 0 // not a hit record
+	}
 	origin := ""
 	for _, h := range r.Headers {
 		if h.Key == topics.HeaderRerouted {
@@ -131,7 +142,7 @@ func (a *Aggregator) processHit(ctx context.Context, cl *kgo.Client, now int64, 
 			return
 		}
 	}
-	a.take(now, a.cfg.remote(r.Topic), ps.replaying, held{slot: r.Partition, h: h, origin: origin, expiry: h.bucketStart + h.window + late})
+	a.take(now, r.Topic, a.cfg.remote(r.Topic), ps.replaying, held{slot: r.Partition, h: h, origin: origin, expiry: h.bucketStart + h.window + late})
 }
 
 // authenticate returns nil when r, a record of site, may be counted: always without
@@ -197,7 +208,7 @@ func (a *Aggregator) siteRecord(ctx context.Context, cl *kgo.Client, now int64, 
 		}
 		return
 	}
-	a.take(now, a.cfg.remote(r.Topic), ps.replaying, siteHeld(r.Topic, r.Partition, h))
+	a.take(now, r.Topic, a.cfg.remote(r.Topic), ps.replaying, siteHeld(r.Topic, r.Partition, h))
 }
 
 // siteHeld is site record h of a topic's partition as a held record.

@@ -115,7 +115,7 @@ func (m *Memory) AddFrom(now time.Time, topic string, h topics.Hit) error {
 			return &BadHitError{Reason: reason}
 		}
 		m.m.recordsIn.Inc()
-		m.take(ms, remote, false, siteHeld(topic, m.src.Partition, h))
+		m.take(ms, topic, remote, false, siteHeld(topic, m.src.Partition, h))
 		return nil
 	}
 	ref := hitRef{key: []byte(h.Key), site: []byte(h.Site), bucketStart: h.BucketStart, window: h.Window, count: h.Count, denied: h.Denied}
@@ -125,7 +125,7 @@ func (m *Memory) AddFrom(now time.Time, topic string, h topics.Hit) error {
 	}
 	m.m.recordsIn.Inc()
 	m.added++
-	if m.take(ms, remote, false, held{slot: m.src.Partition, h: ref}) == refusedKey {
+	if m.take(ms, topic, remote, false, held{slot: m.src.Partition, h: ref}) == refusedKey {
 		return ErrRefused
 	}
 	return nil
@@ -157,6 +157,7 @@ func (m *Memory) Emit(now time.Time) []Emission {
 	clear(m.sc.outs)
 	if !m.hbDone || ms-m.lastHB >= m.cfg.HeartbeatInterval.Milliseconds() {
 		m.hbDone, m.lastHB = true, ms
+		m.skew.update(ms, m.m, m.cfg.Logger)
 		conflicts := m.st.conflicts(ms)
 		m.m.siteConflicts.Set(float64(len(conflicts)))
 		srcs := m.st.sourcesOf(m.src.Partition)
@@ -175,6 +176,47 @@ func (m *Memory) Emit(now time.Time) []Emission {
 		}
 	}
 	return out
+}
+
+// LagReport returns the lag report (topics.LagReport, encoded) that an Aggregator would
+// write at now to its local hits topic, for the caller to deliver to the other data
+// centers' aggregators (AddLagReport) as replication would, or nil when none is due: an
+// Aggregator writes one every two seconds, every half second while it has no estimate of
+// some remote data center's sites (every emission round of the defaults). Call it every
+// EmitInterval.
+func (m *Memory) LagReport(now time.Time) []byte {
+	if !m.skew.reportDue(now.UnixMilli()) {
+		return nil
+	}
+	v, err := m.skew.lagReport(now.UnixMilli(), m.cfg.InstanceID).MarshalBinary()
+	if err != nil {
+		return nil // unreachable: what the state measured is valid
+	}
+	return v
+}
+
+// AddLagReport takes a lag report (value, encoded) consumed at now from topic, another
+// data center's hits topic replicated here: with what this Memory measured of the sites,
+// it tells the clock offset of that data center's sites, by which their records are
+// re-dated (docs/aggregator.md, "Clock offsets"). A report that does not decode is
+// refused as a bad record is; one from the local topic changes nothing.
+func (m *Memory) AddLagReport(now time.Time, topic string, value []byte) error {
+	rep, err := topics.DecodeLagReport(value)
+	if err != nil {
+		m.m.bad.WithLabelValues(topics.Reason(err)).Inc()
+		return &BadHitError{Reason: topics.Reason(err), Err: err}
+	}
+	m.skew.report(now.UnixMilli(), topic, rep)
+	return nil
+}
+
+// ClockOffset returns by how much the records of site read from topic are re-dated into
+// this aggregator's clock (the site's estimated offset behind it, with the least local
+// hop; negative: ahead), as of the latest Emit that wrote heartbeats; false when there is
+// no estimate (yet).
+func (m *Memory) ClockOffset(topic, site string) (time.Duration, bool) {
+	d, ok := m.skew.shift[topic][site]
+	return time.Duration(d) * time.Millisecond, ok
 }
 
 // Keys returns the number of counters held.

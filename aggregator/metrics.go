@@ -51,6 +51,10 @@ type metrics struct {
 	siteLeaves prometheus.Counter
 	// siteConflicts is the number of sites announced by instances that count apart.
 	siteConflicts prometheus.Gauge
+	// clockOffset is, per remote hits topic, the mean re-dating of its sites' records
+	// (skew.go); clockOffsetMax the largest of any remote site's, either way.
+	clockOffset    *prometheus.GaugeVec
+	clockOffsetMax prometheus.Gauge
 
 	// The consumer group (group.go): events and partitions by event (assigned, revoked,
 	// lost; events also waiting, a rebalance that waits for members, and left), how long
@@ -101,6 +105,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Counters evicted, the least recently hit of a sample, to make room for a new counter while MaxKeys were held (the evicted counter's last published count stays in the enforcers' snapshots until its window passes)."}),
 		siteConflicts: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "site_conflicts",
 			Help: "Sites that two or more live instances announce while counting apart (at least one in its own process)."}),
+		clockOffset: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "clock_offset_seconds",
+			Help: "Estimated offset of a remote data center's sites' clocks behind this data center's sites' (their mean; negative: ahead), by which their records are re-dated; 0 until both data centers' lag reports are in."}, []string{"topic"}),
+		clockOffsetMax: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "clock_offset_max_seconds",
+			Help: "The largest estimated clock offset, either way, of any remote site against this data center's sites (bounded to clock.MaxAhead)."}),
 		siteHeartbeats: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "site_heartbeats_total",
 			Help: "Site heartbeats consumed from the hits topics (each says a site was alive up to its time)."}),
 		siteLeaves: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "site_leaves_total",
@@ -130,6 +138,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.lag, m.keys, m.recordsIn, m.countsOut, m.tombstones, m.emitDur,
 			m.bad, m.replayDur, m.rerouted, m.duplicates, m.refused, m.evicted, m.heartbeats, m.siteHeartbeats, m.siteLeaves, m.siteConflicts,
+			m.clockOffset, m.clockOffsetMax,
 			m.groupEvents, m.groupPartitions, m.joinDur, m.joinWaiting, m.replaying} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("aggregator: register metrics: %w", err)

@@ -446,8 +446,8 @@ func TestHeartbeatSites(t *testing.T) {
 }
 
 // TestDocsRecordExamples decodes every JSON record example of docs/records.md (its ```json
-// blocks): a hit, a site heartbeat or a count, each must decode as the record it shows, so
-// that the page cannot drift from the codecs.
+// blocks): a hit, a site heartbeat, a lag report or a count, each must decode as the record
+// it shows, so that the page cannot drift from the codecs.
 func TestDocsRecordExamples(t *testing.T) {
 	b, err := os.ReadFile("../docs/records.md")
 	if err != nil {
@@ -460,6 +460,11 @@ func TestDocsRecordExamples(t *testing.T) {
 		body = strings.TrimSpace(body)
 		n++
 		switch {
+		case strings.Contains(body, `"local"`):
+			r, err := DecodeLagReport([]byte(body))
+			if err != nil || len(r.Local) == 0 || len(r.Remote) == 0 || r.Instance == "" {
+				t.Errorf("docs/records.md lag report example %q: %+v, %v", body, r, err)
+			}
 		case strings.Contains(body, `"asof"`):
 			c, err := DecodeCount([]byte(body))
 			if err != nil || c.SubBuckets == 0 || len(c.Sites) == 0 || c.Sites[0].Demand == 0 {
@@ -475,8 +480,8 @@ func TestDocsRecordExamples(t *testing.T) {
 			}
 		}
 	}
-	if n != 3 {
-		t.Fatalf("found %d JSON record examples in docs/records.md, want 3 (hit, site heartbeat, count)", n)
+	if n != 4 {
+		t.Fatalf("found %d JSON record examples in docs/records.md, want 4 (hit, site heartbeat, lag report, count)", n)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"math/rand/v2"
@@ -227,6 +228,7 @@ type transit struct {
 	at  int64 // ms since the start when it arrives
 	hit topics.Hit
 	em  aggregator.Emission
+	rep []byte // an aggregator's lag report, in place of hit
 }
 
 // stream is an ordered stream of records (one Kafka partition seen through a replicator):
@@ -326,7 +328,8 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 	}
 	for i := range sites {
 		s := &dcSite{name: siteName(i), compacted: map[string][]byte{}}
-		if s.agg, err = aggregator.NewMemory(aggregator.Config{SubBuckets: cfg.SubBuckets, MaxKeys: 10 * (clients + 10)}); err != nil {
+		if s.agg, err = aggregator.NewMemory(aggregator.Config{SubBuckets: cfg.SubBuckets, MaxKeys: 10 * (clients + 10),
+			Logger: slog.New(slog.DiscardHandler)}); err != nil {
 			return 0, 0, nil, err
 		}
 		sites[i] = s
@@ -358,13 +361,15 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 	localMs, wanMs, jitMs := cfg.Local.Milliseconds(), cfg.WAN.Milliseconds(), cfg.Jitter.Milliseconds()
 	linkRng := rand.New(rand.NewPCG(seed^0x5bd1e995, 3))
 	routeRng := rand.New(rand.NewPCG(seed^0x2545f491, 5))
-	delay := func(i, j int, t int64, heartbeat bool) int64 {
+	// The lag reports' jitter is drawn apart, so that the hits' is what it was without them.
+	repRng := rand.New(rand.NewPCG(seed^0x68e31da4, 9))
+	delayBy := func(rng *rand.Rand, i, j int, t int64, heartbeat bool) int64 {
 		if i == j {
 			return t + localMs
 		}
 		d := wanMs
 		if jitMs > 0 {
-			d += linkRng.Int64N(2*jitMs+1) - jitMs
+			d += rng.Int64N(2*jitMs+1) - jitMs
 		}
 		at := t + localMs + d
 		if heartbeat && cfg.heartbeatsCrossCuts {
@@ -377,6 +382,7 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 		}
 		return at
 	}
+	delay := func(i, j int, t int64, heartbeat bool) int64 { return delayBy(linkRng, i, j, t, heartbeat) }
 	var (
 		recs []pubRec
 		out  enforcer.Result
@@ -467,11 +473,30 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 				}
 				k := 0
 				for ; k < len(st.q) && st.q[k].at <= t; k++ {
-					if err := s.agg.AddFrom(now, topicFrom(i, j), st.q[k].hit); err != nil {
+					var err error
+					if rep := st.q[k].rep; rep != nil {
+						err = s.agg.AddLagReport(now, topicFrom(i, j), rep)
+					} else {
+						err = s.agg.AddFrom(now, topicFrom(i, j), st.q[k].hit)
+					}
+					if err != nil {
 						aggErrs++
 					}
 				}
 				st.q = st.q[k:]
+			}
+			// Its lag report when due, to its hits topic and on to the other data centers
+			// like the hits.
+			if now.UnixMilli()%100 == 0 {
+				rep := s.agg.LagReport(now)
+				for i := range sites {
+					if rep == nil {
+						break
+					}
+					if i != j {
+						hits[j][i].push(transit{at: delayBy(repRng, j, i, t, false), rep: rep})
+					}
+				}
 			}
 			// 3. It emits every 100 ms of its clock, to its own data center's processes.
 			if now.UnixMilli()%100 == 0 {
@@ -507,6 +532,21 @@ func simulateDCs(ctx context.Context, cfg DCConfig, rc *rules.Config, seed uint6
 						c.Unready++
 					}
 					c.Checks++
+				}
+			}
+			// And every aggregator's estimate of each process's clock against its own.
+			for j, s := range sites {
+				for i, o := range sites {
+					for _, p := range o.procs {
+						est, ok := s.agg.ClockOffset(topicFrom(i, j), p.name)
+						if !ok {
+							continue
+						}
+						c := &clocks[clockOf[p.name]]
+						c.Estimated++
+						d := est - min(max(hc.agg[j]-p.clk.off+cfg.Local, -clock.MaxAhead), clock.MaxAhead)
+						c.EstimateErr = max(c.EstimateErr, d, -d)
+					}
 				}
 			}
 		}

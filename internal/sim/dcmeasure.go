@@ -54,6 +54,13 @@ type ProcClock struct {
 	// Checks counts the samples, Unready those at which CheckClock failed (the process
 	// would have been taken out of service).
 	Checks, Unready int
+	// Estimated counts the samples at which an aggregator had an estimate of the
+	// process's clock (aggregator.Memory.ClockOffset), one per aggregator, and EstimateErr
+	// is the largest error of those estimates against the true offset between the two
+	// clocks plus the local hop (what the estimate is of), held to clock.MaxAhead as the
+	// estimates are.
+	Estimated   int
+	EstimateErr time.Duration
 }
 
 // PhaseResult is the largest ratio of admissions in a window to the limit, over the

@@ -163,7 +163,8 @@ func (r *DCResult) clockLine() string {
 	if r.Config.ClockSkew == 0 && len(r.Config.ClockOffsets) == 0 {
 		return ""
 	}
-	var lo, hi, ahead, behind time.Duration
+	var lo, hi, ahead, behind, estErr time.Duration
+	estimated := 0
 	var unready []string
 	for i, c := range r.Clocks {
 		if i == 0 || c.Offset < lo {
@@ -173,11 +174,13 @@ func (r *DCResult) clockLine() string {
 			hi = c.Offset
 		}
 		ahead, behind = max(ahead, c.Ahead), max(behind, c.Behind)
+		estErr, estimated = max(estErr, c.EstimateErr), estimated+c.Estimated
 		if c.Unready > 0 {
 			unready = append(unready, fmt.Sprintf("%s %+v (%d of %d samples)", c.Site, c.Offset, c.Unready, c.Checks))
 		}
 	}
-	line := fmt.Sprintf("processes %v to %v off true time; skew meters showed at most %v ahead, %v behind", lo, hi, ahead, behind)
+	line := fmt.Sprintf("processes %v to %v off true time; skew meters showed at most %v ahead, %v behind; the aggregators' estimates of the processes' clocks were within %v (%d samples)",
+		lo, hi, ahead, behind, estErr, estimated)
 	if len(unready) == 0 {
 		return line + "; none unready"
 	}

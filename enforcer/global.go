@@ -187,9 +187,8 @@ func (g *sharing) unseen(now int64, st *snapshot.SiteTime) bool {
 // silent, seen at frozenAt (unix ms; nil when unknown), by which silent sites are reserved
 // their shares; it is used for a site only if seen within a window of its silence. The
 // allotment also tells whether the cap reserves room for a silent site, and what
-// Engine.finalCap needs: the room, the demands, the key's load; the float is allot's idle
-// room.
-func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapshot.Entry, known, newKey bool, st *snapshot.SiteTimes, frozen []topics.SiteCount, frozenAt int64, past *pastDemand) (allotment, float64) {
+// Engine.finalCap needs: the room, the demands, the key's load.
+func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapshot.Entry, known, newKey bool, st *snapshot.SiteTimes, frozen []topics.SiteCount, frozenAt int64, past *pastDemand) allotment {
 	var reserved bool
 	var buf [maxSites]siteView
 	sites := g.view(buf[:0], now, e, known, st)
@@ -219,7 +218,7 @@ func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapsh
 			c := allowance * def
 			if sites[i].site == g.site {
 				c = math.Floor(before+c+u) - math.Floor(before+u)
-				return allotment{base: c, top: c, reserved: reserved}, 0
+				return allotment{base: c, top: c, reserved: reserved}
 			}
 			before += c
 		}
@@ -270,9 +269,9 @@ func (g *sharing) capFor(now time.Time, key string, allowance float64, e *snapsh
 	}
 	ref, dt := past.at(e.AsOf)
 	long, ldt := past.atLong(e.AsOf)
-	a, idle := g.allot(sites, allowance, unitHash(key, e.AsOf), heavy, ref, dt, long, ldt)
+	a := g.allot(sites, allowance, unitHash(key, e.AsOf), heavy, ref, dt, long, ldt)
 	a.heavy, a.reserved = heavy, reserved
-	return a, idle
+	return a
 }
 
 // shareOf returns site's share of a key: its part of the count in the breakdown frozen
@@ -322,12 +321,7 @@ func shareOf(site string, frozen []topics.SiteCount, e *snapshot.Entry) float64 
 // it in name order. Each cap is rounded up with probability equal to its fraction (the room
 // is spent in expectation), and the rounded caps add up to the rounded sum: rounding never
 // admits more than the limit, as independent rounding of N caps could by up to N−1.
-//
-// idle is the part of the room the shares give the other fresh data centers that show
-// neither a count of the key nor a request of demand for it, beyond MinShare each: what
-// the prior keeps for a client that may arrive there (Engine.finalCap, "Idle data
-// centers").
-func (g *sharing) allot(sites []siteView, allowance, u float64, heavy bool, past []topics.SiteCount, dt float64, long []topics.SiteCount, ldt float64) (a allotment, idle float64) {
+func (g *sharing) allot(sites []siteView, allowance, u float64, heavy bool, past []topics.SiteCount, dt float64, long []topics.SiteCount, ldt float64) (a allotment) {
 	room := allowance
 	// The fresh sites' data centers: demand, count and fresh sites of each.
 	var gd, gc [maxSites]float64
@@ -391,11 +385,6 @@ func (g *sharing) allot(sites []siteView, allowance, u float64, heavy bool, past
 	}
 	a.ahead = room > 0
 	a.others = max(1-share(sites[me].group), 0)
-	for k := range gn {
-		if room > 0 && gn[k] > 0 && uint8(k) != sites[me].group && gc[k] < 1 && gd[k] < 1 {
-			idle += max(share(uint8(k))-g.minShare, 0) * room
-		}
-	}
 	mine := recentRate(g.site, sites[me].demand, long, ldt)
 	var before float64
 	for i := range sites {
@@ -431,7 +420,7 @@ func (g *sharing) allot(sites []siteView, allowance, u float64, heavy bool, past
 		}
 		before += c
 	}
-	return a, idle
+	return a
 }
 
 // view lists the sites a decision considers, sorted by name: those of the entry's

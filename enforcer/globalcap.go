@@ -64,7 +64,7 @@ func (l *Engine) globalCap(now time.Time, op *sitecount.Op, h *keyHandle, allow 
 		if stale {
 			return dither(allowance*l.share.staleShare(&e, known, st), op.Key, salt(&e, known, now)), total, true
 		}
-		a, _ := l.share.capFor(now, op.Key, allowance, &e, known, false, st, nil, 0, nil)
+		a := l.share.capFor(now, op.Key, allowance, &e, known, false, st, nil, 0, nil)
 		capLocal, reserved = a.base, a.reserved
 		l.restarted(now, op, &e, known, st)
 	}
@@ -110,10 +110,7 @@ type capKey struct {
 type capCache struct {
 	key capKey
 	set bool
-	// idle is sharing.allot's idle room, for a Reporter's quota (Engine.finalCap); a
-	// float32 in set's padding, so that the cache keeps its size class.
-	idle float32
-	a    allotment // before Engine.finalCap
+	a   allotment // before Engine.finalCap
 }
 
 // cachedCap is the cap of a fresh snapshot's key through its handle: the entry from the
@@ -146,24 +143,22 @@ func (l *Engine) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *sn
 	l.restarted(now, op, &e, known, st)
 	k := capKey{ver: v, sites: st, states: sig, allow: allowance, known: known, newKey: newKey, salt: salt(&e, known, now)}
 	var a allotment
-	var idle float64              // sharing.allot's idle room
 	var sites [8]topics.SiteCount // withDemand's, without an allocation per report (most keys)
 	if own, ok := withDemand(&e, l.cfg.Site, reported, sites[:0]); ok && known {
 		// A report's quota: shared by the demand its report stands for, not cached (the
 		// cache is the decisions').
-		a, idle = l.share.capFor(now, op.Key, allowance, &own, known, newKey, st, g.frozen, g.frozenAt, &g.past)
+		a = l.share.capFor(now, op.Key, allowance, &own, known, newKey, st, g.frozen, g.frozenAt, &g.past)
 		if a.heavy {
 			g.heavyUntil = ms + op.Window.Milliseconds()
 		}
 	} else {
 		if !(cacheable && g.cc.set && g.cc.key == k) {
-			ca, ci := l.share.capFor(now, op.Key, allowance, &e, known, newKey, st, g.frozen, g.frozenAt, &g.past)
-			g.cc = capCache{key: k, set: cacheable, idle: float32(ci), a: ca}
+			g.cc = capCache{key: k, set: cacheable, a: l.share.capFor(now, op.Key, allowance, &e, known, newKey, st, g.frozen, g.frozenAt, &g.past)}
 			if g.cc.a.heavy {
 				g.heavyUntil = ms + op.Window.Milliseconds()
 			}
 		}
-		a, idle = g.cc.a, float64(g.cc.idle)
+		a = g.cc.a
 	}
 	a.heavy = a.heavy || ms < g.heavyUntil
 	own := g.arrive(ms, op.N)
@@ -181,13 +176,7 @@ func (l *Engine) cachedCap(now time.Time, op *sitecount.Op, h *keyHandle, sn *sn
 	// A report whose rate is under the limit's (a client under its limit, or one holder
 	// of many of a client spread over them): see finalCap, "Seen as others".
 	lump := horizon > 0 && reported/demandTau*float64(op.Window.Milliseconds()) < allowance
-	// A Reporter's quota takes the idle data centers' prior (finalCap, "Idle data
-	// centers") once the key has been known for NewKeyHold and one horizon more: by then
-	// its own report's rate has been measured over a whole reporting period.
-	if horizon <= 0 || !known || now.UnixNano()-g.unknownAt < int64(l.cfg.NewKeyHold+horizon) {
-		idle = 0
-	}
-	return l.finalCap(now, op, &e, known, st, &a, horizon, lump, idle), total, a.reserved, e, known
+	return l.finalCap(now, op, &e, known, st, &a, horizon, lump), total, a.reserved, e, known
 }
 
 // withDemand returns e with site's demand raised to reported, and true, when reported is
@@ -351,24 +340,7 @@ const (
 // sites before the counts show it is the risk: the other data centers that still serve the
 // key (by their rates over Config.ServingSpan), and this data center's other sites, are
 // taken to receive at least this site's rate (Engine.cachedCap). A quota spent over a horizon (a Reporter's) gets the
-// room ahead within its data center's share only, and the idle data centers' below.
-//
-// Idle data centers. The prior (DemandPrior) gives every data center a part of the room
-// whether or not a client is there, so that one arriving there is not held to MinShare: of
-// a key served by one client at 0.8× its limit at one data center of three, the two
-// others, weighing 20 each against its 118, kept 227 of a room of 809 with ShareDamping. A
-// decision's cap is made again at the next request; a Reporter's quota is spent over its
-// horizon, and the client, behind one Envoy of an RLQS server, was denied up to 1.06% of
-// its requests in the simulator over seeds 1–6 for the room kept for the others
-// (docs/rlqs.md, Accuracy). So once the key has been known for NewKeyHold and a horizon
-// more (the report's own rate then measured over a whole period), a Reporter's room ahead
-// also takes the part of the room the shares give the other fresh data centers that show
-// neither a count nor a request of demand for the key, beyond MinShare each, which stays
-// kept for a client arriving there. A client arriving at such a data center within the
-// horizon is given its share there as before: the two may overlap by the part taken, for
-// at most one horizon, until the counts show it. Given from the key's first reports, the
-// part let the client spend more in the window's first lumps, which then stayed in the
-// window at later reports (with streams cut every 7 s, seed 5: 1.00% → 1.42% denied).
+// room ahead within its data center's share only.
 //
 // Seen as others. This data center's aggregator counts this site's hits a local hop after
 // they are made, the other data centers' a replication later: the snapshot shows this site
@@ -395,7 +367,7 @@ const (
 // above the limit's rate keeps the whole correction: with one Envoy per data center a
 // lump a period long at each data center's turn is the risk, and the whole correction
 // held the heavy client at 1.19× the limit where this one let it reach 1.40×.
-func (l *Engine) finalCap(now time.Time, op *sitecount.Op, e *snapshot.Entry, known bool, st *snapshot.SiteTimes, a *allotment, horizon time.Duration, lump bool, idle float64) float64 {
+func (l *Engine) finalCap(now time.Time, op *sitecount.Op, e *snapshot.Entry, known bool, st *snapshot.SiteTimes, a *allotment, horizon time.Duration, lump bool) float64 {
 	rc, ok := l.cfg.Counter.(recentCounter)
 	if !known || !ok {
 		return a.base
@@ -432,7 +404,7 @@ func (l *Engine) finalCap(now time.Time, op *sitecount.Op, e *snapshot.Entry, kn
 		if horizon > 0 {
 			// A quota spent over a horizon (a Reporter's, reported in lumps): the room ahead
 			// within this data center only, the other data centers keeping their shares.
-			ahead = math.Floor(a.dcTop + idle - room.Expected(a.rate, lead, aheadZ))
+			ahead = math.Floor(a.dcTop - room.Expected(a.rate, lead, aheadZ))
 		}
 		capLocal = max(capLocal, ahead-(hard-count))
 	}

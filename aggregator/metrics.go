@@ -28,6 +28,13 @@ const (
 	// that partition: an old record written again, which would bring back a site that left.
 	// It changes nothing.
 	ReasonReplayedHeartbeat = "replayed_heartbeat"
+	// ReasonUndoneLeave: a site leave record taken from an instance that then heartbeated
+	// again, dated later than any of its heartbeats before the leave: the leave was not its
+	// last record, so not its own (a forgery naming it), and is undone. Counted when the
+	// heartbeat is read, once per leave taken. The first such leave of a site on a
+	// partition is reported until then; later ones are held until the heartbeat that undoes
+	// them (docs/hardening.md).
+	ReasonUndoneLeave = "undone_leave"
 )
 
 type metrics struct {
@@ -132,7 +139,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, e := range []string{eventAssigned, eventRevoked, eventLost} {
 		m.groupPartitions.WithLabelValues(e)
 	}
-	for _, r := range append(topics.Reasons(), ReasonTooFarFuture, ReasonTooOld, ReasonWindowTooLong, ReasonStrangerLeave, ReasonReplayedHeartbeat) {
+	for _, r := range append(topics.Reasons(), ReasonTooFarFuture, ReasonTooOld, ReasonWindowTooLong, ReasonStrangerLeave, ReasonReplayedHeartbeat, ReasonUndoneLeave) {
 		m.bad.WithLabelValues(r)
 	}
 	if reg != nil {

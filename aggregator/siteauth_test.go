@@ -73,6 +73,60 @@ func TestMemoryRefusesForgedLeaves(t *testing.T) {
 	}
 }
 
+// Leave records naming the site's own instance, as whoever can read the hits topic (and
+// so the instance names in it) may write without site keys, dated now and 1 s ahead (as
+// far ahead as a site record is taken) every 100 ms for 10 s, while the instance
+// heartbeats every 500 ms: each leave is taken and undone by the instance's next heartbeat
+// (dated later than any before the leave, so no replay). The first is reported until then
+// (300 ms, from its emission interval on); the later ones, held for leaveSilence once a
+// leave was forged, never are. Before, the first leave put the instance in gone, every
+// later heartbeat of it was skipped as a replay, and us was listed as left in 99 of the
+// 100 heartbeats. The instance's real leave, at the end, still counts, after leaveSilence.
+func TestMemoryUndoesLeavesNamingALiveInstance(t *testing.T) {
+	m, t0, record := siteRecordsOfUS(t)
+	add := func(at time.Duration, key, inst string, ts time.Time) {
+		t.Helper()
+		if err := record(at, key, inst, ts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	left := 0
+	for at := time.Duration(0); at < 10*time.Second; at += 100 * time.Millisecond {
+		now := t0.Add(at)
+		if at%(500*time.Millisecond) == 0 {
+			add(at, topics.SiteHeartbeatKey, "us-1", now)
+		}
+		add(at, topics.SiteLeaveKey, "us-1", now)
+		add(at, topics.SiteLeaveKey, "us-1", now.Add(topics.MaxSiteRecordAhead))
+		hb := heartbeats(t, m.Emit(now.Add(50*time.Millisecond)))["hits"]
+		if _, ok := hb.Left["us"]; ok {
+			left++
+			if at >= 500*time.Millisecond {
+				t.Errorf("at %v us listed as left, after its heartbeat undid the first leave", at)
+			}
+		} else if _, ok := hb.Sites["us"]; !ok {
+			t.Fatalf("at %v us is neither live nor left: %+v", at, hb)
+		}
+	}
+	if left > 4 {
+		t.Fatalf("us listed as left in %d of 100 heartbeats, want at most 4 (the first leave's)", left)
+	}
+	// Each heartbeat after the first undoes the leave taken since the one before it.
+	if got := testutil.ToFloat64(m.m.bad.WithLabelValues(ReasonUndoneLeave)); got != 19 {
+		t.Errorf("bad_records_total{reason=%q} = %v, want 19", ReasonUndoneLeave, got)
+	}
+	// The instance's own leave, its last record, counts once it has been silent for
+	// leaveSilence after it.
+	add(10*time.Second, topics.SiteHeartbeatKey, "us-1", t0.Add(10*time.Second))
+	add(10*time.Second, topics.SiteLeaveKey, "us-1", t0.Add(10*time.Second))
+	if hb := heartbeats(t, m.Emit(t0.Add(10*time.Second+leaveSilence*time.Millisecond-time.Millisecond)))["hits"]; hb.Left["us"] != 0 {
+		t.Fatalf("us's own leave before leaveSilence: heartbeat %+v, want us live", hb)
+	}
+	if hb := heartbeats(t, m.Emit(t0.Add(10*time.Second+leaveSilence*time.Millisecond)))["hits"]; hb.Left["us"] == 0 {
+		t.Fatalf("us's own leave: heartbeat %+v, want us left", hb)
+	}
+}
+
 const (
 	testKeyEU = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 	testKeyUS = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100"
@@ -229,7 +283,7 @@ func TestLeaveWhereTheSiteWasNeverHeard(t *testing.T) {
 // records by someone who can read the topic), must not bring its site back: the site
 // would be live as of its leave, soon silent, and kept counted as cut off. Instance us-1
 // heartbeats every 500 ms and leaves at 2 s; then its heartbeats of the first two seconds
-// are written again every 100 ms for 5 s. us stays listed as left, every replay is counted,
+// (the records it wrote, dated 0 to 1.5 s) are written again every 100 ms for 5 s. us stays listed as left, every replay is counted,
 // and a new instance of us (a restart under the name) still brings it back.
 func TestMemoryRefusesReplayedHeartbeats(t *testing.T) {
 	m, t0, record := siteRecordsOfUS(t)
@@ -245,7 +299,7 @@ func TestMemoryRefusesReplayedHeartbeats(t *testing.T) {
 	add(2*time.Second, topics.SiteLeaveKey, "us-1", t0.Add(2*time.Second))
 	replays, live := 0, 0
 	for at := 2 * time.Second; at < 7*time.Second; at += 100 * time.Millisecond {
-		add(at, topics.SiteHeartbeatKey, "us-1", t0.Add(at%(2*time.Second)))
+		add(at, topics.SiteHeartbeatKey, "us-1", t0.Add((at % (2 * time.Second)).Truncate(500*time.Millisecond)))
 		replays++
 		hb := heartbeats(t, m.Emit(t0.Add(at+50*time.Millisecond)))["hits"]
 		if _, ok := hb.Sites["us"]; ok && at >= 2200*time.Millisecond {

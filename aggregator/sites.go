@@ -13,13 +13,19 @@ type siteSeen struct {
 	left     bool             // every instance heard from here has left
 	leftRead int64            // when it was taken as left, unix ms of this aggregator's clock
 	insts    map[string]int64 // instance → its latest record's time; "" for producers that name none
-	// gone holds the instances whose leave was taken here, with the leave's time. An
-	// instance's name is its process's own (it carries random bytes), and its leave is the
-	// last record it writes to the partition, so a heartbeat of an instance in gone is a
-	// copy of an old record written again (a replay by someone who can read the topic); it
-	// would bring a site back that left, as of the leave, to be taken as cut off and keep
-	// its counts.
+	// gone holds the instances whose leave was taken here, each with the time of its latest
+	// heartbeat before the leave. An instance's name is its process's own (it carries random
+	// bytes), and its leave is the last record it writes to the partition, so a heartbeat of
+	// an instance in gone dated no later than that is a copy of an old record written again
+	// (a replay by someone who can read the topic): it would bring a site back that left, as
+	// of the leave, to be taken as cut off and keep its counts. A heartbeat dated later is no
+	// copy: the instance still speaks, so the leave was not its own (a forgery naming it,
+	// possible without site keys to whoever can read the instance names in the topic), and
+	// it is undone.
 	gone map[string]int64
+	// forged is set once a leave taken here was undone (heardFrom): from then on the
+	// site's leaves here are reported only after leaveSilence.
+	forged bool
 }
 
 // instanceLive is how long after its latest heartbeat another instance of a site keeps the
@@ -28,10 +34,20 @@ type siteSeen struct {
 // and the site is then taken as left when its last speaking instance leaves.
 const instanceLive = 3_000 // ms
 
+// leaveSilence is how long after a leave is read its site is still listed live (siteMaps),
+// on a source where a leave of the site was undone before (siteSeen.forged), so that a
+// heartbeat of the instance, newer than its leave would allow, can undo it (heardFrom): a
+// site heartbeat interval (500 ms by default) and a margin for the jitter of its reading.
+// Later leaves forged in a live instance's name are thus undone before any enforcer hears
+// of them, whatever their date. Only the first is reported, until the instance's next
+// heartbeat: holding every leave would make every real leave reach the enforcers 500 ms
+// later, which costs the sites that take over its share (docs/hardening.md).
+const leaveSilence = 600 // ms
+
 // leaveHoldRounds bounds, in emission intervals, how long a backlog holds back the report
-// of a site's leave (siteMaps): 500 ms by default, so that with a heartbeat every 500 ms
-// the leave is out within a second of being read, before the enforcers' SiteStaleAfter
-// (1.5 s) would take the site for silent.
+// of a site's leave (siteMaps) beyond leaveHold: 500 ms by default, so that with a
+// heartbeat every 500 ms the leave is out within about a second of being read, before the
+// enforcers' SiteStaleAfter (1.5 s) after it would take the site for silent.
 const leaveHoldRounds = 5
 
 // maxInstancesPerSource bounds the instances kept per site and source; beyond it the one
@@ -60,20 +76,27 @@ func (s *state) siteSeenOn(src tp, site string, create bool) *siteSeen {
 // heardFrom records a site heartbeat of site and instance, stamped ts (ms), on src: the
 // site is live there, whatever it said before (a site that restarts under its name joins
 // again with its first heartbeat, from a new instance). It reports a replay, and changes
-// nothing, when the instance's leave was taken on src (siteSeen.gone).
-func (s *state) heardFrom(src tp, site, instance string, ts int64) (replay bool) {
+// nothing, when the instance's leave was taken on src and ts is no later than the
+// instance's latest heartbeat before it (siteSeen.gone); and undone when the leave was
+// taken but ts is later: the leave was not the instance's last record, so not its own, and
+// the instance counts again as if it had never been taken.
+func (s *state) heardFrom(src tp, site, instance string, ts int64) (replay, undone bool) {
 	e := s.siteSeenOn(src, site, true)
 	if e == nil {
-		return false
+		return false, false
 	}
-	if _, ok := e.gone[instance]; ok && instance != "" {
-		return true
+	if last, ok := e.gone[instance]; ok && instance != "" {
+		if ts <= last {
+			return true, false
+		}
+		delete(e.gone, instance)
+		undone, e.forged = true, true
 	}
 	if ts > e.at || e.left {
 		e.at, e.left = max(e.at, ts), false
 	}
 	e.saw(instance, ts)
-	return false
+	return false, undone
 }
 
 // leftFrom records a site leave record of site and instance, stamped ts (ms), read at now
@@ -89,14 +112,15 @@ func (s *state) leftFrom(now int64, src tp, site, instance string, ts int64) (ta
 	if e == nil {
 		return false, false
 	}
-	if _, ok := e.insts[instance]; !ok {
+	last, ok := e.insts[instance]
+	if !ok {
 		return false, true
 	}
 	// An instance that left counts nothing any more: the site restarted under its name by
 	// a new instance is not two instances counting apart.
 	delete(s.instances[site], instance)
 	delete(e.insts, instance)
-	e.leftAt(instance, ts)
+	e.leftAt(instance, last)
 	for _, t := range e.insts {
 		if t >= ts-instanceLive {
 			return true, false // another instance still speaks for the site
@@ -110,9 +134,9 @@ func (s *state) leftFrom(now int64, src tp, site, instance string, ts int64) (ta
 	return true, false
 }
 
-// leftAt records that instance left at ts, dropping the instance that left longest ago when
-// the bound is reached.
-func (e *siteSeen) leftAt(instance string, ts int64) {
+// leftAt records that instance left, its latest heartbeat dated last, dropping the instance
+// heard from longest ago among those gone when the bound is reached.
+func (e *siteSeen) leftAt(instance string, last int64) {
 	if instance == "" {
 		return
 	}
@@ -122,7 +146,7 @@ func (e *siteSeen) leftAt(instance string, ts int64) {
 	if _, ok := e.gone[instance]; !ok && len(e.gone) >= maxInstancesPerSource {
 		dropOldest(e.gone)
 	}
-	e.gone[instance] = ts
+	e.gone[instance] = last
 }
 
 // saw records instance's record at ts, dropping the instance heard from longest ago when
@@ -161,18 +185,20 @@ func dropOldest(m map[string]int64) {
 // count still missing the site's last hits would let them admit those hits again. Every
 // counter its hits made due has been due since one emission interval after the leave was
 // read (collect's rule), and the round that writes a heartbeat collects first; so the leave
-// is listed from then on, unless counters wait in the backlog, which could be any of them.
-// A backlog that outlasts leaveHoldRounds intervals is an overload (the metrics show it),
-// and the leave is listed then anyway: held longer, the site would be taken as silent, and
-// keep its share for as long as that lasts.
+// could be listed from then on, unless counters wait in the backlog, which could be any of
+// them. Where a leave of the site was forged before, it waits leaveSilence anyway, for a
+// heartbeat of its instance that would undo it. A backlog that outlasts leaveHoldRounds
+// intervals more is an overload (the metrics show it), and the leave is listed then
+// anyway: held longer, the site would be taken as silent, and keep its share for as long
+// as that lasts.
 func (s *state) siteMaps(src tp, now int64) (heard, left map[string]int64) {
 	m := s.heard[src]
 	for site, e := range m {
 		switch {
 		case e.at+s.cfg.siteForget < now:
 			delete(m, site)
-		case e.left && now >= e.leftRead+s.cfg.emitInterval &&
-			(len(s.backlog) == 0 || now >= e.leftRead+leaveHoldRounds*s.cfg.emitInterval):
+		case e.left && now >= e.leftRead+e.leaveHold(s.cfg.emitInterval) &&
+			(len(s.backlog) == 0 || now >= e.leftRead+e.leaveHold(0)+leaveHoldRounds*s.cfg.emitInterval):
 			if left == nil {
 				left = make(map[string]int64, 1)
 			}
@@ -185,6 +211,15 @@ func (s *state) siteMaps(src tp, now int64) (heard, left map[string]int64) {
 		}
 	}
 	return heard, left
+}
+
+// leaveHold returns how long after it is read a leave of the site is listed at the
+// earliest: least, or leaveSilence where a leave was forged before.
+func (e *siteSeen) leaveHold(least int64) int64 {
+	if e.forged {
+		return max(least, leaveSilence)
+	}
+	return least
 }
 
 // sourcesOf returns the sources of partition part that have heard any site, in no order,

@@ -32,16 +32,18 @@ func (c *counting) take(now int64, topic string, remote, replaying bool, it held
 	if it.site && !replaying {
 		c.skew.sample(now, topic, string(it.h.site), it.h.bucketStart)
 	}
-	if !replaying && c.skew.park(now, topic, remote, it) {
+	// One lookup of the site's shift serves both the park and the re-dating.
+	d, known := c.skew.of(topic, it.h.site)
+	if !replaying && !known && c.skew.park(now, topic, remote, it) {
 		return added
 	}
-	return c.count(now, now, topic, remote, replaying, it)
+	return c.count(now, now, topic, remote, replaying, d, it)
 }
 
-// count re-dates and counts (or holds back) record it, consumed at arrived from topic and
-// counted at now.
-func (c *counting) count(now, arrived int64, topic string, remote, replaying bool, it held) addResult {
-	if d, _ := c.skew.of(topic, it.h.site); d != 0 && (remote || !it.site) {
+// count re-dates record it by d (skews.of of its site) and counts (or holds back) it,
+// consumed at arrived from topic and counted at now.
+func (c *counting) count(now, arrived int64, topic string, remote, replaying bool, d int64, it held) addResult {
+	if d != 0 && (remote || !it.site) {
 		// This data center's site records keep their sites' dates: an enforcer compares
 		// the time its own site is counted up to with its clock (the clock skew meter).
 		it.h.bucketStart += d
@@ -64,7 +66,8 @@ func (c *counting) count(now, arrived int64, topic string, remote, replaying boo
 func (c *counting) release(now int64) {
 	if len(c.skew.parked) > 0 {
 		for _, p := range c.skew.unpark(now) {
-			c.count(now, p.at, p.topic, p.remote, false, p.it)
+			d, _ := c.skew.of(p.topic, p.it.h.site)
+			c.count(now, p.at, p.topic, p.remote, false, d, p.it)
 		}
 	}
 	c.heldBuf = c.hold.due(now, c.heldBuf[:0])

@@ -221,8 +221,8 @@ type parkedRecord struct {
 	it     held
 }
 
-// park keeps hit record it, of topic, arrived at now, back when its site has no estimate
-// yet and reports whether it did: for up to maxPark, and maxParked records at most. Counted at
+// park keeps hit record it, of topic, arrived at now, whose site has no estimate yet (the
+// caller has looked: skews.of), back and reports whether it did: for up to maxPark, and maxParked records at most. Counted at
 // once, its site's date would stay on it until it left the window, while the estimate is
 // at most a lag report's round trip away (an estimate of a site of this data center, its
 // first site record).
@@ -230,7 +230,7 @@ func (s *skews) park(now int64, topic string, remote bool, it held) bool {
 	if it.site {
 		return false // said now what it says of its site's presence, as dated
 	}
-	if _, ok := s.of(topic, it.h.site); ok || len(s.parked) >= maxParked {
+	if len(s.parked) >= maxParked {
 		return false
 	}
 	// Only where site records are in use (a producer of another language may send none:
